@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    opens gradexplorer on its built-in demo
+#   make test   runs the whole test suite (headless)
+# Both create or refresh the virtual environment in .venv first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch and torchvision first, pinned to the releases this machine holds on disk;
+	# elsewhere pip takes any release that the ranges in pyproject.toml allow.
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/python -m pip install -q "torch>=2.4" "torchvision>=0.19"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/gradexplorer
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,446 @@
+"""Capture: one forward and backward pass that records, for every selected module and
+every call of it, the activation, the gradient with respect to that activation and to the
+module's first input, and the gradients of the module's own parameters.
+
+Why it is built this way (see PITFALLS.md):
+
+* Module backward hooks are not used. The deprecated one reports the wrong tensors; the
+  full one breaks on in-place ReLUs and ``+=`` residuals and never fires for dict outputs.
+  Instead a forward hook registers a *tensor* hook on the output, and a forward pre-hook
+  one on the input. A tensor hook registered before an in-place change receives the
+  gradient with respect to the value before the change, which is what the user means by
+  "the gradient at this layer's output".
+* The activation is summarised (and, in full mode, copied) inside the forward hook, before
+  a later in-place op can overwrite it.
+* Each call of a module gets its own record: the call index is bound into the closures.
+* A module's input is often the previous module's output, same object, same version:
+  their gradients are the same tensor, so we hook it once and give it to both records.
+* Backward is ``torch.autograd.grad`` with the trainable parameters (and the input, when
+  asked) as ``inputs``: it runs the same graph as ``loss.backward()`` but returns the
+  gradients instead of accumulating into ``.grad``, so the user's ``.grad`` is untouched.
+* Every hook lives inside ``_hooks_installed``, which removes them all in ``finally``; the
+  module modes, BatchNorm running statistics (in train mode) and the device are restored too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import torch
+from torch import nn
+
+from core.capture_data import CallRecord, Capture, LayerRecord
+from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.selection import LayerSpec, resolve_layers
+from core.stats import tensor_stats
+from core.targets import Target, parse_target, select_output, target_scalar
+
+MODES = ("full", "stats")
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+class CancelFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
+    """The tensor gradexplorer records for a module output, with the key that found it.
+
+    A tensor is itself (key ``""``); for tuples, namedtuples, lists and dicts, the first
+    floating-point tensor in order (key ``"0"``, ``"out"``, ``"0.1"``...).
+    """
+    if isinstance(output, torch.Tensor):
+        return "", output
+    items: list
+    if isinstance(output, Mapping):
+        items = [(str(k), v) for k, v in output.items()]
+    elif isinstance(output, (tuple, list)):
+        fields = getattr(output, "_fields", None)
+        items = [(fields[i] if fields else str(i), v) for i, v in enumerate(output)]
+    else:
+        return "", None
+    fallback: tuple[str, torch.Tensor | None] = ("", None)
+    for key, value in items:
+        sub_key, t = primary_tensor(value)
+        if t is None:
+            continue
+        full_key = f"{key}.{sub_key}" if sub_key else key
+        if t.is_floating_point() or t.is_complex():
+            return full_key, t
+        if fallback[1] is None:
+            fallback = (full_key, t)
+    return fallback
+
+
+def _first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text or "not enough memory" in text
+    )
+
+
+def _oom_error(device: torch.device, exc: BaseException) -> CaptureError:
+    where = "GPU" if device.type == "cuda" else "memory"
+    return CaptureError(
+        f"The capture ran out of {where} on {device} ({str(exc).splitlines()[0][:160]}).",
+        "Tick fewer layers, switch to statistics-only capture, or use a smaller batch.",
+    )
+
+
+class _Recorder:
+    """The state of one capture while hooks run; nothing here outlives ``capture``."""
+
+    def __init__(self, model: nn.Module, selected: list[str], mode: str, device: torch.device,
+                 progress: ProgressCallback | None, cancel: CancelFlag | None,
+                 expected_calls: int, hist_limit: int | None):
+        self.model = model
+        self.selected = set(selected)
+        self.full = mode == "full"
+        self.device = device
+        self.progress = progress
+        self.cancel = cancel
+        self.hist_limit = hist_limit
+        self.records: dict[str, LayerRecord] = {}
+        self.first_call: dict[str, int] = {}
+        self.open_calls: dict[str, list[CallRecord]] = {}
+        self.running: list[str] = []
+        self.call_count = 0
+        self.expected_calls = max(expected_calls, 1)
+        # (id, version) of a hooked tensor -> (tensor, [(record, attr)]): one hook per value.
+        self.grad_sinks: dict[tuple[int, int], tuple[torch.Tensor, list[tuple[CallRecord, str]]]] = {}
+        self.tensor_handles: list = []
+        self.grads_expected = 0
+        self.grads_seen = 0
+        self.last_report = 0.0
+
+    # -- progress and cancel ------------------------------------------------------
+    def _tick(self, stage: str, done: int, total: int, force: bool = False) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise CaptureCancelled()
+        if self.progress is not None:
+            now = time.monotonic()
+            if force or now - self.last_report > 0.05:
+                self.last_report = now
+                self.progress(stage, min(done, total), total)
+
+    # -- module hooks ---------------------------------------------------------------
+    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+        self.call_count += 1
+        self._tick("forward", self.call_count, self.expected_calls)
+        self.running.append(name)
+        if name in self.selected:
+            rec = self.records.get(name)
+            if rec is None:
+                rec = self.records[name] = LayerRecord(type(module).__name__)
+                self.first_call[name] = self.call_count
+            call = CallRecord()
+            rec.calls.append(call)
+            self.open_calls.setdefault(name, []).append(call)
+            x = _first_tensor_input(args, kwargs)
+            if x is not None and x.requires_grad:
+                self._watch_grad(x, call, "grad_input")
+        return None
+
+    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        if self.running and self.running[-1] == name:
+            self.running.pop()
+        if name not in self.selected:
+            return None
+        call = self.open_calls[name].pop()
+        key, y = primary_tensor(output)
+        call.output_key = key
+        if y is None:
+            return None
+        call.shape = tuple(y.shape)
+        call.dtype = str(y.dtype).replace("torch.", "")
+        with torch.no_grad():
+            call.stats["activation"] = tensor_stats(y, self.hist_limit)
+            if self.full:
+                # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
+                call.activation = y.detach().to("cpu", copy=True)
+        if y.requires_grad:
+            self._watch_grad(y, call, "grad_output")
+        return None
+
+    # -- gradients ------------------------------------------------------------------
+    def _watch_grad(self, t: torch.Tensor, call: CallRecord, attr: str) -> None:
+        key = (id(t), t._version)
+        entry = self.grad_sinks.get(key)
+        if entry is not None and entry[0] is t:
+            entry[1].append((call, attr))
+            return
+        sinks: list[tuple[CallRecord, str]] = [(call, attr)]
+        self.grad_sinks[key] = (t, sinks)
+        self.grads_expected += 1
+
+        def on_grad(grad: torch.Tensor, sinks=sinks) -> None:
+            self.grads_seen += 1
+            self._tick("backward", self.grads_seen, self.grads_expected)
+            with torch.no_grad():
+                stats = tensor_stats(grad, self.hist_limit)
+                kept = grad.detach().to("cpu", copy=True) if self.full else None
+            for rec, name in sinks:
+                rec.stats[name] = stats
+                if kept is not None:
+                    setattr(rec, name, kept)
+
+        self.tensor_handles.append(t.register_hook(on_grad))
+
+    def forward_failed_at(self) -> str:
+        return self.running[-1] if self.running else ""
+
+
+@contextmanager
+def _hooks_installed(model: nn.Module, recorder: _Recorder) -> Iterator[None]:
+    """Hooks on every module (progress, cancel, where forward failed), recording hooks on
+    the selected ones; all removed on exit, also when forward or backward raised."""
+    handles = []
+    try:
+        for name, module in model.named_modules():
+            handles.append(module.register_forward_pre_hook(
+                lambda m, a, k, _n=name: recorder.pre_hook(_n, m, a, k), with_kwargs=True))
+            handles.append(module.register_forward_hook(
+                lambda m, a, k, o, _n=name: recorder.forward_hook(_n, m, a, k, o),
+                with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for h in recorder.tensor_handles:
+            h.remove()
+        recorder.tensor_handles.clear()
+        recorder.grad_sinks.clear()
+
+
+@contextmanager
+def _model_state_preserved(model: nn.Module, train: bool, device: torch.device | None) -> Iterator[None]:
+    """Put ``model`` in the capture's mode (and device) and put it back afterwards.
+
+    Train-mode forwards update BatchNorm running statistics: those buffers are restored.
+    """
+    modes = {m: m.training for m in model.modules()}
+    saved_buffers = None
+    if train:
+        saved_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    original_device = _model_device(model)
+    moved = device is not None and original_device is not None and original_device != device
+    try:
+        if moved:
+            model.to(device)
+        model.train(train)
+        yield
+    finally:
+        if saved_buffers is not None:
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    if name in saved_buffers:
+                        b.copy_(saved_buffers[name].to(b.device))
+        for m, mode in modes.items():
+            m.training = mode
+        if moved:
+            model.to(original_device)
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return None
+
+
+def capture(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    *,
+    layers: LayerSpec = None,
+    target: "Target | str" = "top1",
+    labels: torch.Tensor | None = None,
+    mode: str = "full",
+    input_grad: bool = False,
+    device: "str | torch.device | None" = None,
+    train: bool = False,
+    progress: ProgressCallback | None = None,
+    cancel: CancelFlag | None = None,
+    meta: dict | None = None,
+    expected_calls: int | None = None,
+    hist_exact_limit: int | None = None,
+) -> Capture:
+    """Run one forward and backward pass and record gradients at the selected modules.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Left as it was: hooks removed, modes and BatchNorm statistics restored, ``.grad``
+        of every parameter untouched, device restored.
+    inputs : Tensor
+        The batch ``(B, ...)``; it is not modified.
+    layers : None, str, iterable of str, or callable
+        Modules to record: ``None`` for every leaf module, names or glob patterns
+        (``"layer4.*"``), or a predicate ``(name, module) -> bool``.
+    target : str or Target
+        The scalar to differentiate (``core.targets.parse_target``).
+    labels : Tensor, optional
+        Class indices, for ``cross_entropy``.
+    mode : {"full", "stats"}
+        ``full`` keeps activations and gradients (on the CPU) and statistics;
+        ``stats`` keeps statistics only, computed on the device.
+    input_grad : bool
+        Also record the gradient with respect to the input batch.
+    device : str or torch.device, optional
+        Where to run; ``None`` runs where the model is. ``"auto"`` picks a GPU if any.
+    train : bool
+        Run in train mode (dropout active, BatchNorm batch statistics); eval by default.
+    progress : callable, optional
+        ``progress(stage, done, total)`` with stage ``"forward"`` or ``"backward"``.
+    cancel : object with ``is_set()``, optional
+        Checked at every module call and every gradient; when set the capture stops with
+        ``CaptureCancelled`` and leaves the model as it was.
+    meta : dict, optional
+        Extra metadata (model, weights, categories...) stored in ``Capture.meta``.
+    expected_calls : int, optional
+        Module calls per forward (from ``core.module_tree.probe``), for progress.
+    hist_exact_limit : int, optional
+        Histogram subsampling threshold (``core.stats``); default ``core.stats.HIST_EXACT_LIMIT``.
+
+    Returns
+    -------
+    Capture
+
+    Raises
+    ------
+    GradExplorerError
+        Bad layers or target; ``CaptureError`` when forward or backward fails (naming the
+        module and the layers that ran) or memory runs out; ``CaptureCancelled``.
+    """
+    from core.stats import HIST_EXACT_LIMIT
+
+    if mode not in MODES:
+        raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
+    if not isinstance(inputs, torch.Tensor):
+        raise GradExplorerError(
+            f"The input batch is a {type(inputs).__name__}, not a tensor.", "Load images or a tensor file."
+        )
+    target = parse_target(target)
+    selected = resolve_layers(model, layers)
+    run_device = None
+    if device is not None:
+        from core.devices import resolve_device
+
+        run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    n_modules = sum(1 for _ in model.modules())
+    recorder = _Recorder(
+        model, selected, mode, run_device or _model_device(model) or torch.device("cpu"),
+        progress, cancel, expected_calls or n_modules,
+        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit,
+    )
+    dev = recorder.device
+    t0 = time.perf_counter()
+    with _model_state_preserved(model, train, run_device), _hooks_installed(model, recorder):
+        params = []
+        seen = set()
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        try:
+            x = inputs.to(dev)
+        except Exception as exc:  # noqa: BLE001 - any failure to move is a device problem
+            if _is_oom(exc):
+                raise _oom_error(dev, exc) from exc
+            raise CaptureError(f"The batch cannot be moved to {dev}: {exc}", "Choose another device.") from exc
+        # Without trainable parameters nothing would need a gradient: then differentiate
+        # with respect to the input, so that the layers' gradients still exist.
+        want_x_grad = input_grad or not params
+        if want_x_grad and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        try:
+            with torch.enable_grad():
+                output = model(x)
+        except GradExplorerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+            if _is_oom(exc):
+                raise _oom_error(dev, exc) from exc
+            where = recorder.forward_failed_at()
+            ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"]]
+            ran_text = ", ".join(ran[-5:]) if ran else "none"
+            at = f" in module '{where}' ({type(model.get_submodule(where)).__name__})" if where else ""
+            raise CaptureError(
+                f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
+                f"{len(ran)} of {len(selected)}).",
+                "Check that the batch has the shape the model expects.",
+            ) from exc
+        recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
+        y = select_output(output, target.output_key)
+        scalar = target_scalar(output, target, labels)
+        if not scalar.requires_grad:
+            raise CaptureError(
+                "The target does not depend on anything that requires a gradient.",
+                "Check that the model has trainable parameters or ask for the input gradient.",
+            )
+        grad_inputs = list(params) + ([x] if want_x_grad and x.requires_grad else [])
+        try:
+            grads = torch.autograd.grad(scalar, grad_inputs, allow_unused=True)
+        except GradExplorerError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if _is_oom(exc):
+                raise _oom_error(dev, exc) from exc
+            raise CaptureError(
+                f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                "This model may use operations without gradients.",
+            ) from exc
+        grad_of = {id(p): g for p, g in zip(grad_inputs, grads)}
+        recorder._tick("backward", recorder.grads_expected, recorder.grads_expected, force=True)
+        order = sorted(recorder.records, key=recorder.first_call.__getitem__)
+        not_called = [n for n in selected if n not in recorder.records]
+        layers_out: dict[str, LayerRecord] = {}
+        for name in order + not_called:
+            rec = recorder.records.get(name) or LayerRecord(type(model.get_submodule(name)).__name__)
+            module = model.get_submodule(name)
+            for pname, p in module.named_parameters(recurse=False):
+                g = grad_of.get(id(p)) if p.requires_grad else None
+                rec.param_stats[pname] = tensor_stats(g, recorder.hist_limit) if g is not None else None
+                rec.param_grads[pname] = g.detach().to("cpu", copy=True) if (g is not None and recorder.full) else None
+            layers_out[name] = rec
+        x_grad = grad_of.get(id(x)) if input_grad else None
+        info = {
+            "model": type(model).__name__,
+            "weights": None,
+            "categories": None,
+        }
+        info.update(meta or {})
+        info.update({
+            "target": str(target),
+            "device": str(dev),
+            "dtype": str(x.dtype).replace("torch.", ""),
+            "mode": mode,
+            "train": bool(train),
+            "torch_version": torch.__version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "layer_order": order,
+            "not_called": not_called,
+            "seconds": round(time.perf_counter() - t0, 4),
+        })
+        return Capture(
+            meta=info,
+            input=inputs.detach().cpu(),
+            output=y.detach().to("cpu", copy=True),
+            input_grad=x_grad.detach().cpu() if x_grad is not None else None,
+            layers=layers_out,
+        )

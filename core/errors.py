@@ -1,0 +1,56 @@
+"""User-facing errors: every failure the user can cause names the problem and the fix.
+
+The GUI shows ``problem`` as the message and ``fix`` beneath it; the CLI prints
+``error: <problem> <fix>`` on one line. Anything that is not a ``GradExplorerError``
+is a bug in gradexplorer and is shown with its traceback under "details".
+"""
+
+from __future__ import annotations
+
+
+class GradExplorerError(Exception):
+    """An error caused by the user's input, with a suggested fix.
+
+    Parameters
+    ----------
+    problem : str
+        What went wrong, in the user's terms ("image 'cat.jpg' cannot be read").
+    fix : str, optional
+        What to do about it ("choose a PNG or JPEG file").
+    """
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} {fix}".strip())
+
+
+class ModelLoadError(GradExplorerError):
+    """The model could not be built or loaded."""
+
+
+class TrustRequired(ModelLoadError):
+    """Loading this file or factory would run code; the user must opt in (``trust=True``)."""
+
+
+class WeightsUnavailable(ModelLoadError):
+    """Pretrained weights are neither cached nor downloadable right now."""
+
+
+class BatchError(GradExplorerError):
+    """The input batch could not be read or does not fit the model."""
+
+
+class CaptureError(GradExplorerError):
+    """Forward or backward failed during a capture."""
+
+
+class CaptureCancelled(GradExplorerError):
+    """The user cancelled a running capture; nothing was kept."""
+
+    def __init__(self) -> None:
+        super().__init__("The run was cancelled.", "")
+
+
+class CaptureFileError(GradExplorerError):
+    """A capture file cannot be read or written."""

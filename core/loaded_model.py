@@ -1,0 +1,54 @@
+"""A model ready for inspection, with what gradexplorer knows about where it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LoadedModel:
+    """A ``nn.Module`` plus the facts the rest of gradexplorer needs about it.
+
+    Attributes
+    ----------
+    module : nn.Module
+        The user's model. gradexplorer never changes its parameters, buffers or mode
+        permanently; capture restores ``training`` and ``.grad`` afterwards.
+    spec : str
+        What the user asked for: ``"resnet18"``, ``"demo:shapes"``, ``"ckpt.pt"``,
+        ``"pkg.mod:make_model"``. Loading the same spec again gives the same model.
+    name : str
+        Short display name ("resnet18", "shapes CNN (demo)").
+    weights : str or None
+        Which weights were loaded: a torchvision enum name such as
+        ``"ResNet18_Weights.IMAGENET1K_V1"``, ``"file:/path/to/weights.pth"``, or ``None``
+        for random initialisation.
+    categories : list of str or None
+        Class names, index-aligned with the classifier's logits.
+    preprocess : callable or None
+        Turns one RGB ``PIL.Image`` into a ``(C, H, W)`` float tensor
+        (``weights.transforms()`` for torchvision weights).
+    preprocess_description : str
+        What ``preprocess`` does, in words shown to the user.
+    input_shape : tuple of int or None
+        Shape of one sample, e.g. ``(3, 224, 224)``: used for random batches and to
+        explain shape mismatches.
+    task : str
+        ``"classification"``, ``"segmentation"``, ``"video"``, ``"detection"``,
+        ``"optical_flow"``, ``"quantized"``, ``"demo"`` or ``"other"``.
+    """
+
+    module: nn.Module
+    spec: str
+    name: str
+    weights: str | None = None
+    categories: list[str] | None = None
+    preprocess: Callable[[object], torch.Tensor] | None = None
+    preprocess_description: str = "none"
+    input_shape: tuple[int, ...] | None = None
+    task: str = "other"
+    notes: list[str] = field(default_factory=list)

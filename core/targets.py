@@ -1,0 +1,235 @@
+"""Targets: the scalar that backward starts from.
+
+A target picks one tensor from the model's output (a plain tensor, a tuple/namedtuple
+such as GoogLeNet's train-mode ``(logits, aux2, aux1)``, or a dict such as a
+segmentation model's ``{"out", "aux"}``) and reduces it to a scalar. Logits are used
+as they are (pre-softmax). Dense outputs (``B, C, *positions``) sum over positions.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from core.errors import GradExplorerError
+
+TARGET_KINDS = ("top1", "class", "sum", "mean", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to differentiate.
+
+    Attributes
+    ----------
+    kind : str
+        ``top1`` (sum over the batch, and over positions for dense outputs, of each
+        sample's largest logit), ``class`` (sum of logit ``class_index``), ``sum``,
+        ``mean``, or ``cross_entropy`` (mean cross-entropy against the batch's labels).
+    class_index : int or None
+        For ``class``.
+    output_key : str or None
+        Which element of a dict/tuple output to use (``"out"``, ``"aux"``, ``"0"``);
+        ``None`` picks ``"out"`` or the first element.
+    """
+
+    kind: str = "top1"
+    class_index: int | None = None
+    output_key: str | None = None
+
+    def __str__(self) -> str:
+        s = f"class:{self.class_index}" if self.kind == "class" else self.kind
+        return f"{s}@{self.output_key}" if self.output_key is not None else s
+
+
+def parse_target(spec: "str | Target", output_key: str | None = None) -> Target:
+    """Read a target from its text form.
+
+    Parameters
+    ----------
+    spec : str or Target
+        ``"top1"``, ``"class:N"``, ``"sum"``, ``"mean"``, ``"cross_entropy"``, optionally
+        followed by ``@key`` to pick an output element (``"top1@aux"``).
+    output_key : str, optional
+        Overrides the ``@key`` part.
+
+    Raises
+    ------
+    GradExplorerError
+        For anything else, listing the valid forms.
+    """
+    if isinstance(spec, Target):
+        if output_key is not None:
+            return Target(spec.kind, spec.class_index, output_key)
+        return spec
+    text = str(spec).strip()
+    key = None
+    if "@" in text:
+        text, key = text.split("@", 1)
+        key = key.strip() or None
+    key = output_key if output_key is not None else key
+    name = text.strip().lower().replace("-", "_")
+    if name in ("crossentropy", "ce", "loss"):
+        name = "cross_entropy"
+    if name.startswith("class:") or name.startswith("class="):
+        raw = name[6:]
+        try:
+            index = int(raw)
+        except ValueError:
+            raise GradExplorerError(
+                f"Target '{spec}' has no class number.", "Write it as class:N, e.g. class:281."
+            ) from None
+        if index < 0:
+            raise GradExplorerError(f"Target class {index} is negative.", "Use a class index from 0.")
+        return Target("class", index, key)
+    if name in ("top1", "sum", "mean", "cross_entropy"):
+        return Target(name, None, key)
+    near = difflib.get_close_matches(name, ["top1", "class:N", "sum", "mean", "cross_entropy"], n=1)
+    hint = f" Did you mean '{near[0]}'?" if near else ""
+    raise GradExplorerError(
+        f"Unknown target '{spec}'.{hint}",
+        "Use top1, class:N, sum, mean or cross_entropy (add @key to pick a dict/tuple output).",
+    )
+
+
+def select_output(output: Any, key: str | None = None) -> torch.Tensor:
+    """Pick the tensor a target applies to from a model's output.
+
+    Raises
+    ------
+    GradExplorerError
+        When the output holds no tensor or the key is not there, or when the output is a
+        list of dicts (detection models, which need targets in forward: not supported yet).
+    """
+    if isinstance(output, torch.Tensor):
+        if key not in (None, "", "0", "out", "logits"):
+            raise GradExplorerError(
+                f"The model returns a single tensor; there is no output '{key}'.",
+                "Leave the output element empty.",
+            )
+        return output
+    if isinstance(output, Mapping):
+        keys = list(output.keys())
+        if key is None:
+            key = "out" if "out" in output else keys[0] if keys else None
+        if key not in output:
+            raise GradExplorerError(
+                f"The model's output has no element '{key}'.",
+                f"Pick one of: {', '.join(map(str, keys))}.",
+            )
+        return select_output(output[key])
+    if isinstance(output, (tuple, list)):
+        if output and all(isinstance(o, Mapping) for o in output):
+            raise GradExplorerError(
+                "This model returns a list of dicts per image (a detection model); "
+                "detection targets are not supported yet.",
+                "Inspect its backbone or a classification model instead.",
+            )
+        fields = getattr(output, "_fields", None)
+        if key is None:
+            index = 0
+        elif fields and key in fields:
+            index = fields.index(key)
+        else:
+            try:
+                index = int(key)
+            except ValueError:
+                names = ", ".join(fields) if fields else f"0..{len(output) - 1}"
+                raise GradExplorerError(
+                    f"The model's output has no element '{key}'.", f"Pick one of: {names}."
+                ) from None
+        if not 0 <= index < len(output):
+            raise GradExplorerError(
+                f"The model's output has {len(output)} elements; '{key}' is out of range.",
+                f"Pick 0..{len(output) - 1}.",
+            )
+        return select_output(output[index])
+    raise GradExplorerError(
+        f"The model returned a {type(output).__name__}, not a tensor.",
+        "gradexplorer needs a model whose forward returns a tensor, a tuple or a dict of tensors.",
+    )
+
+
+def output_keys(output: Any) -> list[str]:
+    """The element names a target may pick from an output (empty for a plain tensor)."""
+    if isinstance(output, Mapping):
+        return [str(k) for k in output.keys()]
+    if isinstance(output, (tuple, list)):
+        fields = getattr(output, "_fields", None)
+        return list(fields) if fields else [str(i) for i in range(len(output))]
+    return []
+
+
+def target_scalar(
+    output: Any, target: "Target | str", labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Reduce a model's output to the scalar that backward starts from.
+
+    Parameters
+    ----------
+    output : Tensor, tuple, namedtuple or dict
+        What the model's forward returned.
+    target : Target or str
+        See ``parse_target``.
+    labels : Tensor, optional
+        ``(B,)`` class indices (or ``(B, *positions)`` for dense outputs), needed for
+        ``cross_entropy``.
+
+    Raises
+    ------
+    GradExplorerError
+        Class out of range, missing labels, or an output a target cannot use.
+    """
+    target = parse_target(target)
+    y = select_output(output, target.output_key)
+    if not y.is_floating_point():
+        raise GradExplorerError(
+            f"The selected output has dtype {y.dtype}, which has no gradient.",
+            "Pick a floating-point output element.",
+        )
+    if target.kind == "sum":
+        return y.sum()
+    if target.kind == "mean":
+        return y.mean()
+    if y.dim() < 2:
+        raise GradExplorerError(
+            f"Target '{target}' needs class logits of shape (B, classes, ...); the output has "
+            f"shape {tuple(y.shape)}.",
+            "Use the sum or mean target for this model.",
+        )
+    classes = y.shape[1]
+    if target.kind == "top1":
+        return y.max(dim=1).values.sum()
+    if target.kind == "class":
+        if target.class_index >= classes:
+            raise GradExplorerError(
+                f"Target class {target.class_index} is out of range: the model has {classes} "
+                f"outputs (classes 0..{classes - 1}).",
+                "Pick a class in that range.",
+            )
+        return y[:, target.class_index].sum()
+    # cross_entropy
+    if labels is None:
+        raise GradExplorerError(
+            "The cross_entropy target needs labels for the batch.",
+            "Give labels (--labels 3,1,0 or class names), or choose top1.",
+        )
+    labels = labels.to(y.device)
+    if labels.shape[0] != y.shape[0]:
+        raise GradExplorerError(
+            f"There are {labels.shape[0]} labels for a batch of {y.shape[0]}.",
+            "Give one label per sample.",
+        )
+    if labels.min() < 0 or labels.max() >= classes:
+        raise GradExplorerError(
+            f"A label is out of range: the model has {classes} classes.",
+            f"Use labels in 0..{classes - 1}.",
+        )
+    if y.dim() > 2 and labels.dim() == 1:
+        # One label per image for a dense output: every position is asked for that class.
+        labels = labels.view(-1, *([1] * (y.dim() - 2))).expand(y.shape[0], *y.shape[2:])
+    return F.cross_entropy(y, labels.long())

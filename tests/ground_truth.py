@@ -1,0 +1,150 @@
+"""Reference gradients by plain autograd, independent of core.capture.
+
+Every selected module's first input and primary output are replaced by clones through
+forward pre-hooks and forward hooks. The originals are then never touched by later
+in-place operations (those act on the clones), so ``torch.autograd.grad`` with respect to
+the originals gives exactly "the gradient at this call's output / input" and the
+originals still hold the values at call time. Clones are the identity in forward and
+backward, so the numbers are those of the unmodified model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.capture import primary_tensor
+from core.targets import target_scalar
+
+
+def _replace_primary(output: Any, key: str, new: torch.Tensor) -> Any:
+    if key == "":
+        return new
+    head, _, rest = key.partition(".")
+    if isinstance(output, dict):
+        k = next(k for k in output if str(k) == head)
+        out = type(output)(output)
+        out[k] = _replace_primary(output[k], rest, new)
+        return out
+    fields = getattr(output, "_fields", None)
+    idx = fields.index(head) if fields and head in fields else int(head)
+    items = list(output)
+    items[idx] = _replace_primary(items[idx], rest, new)
+    return type(output)(*items) if fields else type(output)(items)
+
+
+def reference(model: nn.Module, x: torch.Tensor, names: list[str], target="top1",
+              labels=None, train: bool = False, input_grad: bool = False) -> dict:
+    """Returns ``{"calls": {name: [ {activation, grad_output, grad_input} ]},
+    "params": {name: {pname: grad}}, "input_grad": tensor or None}``."""
+    was = {m: m.training for m in model.modules()}
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.train(train)
+    calls: dict[str, list[dict]] = {n: [] for n in names}
+    handles = []
+    wanted = set(names)
+    open_calls: dict[str, list[dict]] = {}
+
+    def pre(name):
+        def hook(module, args):
+            rec = {"input": None, "output": None, "key": ""}
+            calls[name].append(rec)
+            open_calls.setdefault(name, []).append(rec)
+            if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+                rec["input"] = args[0]
+                return (args[0].clone(),) + tuple(args[1:])
+            return None
+        return hook
+
+    def post(name):
+        def hook(module, args, output):
+            rec = open_calls[name].pop()
+            key, y = primary_tensor(output)
+            rec["key"] = key
+            if y is None:
+                return None
+            rec["value"] = y.detach().clone()
+            if y.requires_grad:
+                rec["output"] = y
+                return _replace_primary(output, key, y.clone())
+            return None
+        return hook
+
+    try:
+        for name, module in model.named_modules():
+            if name in wanted:
+                handles.append(module.register_forward_pre_hook(pre(name)))
+                handles.append(module.register_forward_hook(post(name)))
+        xx = x.detach().clone().requires_grad_(input_grad)
+        out = model(xx)
+        scalar = target_scalar(out, target, labels)
+        tensors = []
+        for name in names:
+            for rec in calls[name]:
+                for k in ("input", "output"):
+                    if rec[k] is not None:
+                        tensors.append(rec[k])
+        params = {n: dict(model.get_submodule(n).named_parameters(recurse=False)) for n in names}
+        flat_params = [p for d in params.values() for p in d.values() if p.requires_grad]
+        extra = [xx] if input_grad else []
+        grads = torch.autograd.grad(scalar, tensors + flat_params + extra, allow_unused=True)
+        gi = iter(grads)
+        result_calls = {}
+        for name in names:
+            result_calls[name] = []
+            for rec in calls[name]:
+                entry = {"activation": rec.get("value"), "grad_input": None, "grad_output": None}
+                if rec["input"] is not None:
+                    entry["grad_input"] = next(gi)
+                if rec["output"] is not None:
+                    entry["grad_output"] = next(gi)
+                result_calls[name].append(entry)
+        pgrads = {}
+        for name in names:
+            pgrads[name] = {}
+            for pname, p in params[name].items():
+                pgrads[name][pname] = next(gi) if p.requires_grad else None
+        return {"calls": result_calls, "params": pgrads,
+                "input_grad": next(gi) if input_grad else None, "output": out}
+    finally:
+        for h in handles:
+            h.remove()
+        for m, t in was.items():
+            m.training = t
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(buffers[n])
+
+
+def max_rel_error(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    """max |a-b| / max(max |b|, tiny): 0 when both are None, inf when only one is."""
+    if a is None and b is None:
+        return 0.0
+    if a is None or b is None:
+        return float("inf")
+    a = a.detach().double().cpu()
+    b = b.detach().double().cpu()
+    if a.shape != b.shape:
+        return float("inf")
+    scale = b.abs().max().item() if b.numel() else 0.0
+    diff = (a - b).abs().max().item() if b.numel() else 0.0
+    return diff / max(scale, 1e-30)
+
+
+def compare(cap, ref, names) -> float:
+    """Worst relative error over every call, tensor and parameter gradient."""
+    worst = 0.0
+    for name in names:
+        got_calls = cap.layers[name].calls
+        want_calls = ref["calls"][name]
+        assert len(got_calls) == len(want_calls), (name, len(got_calls), len(want_calls))
+        for got, want in zip(got_calls, want_calls):
+            for kind in ("activation", "grad_output", "grad_input"):
+                err = max_rel_error(getattr(got, kind), want[kind])
+                assert err < float("inf"), (name, kind, getattr(got, kind) is None, want[kind] is None)
+                worst = max(worst, err)
+        for pname, g in ref["params"][name].items():
+            worst = max(worst, max_rel_error(cap.layers[name].param_grads.get(pname), g))
+    return worst
