@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
@@ -41,6 +42,16 @@ from core.targets import Target, parse_target, select_output, target_scalar
 MODES = ("full", "stats")
 
 ProgressCallback = Callable[[str, int, int], None]
+
+# Per model: (module name, call index) -> whether a later in-place op modified that output
+# in the last full capture. Outputs known to stay unmodified are kept without a copy on the
+# CPU (checked by their version counter at the end of forward; a surprise triggers a rerun
+# with copies). A clone of every activation would otherwise cost as much as the statistics.
+_MUTATED_OUTPUTS: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+class _CopyNeeded(Exception):
+    """An output kept without a copy was modified in place: run again with copies."""
 
 
 class CancelFlag(Protocol):
@@ -105,7 +116,7 @@ class _Recorder:
 
     def __init__(self, model: nn.Module, selected: list[str], mode: str, device: torch.device,
                  progress: ProgressCallback | None, cancel: CancelFlag | None,
-                 expected_calls: int, hist_limit: int | None):
+                 expected_calls: int, hist_limit: int | None, mutated: dict | None = None):
         self.model = model
         self.selected = set(selected)
         self.full = mode == "full"
@@ -125,6 +136,9 @@ class _Recorder:
         self.grads_expected = 0
         self.grads_seen = 0
         self.last_report = 0.0
+        # Outputs seen in forward: (name, call index, tensor, version, copied).
+        self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
+        self.mutated = mutated
 
     # -- progress and cancel ------------------------------------------------------
     def _tick(self, stage: str, done: int, total: int, force: bool = False) -> None:
@@ -166,11 +180,20 @@ class _Recorder:
             return None
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
+        index = len(self.records[name].calls) - 1
+        copied = True
         with torch.no_grad():
             call.stats["activation"] = tensor_stats(y, self.hist_limit)
             if self.full:
-                # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
-                call.activation = y.detach().to("cpu", copy=True)
+                if y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
+                    # Known from the last run not to be modified later: no copy needed.
+                    call.activation = y.detach()
+                    copied = False
+                else:
+                    # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
+                    call.activation = y.detach().to("cpu", copy=True)
+        if self.full:
+            self.outputs.append((name, index, y, y._version, copied))
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output")
         return None
@@ -191,13 +214,30 @@ class _Recorder:
             self._tick("backward", self.grads_seen, self.grads_expected)
             with torch.no_grad():
                 stats = tensor_stats(grad, self.hist_limit)
-                kept = grad.detach().to("cpu", copy=True) if self.full else None
+                # Autograd does not modify a gradient it has handed to a hook while we hold
+                # it, so on the CPU it is kept as it is (the tests compare after backward).
+                kept = grad.detach().to("cpu") if self.full else None
             for rec, name in sinks:
                 rec.stats[name] = stats
                 if kept is not None:
                     setattr(rec, name, kept)
 
         self.tensor_handles.append(t.register_hook(on_grad))
+
+    def check_outputs(self) -> None:
+        """After forward: learn which outputs were modified in place; rerun if one that was
+        kept without a copy was."""
+        if not self.full:
+            return
+        known = _MUTATED_OUTPUTS.setdefault(self.model, {})
+        surprise = False
+        for n, i, t, v, copied in self.outputs:
+            changed = t._version != v
+            known[(n, i)] = changed
+            surprise |= changed and not copied
+        self.outputs.clear()
+        if surprise:
+            raise _CopyNeeded()
 
     def forward_failed_at(self) -> str:
         return self.running[-1] if self.running else ""
@@ -326,6 +366,17 @@ def capture(
         Bad layers or target; ``CaptureError`` when forward or backward fails (naming the
         module and the layers that ran) or memory runs out; ``CaptureCancelled``.
     """
+    try:
+        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
+                             train, progress, cancel, meta, expected_calls, hist_exact_limit,
+                             _MUTATED_OUTPUTS.get(model))
+    except _CopyNeeded:
+        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
+                             train, progress, cancel, meta, expected_calls, hist_exact_limit, {})
+
+
+def _capture_once(model, inputs, layers, target, labels, mode, input_grad, device, train,
+                  progress, cancel, meta, expected_calls, hist_exact_limit, mutated: dict | None) -> Capture:
     from core.stats import HIST_EXACT_LIMIT
 
     if mode not in MODES:
@@ -345,7 +396,7 @@ def capture(
     recorder = _Recorder(
         model, selected, mode, run_device or _model_device(model) or torch.device("cpu"),
         progress, cancel, expected_calls or n_modules,
-        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit,
+        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit, mutated,
     )
     dev = recorder.device
     t0 = time.perf_counter()
@@ -385,6 +436,7 @@ def capture(
                 f"{len(ran)} of {len(selected)}).",
                 "Check that the batch has the shape the model expects.",
             ) from exc
+        recorder.check_outputs()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
         y = select_output(output, target.output_key)
         scalar = target_scalar(output, target, labels)

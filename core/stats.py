@@ -18,7 +18,7 @@ import torch
 
 HIST_BINS = 64
 #: Tensors with more elements than this get a subsampled histogram (see module docstring).
-HIST_EXACT_LIMIT = 1 << 18
+HIST_EXACT_LIMIT = 1 << 16
 
 #: Scalar statistics, in the order they are packed on the device.
 SCALAR_KEYS = (
@@ -105,12 +105,15 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
             lo_f = hi_f = float("nan")
     m = finite.numel()
     if m:
-        total = finite.sum(dtype=torch.float64)
+        # float32 sums are pairwise (cascade) sums in torch: accurate enough, and a
+        # float64 sum would convert the whole tensor first.
+        total = finite.sum()
         l2 = torch.linalg.vector_norm(finite)
-        l1 = torch.linalg.vector_norm(finite, 1)
+        # Non-negative tensors (ReLU outputs) have mean |x| = mean: skip that pass.
+        l1 = total if lo_f >= 0 else torch.linalg.vector_norm(finite, 1)
         nonzero = torch.count_nonzero(finite)
         total_f, l2_f, l1_f, nonzero_i = torch.stack(
-            [total, l2.double(), l1.double(), nonzero.double()]
+            [total.double(), l2.double(), l1.double(), nonzero.double()]
         ).tolist()
         mean = total_f / m
         var = max(l2_f * l2_f - m * mean * mean, 0.0) / max(m - 1, 1)

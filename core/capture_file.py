@@ -1,0 +1,209 @@
+"""The ``.pt`` capture file: a user-facing contract (README.md, "Export format").
+
+Only plain containers, tensors, strings, numbers, booleans and None are written, so
+``torch.load(path, weights_only=True)`` opens a file anywhere, without gradexplorer.
+Writes are atomic: a temporary file in the same folder, flushed and fsynced, then
+renamed over the target; on any failure the temporary file is removed and an existing
+file of that name is left as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from core.capture_data import CallRecord, Capture, LayerRecord
+from core.errors import CaptureFileError
+
+FORMAT = "gradexplorer.capture"
+VERSION = 1
+
+
+def _plain(obj):
+    """Only builtin containers and scalars, so that ``weights_only`` loading accepts them
+    (``torch.__version__`` is a ``str`` subclass that it would refuse)."""
+    if obj is None or isinstance(obj, (bool, torch.Tensor)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {_plain(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return str(obj)
+
+
+def _plain_stats(stats: dict | None) -> dict | None:
+    if stats is None:
+        return None
+    return _plain(stats)
+
+
+def capture_to_dict(cap: Capture) -> dict:
+    """The capture as the plain nested dict that ``save_capture`` writes."""
+    layers = {}
+    for name, rec in cap.layers.items():
+        layers[name] = {
+            "type": str(rec.type),
+            "calls": [
+                {
+                    "activation": c.activation,
+                    "grad_output": c.grad_output,
+                    "grad_input": c.grad_input,
+                    "output_key": c.output_key,
+                    "shape": list(c.shape),
+                    "dtype": c.dtype,
+                    "stats": {k: _plain_stats(v) for k, v in c.stats.items()},
+                }
+                for c in rec.calls
+            ],
+            "param_grads": dict(rec.param_grads),
+            "param_stats": {k: _plain_stats(v) for k, v in rec.param_stats.items()},
+        }
+    meta = _plain(dict(cap.meta))
+    meta["layer_order"] = list(cap.layer_order)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "meta": meta,
+        "input": cap.input,
+        "input_grad": cap.input_grad,
+        "output": cap.output,
+        "layers": layers,
+    }
+
+
+def _stats_back(stats: dict | None) -> dict | None:
+    if stats is None:
+        return None
+    out = dict(stats)
+    out["hist_range"] = tuple(stats["hist_range"])
+    return out
+
+
+def capture_from_dict(data: dict, source: str = "the file") -> Capture:
+    """Rebuild a ``Capture`` from ``capture_to_dict``'s output (checks format and version)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CaptureFileError(
+            f"{source} is not a gradexplorer capture file.",
+            "Open a .pt file that gradexplorer exported (its 'format' entry is 'gradexplorer.capture').",
+        )
+    version = data.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise CaptureFileError(
+            f"{source} was written by a newer gradexplorer (capture format version {version}; "
+            f"this one reads up to {VERSION}).",
+            "Update gradexplorer to open it.",
+        )
+    try:
+        layers = {}
+        for name, rec in data["layers"].items():
+            calls = [
+                CallRecord(
+                    activation=c.get("activation"),
+                    grad_output=c.get("grad_output"),
+                    grad_input=c.get("grad_input"),
+                    stats={k: _stats_back(v) for k, v in c["stats"].items()},
+                    output_key=c.get("output_key", ""),
+                    shape=tuple(c.get("shape", ())),
+                    dtype=c.get("dtype", ""),
+                )
+                for c in rec["calls"]
+            ]
+            layers[name] = LayerRecord(
+                rec["type"], calls, dict(rec.get("param_grads", {})),
+                {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
+            )
+        return Capture(dict(data["meta"]), data.get("input"), data.get("output"), data.get("input_grad"), layers)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CaptureFileError(
+            f"{source} is a damaged capture file (missing or malformed entry: {exc}).",
+            "Export the capture again.",
+        ) from None
+
+
+def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object, object], None] = torch.save) -> Path:
+    """Write ``obj`` to ``path`` through a temporary file and a rename.
+
+    Raises
+    ------
+    CaptureFileError
+        Folder missing or read-only, disk full, or any other write failure; no partial
+        file is left behind.
+    """
+    path = Path(path).expanduser()
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise CaptureFileError(f"The folder '{folder}' does not exist.", "Choose an existing folder.")
+    tmp_name = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            saver(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise CaptureFileError(
+                f"Cannot write to '{folder}': permission denied.", "Choose a folder you can write to."
+            ) from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CaptureFileError(
+                f"The disk is full while writing '{path.name}'; nothing was written.",
+                "Free some space, choose another disk, or export statistics only.",
+            ) from None
+        raise CaptureFileError(f"Cannot write '{path}': {exc.strerror or exc}.", "Choose another file name or folder.") from None
+    except RuntimeError as exc:
+        # torch.save wraps OS errors from its zip writer into RuntimeError.
+        text = str(exc)
+        if "No space left" in text or "file write failed" in text:
+            raise CaptureFileError(
+                f"The disk is full while writing '{path.name}'; nothing was written.",
+                "Free some space, choose another disk, or export statistics only.",
+            ) from None
+        raise CaptureFileError(f"Cannot write '{path}': {text.splitlines()[0]}", "Choose another file name or folder.") from None
+    finally:
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass
+    return path
+
+
+def save_capture(cap: Capture, path: "str | os.PathLike") -> Path:
+    """Export a capture to ``path`` (atomically). See README.md for the format."""
+    return atomic_save(capture_to_dict(cap), path)
+
+
+def load_capture(path: "str | os.PathLike") -> Capture:
+    """Open a capture file written by ``save_capture``.
+
+    Raises
+    ------
+    CaptureFileError
+        Missing, unreadable, foreign or newer-version files; never runs pickled code.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CaptureFileError(f"There is no file '{path}'.", "Check the path.")
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many types for bad files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureFileError(
+            f"'{path.name}' cannot be read as a capture file ({first[:200]}).",
+            "Open a .pt file that gradexplorer exported.",
+        ) from None
+    return capture_from_dict(data, source=f"'{path.name}'")

@@ -1,0 +1,227 @@
+"""The module tree of a model, and what one probe forward tells about each module.
+
+Built without running the model (names, types, parameter counts), then enriched by
+``probe``: calls per forward, output shapes and dtypes, in-place modules (whose output
+is their input, modified) and reused modules (called more than once). Both are linear in
+the number of modules, so nets with thousands of modules take milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from core.capture import primary_tensor
+from core.errors import CaptureError
+
+
+@dataclass
+class ModuleNode:
+    """One module in the tree.
+
+    Attributes
+    ----------
+    name : str
+        Qualified name (``""`` for the root).
+    type : str
+        Class name.
+    depth : int
+    parent : str or None
+    children : list of str
+        Qualified names of direct children, in registration order.
+    own_params, total_params : int
+        Parameter counts of this module alone and with its descendants (shared
+        parameters counted once per tree).
+    trainable : bool or None
+        Whether all of its (total) parameters require grad; ``None`` when it has none.
+    calls : int or None
+        Calls per forward (after ``probe``).
+    output_shapes : list of tuple
+        Shape of the recorded output of each call (after ``probe``).
+    output_dtype : str
+    inplace : bool
+        The module returned one of its inputs, modified in place (ReLU(inplace=True)).
+    """
+
+    name: str
+    type: str
+    depth: int
+    parent: str | None
+    children: list[str] = field(default_factory=list)
+    own_params: int = 0
+    total_params: int = 0
+    trainable: bool | None = None
+    calls: int | None = None
+    output_shapes: list[tuple] = field(default_factory=list)
+    output_dtype: str = ""
+    inplace: bool = False
+    output_bytes: int = 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    @property
+    def reused(self) -> bool:
+        return bool(self.calls and self.calls > 1)
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1] if self.name else "(model)"
+
+
+class ModuleTree:
+    """All modules of a model by qualified name, in registration order.
+
+    Use ``ModuleTree.build(model)``; call ``probe(model, x)`` to fill in calls and shapes.
+    """
+
+    def __init__(self, nodes: dict[str, ModuleNode], model_type: str):
+        self.nodes = nodes
+        self.model_type = model_type
+        self.probed = False
+        self.probe_seconds: float | None = None
+        self.call_order: list[str] = []
+
+    @classmethod
+    def build(cls, model: nn.Module) -> "ModuleTree":
+        """The tree of ``model``'s modules, without running it."""
+        nodes: dict[str, ModuleNode] = {}
+        seen_params: set[int] = set()
+        for name, module in model.named_modules(remove_duplicate=True):
+            parent = name.rsplit(".", 1)[0] if "." in name else ("" if name else None)
+            own = 0
+            own_trainable = True
+            has_params = False
+            for p in module.parameters(recurse=False):
+                has_params = True
+                if id(p) not in seen_params:
+                    seen_params.add(id(p))
+                    own += p.numel()
+                own_trainable &= p.requires_grad
+            node = ModuleNode(
+                name=name, type=type(module).__name__, depth=name.count(".") + 1 if name else 0,
+                parent=parent, own_params=own, total_params=own,
+                trainable=own_trainable if has_params else None,
+            )
+            nodes[name] = node
+            if parent is not None and parent in nodes:
+                nodes[parent].children.append(name)
+        # Totals and trainable flags bottom-up: children come after parents in named_modules.
+        for name in reversed(list(nodes)):
+            node = nodes[name]
+            if node.parent is not None and node.parent in nodes:
+                up = nodes[node.parent]
+                up.total_params += node.total_params
+                if node.trainable is not None:
+                    up.trainable = node.trainable if up.trainable is None else (up.trainable and node.trainable)
+        return cls(nodes, type(model).__name__)
+
+    def __getitem__(self, name: str) -> ModuleNode:
+        return self.nodes[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[ModuleNode]:
+        return iter(self.nodes.values())
+
+    @property
+    def root(self) -> ModuleNode:
+        return self.nodes[""]
+
+    def leaves(self) -> list[str]:
+        return [n.name for n in self.nodes.values() if n.name and n.is_leaf]
+
+    def descendants(self, name: str) -> list[str]:
+        """Qualified names below ``name`` (not including it), depth first."""
+        out: list[str] = []
+        stack = list(reversed(self.nodes[name].children))
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(reversed(self.nodes[n].children))
+        return out
+
+    def of_type(self, type_name: str) -> list[str]:
+        return [n.name for n in self.nodes.values() if n.type == type_name and n.name]
+
+    def expected_calls(self) -> int | None:
+        """Module calls in one forward (after ``probe``)."""
+        if not self.probed:
+            return None
+        return sum(n.calls or 0 for n in self.nodes.values())
+
+    @torch.no_grad()
+    def probe(self, model: nn.Module, x: torch.Tensor) -> "ModuleTree":
+        """Run one forward under ``no_grad`` (eval mode) to learn calls, shapes and in-place
+        modules. Hooks are removed and the mode restored afterwards.
+
+        Raises
+        ------
+        CaptureError
+            When the forward fails, naming the module.
+        """
+        modes = {m: m.training for m in model.modules()}
+        for node in self.nodes.values():
+            node.calls = 0
+            node.output_shapes = []
+            node.inplace = False
+            node.output_bytes = 0
+        handles = []
+        running: list[str] = []
+        order: list[str] = []
+
+        def pre(name):
+            def hook(module, args):
+                running.append(name)
+                self.nodes[name].calls += 1
+                if self.nodes[name].calls == 1:
+                    order.append(name)
+            return hook
+
+        def post(name):
+            def hook(module, args, output):
+                running.pop()
+                node = self.nodes[name]
+                _, y = primary_tensor(output)
+                if y is None:
+                    return
+                node.output_shapes.append(tuple(y.shape))
+                node.output_dtype = str(y.dtype).replace("torch.", "")
+                node.output_bytes += y.numel() * y.element_size()
+                if any(a is y for a in args if isinstance(a, torch.Tensor)):
+                    node.inplace = True
+            return hook
+
+        t0 = time.perf_counter()
+        try:
+            for name, module in model.named_modules():
+                if name in self.nodes:
+                    handles.append(module.register_forward_pre_hook(pre(name)))
+                    handles.append(module.register_forward_hook(post(name)))
+            model.eval()
+            try:
+                model(x)
+            except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+                where = f" in module '{running[-1]}'" if running else ""
+                raise CaptureError(
+                    f"The model's forward failed{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                    "Check that the batch has the shape the model expects.",
+                ) from exc
+        finally:
+            for h in handles:
+                h.remove()
+            for m, mode in modes.items():
+                m.training = mode
+        self.probed = True
+        self.call_order = order
+        self.probe_seconds = time.perf_counter() - t0
+        return self
