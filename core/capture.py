@@ -483,7 +483,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             "dtype": str(x.dtype).replace("torch.", ""),
             "mode": mode,
             "train": bool(train),
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "layer_order": order,
             "not_called": not_called,

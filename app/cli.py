@@ -1,0 +1,778 @@
+"""The ``gradexplorer`` command: headless subcommands, or the desktop app.
+
+Subcommands (``capture``, ``models``, ``layers``, ``inspect``, ``devices``) call the same
+``core`` functions as the GUI and never import Qt. Without a subcommand the desktop app
+opens (``app.gui.launch``), imported only on that path.
+
+Exit codes: 0 success; 1 a problem with the user's input (one line on stderr,
+``error: <problem> <fix>``); 2 a command-line usage error; 70 a bug in gradexplorer
+(``error: internal error: ...``, the traceback with ``--debug``); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import difflib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from app.cli_format import (
+    ProgressBar,
+    can_encode,
+    fmt_num,
+    fmt_seconds,
+    fmt_shape,
+    human_size,
+    table,
+)
+from core.errors import GradExplorerError
+
+PROG = "gradexplorer"
+EXIT_OK = 0
+EXIT_USER = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_INTERRUPTED = 130
+
+# A full capture may take at most this share of the free RAM before the CLI asks for
+# --stats-only, fewer layers or --force: the tensors are kept in RAM and then written.
+MEMORY_BUDGET_SHARE = 0.5
+
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices")
+
+_INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
+
+
+class UsageError(Exception):
+    """The command line itself is wrong (unknown option, missing value)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D102 - argparse hook
+        # argparse prints the usage and exits; the CLI's contract is one line on stderr.
+        raise UsageError(f"{message}; see '{self.prog} --help'.")
+
+
+class _UI:
+    """What the running command shows: the progress bar and whether to be quiet."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.bar = ProgressBar(sys.stderr, enabled=not quiet)
+
+    def note(self, text: str) -> None:
+        """A line of information on stderr (not part of the command's output)."""
+        if not self.quiet:
+            self.bar.close()
+            print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Argument parsing
+# ---------------------------------------------------------------------------
+
+
+def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--model", required=required, metavar="NAME|PATH|SPEC",
+        help="a torchvision name (resnet18), demo:shapes, demo:seed-mlp, a checkpoint file, "
+             "or a factory pkg.mod:fn / file.py:fn (needs --trust)",
+    )
+    p.add_argument(
+        "--weights", metavar="W",
+        help="torchvision weights: DEFAULT, an enum name (IMAGENET1K_V1) or a local .pth file; "
+             "default: random initialisation",
+    )
+    p.add_argument("--arch", metavar="A", help="torchvision architecture of a weights-only checkpoint file")
+    p.add_argument(
+        "--trust", action="store_true",
+        help="allow running code from the model source (pickled modules, .pt2 archives, factories)",
+    )
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--input", nargs="+", metavar="FILE",
+                       help="image files or folders, or one .pt tensor file")
+    group.add_argument(
+        "--random", nargs="?", const="", metavar="SHAPE",
+        help="a random batch (seed 0) of SHAPE, e.g. 2x3x224x224; without SHAPE two samples "
+             "of the model's input shape",
+    )
+    group.add_argument("--demo-input", action="store_true", help="the demo model's own batch")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand that does not see --debug must not reset the top-level one.
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the traceback of internal errors")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress or notes on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``gradexplorer`` (GUI flags at the top, subcommands below)."""
+    parser = _Parser(
+        prog=PROG,
+        description=(
+            "See the gradients inside a PyTorch model. Without a subcommand the desktop app "
+            "opens (on its built-in demo unless --model is given)."
+        ),
+        epilog="Run 'gradexplorer COMMAND --help' for the options of a subcommand.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.set_defaults(debug=False, quiet=False, func=None)
+    _add_common(parser)
+
+    gui = parser.add_argument_group("desktop app (no subcommand)")
+    gui.add_argument("--model", metavar="NAME|PATH|SPEC", help="open this model (default: demo:shapes)")
+    gui.add_argument("--weights", metavar="W", help="its weights (DEFAULT, an enum name, a .pth file)")
+    gui.add_argument("--arch", metavar="A", help="architecture of a weights-only checkpoint file")
+    gui.add_argument("--trust", action="store_true", help="allow running code from the model source")
+    gui.add_argument("--input", nargs="+", metavar="FILE", help="image files, a folder or a .pt tensor")
+    gui.add_argument("--random", metavar="SHAPE", help="a random batch of SHAPE, e.g. 2x3x224x224")
+    gui.add_argument("--labels", metavar="LABELS", help="class indices or names for the batch, e.g. 3,1,0")
+    gui.add_argument("--layers", nargs="+", metavar="PATTERN", help="layers to tick: names or globs ('layer4.*')")
+    gui.add_argument("--target", metavar="T", help="top1, class:N, sum, mean or cross_entropy, optionally @key")
+    gui.add_argument("--device", metavar="D", help="auto, cpu, cuda:0, mps")
+    gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
+    gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
+    gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
+
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    # -- capture -----------------------------------------------------------------
+    p = sub.add_parser(
+        "capture", help="run one forward and backward pass and save the gradients to a .pt file",
+        description="Run one forward and backward pass and save per-layer activations, gradients "
+                    "and statistics to a .pt file that torch.load(path, weights_only=True) opens.",
+    )
+    _add_model_args(p)
+    _add_input_args(p)
+    p.add_argument("--labels", metavar="LABELS", help="class indices or names, e.g. 3,1,0 or 'tabby'")
+    p.add_argument("--layers", nargs="+", metavar="PATTERN",
+                   help="module names or glob patterns ('layer4.*'); default: every leaf module")
+    p.add_argument("--target", default="top1", metavar="T",
+                   help="top1 (default), class:N, sum, mean or cross_entropy; add @key to pick a "
+                        "dict/tuple output element")
+    p.add_argument("--device", default="auto", metavar="D", help="auto (default), cpu, cuda:0, mps")
+    p.add_argument("--stats-only", action="store_true",
+                   help="keep statistics only (bounded memory); tensors are None in the file")
+    p.add_argument("--input-grad", action="store_true", help="also record the gradient w.r.t. the input")
+    p.add_argument("--train", action="store_true",
+                   help="run in train mode (dropout, batch statistics); eval by default")
+    p.add_argument("--force", action="store_true",
+                   help="run even when the full capture is estimated to exceed the memory budget")
+    p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
+    _add_common(p)
+    p.set_defaults(func=cmd_capture)
+
+    # -- models ------------------------------------------------------------------
+    p = sub.add_parser("models", help="list torchvision models and which weights are cached",
+                       description="List torchvision models, their weights and which are in the local cache.")
+    p.add_argument("--task", metavar="TASK", help="only this task (classification, segmentation, video, ...)")
+    p.add_argument("--cached", action="store_true", help="only models with weights in the cache")
+    _add_common(p)
+    p.set_defaults(func=cmd_models)
+
+    # -- layers ------------------------------------------------------------------
+    p = sub.add_parser("layers", help="show a model's module tree",
+                       description="Show a model's module tree: names to use with --layers, types, "
+                                   "parameters; with --probe also calls, output shapes and in-place modules.")
+    _add_model_args(p)
+    p.add_argument("--depth", type=int, metavar="N", help="show modules down to this depth (root = 0)")
+    p.add_argument("--probe", action="store_true",
+                   help="run one forward (no gradients) to learn calls, output shapes, in-place modules")
+    _add_input_args(p)
+    _add_common(p)
+    p.set_defaults(func=cmd_layers)
+
+    # -- inspect -----------------------------------------------------------------
+    p = sub.add_parser("inspect", help="summarise a capture file",
+                       description="Show the metadata and per-layer statistics of a capture file.")
+    p.add_argument("file", metavar="FILE.pt")
+    p.add_argument("--layer", metavar="NAME", help="details of one layer (a name or glob pattern)")
+    _add_common(p)
+    p.set_defaults(func=cmd_inspect)
+
+    # -- devices -----------------------------------------------------------------
+    p = sub.add_parser("devices", help="list the devices a capture can run on",
+                       description="List the devices a capture can run on, with their memory.")
+    _add_common(p)
+    p.set_defaults(func=cmd_devices)
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("gradexplorer")
+    except (ImportError, PackageNotFoundError):
+        return "0.1.0 (source checkout)"
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``gradexplorer`` command; returns the exit status (never raises SystemExit)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    ui: _UI | None = None
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help, --version
+            return exc.code if isinstance(exc.code, int) else EXIT_OK
+        debug = bool(args.debug)
+        ui = _UI(quiet=bool(args.quiet))
+        if args.func is None:
+            return cmd_gui(args, parser, ui)
+        return int(args.func(args, ui) or EXIT_OK)
+    except UsageError as exc:
+        _error(ui, str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error(ui, "interrupted; nothing was saved.")
+        return EXIT_INTERRUPTED
+    except GradExplorerError as exc:
+        _error(ui, f"{exc.problem} {exc.fix}")
+        if debug:
+            traceback.print_exc()
+        return EXIT_USER
+    except BrokenPipeError:
+        # `gradexplorer models | head`: the reader went away; not an error of ours.
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        hint = "" if debug else " (run again with --debug to see the traceback, and please report it)"
+        _error(ui, f"internal error: {detail}{hint}")
+        if debug:
+            traceback.print_exc()
+        return EXIT_INTERNAL
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error(ui: _UI | None, message: str) -> None:
+    if ui is not None:
+        ui.bar.clear()
+    print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Shared steps
+# ---------------------------------------------------------------------------
+
+
+def _load_model(args, ui: _UI):
+    from core.models import load_model
+
+    ui.bar.update("loading model")
+
+    def on_download(done: int, total: int) -> None:
+        ui.bar.update("downloading weights", done, total or None, "B")
+
+    return load_model(args.model, weights=args.weights, arch=args.arch, trust=args.trust, progress=on_download)
+
+
+def _batch_sources(args, loaded, default_random_shape: tuple[int, ...] | None = None) -> list[str]:
+    if args.input:
+        return list(args.input)
+    if args.random is not None:
+        return [f"random:{args.random}"] if args.random else ["random"]
+    if args.demo_input:
+        return ["demo"]
+    if loaded.spec.startswith("demo:"):
+        return ["demo"]
+    if default_random_shape is not None:
+        return ["random:" + "x".join(str(d) for d in default_random_shape)]
+    raise GradExplorerError(f"No input was given for '{loaded.spec}';", _INPUT_HINT + ".")
+
+
+def _load_batch(args, loaded, ui: _UI, labels: str | None = None, default_random_shape=None):
+    from core.batches import check_batch_shape, load_batch
+
+    ui.bar.update("loading batch")
+    sources = _batch_sources(args, loaded, default_random_shape)
+    if sources == ["demo"] and not loaded.spec.startswith("demo:"):
+        raise GradExplorerError(
+            f"--demo-input needs a demo model, and '{loaded.spec}' is not one;", _INPUT_HINT.replace(
+                " or --demo-input", "") + "."
+        )
+    batch = load_batch(sources, loaded, labels)
+    check_batch_shape(batch, loaded.input_shape)  # load_batch checks too; the CLI relies on it
+    return batch
+
+
+def _check_out_path(out: str) -> Path:
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise GradExplorerError(f"--out '{out}' is a folder;", "give a file name such as capture.pt.")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise GradExplorerError(f"the folder '{folder}' of --out does not exist;",
+                                "create it first or choose another path.")
+    if not os.access(folder, os.W_OK):
+        raise GradExplorerError(f"the folder '{folder}' of --out is not writable;",
+                                "choose a folder you can write to.")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# capture
+# ---------------------------------------------------------------------------
+
+
+def estimate_capture_bytes(tree, selected: Sequence[str], model, batch_size: int, probe_batch: int,
+                           input_bytes: int, mode: str, input_grad: bool) -> int:
+    """Bytes a capture will hold, from a probe forward of ``probe_batch`` samples.
+
+    Activations and output gradients of every call of the selected modules (scaled from
+    the probe's batch to ``batch_size``), the selected modules' parameter gradients, the
+    input (and its gradient when asked for) and the statistics. Gradients with respect to
+    a module's input are not counted: they are shared with the previous module's output
+    gradient in memory and in the file.
+    """
+    from core.stats import HIST_BINS
+
+    stats_bytes = HIST_BINS * 4 + 400  # a histogram and a dict of floats, per tensor
+    scale = batch_size / max(probe_batch, 1)
+    total = input_bytes * (2 if input_grad else 1)
+    for name in selected:
+        node = tree.nodes.get(name)
+        if node is None:
+            continue
+        calls = node.calls or 0
+        total += calls * 3 * stats_bytes
+        if mode == "full":
+            total += int(2 * node.output_bytes * scale)
+        module = model.get_submodule(name)
+        for p in module.parameters(recurse=False):
+            if p.requires_grad:
+                total += stats_bytes + (p.numel() * p.element_size() if mode == "full" else 0)
+    return total
+
+
+def cmd_capture(args, ui: _UI) -> int:
+    from core.devices import free_memory, resolve_device
+    from core.targets import parse_target
+
+    # Cheap checks first: a typo in --out or --target should not cost a model load.
+    out = _check_out_path(args.out)
+    target = parse_target(args.target)
+    device = resolve_device(args.device)
+    mode = "stats" if args.stats_only else "full"
+    t_start = time.perf_counter()
+
+    loaded = _load_model(args, ui)
+    batch = _load_batch(args, loaded, ui, labels=args.labels)
+    if target.kind == "class" and loaded.categories and target.class_index >= len(loaded.categories):
+        n = len(loaded.categories)
+        raise GradExplorerError(
+            f"target class {target.class_index} is out of range: {loaded.name} has {n} classes;",
+            f"pick a class from 0 to {n - 1}.",
+        )
+
+    from core.module_tree import ModuleTree
+    from core.selection import resolve_layers
+
+    selected = resolve_layers(loaded.module, args.layers or None)
+
+    # One sample through the model (no gradients) tells calls and output sizes: the
+    # progress bar's total and the memory estimate, before anything large is allocated.
+    ui.bar.update("probing")
+    tree = ModuleTree.build(loaded.module)
+    expected_calls = None
+    estimate = None
+    try:
+        probe_x = batch.tensor[:1]
+        tree.probe(loaded.module, probe_x)
+        expected_calls = tree.expected_calls()
+        estimate = estimate_capture_bytes(
+            tree, selected, loaded.module, len(batch), len(probe_x),
+            batch.tensor.numel() * batch.tensor.element_size(), mode, args.input_grad,
+        )
+    except GradExplorerError:
+        pass  # the capture's own forward reports the failure with more context
+    calls_expected = sum((tree.nodes[n].calls or 0) for n in selected if n in tree.nodes) if estimate else None
+
+    if estimate is not None:
+        ui.note(
+            f"capturing {len(selected)} layers ({calls_expected} calls) of {loaded.name} on {device}, "
+            f"{'full tensors' if mode == 'full' else 'statistics only'}: "
+            f"about {human_size(estimate)} in memory"
+        )
+        free = free_memory("cpu")
+        if mode == "full" and free and estimate > MEMORY_BUDGET_SHARE * free and not args.force:
+            raise GradExplorerError(
+                f"the full capture would hold about {human_size(estimate)}, more than "
+                f"{int(MEMORY_BUDGET_SHARE * 100)}% of the free memory ({human_size(free)});",
+                "pass --stats-only, fewer --layers or a smaller batch, or --force to run anyway.",
+            )
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")
+
+    from core.batches import describe
+    from core.capture import capture
+
+    meta = {
+        "model": loaded.spec,
+        "model_name": loaded.name,
+        "weights": loaded.weights,
+        "categories": list(loaded.categories) if loaded.categories else None,
+        "task": loaded.task,
+        "batch": describe(batch),
+        "input_names": list(batch.names),
+        "labels": batch.labels.tolist() if batch.labels is not None else None,
+    }
+    cap = capture(
+        loaded.module, batch.tensor, layers=args.layers or None, target=target, labels=batch.labels,
+        mode=mode, input_grad=args.input_grad, device=device, train=args.train,
+        progress=on_progress, meta=meta, expected_calls=expected_calls,
+    )
+
+    from core.capture_file import save_capture
+
+    # The file must open with weights_only=True: str subclasses such as torch.__version__
+    # (a TorchVersion) are not plain strings to the unpickler.
+    cap.meta = _plain(cap.meta)
+    ui.bar.update("saving")
+    path = save_capture(cap, out)
+    ui.bar.close()
+    elapsed = time.perf_counter() - t_start
+    n_calls = sum(len(rec.calls) for rec in cap.layers.values())
+    size = path.stat().st_size
+    flagged = _nonfinite_layers(cap)
+    lines = [
+        f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
+        f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+        f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}",
+        f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+        f" (total {fmt_seconds(elapsed)})",
+    ]
+    if cap.meta.get("not_called"):
+        lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
+                     + (" ..." if len(cap.meta["not_called"]) > 5 else "")
+                     + " (selected but not called in forward)")
+    if flagged:
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+    lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
+    print("\n".join(lines), flush=True)
+    return EXIT_OK
+
+
+def _plain(obj):
+    """``obj`` with str/int/float subclasses turned into the builtin types (for weights_only)."""
+    if isinstance(obj, dict):
+        return {_plain(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj) if type(obj) in (list, tuple) else [_plain(v) for v in obj]
+    for base in (bool, str, int, float):
+        if isinstance(obj, base) and type(obj) is not base:
+            return base(obj)
+    return obj
+
+
+def _nonfinite_layers(cap) -> list[str]:
+    from core.stats import has_nonfinite
+
+    bad = []
+    for name, rec in cap.layers.items():
+        if any(has_nonfinite(s) for c in rec.calls for s in c.stats.values()):
+            bad.append(name)
+    return bad
+
+
+# ---------------------------------------------------------------------------
+# models
+# ---------------------------------------------------------------------------
+
+
+def cmd_models(args, ui: _UI) -> int:
+    from core.weights import cache_dir, model_catalog
+
+    catalog = model_catalog()
+    tasks = sorted({info.task for info in catalog})
+    if args.task:
+        wanted = args.task.strip().lower()
+        if wanted not in tasks:
+            near = difflib.get_close_matches(wanted, tasks, n=1)
+            hint = f"did you mean '{near[0]}'? " if near else ""
+            raise GradExplorerError(f"there is no task '{args.task}';", f"{hint}choose one of: {', '.join(tasks)}.")
+        catalog = [info for info in catalog if info.task == wanted]
+    if args.cached:
+        catalog = [info for info in catalog if info.cached]
+    check = "✓" if can_encode("✓") else "yes"
+    rows = []
+    for info in catalog:
+        names = [
+            _member(w) + ("*" if w == info.default_weights else "")
+            for w in info.weights
+        ]
+        cached = ", ".join(_member(w) for w in info.cached)
+        rows.append([info.name, info.task, ", ".join(names) or "-", f"{check} {cached}" if cached else ""])
+    if rows:
+        print(table(["MODEL", "TASK", "WEIGHTS", "CACHED"], rows))
+    n_cached = sum(1 for info in catalog if info.cached)
+    print(f"\n{len(catalog)} models, {n_cached} with cached weights. * default weights. "
+          f"Cache folder: {cache_dir()}")
+    return EXIT_OK
+
+
+def _member(weights_name: str) -> str:
+    return weights_name.rpartition(".")[2]
+
+
+# ---------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------
+
+
+def cmd_layers(args, ui: _UI) -> int:
+    from core.module_tree import ModuleTree
+
+    if args.depth is not None and args.depth < 0:
+        raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model only) or more.")
+    loaded = _load_model(args, ui)
+    tree = ModuleTree.build(loaded.module)
+    if args.probe:
+        shape = (1, *loaded.input_shape) if loaded.input_shape and all(d is not None for d in loaded.input_shape) else None
+        batch = _load_batch(args, loaded, ui, default_random_shape=shape)
+        ui.bar.update("probing")
+        tree.probe(loaded.module, batch.tensor)
+    elif args.input or args.random is not None or args.demo_input:
+        raise GradExplorerError("an input only matters with --probe;", "add --probe, or leave out the input.")
+    ui.bar.close()
+
+    headers = ["MODULE", "TYPE", "PARAMS", "TOTAL", "TRAINABLE"]
+    align = "llrrl"
+    if tree.probed:
+        headers += ["CALLS", "OUTPUT", "NOTES"]
+        align += "rll"
+    rows = []
+    for node in tree:
+        if args.depth is not None and node.depth > args.depth:
+            continue
+        label = ("  " * node.depth) + (node.name or "(model)")
+        trainable = "-" if node.trainable is None else ("yes" if node.trainable else "no")
+        row = [label, node.type, f"{node.own_params:,}", f"{node.total_params:,}", trainable]
+        if tree.probed:
+            shapes = list(dict.fromkeys(node.output_shapes))
+            notes = []
+            if node.inplace:
+                notes.append("in-place")
+            if node.reused:
+                notes.append(f"reused x{node.calls}")
+            row += [str(node.calls or 0), ", ".join(fmt_shape(s) for s in shapes) or "-", ", ".join(notes)]
+        rows.append(row)
+    print(table(headers, rows, align))
+    root = tree.root
+    trainable = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
+    summary = (f"\n{loaded.name} ({tree.model_type}): {len(tree) - 1} modules, {len(tree.leaves())} leaves, "
+               f"{root.total_params:,} parameters ({trainable:,} trainable)")
+    if tree.probed:
+        inplace = sum(1 for n in tree if n.inplace)
+        reused = sum(1 for n in tree if n.reused)
+        summary += f"; {tree.expected_calls()} module calls per forward, {inplace} in-place, {reused} reused"
+    print(summary)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# inspect
+# ---------------------------------------------------------------------------
+
+
+def cmd_inspect(args, ui: _UI) -> int:
+    from core.capture_file import load_capture
+
+    path = Path(args.file).expanduser()
+    cap = load_capture(path)
+    meta = cap.meta
+    names = list(cap.layers)
+    if args.layer:
+        chosen = [n for n in names if n == args.layer or fnmatch.fnmatchcase(n, args.layer)]
+        if not chosen:
+            near = difflib.get_close_matches(args.layer, names, n=3)
+            hint = f"near names: {', '.join(near)}; " if near else ""
+            raise GradExplorerError(f"the capture has no layer '{args.layer}';",
+                                    f"{hint}run 'gradexplorer inspect {args.file}' to list its layers.")
+    else:
+        chosen = names
+
+    yes_no = {True: "yes", False: "no"}
+    n_calls = sum(len(cap.layers[n].calls) for n in names)
+    header = [
+        ("file", f"{path} ({human_size(path.stat().st_size)})"),
+        ("model", f"{meta.get('model')}  weights {meta.get('weights') or 'random init'}"),
+        ("target", f"{meta.get('target')}  device {meta.get('device')}  dtype {meta.get('dtype')}  "
+                   f"mode {meta.get('mode')}  train {yes_no.get(meta.get('train'), meta.get('train'))}"),
+        ("created", f"{meta.get('created')}  torch {meta.get('torch_version')}"),
+        ("input", f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
+                  f"  input grad {'yes' if cap.input_grad is not None else 'no'}"),
+        ("layers", f"{len(names)} ({n_calls} calls)"),
+    ]
+    if meta.get("batch"):
+        header.insert(4, ("batch", str(meta["batch"])))
+    width = max(len(k) for k, _ in header)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
+    print()
+
+    rows = []
+    for name in chosen:
+        rec = cap.layers[name]
+        if not rec.calls:
+            rows.append([name, "-", rec.type, "-", "-", "-", "-", "-", "-", "-", "not called"])
+        for i, call in enumerate(rec.calls):
+            act = call.stats.get("activation") or {}
+            grad = call.stats.get("grad_output")
+            flags = _flags(call.stats)
+            g = grad or {}
+            rows.append([
+                name, str(i), rec.type, fmt_shape(call.shape),
+                fmt_num(act.get("mean")), fmt_num(act.get("std")),
+                fmt_num(g.get("l2")), fmt_num(g.get("mean_abs")), fmt_num(_max_abs(g) if grad else None),
+                f"{g['zero_fraction'] * 100:.1f}" if grad else "-",
+                flags,
+            ])
+    print(table(
+        ["LAYER", "CALL", "TYPE", "SHAPE", "ACT MEAN", "ACT STD", "GRAD L2", "MEAN|G|", "MAX|G|", "G ZERO%", "FLAGS"],
+        rows, "lrllrrrrrrl",
+    ))
+    if args.layer:
+        for name in chosen:
+            _print_layer_details(name, cap.layers[name])
+    return EXIT_OK
+
+
+def _max_abs(stats: dict) -> float:
+    return max(abs(stats["min"]), abs(stats["max"]))
+
+
+def _flags(stats: dict) -> str:
+    from core.stats import has_nonfinite
+
+    flags = []
+    for kind, short in (("activation", "act"), ("grad_output", "grad"), ("grad_input", "grad in")):
+        s = stats.get(kind)
+        if s and has_nonfinite(s):
+            parts = []
+            if s["nan_count"]:
+                parts.append(f"{s['nan_count']} NaN")
+            if s["inf_count"]:
+                parts.append(f"{s['inf_count']} Inf")
+            flags.append(f"{short}: {' '.join(parts)}")
+    if stats.get("grad_output") is None:
+        flags.append("no grad")
+    elif stats["grad_output"].get("numel") and stats["grad_output"].get("zero_fraction") == 1.0:
+        flags.append("zero grad")
+    return "; ".join(flags)
+
+
+def _stat_row(label: str, s: dict | None) -> list[str]:
+    if not s:
+        return [label] + ["-"] * 10
+    return [
+        label, str(s["numel"]), fmt_num(s["min"]), fmt_num(s["max"]), fmt_num(s["mean"]), fmt_num(s["std"]),
+        fmt_num(s["mean_abs"]), fmt_num(s["l2"]), f"{s['zero_fraction'] * 100:.1f}",
+        str(s["nan_count"]), str(s["inf_count"]),
+    ]
+
+
+def _print_layer_details(name: str, rec) -> None:
+    headers = ["TENSOR", "NUMEL", "MIN", "MAX", "MEAN", "STD", "MEAN|X|", "L2", "ZERO%", "NaN", "Inf"]
+    for i, call in enumerate(rec.calls):
+        print(f"\n{name} ({rec.type}), call {i}: output {fmt_shape(call.shape)} {call.dtype}"
+              + (f", output element '{call.output_key}'" if call.output_key else ""))
+        rows = [_stat_row(kind, call.stats.get(kind)) for kind in ("activation", "grad_output", "grad_input")]
+        print(table(headers, rows, "lrrrrrrrrrr"))
+    if rec.param_stats:
+        print(f"\n{name} parameter gradients:")
+        rows = [_stat_row(pname, s) for pname, s in rec.param_stats.items()]
+        print(table(headers, rows, "lrrrrrrrrrr"))
+
+
+# ---------------------------------------------------------------------------
+# devices
+# ---------------------------------------------------------------------------
+
+
+def cmd_devices(args, ui: _UI) -> int:
+    from core.devices import list_devices, resolve_device
+
+    devices = list_devices()
+    auto = str(resolve_device("auto"))
+    rows = [
+        [d.name + (" (auto)" if d.name == auto else ""), d.label, human_size(d.total_memory), human_size(d.free_memory)]
+        for d in devices
+    ]
+    print(table(["DEVICE", "DESCRIPTION", "MEMORY", "FREE"], rows, "llrr"))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# The desktop app
+# ---------------------------------------------------------------------------
+
+
+def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
+    if args.input and args.random:
+        raise UsageError("--input and --random cannot be used together; see 'gradexplorer --help'.")
+    if args.screenshot:
+        folder = Path(args.screenshot).expanduser().parent
+        if str(folder) and not folder.is_dir():
+            raise GradExplorerError(f"the folder '{folder}' of --screenshot does not exist;",
+                                    "create it first or choose another path.")
+    model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
+    if model_only and not args.model:
+        raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
+    inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
+    try:
+        from app.gui import launch  # Qt is imported here and only here
+    except ImportError as exc:
+        raise GradExplorerError(
+            f"the desktop app cannot start ({exc});",
+            "install gradexplorer with its GUI dependencies (make run does), or use a subcommand: "
+            "gradexplorer --help.",
+        ) from exc
+    return int(launch(
+        model=args.model,
+        weights=args.weights,
+        inputs=inputs,
+        layers=list(args.layers) if args.layers else None,
+        target=args.target,
+        device=args.device,
+        run=bool(args.run),
+        screenshot=args.screenshot,
+        trust=bool(args.trust),
+        arch=args.arch,
+        stats_only=bool(args.stats_only),
+        labels=args.labels,
+    ) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,633 @@
+"""The ``gradexplorer`` command line: captures that match plain autograd, readable errors.
+
+Most cases run ``main([...])`` in this process; two run real subprocesses to prove the
+entry point works and that the CLI never imports Qt.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from app import cli
+from app.cli import main
+from app.cli_format import ProgressBar, fmt_num, human_size, table
+
+ROOT = Path(__file__).resolve().parents[2]
+QT_MODULES = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "pyqtgraph", "superqt", "qtpy")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(code: int, err: str, *needles: str) -> str:
+    """A user error: non-zero, exactly one line on stderr, no traceback; returns the line."""
+    assert code == cli.EXIT_USER, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("error: ")
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["QT_QPA_PLATFORM"] = "offscreen"
+    return env
+
+
+# ---------------------------------------------------------------------------
+# Factories whose models the test can rebuild exactly (ground truth must not come from core)
+# ---------------------------------------------------------------------------
+
+FACTORY_SOURCE = textwrap.dedent(
+    """
+    import torch
+    import torchvision
+
+
+    def make_resnet18():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1234)
+            model = torchvision.models.resnet18(weights=None, num_classes=10)
+        return model.eval()
+    """
+)
+
+
+@pytest.fixture
+def factory_file(tmp_path) -> Path:
+    path = tmp_path / "factory.py"
+    path.write_text(FACTORY_SOURCE)
+    return path
+
+
+def rebuild_resnet18() -> torch.nn.Module:
+    namespace: dict = {}
+    exec(FACTORY_SOURCE, namespace)  # the same code the CLI ran, run again independently
+    return namespace["make_resnet18"]()
+
+
+def reference_grads(model: torch.nn.Module, x: torch.Tensor, names: list[str]):
+    """Activations and output gradients per call by plain autograd.
+
+    A forward hook keeps each call's output and hands a clone downstream, so later
+    in-place ops (ReLU(inplace), ``out += identity``) act on the clone; the gradient
+    with respect to the kept original is the gradient at that call's output.
+    """
+    kept: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    handles = []
+    for name in names:
+        def hook(module, args, output, _name=name):
+            kept[_name].append(output)
+            return output.clone()
+
+        handles.append(model.get_submodule(name).register_forward_hook(hook))
+    try:
+        y = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    scalar = y.max(dim=1).values.sum()  # top1
+    flat = [t for n in names for t in kept[n]]
+    params = [p for p in model.parameters()]
+    grads = torch.autograd.grad(scalar, flat + params)
+    out, i = {}, 0
+    for n in names:
+        out[n] = []
+        for t in kept[n]:
+            out[n].append((t.detach().clone(), grads[i]))
+            i += 1
+    param_grads = {name: g for (name, _), g in zip(model.named_parameters(), grads[len(flat):])}
+    return out, param_grads
+
+
+# ---------------------------------------------------------------------------
+# capture
+# ---------------------------------------------------------------------------
+
+
+def test_capture_seed_mlp_matches_autograd(tmp_path, capsys):
+    out_file = tmp_path / "mlp.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file)
+    assert code == 0, err
+    assert out_file.is_file()
+    assert "5 layers" in out and str(out_file.resolve()) in out
+    assert "forward" in err and "saving" in err  # the progress stages, not on a TTY: plain lines
+
+    data = torch.load(out_file, weights_only=True)
+    assert data["format"] == "gradexplorer.capture" and data["version"] == 1
+    assert list(data["layers"]) == ["fc1", "relu1", "fc2", "relu2", "fc3"]
+    assert data["meta"]["layer_order"] == ["fc1", "relu1", "fc2", "relu2", "fc3"]
+    assert data["meta"]["model"] == "demo:seed-mlp" and data["meta"]["mode"] == "full"
+    x = data["input"]
+    assert x.shape == (4, 10)
+
+    # Ground truth: the same seeded MLP, written out by hand, differentiated by autograd.
+    from core.demos import SeedMLP
+
+    m = SeedMLP()
+    h1 = m.fc1(x)
+    a1 = torch.relu(h1)
+    h2 = m.fc2(a1)
+    a2 = torch.relu(h2)
+    h3 = m.fc3(a2)
+    scalar = h3.max(dim=1).values.sum()
+    g = torch.autograd.grad(scalar, [h1, a1, h2, a2, h3, m.fc1.weight, m.fc2.bias])
+    for name, act, grad in zip(["fc1", "relu1", "fc2", "relu2", "fc3"], [h1, a1, h2, a2, h3], g[:5]):
+        (call,) = data["layers"][name]["calls"]
+        torch.testing.assert_close(call["activation"], act.detach())
+        torch.testing.assert_close(call["grad_output"], grad)
+        assert call["stats"]["grad_output"]["l2"] == pytest.approx(float(grad.norm()), rel=1e-5)
+    torch.testing.assert_close(data["layers"]["fc1"]["param_grads"]["weight"], g[5])
+    torch.testing.assert_close(data["layers"]["fc2"]["param_grads"]["bias"], g[6])
+
+
+@pytest.mark.slow
+def test_capture_resnet18_layer4_matches_autograd(tmp_path, capsys, factory_file):
+    out_file = tmp_path / "r18.pt"
+    code, out, err = run(
+        capsys, "capture", "--model", f"{factory_file}:make_resnet18", "--trust",
+        "--random", "2x3x64x64", "--layers", "layer4.*", "--out", out_file,
+    )
+    assert code == 0, err
+    data = torch.load(out_file, weights_only=True)
+    names = list(data["layers"])
+    assert names and all(n.startswith("layer4.") for n in names)
+    assert {"layer4.0.conv1", "layer4.0.relu", "layer4.0.bn2", "layer4.1.conv2", "layer4.0.downsample.0"} <= set(names)
+    assert len(data["layers"]["layer4.0.relu"]["calls"]) == 2  # BasicBlock.relu runs twice
+
+    model = rebuild_resnet18()
+    checked = ["layer4.0.relu", "layer4.0.bn2", "layer4.1.conv2", "layer4.1"]
+    ref, ref_params = reference_grads(model, data["input"], checked)
+    for name in checked:
+        calls = data["layers"][name]["calls"]
+        assert len(calls) == len(ref[name])
+        for call, (act, grad) in zip(calls, ref[name]):
+            torch.testing.assert_close(call["activation"], act, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(call["grad_output"], grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        data["layers"]["layer4.1.conv2"]["param_grads"]["weight"], ref_params["layer4.1.conv2.weight"],
+        rtol=1e-4, atol=1e-6,
+    )
+
+
+@pytest.mark.slow
+def test_capture_torchvision_resnet18_by_name(tmp_path, capsys):
+    out_file = tmp_path / "r18.pt"
+    code, out, err = run(
+        capsys, "capture", "--model", "resnet18", "--random", "1x3x64x64", "--layers", "layer4.*",
+        "--out", out_file, "--quiet",
+    )
+    assert code == 0, err
+    assert err == ""  # --quiet
+    data = torch.load(out_file, weights_only=True)
+    assert list(data["layers"])[0] == "layer4.0"
+    assert "layer4.1.bn2" in data["layers"]
+    assert data["meta"]["model"] == "resnet18"
+    assert data["layers"]["layer4.0.conv1"]["calls"][0]["activation"].shape == (1, 512, 2, 2)
+
+
+def test_capture_stats_only(tmp_path, capsys):
+    out_file = tmp_path / "stats.pt"
+    code, out, err = run(
+        capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--stats-only",
+        "--input-grad", "--out", out_file,
+    )
+    assert code == 0, err
+    data = torch.load(out_file, weights_only=True)
+    assert data["meta"]["mode"] == "stats"
+    for name, layer in data["layers"].items():
+        for call in layer["calls"]:
+            assert call["activation"] is None and call["grad_output"] is None
+            act = call["stats"]["activation"]
+            assert act["numel"] > 0 and act["hist"].shape == (64,)
+            assert call["stats"]["grad_output"]["l2"] >= 0
+        for pname, g in layer["param_grads"].items():
+            assert g is None
+            assert layer["param_stats"][pname]["numel"] > 0
+
+
+def test_capture_demo_model_without_input_uses_its_batch(tmp_path, capsys):
+    out_file = tmp_path / "demo.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--out", out_file, "-q")
+    assert code == 0, err
+    from core.demos import demo_batch
+
+    data = torch.load(out_file, weights_only=True)
+    torch.testing.assert_close(data["input"], demo_batch("demo:seed-mlp").tensor)
+
+
+def test_capture_random_without_shape_takes_the_model_input_shape(tmp_path, capsys):
+    out_file = tmp_path / "r.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "--out", out_file, "-q")
+    assert code == 0, err
+    assert torch.load(out_file, weights_only=True)["input"].shape[1:] == (10,)
+
+
+def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys, monkeypatch):
+    import core.devices
+
+    monkeypatch.setattr(core.devices, "free_memory", lambda device: 1000)
+    out_file = tmp_path / "big.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
+    assert_user_error(code, err, "--stats-only", "free memory")
+    assert not out_file.exists()
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file,
+                         "-q", "--force")
+    assert code == 0, err
+    assert out_file.is_file()
+
+
+# ---------------------------------------------------------------------------
+# bad input: one line, the problem and the fix, no traceback
+# ---------------------------------------------------------------------------
+
+
+def test_unknown_model_suggests_near_names(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "resnt18", "--random", "1x3x64x64",
+                         "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "resnt18", "resnet18")
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_user_error_without_quiet_ends_with_one_error_line(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "resnt18", "--random", "1x3x64x64", "--out", tmp_path / "x.pt")
+    assert code == cli.EXIT_USER
+    lines = err.splitlines()
+    assert "Traceback" not in err
+    assert lines[-1].startswith("error: ") and "resnet18" in lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1
+
+
+def test_unreadable_image(tmp_path, capsys):
+    bad = tmp_path / "cat.jpg"
+    bad.write_text("this is not a JPEG")
+    code, out, err = run(capsys, "capture", "--model", "resnet18", "--input", bad, "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "cat.jpg", "PNG or JPEG")
+
+
+def test_wrong_shape_tensor_names_the_expected_shape(tmp_path, capsys):
+    wrong = tmp_path / "input.pt"
+    torch.save(torch.zeros(4, 9), wrong)
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--input", wrong, "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "(B, 10)", "(4, 9)")
+
+
+@pytest.mark.slow
+def test_wrong_channel_count_for_resnet(tmp_path, capsys):
+    wrong = tmp_path / "input.pt"
+    torch.save(torch.zeros(2, 1, 32, 32), wrong)
+    code, out, err = run(capsys, "capture", "--model", "resnet18", "--input", wrong, "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "(B, 3, 224, 224)")
+
+
+def test_unknown_layer_pattern(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--layers", "fc9*",
+                         "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "fc9*", "gradexplorer layers")
+
+
+def test_target_class_out_of_range(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--target", "class:5",
+                         "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "out of range")
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_bad_target_and_device_fail_before_loading(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--target", "top5", "--out", tmp_path / "x.pt")
+    assert_user_error(code, err, "top5", "class:N")  # one line: nothing was loaded yet
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--device", "cuda:7", "--out", tmp_path / "x.pt")
+    assert_user_error(code, err, "cuda:7", "cpu")
+
+
+def test_missing_input_for_a_torchvision_model(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "resnet18", "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "--input", "--random")
+
+
+def test_out_folder_missing(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--out", tmp_path / "nope" / "x.pt")
+    assert_user_error(code, err, "does not exist")
+
+
+def test_factory_needs_trust(tmp_path, capsys, factory_file):
+    code, out, err = run(capsys, "capture", "--model", f"{factory_file}:make_resnet18", "--random", "1x3x32x32",
+                         "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, "--trust")
+
+
+def test_usage_error_is_one_line_exit_2(tmp_path, capsys):
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp")
+    assert code == cli.EXIT_USAGE
+    assert err.splitlines() == [err.strip()] and "--out" in err and "Traceback" not in err
+
+
+def test_internal_error_exit_70_traceback_only_with_debug(tmp_path, capsys, monkeypatch):
+    import core.capture
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(core.capture, "capture", broken)
+    argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", tmp_path / "x.pt", "-q"]
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_INTERNAL
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith("error: internal error: ZeroDivisionError: boom") and "Traceback" not in err
+    code, out, err = run(capsys, *argv, "--debug")
+    assert code == cli.EXIT_INTERNAL
+    assert "Traceback" in err and "ZeroDivisionError" in err
+
+
+def test_keyboard_interrupt_exits_130_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import core.capture
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(core.capture, "capture", interrupted)
+    out_file = tmp_path / "x.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
+    assert code == cli.EXIT_INTERRUPTED
+    assert err.strip() == "error: interrupted; nothing was saved."
+    assert not out_file.exists() and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
+# inspect
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mlp_capture(tmp_path, capsys) -> Path:
+    path = tmp_path / "mlp.pt"
+    assert main(["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", str(path), "-q"]) == 0
+    capsys.readouterr()
+    return path
+
+
+def test_inspect_lists_layers_and_stats(mlp_capture, capsys):
+    code, out, err = run(capsys, "inspect", mlp_capture)
+    assert code == 0, err
+    assert "demo:seed-mlp" in out and "top1" in out and "full" in out
+    for name in ("fc1", "relu1", "fc2", "relu2", "fc3"):
+        assert f"\n{name} " in out
+    assert "GRAD L2" in out and "MAX|G|" in out
+    data = torch.load(mlp_capture, weights_only=True)
+    l2 = data["layers"]["fc3"]["calls"][0]["stats"]["grad_output"]["l2"]
+    assert fmt_num(l2) in out
+
+
+def test_inspect_one_layer_details(mlp_capture, capsys):
+    code, out, err = run(capsys, "inspect", mlp_capture, "--layer", "fc2")
+    assert code == 0, err
+    assert "fc2 (Linear), call 0" in out and "grad_input" in out and "parameter gradients" in out
+    assert "\nfc1 " not in out
+    code, out, err = run(capsys, "inspect", mlp_capture, "--layer", "fc22")
+    assert_user_error(code, err, "fc22", "fc2")
+
+
+def test_inspect_refuses_a_foreign_file(tmp_path, capsys):
+    foreign = tmp_path / "weights.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    code, out, err = run(capsys, "inspect", foreign)
+    assert_user_error(code, err, "not a gradexplorer capture file")
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    code, out, err = run(capsys, "inspect", text)
+    assert_user_error(code, err, "notes.pt")
+
+
+def test_inspect_refuses_a_newer_version(mlp_capture, tmp_path, capsys):
+    data = torch.load(mlp_capture, weights_only=True)
+    data["version"] = 99
+    newer = tmp_path / "newer.pt"
+    torch.save(data, newer)
+    code, out, err = run(capsys, "inspect", newer)
+    assert_user_error(code, err, "version 99", "Update gradexplorer")
+
+
+# ---------------------------------------------------------------------------
+# models, layers, devices
+# ---------------------------------------------------------------------------
+
+
+def test_models_lists_resnet18(capsys):
+    code, out, err = run(capsys, "models")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("resnet18 "))
+    assert "classification" in row and "IMAGENET1K_V1*" in row
+    code, out, err = run(capsys, "models", "--task", "segmentation")
+    assert code == 0 and "fcn_resnet50" in out and "\nresnet18 " not in out
+    code, out, err = run(capsys, "models", "--task", "segmentaton")
+    assert_user_error(code, err, "segmentation")
+
+
+def test_models_cached_only(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    import torchvision
+
+    checkpoints = tmp_path / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
+    (checkpoints / os.path.basename(url)).write_bytes(b"placeholder")
+    code, out, err = run(capsys, "models", "--cached")
+    assert code == 0, err
+    rows = [line for line in out.splitlines()[2:] if line and not line.startswith(("1 models", "\n"))]
+    assert rows[0].startswith("resnet18 ") and "IMAGENET1K_V1" in rows[0].split("classification")[1]
+    assert "1 models, 1 with cached weights" in out
+
+
+def test_layers_shows_the_module_tree(capsys):
+    code, out, err = run(capsys, "layers", "--model", "resnet18")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.strip().startswith("layer1.0.conv1 "))
+    assert "Conv2d" in row and "36,864" in row
+    assert "11,689,512 parameters" in out
+
+
+def test_layers_depth_and_probe(capsys):
+    code, out, err = run(capsys, "layers", "--model", "resnet18", "--depth", "2", "--probe")
+    assert code == 0, err
+    assert "layer1.0.conv1" not in out and "layer1.0 " in out
+    relu = next(line for line in out.splitlines() if line.strip().startswith("relu "))
+    assert "in-place" in relu and "1x64x112x112" in relu
+    code, out, err = run(capsys, "layers", "--model", "resnet18", "--probe", "--random", "1x3x64x64")
+    assert code == 0, err
+    block_relu = next(line for line in out.splitlines() if line.strip().startswith("layer1.0.relu "))
+    assert "reused x2" in block_relu and "1x64x16x16" in block_relu
+
+
+def test_devices_lists_the_cpu(capsys):
+    code, out, err = run(capsys, "devices")
+    assert code == 0, err
+    assert any(line.startswith("cpu") for line in out.splitlines())
+
+
+# ---------------------------------------------------------------------------
+# the desktop app path (app.gui faked: the CLI's job is to hand over the flags)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gui(monkeypatch):
+    calls = []
+    module = types.ModuleType("app.gui")
+
+    def launch(**kwargs):
+        calls.append(kwargs)
+        return 0
+
+    module.launch = launch
+    monkeypatch.setitem(sys.modules, "app.gui", module)
+    return calls
+
+
+def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
+    assert main([]) == 0
+    (kwargs,) = fake_gui
+    assert kwargs["model"] is None and kwargs["inputs"] is None and kwargs["run"] is False
+    assert kwargs["screenshot"] is None
+
+
+def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
+    shot = tmp_path / "out.png"
+    code = main([
+        "--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
+        "--layers", "layer4.*", "--run", "--screenshot", str(shot), "--target", "class:281",
+        "--device", "cpu", "--stats-only", "--trust", "--labels", "281",
+    ])
+    assert code == 0
+    assert fake_gui == [dict(
+        model="resnet18", weights="DEFAULT", inputs=["cat.jpg", "dog.jpg"], layers=["layer4.*"],
+        target="class:281", device="cpu", run=True, screenshot=str(shot), trust=True, arch=None,
+        stats_only=True, labels="281",
+    )]
+
+
+def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):
+    assert main(["--model", "demo:seed-mlp", "--random", "4x10"]) == 0
+    assert fake_gui[-1]["inputs"] == ["random:4x10"]
+    code, out, err = run(capsys, "--screenshot", tmp_path / "missing" / "x.png")
+    assert_user_error(code, err, "does not exist")
+
+
+# ---------------------------------------------------------------------------
+# formatting helpers
+# ---------------------------------------------------------------------------
+
+
+def test_human_size_and_numbers():
+    assert human_size(0) == "0 B"
+    assert human_size(1023) == "1023 B"
+    assert human_size(1536) == "1.5 KiB"
+    assert human_size(12.3 * 2**20) == "12.3 MiB"
+    assert human_size(None) == "?"
+    assert fmt_num(None) == "-" and fmt_num(float("nan")) == "nan" and fmt_num(0.0) == "0"
+    assert fmt_num(1.23456e-5) == "1.23e-05" and fmt_num(0.5) == "0.5"
+
+
+def test_table_aligns_columns():
+    text = table(["A", "NUM"], [["x", "1"], ["long", "1000"]], "lr")
+    lines = text.splitlines()
+    assert lines[0] == "A      NUM" and lines[2] == "x        1" and lines[3] == "long  1000"
+
+
+class _Stream:
+    def __init__(self, tty: bool):
+        self.tty = tty
+        self.parts: list[str] = []
+        self.encoding = "utf-8"
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_redraws_on_a_terminal_and_logs_lines_elsewhere():
+    tty = _Stream(True)
+    bar = ProgressBar(tty)
+    bar.update("forward", 1, 10)
+    bar.update("forward", 5, 10)
+    bar.update("backward", 10, 10)
+    bar.close()
+    text = "".join(tty.parts)
+    assert text.count("\r") >= 3 and "50.0%" in text and text.endswith("\n")
+
+    log = _Stream(False)
+    bar = ProgressBar(log, interval=3600)
+    for i in range(100):
+        bar.update("forward", i, 100)
+    bar.update("saving")
+    text = "".join(log.parts)
+    assert "\r" not in text
+    assert text.splitlines() == [text.splitlines()[0], "saving ..."]  # one line per stage
+
+
+# ---------------------------------------------------------------------------
+# real processes: the entry point, and no Qt on the CLI path
+# ---------------------------------------------------------------------------
+
+
+def test_python_dash_m_app_capture(tmp_path):
+    out_file = tmp_path / "sub.pt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "capture", "--model", "demo:seed-mlp", "--random", "4x10",
+         "--out", str(out_file)],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out_file.is_file() and "wrote" in proc.stdout
+    assert list(torch.load(out_file, weights_only=True)["layers"]) == ["fc1", "relu1", "fc2", "relu2", "fc3"]
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "capture", "--model", "resnt18", "--random", "1x3x8x8",
+         "--out", str(tmp_path / "x.pt"), "--quiet"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == cli.EXIT_USER
+    assert proc.stderr.count("\n") == 1 and "resnet18" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_capture_imports_no_qt(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from app.cli import main
+        code = main(["capture", "--model", "demo:seed-mlp", "--random", "4x10",
+                     "--out", {str(tmp_path / 'q.pt')!r}, "-q"])
+        code = code or main(["inspect", {str(tmp_path / 'q.pt')!r}])
+        code = code or main(["layers", "--model", "demo:seed-mlp", "--probe"])
+        code = code or main(["devices"])
+        qt = sorted(m for m in sys.modules if m.split(".")[0] in {QT_MODULES!r})
+        print("QT:", qt)
+        sys.exit(code)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "QT: []" in proc.stdout, proc.stdout
