@@ -456,9 +456,6 @@ def cmd_capture(args, ui: _UI) -> int:
 
     from core.capture_file import save_capture
 
-    # The file must open with weights_only=True: str subclasses such as torch.__version__
-    # (a TorchVersion) are not plain strings to the unpickler.
-    cap.meta = _plain(cap.meta)
     ui.bar.update("saving")
     path = save_capture(cap, out)
     ui.bar.close()
@@ -482,18 +479,6 @@ def cmd_capture(args, ui: _UI) -> int:
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
-
-
-def _plain(obj):
-    """``obj`` with str/int/float subclasses turned into the builtin types (for weights_only)."""
-    if isinstance(obj, dict):
-        return {_plain(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_plain(v) for v in obj) if type(obj) in (list, tuple) else [_plain(v) for v in obj]
-    for base in (bool, str, int, float):
-        if isinstance(obj, base) and type(obj) is not base:
-            return base(obj)
-    return obj
 
 
 def _nonfinite_layers(cap) -> list[str]:

@@ -8,9 +8,11 @@ the number of modules, so nets with thousands of modules take milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from torch import nn
@@ -74,6 +76,22 @@ class ModuleNode:
         return self.name.rsplit(".", 1)[-1] if self.name else "(model)"
 
 
+class CallIO(NamedTuple):
+    """One module call seen by ``ModuleTree.probe``, in the order calls started.
+
+    ``input_key`` and ``output_key`` identify the tensor *value* (the same tensor object at
+    the same version counter, as ``core.capture`` dedupes them): two calls whose keys are
+    equal saw the very same tensor. ``None`` when there was no tensor. Bytes are
+    ``numel * element_size`` (the first tensor input; the recorded output tensor).
+    """
+
+    name: str
+    input_key: tuple[int, int] | None
+    input_bytes: int
+    output_key: tuple[int, int] | None
+    output_bytes: int
+
+
 class ModuleTree:
     """All modules of a model by qualified name, in registration order.
 
@@ -86,6 +104,8 @@ class ModuleTree:
         self.probed = False
         self.probe_seconds: float | None = None
         self.call_order: list[str] = []
+        #: Every module call of the probe, in the order calls started (see ``CallIO``).
+        self.call_io: list[CallIO] = []
 
     @classmethod
     def build(cls, model: nn.Module) -> "ModuleTree":
@@ -178,6 +198,18 @@ class ModuleTree:
         handles = []
         running: list[str] = []
         order: list[str] = []
+        call_io: list[list] = []
+        open_io: list[int] = []
+        # Tensor identity that survives id() reuse: id -> (weak reference, serial number).
+        serials: dict[int, tuple] = {}
+        counter = itertools.count()
+
+        def key_of(t: torch.Tensor) -> tuple[int, int]:
+            entry = serials.get(id(t))
+            if entry is None or entry[0]() is not t:
+                entry = (weakref.ref(t), next(counter))
+                serials[id(t)] = entry
+            return (entry[1], t._version)
 
         def pre(name):
             def hook(module, args):
@@ -185,15 +217,21 @@ class ModuleTree:
                 self.nodes[name].calls += 1
                 if self.nodes[name].calls == 1:
                     order.append(name)
+                x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                open_io.append(len(call_io))
+                call_io.append([name, None if x is None else key_of(x),
+                                0 if x is None else x.numel() * x.element_size(), None, 0])
             return hook
 
         def post(name):
             def hook(module, args, output):
                 running.pop()
+                io = call_io[open_io.pop()]
                 node = self.nodes[name]
                 _, y = primary_tensor(output)
                 if y is None:
                     return
+                io[3], io[4] = key_of(y), y.numel() * y.element_size()
                 node.output_shapes.append(tuple(y.shape))
                 node.output_dtype = str(y.dtype).replace("torch.", "")
                 node.output_bytes += y.numel() * y.element_size()
@@ -223,5 +261,6 @@ class ModuleTree:
                 m.training = mode
         self.probed = True
         self.call_order = order
+        self.call_io = [CallIO(*io) for io in call_io]
         self.probe_seconds = time.perf_counter() - t0
         return self
