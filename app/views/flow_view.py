@@ -1,0 +1,235 @@
+"""Gradient flow: a bar per captured layer, in forward order, on a log scale; click to select."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from core.capture_data import Capture
+from core.gradient_flow import FLAGS, METRIC_LABELS, flow_series, layer_flags
+from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, Log10Axis, style_plot_widget
+
+_KINDS = (("grad_output", "output gradient"), ("grad_input", "input gradient"),
+          ("param", "parameter gradients"), ("activation", "activation"))
+_BAR_WIDTH = 0.8
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if math.isfinite(v) else "—"
+
+
+class GradientFlowView(QWidget):
+    """Bar chart of a per-layer gradient metric; emits ``layer_clicked(name)`` on a bar click."""
+
+    title = "Gradient flow"
+    layer_clicked = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._capture: Capture | None = None
+        self._names: list[str] = []
+        self._values = np.zeros(0)
+        self._flags: dict[str, list[str]] = {}
+        self._selected: str | None = None
+        self._heights = np.zeros(0)
+        self._base = 0.0
+
+        self.metric_combo = QComboBox()
+        for key, label in METRIC_LABELS.items():
+            self.metric_combo.addItem(label, key)
+        self.kind_combo = QComboBox()
+        for key, label in _KINDS:
+            self.kind_combo.addItem(label, key)
+        self.legend_label = QLabel(self._legend_html())
+        self.legend_label.setWordWrap(True)
+        self.hover_label = QLabel(" ")
+        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        self.plot_widget = pg.PlotWidget(axisItems={"left": Log10Axis("left")})
+        style_plot_widget(self.plot_widget)
+        self.plot = self.plot_widget.getPlotItem()
+        self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        self.plot.showGrid(y=True, alpha=0.15)
+        self.plot.vb.setMouseEnabled(x=True, y=False)
+        for name in ("left", "bottom"):
+            self.plot.getAxis(name).setTextPen(FOREGROUND)
+        self.bars = pg.BarGraphItem(x=[], height=[], width=_BAR_WIDTH)
+        self.plot.addItem(self.bars)
+        self.plot_widget.scene().sigMouseClicked.connect(self._on_scene_clicked)
+        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Gradient flow:"))
+        row.addWidget(self.metric_combo)
+        row.addWidget(QLabel("of"))
+        row.addWidget(self.kind_combo)
+        row.addStretch(1)
+        v = QVBoxLayout(self)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addLayout(row)
+        v.addWidget(self.plot_widget, 1)
+        v.addWidget(self.legend_label)
+        v.addWidget(self.hover_label)
+
+        self.metric_combo.currentIndexChanged.connect(self._rebuild)
+        self.kind_combo.currentIndexChanged.connect(self._rebuild)
+        self._rebuild()
+
+    # -- public API -------------------------------------------------------------------
+    def set_capture(self, capture: Capture | None) -> None:
+        self._capture = capture
+        self._flags = layer_flags(capture) if capture is not None else {}
+        self._rebuild()
+
+    def set_selected(self, name: str | None) -> None:
+        """Highlight a layer's bar (no signal)."""
+        if name != self._selected:
+            self._selected = name
+            self._paint()
+
+    def set_metric(self, metric: str, kind: str | None = None) -> None:
+        self.metric_combo.setCurrentIndex(self.metric_combo.findData(metric))
+        if kind is not None:
+            self.kind_combo.setCurrentIndex(self.kind_combo.findData(kind))
+
+    def series(self) -> tuple[list[str], np.ndarray]:
+        return list(self._names), self._values.copy()
+
+    def flags(self) -> dict[str, list[str]]:
+        return dict(self._flags)
+
+    def bar_scene_pos(self, index: int) -> QPointF:
+        """Scene position of the middle of bar ``index`` (for tests and tooltips)."""
+        y = self._base + 0.5 * (self._heights[index] if index < len(self._heights) else 0.0)
+        return self.plot.vb.mapViewToScene(QPointF(float(index), y))
+
+    def index_at_scene_pos(self, scene_pos: QPointF) -> int | None:
+        """The bar under a scene position (nearest bar centre along x), or None."""
+        if not self._names or not self.plot.vb.sceneBoundingRect().contains(scene_pos):
+            return None
+        x = self.plot.vb.mapSceneToView(scene_pos).x()
+        i = int(round(x))
+        if 0 <= i < len(self._names) and abs(x - i) <= 0.5:
+            return i
+        return None
+
+    def export_widget(self) -> QWidget:
+        return self.plot_widget
+
+    # -- drawing ----------------------------------------------------------------------
+    @staticmethod
+    def _legend_html() -> str:
+        items = [("ok", "ok")] + [(f, f) for f in FLAGS] + [("selected", "selected")]
+        spans = []
+        for key, label in items:
+            colour = SELECTED_COLOUR if key == "selected" else FLAG_COLOURS[key]
+            spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label}")
+        return "&nbsp;&nbsp;".join(spans)
+
+    def _rebuild(self, *_):
+        cap = self._capture
+        if cap is None or len(cap) == 0:
+            self._names, self._values = [], np.zeros(0)
+        else:
+            names, values = flow_series(cap, self.metric_combo.currentData(), self.kind_combo.currentData())
+            self._names, self._values = names, np.asarray(values, dtype=np.float64)
+        vals = self._values
+        ok = np.isfinite(vals) & (vals > 0)
+        logs = np.where(ok, np.log10(np.where(ok, vals, 1.0)), np.nan)
+        if ok.any():
+            lo, hi = float(np.nanmin(logs)), float(np.nanmax(logs))
+            base = math.floor(lo) - 0.5 if hi > lo else lo - 1.0
+            top = max(hi, base + 1.0)
+        else:
+            base, top = 0.0, 1.0
+        stub = 0.03 * (top - base)
+        # Missing and zero values get a short grey stub, so that they can still be clicked.
+        self._heights = np.where(ok, logs - base, stub)
+        self._base = base
+        self._set_ticks()
+        self._paint()
+        n = len(self._names)
+        self.plot.setXRange(-0.6, max(n, 1) - 0.4, padding=0)
+        self.plot.setYRange(base, top + 0.05 * (top - base), padding=0)
+        self.plot.setLabel("left", self.metric_combo.currentText())
+
+    def _set_ticks(self) -> None:
+        n = len(self._names)
+        width = max(self.plot.vb.width(), 300)
+        labels = [self._short(name) for name in self._names]
+        metrics = QFontMetrics(self.plot_widget.font())
+        widest = max((metrics.horizontalAdvance(label) for label in labels), default=0)
+        per_label = widest + 16
+        max_labels = max(1, int(width // per_label))
+        step = max(1, math.ceil(n / max_labels))
+        major = [(i, labels[i]) for i in range(0, n, step)]
+        minor = [(i, "") for i in range(n)]
+        self.plot.getAxis("bottom").setTicks([major, minor])
+
+    @staticmethod
+    def _short(name: str) -> str:
+        # Three parts tell resnet's layer1.0.bn1 from layer2.0.bn1; hover shows the full name.
+        parts = name.split(".")
+        return ".".join(parts[-3:]) if len(parts) > 3 else name
+
+    def _colour(self, i: int) -> str:
+        name = self._names[i]
+        for flag in FLAGS:
+            if flag in self._flags.get(name, ()):
+                return FLAG_COLOURS[flag]
+        if not (math.isfinite(self._values[i]) and self._values[i] > 0):
+            return FLAG_COLOURS["zero"]
+        return FLAG_COLOURS["ok"]
+
+    def _paint(self) -> None:
+        n = len(self._names)
+        brushes = [pg.mkBrush(self._colour(i)) for i in range(n)]
+        pens = [pg.mkPen(None) for _ in range(n)]
+        if self._selected in self._names:
+            i = self._names.index(self._selected)
+            brushes[i] = pg.mkBrush(SELECTED_COLOUR)
+            pens[i] = pg.mkPen("#ffffff", width=1.5)
+        # pyqtgraph 0.14 fails on empty pen lists: no bars, no per-bar pens.
+        self.bars.setOpts(x=np.arange(n, dtype=float), y0=np.full(n, self._base), height=self._heights,
+                          width=_BAR_WIDTH, brushes=brushes or None, pens=pens or None)
+
+    def describe_bar(self, i: int) -> str:
+        name = self._names[i]
+        rec = self._capture[name]
+        calls = f", {len(rec.calls)} calls" if len(rec.calls) > 1 else ""
+        flags = self._flags.get(name, [])
+        flag_text = f" · ⚠ {', '.join(flags)}" if flags else ""
+        return (f"{name} ({rec.type}{calls}) · {self.metric_combo.currentText()} of "
+                f"{self.kind_combo.currentText()} = {_fmt(self._values[i])}{flag_text}")
+
+    # -- events -----------------------------------------------------------------------
+    def _on_scene_clicked(self, event) -> None:
+        """Map the click's x to the nearest bar and emit its layer name."""
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
+        i = self.index_at_scene_pos(event.scenePos())
+        if i is None:
+            return
+        event.accept()
+        name = self._names[i]
+        self.set_selected(name)
+        self.layer_clicked.emit(name)
+
+    def _on_mouse_moved(self, pos) -> None:
+        i = self.index_at_scene_pos(pos)
+        if i is None:
+            self.plot_widget.setToolTip("")
+            return
+        text = self.describe_bar(i)
+        self.hover_label.setText(text)
+        self.plot_widget.setToolTip(text)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._set_ticks()

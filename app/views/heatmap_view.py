@@ -1,0 +1,325 @@
+"""Heatmap of one sample's gradient, activation or gradient × activation at the selected layer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from app.views.view_context import TENSOR_LABELS, CaptureView
+
+_TENSORS = ("grad_output", "activation", "grad_x_activation")
+_DISPLAYS = (("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"))
+_REDUCTIONS = (("mean", "mean"), ("mean_abs", "mean |x|"), ("l2", "L2 norm"))
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}"
+
+
+class HeatmapView(CaptureView):
+    """One sample's tensor at the selected layer and call, as a picture with a colour bar."""
+
+    title = "Heatmap"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._heatmap: Heatmap | None = None
+        self._signed = False
+
+        content = QWidget(self)
+        self.tensor_combo = QComboBox()
+        for kind in _TENSORS:
+            self.tensor_combo.addItem(TENSOR_LABELS[kind], kind)
+        self.display_combo = QComboBox()
+        for key, label in _DISPLAYS:
+            self.display_combo.addItem(label, key)
+        self.channel_slider = QSlider(Qt.Orientation.Horizontal)
+        self.channel_slider.setMinimumWidth(120)
+        self.channel_spin = QSpinBox()
+        self.channel_spin.setPrefix("channel ")
+        self.k_spin = QSpinBox()
+        self.k_spin.setRange(1, 256)
+        self.k_spin.setValue(16)
+        self.k_spin.setPrefix("k = ")
+        self.reduce_combo = QComboBox()
+        for key, label in _REDUCTIONS:
+            self.reduce_combo.addItem(label, key)
+        self.time_spin = QSpinBox()
+        self.time_spin.setPrefix("t = ")
+        self.time_mean = QCheckBox("mean over time")
+        self.time_mean.setChecked(True)
+
+        controls = self._controls = QHBoxLayout()
+        controls.addWidget(QLabel("Tensor"))
+        controls.addWidget(self.tensor_combo)
+        controls.addSpacing(8)
+        controls.addWidget(QLabel("Show"))
+        controls.addWidget(self.display_combo)
+        controls.addWidget(self.channel_slider, 1)
+        controls.addWidget(self.channel_spin)
+        controls.addWidget(self.k_spin)
+        controls.addWidget(self.reduce_combo)
+        controls.addWidget(self.time_spin)
+        controls.addWidget(self.time_mean)
+        controls.addStretch(0)
+
+        self.layout_label = QLabel()
+        self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label = QLabel(" ")
+        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
+
+        self.plot_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.plot_widget)
+        self.plot, self.image = image_plot(self.plot_widget.ci)
+        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False,
+                                        width=16, pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar.setImageItem(self.image, insert_in=self.plot)
+        self.colorbar.getAxis("right").setTextPen(FOREGROUND)
+        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+
+        v = QVBoxLayout(content)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addLayout(controls)
+        v.addWidget(self.layout_label)
+        # Problems with one tensor (no gradient reached this layer) keep the controls, so
+        # the user can switch to the activation.
+        self.plot_note = QLabel()
+        self.plot_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.plot_note.setWordWrap(True)
+        self.plot_note.setStyleSheet("QLabel { color: palette(mid); font-size: 13px; padding: 24px; }")
+        self.plot_note.hide()
+        v.addWidget(self.plot_widget, 1)
+        v.addWidget(self.plot_note, 1)
+        v.addWidget(self.hover_label)
+        self.set_content(content)
+
+        self.tensor_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.display_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.reduce_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.k_spin.valueChanged.connect(self._on_controls_changed)
+        self.time_spin.valueChanged.connect(self._on_controls_changed)
+        self.time_mean.toggled.connect(self._on_controls_changed)
+        self.channel_slider.valueChanged.connect(self._on_channel_slider_changed)
+        self.channel_spin.valueChanged.connect(self._on_channel_spin_changed)
+        self._sync_visibility(None)
+
+    # -- public API -------------------------------------------------------------------
+    def set_tensor(self, kind: str) -> None:
+        self.tensor_combo.setCurrentIndex(_TENSORS.index(kind))
+
+    def set_display(self, display: str, *, channel: int | None = None, k: int | None = None,
+                    reduce: str | None = None) -> None:
+        """Choose what to show (``channel``, ``topk``, ``reduce``) and its parameter."""
+        blockers = [self.display_combo, self.channel_spin, self.channel_slider, self.k_spin, self.reduce_combo]
+        for w in blockers:
+            w.blockSignals(True)
+        try:
+            self.display_combo.setCurrentIndex([d for d, _ in _DISPLAYS].index(display))
+            if k is not None:
+                self.k_spin.setValue(k)
+            if reduce is not None:
+                self.reduce_combo.setCurrentIndex([r for r, _ in _REDUCTIONS].index(reduce))
+            if channel is not None:
+                self.channel_spin.setMaximum(max(self.channel_spin.maximum(), channel))
+                self.channel_slider.setMaximum(max(self.channel_slider.maximum(), channel))
+                self.channel_spin.setValue(channel)
+                self.channel_slider.setValue(channel)
+        finally:
+            for w in blockers:
+                w.blockSignals(False)
+        self._redraw()
+
+    def current_heatmap(self) -> Heatmap | None:
+        self.ensure_drawn()
+        return self._heatmap
+
+    def current_image_array(self) -> np.ndarray | None:
+        """The 2-D array shown (NaN on tile separators), or None."""
+        hm = self.current_heatmap()
+        return None if hm is None else hm.array
+
+    def current_levels(self) -> tuple[float, float]:
+        lo, hi = self.colorbar.levels()
+        return float(lo), float(hi)
+
+    def export_widget(self) -> QWidget:
+        return self.plot_widget
+
+    # -- drawing ----------------------------------------------------------------------
+    def refresh(self) -> None:
+        self._redraw()
+
+    def _kind(self) -> str:
+        return self.tensor_combo.currentData()
+
+    def _sync_visibility(self, lay) -> None:
+        display = self.display_combo.currentData()
+        spatial = lay is not None and lay.has_channels
+        self.display_combo.setEnabled(spatial)
+        self.channel_slider.setVisible(spatial and display == "channel")
+        self.channel_spin.setVisible(spatial and display == "channel")
+        self.k_spin.setVisible(spatial and display == "topk")
+        self.reduce_combo.setVisible(spatial and display == "reduce")
+        video = lay is not None and lay.source == "video"
+        self.time_spin.setVisible(video)
+        self.time_mean.setVisible(video)
+        self.time_spin.setEnabled(video and not self.time_mean.isChecked())
+        # Hiding widgets of a window not shown yet leaves the layout's cached minimum stale.
+        self._controls.invalidate()
+
+    def _clear(self, message: str) -> None:
+        self._heatmap = None
+        self.image.clear()
+        self.show_message(message)
+
+    def _show_plot_note(self, text: str) -> None:
+        """A problem with the chosen tensor only: keep the controls, replace the plot."""
+        self._heatmap = None
+        self.image.clear()
+        self.plot_note.setText(text)
+        self.plot_widget.hide()
+        self.plot_note.show()
+        self.hover_label.setText(" ")
+        self.show_content()
+
+    def plot_note_text(self) -> str:
+        """The note shown instead of the plot, or "" (for tests)."""
+        self.ensure_drawn()
+        return self.plot_note.text() if self.plot_note.isVisibleTo(self) else ""
+
+    def _redraw(self) -> None:
+        problem = self.common_problem(needs_tensors="heatmaps")
+        if problem:
+            self._clear(problem)
+            return
+        ctx = self.context
+        kind = self._kind()
+        t = ctx.sample_tensor(kind)
+        if t is None:
+            if kind == "activation":
+                why = f"No activation was recorded for '{ctx.layer}'."
+            else:
+                why = (f"No gradient reached '{ctx.layer}' (call {ctx.call + 1}): its output does not "
+                       "affect the target. Show the activation instead.")
+            self._sync_visibility(None)
+            self.layout_label.setText(f"<b>{ctx.layer}</b> · {TENSOR_LABELS[kind]} · {ctx.sample_name()}")
+            self._show_plot_note(why)
+            return
+        self.plot_note.hide()
+        self.plot_widget.show()
+        lay = layout_of(t.shape)
+        self._sync_visibility(lay)
+        if lay.has_channels:
+            top = lay.channels - 1
+            for w in (self.channel_slider, self.channel_spin):
+                w.blockSignals(True)
+                w.setRange(0, top)
+                w.blockSignals(False)
+            self.k_spin.blockSignals(True)
+            self.k_spin.setMaximum(max(1, lay.channels))
+            self.k_spin.blockSignals(False)
+        if lay.source == "video":
+            self.time_spin.blockSignals(True)
+            self.time_spin.setRange(0, lay.time_steps - 1)
+            self.time_spin.blockSignals(False)
+        display = self.display_combo.currentData()
+        reduce = self.reduce_combo.currentData()
+        time_index = None if (lay.source != "video" or self.time_mean.isChecked()) else self.time_spin.value()
+        rank_by = ctx.sample_tensor("grad_output") if display == "topk" else None
+        if rank_by is None:
+            rank_by = t
+        hm = heatmap(t, display, channel=min(self.channel_spin.value(), max(lay.channels - 1, 0)),
+                     k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index)
+        self._heatmap = hm
+
+        magnitude = hm.display == "reduce" and reduce in ("mean_abs", "l2")
+        if magnitude:
+            signed = False
+        elif kind in ("grad_output", "grad_x_activation"):
+            signed = True  # gradients are signed by nature, even when one map happens not to be
+        else:
+            signed = is_signed(hm.array)
+        self._signed = signed
+        lo, hi = symmetric_levels(hm.array, signed=signed)
+        cmap = colormap(signed)
+        self.image.setImage(hm.array, autoLevels=False, levels=(lo, hi))
+        self.colorbar.setColorMap(cmap)
+        self.colorbar.setLevels((lo, hi))
+        rows, cols = hm.array.shape
+        self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
+
+        what = TENSOR_LABELS[kind]
+        detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
+                  "topk": f"top {len(hm.channels)} channels by gradient norm: {', '.join(map(str, hm.channels[:12]))}"
+                          + ("…" if len(hm.channels) > 12 else ""),
+                  "reduce": f"{dict(_REDUCTIONS)[reduce]} over channels",
+                  "all": "whole tensor"}[hm.display]
+        n_calls = len(ctx.record.calls)
+        call = f" · call {ctx.call + 1} of {n_calls}" if n_calls > 1 else ""
+        self.layout_label.setText(
+            f"<b>{ctx.layer}</b>{call} · {what} · {ctx.sample_name()} · {detail}<br>"
+            f"<span style='color:gray'>{describe_layout(ctx.call_record.shape)}</span>"
+        )
+        self.hover_label.setText(" ")
+        self.show_content()
+
+    # -- events -----------------------------------------------------------------------
+    def _on_controls_changed(self, *_):
+        self._redraw()
+
+    def _on_channel_slider_changed(self, value: int) -> None:
+        if self.channel_spin.value() != value:
+            self.channel_spin.blockSignals(True)
+            self.channel_spin.setValue(value)
+            self.channel_spin.blockSignals(False)
+        self._redraw()
+
+    def _on_channel_spin_changed(self, value: int) -> None:
+        if self.channel_slider.value() != value:
+            self.channel_slider.blockSignals(True)
+            self.channel_slider.setValue(value)
+            self.channel_slider.blockSignals(False)
+        self._redraw()
+
+    def hover_text(self, row: int, col: int) -> str:
+        """What the hover label says for pixel ``(row, col)`` of the shown array."""
+        hm = self._heatmap
+        if hm is None:
+            return " "
+        where = hm.locate(row, col)
+        if where is None:
+            return " "
+        channel, r, c, flat = where
+        value = float(hm.array[row, col])
+        if flat is not None:
+            return f"index {flat}: {_fmt(value)}"
+        lay = hm.layout
+        if lay.kind == "matrix":
+            return f"token {r}, channel {c}: {_fmt(value)}"
+        ch = f" channel {channel}" if channel is not None else ""
+        return f"({r}, {c}){ch}: {_fmt(value)}"
+
+    def _on_mouse_moved(self, pos) -> None:
+        if self._heatmap is None or not self.plot.vb.sceneBoundingRect().contains(pos):
+            return
+        p = self.image.mapFromScene(pos)
+        row, col = int(math.floor(p.y())), int(math.floor(p.x()))
+        self.hover_label.setText(self.hover_text(row, col))

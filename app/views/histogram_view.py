@@ -1,0 +1,212 @@
+"""Histogram of the selected tensor, from the capture's statistics (so it works in stats mode)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from core.stats import tensor_stats
+from app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
+from app.views.view_context import TENSOR_LABELS, CaptureView
+
+_SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
+
+
+class HistogramView(CaptureView):
+    """Counts of the selected tensor's values in 64 bins, with NaN/Inf counts and range."""
+
+    title = "Histogram"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._stats: dict | None = None
+        self._cache: dict = {}
+
+        content = QWidget(self)
+        self.tensor_combo = QComboBox()
+        self.tensor_combo.setMinimumContentsLength(18)
+        self.scope_combo = QComboBox()
+        for key, label in _SCOPES:
+            self.scope_combo.addItem(label, key)
+        self.log_check = QCheckBox("log counts")
+        self.info_label = QLabel()
+        self.info_label.setWordWrap(True)
+        self.info_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        self.plot_widget = pg.PlotWidget(axisItems={"left": Log10Axis("left")})
+        style_plot_widget(self.plot_widget)
+        self.plot = self.plot_widget.getPlotItem()
+        self.plot.setMenuEnabled(False)
+        self.plot.showGrid(x=True, y=True, alpha=0.15)
+        self.plot.setLabel("bottom", "value")
+        self.plot.setLabel("left", "count")
+        self.plot.getAxis("left").set_log_labels(False)
+        self.curve = self.plot.plot([0, 1], [0], stepMode="center", fillLevel=0,
+                                    pen=pg.mkPen("#4c8bd6", width=1.5), brush=pg.mkBrush(76, 139, 214, 110))
+        self.zero_line = pg.InfiniteLine(0, angle=90, pen=pg.mkPen(FOREGROUND, style=Qt.PenStyle.DashLine))
+        self.plot.addItem(self.zero_line)
+        self.note = pg.TextItem(anchor=(1, 0), color="#ff5c5c")
+        self.note.setParentItem(self.plot.vb)
+
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Tensor"))
+        row.addWidget(self.tensor_combo)
+        row.addWidget(self.scope_combo)
+        row.addWidget(self.log_check)
+        row.addStretch(1)
+        v = QVBoxLayout(content)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addLayout(row)
+        v.addWidget(self.plot_widget, 1)
+        v.addWidget(self.info_label)
+        self.set_content(content)
+
+        self.tensor_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.scope_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.log_check.toggled.connect(self._on_controls_changed)
+
+    def set_context(self, context) -> None:
+        if context.capture is not self.context.capture:
+            self._cache.clear()
+        super().set_context(context)
+
+    # -- public API -------------------------------------------------------------------
+    def set_tensor(self, key: str) -> None:
+        """``activation``, ``grad_output``, ``grad_input``, ``grad_x_activation`` or ``param:<name>``."""
+        self.ensure_drawn()
+        i = self.tensor_combo.findData(key)
+        if i < 0:
+            raise KeyError(key)
+        self.tensor_combo.setCurrentIndex(i)
+
+    def set_scope(self, scope: str) -> None:
+        self.scope_combo.setCurrentIndex([k for k, _ in _SCOPES].index(scope))
+
+    def current_stats(self) -> dict | None:
+        self.ensure_drawn()
+        return self._stats
+
+    def current_counts(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(edges, counts)`` as plotted (counts before any log scaling)."""
+        self.ensure_drawn()
+        if self._stats is None:
+            return None
+        s = self._stats
+        edges = np.linspace(s["hist_range"][0], s["hist_range"][1], len(s["hist"]) + 1)
+        return edges, s["hist"].numpy().astype(np.float64)
+
+    def export_widget(self) -> QWidget:
+        return self.plot_widget
+
+    # -- drawing ----------------------------------------------------------------------
+    def _fill_tensor_combo(self) -> None:
+        ctx = self.context
+        call, rec = ctx.call_record, ctx.record
+        keep = self.tensor_combo.currentData() or "grad_output"
+        items = [(k, TENSOR_LABELS[k]) for k in ("grad_output", "activation", "grad_input")
+                 if call.stats.get(k)]
+        if not ctx.stats_only and call.activation is not None and call.grad_output is not None:
+            items.append(("grad_x_activation", TENSOR_LABELS["grad_x_activation"]))
+        items += [(f"param:{p}", f"gradient of {p}") for p, s in rec.param_stats.items() if s]
+        self.tensor_combo.blockSignals(True)
+        self.tensor_combo.clear()
+        for key, label in items:
+            self.tensor_combo.addItem(label, key)
+        i = self.tensor_combo.findData(keep)
+        self.tensor_combo.setCurrentIndex(i if i >= 0 else 0)
+        self.tensor_combo.blockSignals(False)
+        sample_ok = not ctx.stats_only
+        self.scope_combo.model().item(1).setEnabled(sample_ok)
+        if not sample_ok and self.scope_combo.currentIndex() == 1:
+            self.scope_combo.blockSignals(True)
+            self.scope_combo.setCurrentIndex(0)
+            self.scope_combo.blockSignals(False)
+
+    def _stats_for(self, key: str, scope: str) -> tuple[dict | None, str]:
+        ctx = self.context
+        call, rec = ctx.call_record, ctx.record
+        if key.startswith("param:"):
+            p = key.split(":", 1)[1]
+            return rec.param_stats.get(p), "the parameter gradient (summed over the batch)"
+        cache_key = (ctx.layer, ctx.call, key, scope, ctx.sample if scope == "sample" else -1)
+        if cache_key in self._cache:
+            return self._cache[cache_key]
+        if scope == "sample":
+            t = ctx.sample_tensor(key)
+            result = (None if t is None else tensor_stats(t, hist_exact_limit=None)), ctx.sample_name()
+        elif key == "grad_x_activation":
+            t = ctx.tensor(key)
+            result = (None if t is None else tensor_stats(t)), f"the whole batch ({ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''})"
+        else:
+            result = call.stats.get(key), f"the whole batch ({ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}, captured statistics)"
+        if len(self._cache) > 64:
+            self._cache.clear()
+        self._cache[cache_key] = result
+        return result
+
+    def refresh(self) -> None:
+        self._stats = None
+        problem = self.common_problem()
+        if problem:
+            self.show_message(problem)
+            return
+        self._fill_tensor_combo()
+        key = self.tensor_combo.currentData()
+        if key is None:
+            self.show_message(f"No statistics were recorded for '{self.context.layer}'.")
+            return
+        stats, scope_text = self._stats_for(key, self.scope_combo.currentData())
+        if stats is None:
+            self.show_message(f"No {self.tensor_combo.currentText()} for this selection.")
+            return
+        self._stats = stats
+        self._draw(stats, scope_text)
+        self.show_content()
+
+    def _draw(self, s: dict, scope_text: str) -> None:
+        counts = s["hist"].numpy().astype(np.float64)
+        lo, hi = s["hist_range"]
+        edges = np.linspace(lo, hi, len(counts) + 1)
+        log = self.log_check.isChecked()
+        y = np.log10(counts + 1.0) if log else counts
+        self.curve.setData(edges, y)
+        self.plot.setLabel("left", "count + 1 (log)" if log else "count")
+        left = self.plot.getAxis("left")
+        left.set_log_labels(log)
+        left.enableAutoSIPrefix(not log)
+        self.zero_line.setVisible(lo < 0 < hi)
+        self.plot.enableAutoRange()
+
+        bad = []
+        if s["nan_count"]:
+            bad.append(f"NaN: {s['nan_count']:,}")
+        if s["inf_count"]:
+            bad.append(f"Inf: {s['inf_count']:,}")
+        self.note.setText("  ".join(bad) + (" (not in the bins)" if bad else ""))
+        self.note.setPos(self.plot.vb.width() - 8, 4)
+
+        ctx = self.context
+        approx = "" if s["hist_exact"] else " · <i>approximate (subsampled)</i>"
+        nonfinite = (f"NaN {s['nan_count']:,} · Inf {s['inf_count']:,}")
+        colour = "#ff5c5c" if (s["nan_count"] or s["inf_count"]) else "gray"
+        self.info_label.setText(
+            f"<b>{ctx.layer}</b> · {self.tensor_combo.currentText()} · {scope_text}<br>"
+            f"range [{_fmt(s['min'])}, {_fmt(s['max'])}] · {s['numel']:,} values · "
+            f"mean {_fmt(s['mean'])} · std {_fmt(s['std'])} · zeros {100 * s['zero_fraction']:.1f} % · "
+            f"<span style='color:{colour}'>{nonfinite}</span>{approx}"
+        )
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self.note.setPos(self.plot.vb.width() - 8, 4)
+
+    def _on_controls_changed(self, *_):
+        self.refresh()

@@ -1,0 +1,89 @@
+"""Input-gradient saliency: |d target / d input|, max over channels, next to the input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from core.heatmaps import display_image, saliency_map, symmetric_levels
+from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from app.views.view_context import STATS_ONLY_NOTE, CaptureView
+
+
+class SaliencyView(CaptureView):
+    """The selected sample's input picture and its input-gradient saliency map."""
+
+    title = "Saliency"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._map: np.ndarray | None = None
+        content = QWidget(self)
+        self.info_label = QLabel()
+        self.info_label.setWordWrap(True)
+        self.plot_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.plot_widget)
+        self.input_plot, self.input_image = image_plot(self.plot_widget.ci, 0, 0, title="input")
+        self.map_plot, self.map_image = image_plot(self.plot_widget.ci, 0, 1, title="|input gradient|, max over channels")
+        for plot in (self.input_plot, self.map_plot):
+            plot.hideAxis("left")
+            plot.hideAxis("bottom")
+            plot.titleLabel.setAttr("color", FOREGROUND)
+        self.map_plot.setXLink(self.input_plot)
+        self.map_plot.setYLink(self.input_plot)
+        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap(False), interactive=False,
+                                        width=16, pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar.setImageItem(self.map_image, insert_in=self.map_plot)
+        v = QVBoxLayout(content)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addWidget(self.info_label)
+        v.addWidget(self.plot_widget, 1)
+        self.set_content(content)
+
+    def current_map(self) -> np.ndarray | None:
+        self.ensure_drawn()
+        return self._map
+
+    def export_widget(self) -> QWidget:
+        return self.plot_widget
+
+    def refresh(self) -> None:
+        self._map = None
+        ctx = self.context
+        cap = ctx.capture
+        if cap is None:
+            self.show_message("No capture yet: choose a model and a batch, then Run (Ctrl+R).")
+            return
+        if cap.input_grad is None:
+            if ctx.stats_only:
+                self.show_message(STATS_ONLY_NOTE.format(what="the input-gradient saliency map"))
+            else:
+                self.show_message("No input gradient in this capture: enable \"input gradient\" "
+                                  "in the run options and run again to see which input values the target "
+                                  "is most sensitive to.")
+            return
+        g = cap.input_grad
+        s = min(max(ctx.sample, 0), g.shape[0] - 1) if g.dim() else 0
+        sal = saliency_map(g[s] if g.dim() else g)
+        self._map = sal
+        lo, hi = symmetric_levels(sal, signed=False)
+        self.map_image.setImage(sal, autoLevels=False, levels=(lo, hi))
+        self.colorbar.setLevels((lo, hi))
+        picture = None
+        if cap.input is not None and cap.input.dim() == g.dim():
+            picture = display_image(cap.input[s])
+        if picture is not None and picture.shape[:2] == sal.shape:
+            self.input_image.setImage(picture, autoLevels=False, levels=(0, 255))
+            self.input_plot.setVisible(True)
+        else:
+            self.input_image.clear()
+            self.input_plot.setVisible(False)
+        h, w = sal.shape
+        self.map_plot.setRange(xRange=(0, w), yRange=(0, h), padding=0.02)
+        self.info_label.setText(
+            f"Input-gradient saliency of {ctx.sample_name()} for target <i>{cap.meta.get('target', '')}</i> · "
+            f"input shape ({', '.join(map(str, g.shape))}) · brighter = the target changes more when that "
+            f"input value changes"
+        )
+        self.show_content()

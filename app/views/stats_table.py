@@ -1,0 +1,152 @@
+"""Statistics of the selected layer and call: every tensor in one table, exportable as CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from app.views.view_context import TENSOR_LABELS, CaptureView
+
+#: (header, stats key) of the columns after the tensor's name.
+COLUMNS = (
+    ("numel", "numel"),
+    ("min", "min"),
+    ("max", "max"),
+    ("mean", "mean"),
+    ("std", "std"),
+    ("mean |x|", "mean_abs"),
+    ("L2", "l2"),
+    ("zero %", "zero_fraction"),
+    ("NaN", "nan_count"),
+    ("Inf", "inf_count"),
+)
+_CSV_HEADER = ["tensor", "numel", "min", "max", "mean", "std", "mean_abs", "l2", "zero_percent", "nan", "inf"]
+
+
+def _cell(key: str, value) -> str:
+    if key in ("numel", "nan_count", "inf_count"):
+        return f"{int(value):,}"
+    if key == "zero_fraction":
+        return f"{100.0 * value:.2f}"
+    v = float(value)
+    return f"{v:.5g}" if math.isfinite(v) else str(v)
+
+
+class StatsTableView(CaptureView):
+    """Rows: activation, output gradient, input gradient, each parameter gradient."""
+
+    title = "Statistics"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._rows: list[tuple[str, dict | None]] = []
+        content = QWidget(self)
+        self.info_label = QLabel()
+        self.info_label.setWordWrap(True)
+        self.info_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([h for h, _ in COLUMNS])
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        v = QVBoxLayout(content)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addWidget(self.info_label)
+        v.addWidget(self.table, 1)
+        self.set_content(content)
+
+    # -- public API -------------------------------------------------------------------
+    def rows(self) -> list[tuple[str, dict | None]]:
+        """``(label, stats)`` per row, as shown (stats None: not captured)."""
+        self.ensure_drawn()
+        return list(self._rows)
+
+    def csv_text(self) -> str:
+        """The table as CSV, full precision (``repr`` of floats), zero as a percentage."""
+        self.ensure_drawn()
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        ctx = self.context
+        w.writerow(["# layer", ctx.layer or "", "call", ctx.call, "shape", self._shape_text(), "dtype",
+                    self._dtype_text(), "device", self._device_text()])
+        w.writerow(_CSV_HEADER)
+        for label, s in self._rows:
+            if s is None:
+                w.writerow([label] + [""] * (len(_CSV_HEADER) - 1))
+                continue
+            w.writerow([label, int(s["numel"]), repr(float(s["min"])), repr(float(s["max"])),
+                        repr(float(s["mean"])), repr(float(s["std"])), repr(float(s["mean_abs"])),
+                        repr(float(s["l2"])), repr(100.0 * float(s["zero_fraction"])),
+                        int(s["nan_count"]), int(s["inf_count"])])
+        return buf.getvalue()
+
+    def export_csv(self, path: str | os.PathLike) -> Path:
+        """Write ``csv_text()`` to ``path`` atomically (a temporary file, then a rename)."""
+        path = Path(path)
+        text = self.csv_text()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def export_widget(self) -> QWidget:
+        return self
+
+    # -- drawing ----------------------------------------------------------------------
+    def _shape_text(self) -> str:
+        call = self.context.call_record
+        return "" if call is None else "(" + ", ".join(map(str, call.shape)) + ")"
+
+    def _dtype_text(self) -> str:
+        call = self.context.call_record
+        return "" if call is None else call.dtype
+
+    def _device_text(self) -> str:
+        cap = self.context.capture
+        return "" if cap is None else str(cap.meta.get("device", "unknown"))
+
+    def refresh(self) -> None:
+        self._rows = []
+        problem = self.common_problem()
+        if problem:
+            self.table.setRowCount(0)
+            self.show_message(problem)
+            return
+        ctx = self.context
+        call, rec = ctx.call_record, ctx.record
+        rows = [(TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
+        rows += [(f"gradient of {p}", s) for p, s in rec.param_stats.items()]
+        self._rows = rows
+        self.table.setRowCount(len(rows))
+        self.table.setVerticalHeaderLabels([label for label, _ in rows])
+        for r, (label, s) in enumerate(rows):
+            for c, (_, key) in enumerate(COLUMNS):
+                text = "not captured" if s is None and c == 0 else ("" if s is None else _cell(key, s[key]))
+                item = QTableWidgetItem(text)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if s is not None and key in ("nan_count", "inf_count") and s[key]:
+                    item.setForeground(Qt.GlobalColor.red)
+                self.table.setItem(r, c, item)
+        calls = f" · call {ctx.call + 1} of {len(rec.calls)}" if len(rec.calls) > 1 else ""
+        key = f" · output element '{call.output_key}'" if call.output_key else ""
+        self.info_label.setText(
+            f"<b>{ctx.layer}</b> ({rec.type}){calls}{key} · shape {self._shape_text()} · {call.dtype} · "
+            f"computed on <b>{self._device_text()}</b> · "
+            f"<span style='color:gray'>over the whole batch ({ctx.batch_size} sample"
+            f"{'s' if ctx.batch_size != 1 else ''}); parameter "
+            f"gradients are summed over it</span>"
+        )
+        self.show_content()
