@@ -1,0 +1,299 @@
+"""Run settings and the Run button: device, target, mode, capture kind, progress, Cancel."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup, QCheckBox, QComboBox, QCompleter, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+    QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget,
+)
+
+from core.devices import DeviceInfo
+from core.errors import GradExplorerError
+from core.session import Session
+
+TARGETS = (
+    ("top1", "Top-1 logit (predicted class)"),
+    ("class", "Logit of a class…"),
+    ("sum", "Sum of outputs"),
+    ("mean", "Mean of outputs"),
+    ("cross_entropy", "Cross-entropy with labels"),
+)
+
+
+class RunPanel(QWidget):
+    """Edits the session's run settings; ``run_requested`` / ``cancel_requested`` when the
+    buttons are pressed. The main window runs the capture and calls :meth:`set_running`
+    and :meth:`set_progress`."""
+
+    run_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, session: Session, devices: list[DeviceInfo], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.session = session
+        self._running = False
+        self._idle_message: str | None = None
+
+        self.device_combo = QComboBox(self)
+        for d in devices:
+            self.device_combo.addItem(d.label, d.name)
+        self.device_combo.setToolTip("Where forward and backward run")
+
+        self.target_combo = QComboBox(self)
+        for key, text in TARGETS:
+            self.target_combo.addItem(text, key)
+        self.target_combo.setToolTip("The scalar that backward starts from (logits, before softmax)")
+        self.class_edit = QLineEdit(self)
+        self.class_edit.setPlaceholderText("class name or index")
+        self._class_names = QStringListModel(self)
+        completer = QCompleter(self._class_names, self)
+        completer.setCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        completer.setFilterMode(Qt.MatchFlag.MatchContains)
+        self.class_edit.setCompleter(completer)
+        self.labels_edit = QLineEdit(self)
+        self.labels_edit.setPlaceholderText("labels: indices or names, comma separated")
+        self.key_combo = QComboBox(self)
+        self.key_combo.setToolTip("Which element of the model's dict/tuple output the target uses")
+        self.key_label = QLabel("Output", self)
+
+        self.eval_radio = QRadioButton("eval", self)
+        self.train_radio = QRadioButton("train", self)
+        self.eval_radio.setToolTip("Inference behaviour (BatchNorm running statistics, no dropout)")
+        self.train_radio.setToolTip("Training behaviour; BatchNorm statistics are restored afterwards")
+        self._mode_group = QButtonGroup(self)
+        self._mode_group.addButton(self.eval_radio)
+        self._mode_group.addButton(self.train_radio)
+        self.full_radio = QRadioButton("full tensors", self)
+        self.stats_radio = QRadioButton("statistics only", self)
+        self.full_radio.setToolTip("Keep every activation and gradient (on the CPU)")
+        self.stats_radio.setToolTip("Keep only statistics and histograms, computed on the device: "
+                                    "for big models and batches")
+        self._capture_group = QButtonGroup(self)
+        self._capture_group.addButton(self.full_radio)
+        self._capture_group.addButton(self.stats_radio)
+        self.input_grad_check = QCheckBox("input gradient (saliency)", self)
+
+        self.run_button = QPushButton("Run", self)
+        self.run_button.setObjectName("runButton")
+        self.run_button.setToolTip("Run forward and backward and capture the checked layers (Ctrl+R)")
+        self.run_button.setMinimumHeight(32)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.setMinimumHeight(32)
+        self.progress = QProgressBar(self)
+        self.progress.setTextVisible(True)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("idle")
+        self.status_label = QLabel(self)
+        self.status_label.setObjectName("hint")
+        self.status_label.setWordWrap(True)
+
+        form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
+        form.setHorizontalSpacing(8)
+        form.setVerticalSpacing(6)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.addRow("Device", self.device_combo)
+        form.addRow("Target", self.target_combo)
+        form.addRow("", self.class_edit)
+        form.addRow("", self.labels_edit)
+        form.addRow(self.key_label, self.key_combo)
+        modes = QHBoxLayout()
+        modes.addWidget(self.eval_radio)
+        modes.addWidget(self.train_radio)
+        modes.addStretch(1)
+        form.addRow("Mode", modes)
+        kinds = QHBoxLayout()
+        kinds.addWidget(self.full_radio)
+        kinds.addWidget(self.stats_radio)
+        kinds.addStretch(1)
+        form.addRow("Keep", kinds)
+        form.addRow("", self.input_grad_check)
+        self._form = form
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button, 2)
+        buttons.addWidget(self.cancel_button, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(6)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status_label)
+
+        # widget -> session
+        self.device_combo.currentIndexChanged.connect(self._on_device_changed)
+        self.target_combo.currentIndexChanged.connect(self._on_target_changed)
+        self.class_edit.editingFinished.connect(self._on_target_changed)
+        self.key_combo.currentIndexChanged.connect(self._on_target_changed)
+        self.labels_edit.editingFinished.connect(self._on_labels_changed)
+        self.train_radio.toggled.connect(self._on_train_changed)
+        self.stats_radio.toggled.connect(self._on_capture_kind_changed)
+        self.input_grad_check.toggled.connect(self._on_input_grad_changed)
+        self.run_button.clicked.connect(self._on_run_clicked)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        # session -> widgets
+        session.settings_changed.connect(self._on_model_settings_changed)
+        session.model_changed.connect(self._on_model_model_changed)
+        session.selection_changed.connect(lambda _s: self._update_run_enabled())
+        session.batch_changed.connect(lambda _b: self._reset_idle())
+
+        if session.device == "auto" and devices:
+            session.set_device(devices[0].name)
+        self._on_model_settings_changed("")
+        self._on_model_model_changed(session.model)
+
+    # -- widget -> session ------------------------------------------------------------
+    def _on_device_changed(self, _index: int) -> None:
+        name = self.device_combo.currentData()
+        if name:
+            self.session.set_device(name)
+
+    def target_text(self) -> str:
+        """The target as ``parse_target`` reads it, from the widgets."""
+        key = self.target_combo.currentData()
+        if key != "class":
+            return key
+        text = self.class_edit.text().strip()
+        if not text:
+            return "class:0"
+        if text.lstrip("-").isdigit():
+            return f"class:{int(text)}"
+        categories = self.session.categories or []
+        lowered = [c.lower() for c in categories]
+        if text.lower() in lowered:
+            return f"class:{lowered.index(text.lower())}"
+        raise GradExplorerError(f"'{text}' is not one of the model's classes.",
+                                "Pick a class from the completion list, or type its index.")
+
+    def apply_target(self) -> None:
+        """Write the target widgets to the session (raises GradExplorerError when invalid)."""
+        key = self.key_combo.currentData() if self.key_combo.isVisible() or self.key_combo.count() else None
+        self.session.set_target(self.target_text(), key or None)
+        self.session.set_labels(self.labels_edit.text())
+
+    def _on_target_changed(self, *_args) -> None:
+        kind = self.target_combo.currentData()
+        self.class_edit.setVisible(kind == "class")
+        self.labels_edit.setVisible(kind == "cross_entropy")
+        self._form.setRowVisible(self.class_edit, kind == "class")
+        self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
+        try:
+            self.apply_target()
+            self.status_label.setText("")
+        except GradExplorerError as exc:
+            self.status_label.setText(f"<span style='color:#c0392b'>{exc.problem}</span> {exc.fix}")
+
+    def _on_labels_changed(self) -> None:
+        self.session.set_labels(self.labels_edit.text())
+
+    def _on_train_changed(self, on: bool) -> None:
+        self.session.set_train(on)
+
+    def _on_capture_kind_changed(self, stats: bool) -> None:
+        self.session.set_mode("stats" if stats else "full")
+
+    def _on_input_grad_changed(self, on: bool) -> None:
+        self.session.set_input_grad(on)
+
+    def _on_run_clicked(self) -> None:
+        self.run_requested.emit()
+
+    # -- session -> widgets -----------------------------------------------------------
+    def _on_model_settings_changed(self, _name: str) -> None:
+        s = self.session
+        blockers = [QSignalBlocker(w) for w in (self.device_combo, self.target_combo, self.train_radio,
+                                                self.eval_radio, self.full_radio, self.stats_radio,
+                                                self.input_grad_check, self.key_combo)]
+        i = self.device_combo.findData(s.device)
+        if i >= 0:
+            self.device_combo.setCurrentIndex(i)
+        kind = s.target.split(":")[0]
+        i = self.target_combo.findData(kind)
+        if i >= 0:
+            self.target_combo.setCurrentIndex(i)
+        if kind == "class" and not self.class_edit.hasFocus():
+            index = int(s.target.split(":")[1])
+            cats = s.categories or []
+            self.class_edit.setText(cats[index] if index < len(cats) else str(index))
+        if not self.labels_edit.hasFocus():
+            self.labels_edit.setText(s.labels_text)
+        self.train_radio.setChecked(s.train)
+        self.eval_radio.setChecked(not s.train)
+        self.stats_radio.setChecked(s.mode == "stats")
+        self.full_radio.setChecked(s.mode == "full")
+        self.input_grad_check.setChecked(s.input_grad)
+        i = self.key_combo.findData(s.output_key or "")
+        if i >= 0:
+            self.key_combo.setCurrentIndex(i)
+        del blockers
+        self.class_edit.setVisible(kind == "class")
+        self._form.setRowVisible(self.class_edit, kind == "class")
+        self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
+
+    def _reset_idle(self) -> None:
+        if not self._running:
+            self._idle_message = None
+            self.progress.setValue(0)
+            self._update_run_enabled()
+
+    def _on_model_model_changed(self, model) -> None:
+        self._reset_idle()
+        self._class_names.setStringList(list(self.session.categories or []))
+        with QSignalBlocker(self.key_combo):
+            self.key_combo.clear()
+            keys = self.session.output_keys
+            if keys:
+                self.key_combo.addItem("(default)", "")
+                for k in keys:
+                    self.key_combo.addItem(k, k)
+        self._form.setRowVisible(self.key_combo, bool(self.session.output_keys))
+        self._on_model_settings_changed("")
+        self._update_run_enabled()
+
+    def _update_run_enabled(self) -> None:
+        s = self.session
+        if self._running:
+            return
+        self.run_button.setEnabled(s.can_run())
+        if s.model is None:
+            tip = "Load a model to run"
+        elif s.batch is None:
+            tip = "Choose an input batch to run"
+        elif not s.selection:
+            tip = "Tick at least one layer to run"
+        else:
+            tip = f"ready: {len(s.selection)} modules on {s.device}"
+        self.run_button.setToolTip(f"{tip} (Ctrl+R)")
+        if self._idle_message is None:
+            self.progress.setFormat(tip)
+
+    # -- running ------------------------------------------------------------------------
+    def set_running(self, running: bool, message: str = "") -> None:
+        """Switch between running (Cancel enabled, busy bar) and idle with ``message``."""
+        self._running = running
+        self._idle_message = message or None
+        self.cancel_button.setEnabled(running)
+        self.run_button.setEnabled(not running and self.session.can_run())
+        self.run_button.setText("Running…" if running else "Run")
+        if running:
+            self.progress.setRange(0, 0)
+            self.progress.setFormat("starting…")
+        else:
+            self.progress.setRange(0, 1)
+            self.progress.setValue(1 if message.startswith("done") else 0)
+            self.progress.setFormat(message)
+            self._update_run_enabled()
+
+    def set_progress(self, stage: str, done: int, total: int) -> None:
+        if total <= 0:
+            self.progress.setRange(0, 0)
+            return
+        # forward is the first half of the bar, backward the second.
+        half = 1000
+        value = int(half * min(done, total) / total) + (half if stage == "backward" else 0)
+        self.progress.setRange(0, 2 * half)
+        self.progress.setValue(value)
+        self.progress.setFormat(f"{stage} {done}/{total}")

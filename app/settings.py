@@ -1,0 +1,98 @@
+"""The one place gradexplorer reads and writes ``QSettings``.
+
+Values are always read with a type and a default, so a damaged or foreign settings
+file never breaks start-up. ``GRADEXPLORER_SETTINGS=/path/file.ini`` (or the ``path``
+argument) points everything at an INI file: tests and screenshots use a throwaway one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings
+
+RECENT_LIMIT = 10
+ENV_VAR = "GRADEXPLORER_SETTINGS"
+
+
+class AppSettings:
+    """Recent models and inputs, window geometry and splitter sizes."""
+
+    def __init__(self, path: str | None = None) -> None:
+        path = path or os.environ.get(ENV_VAR) or None
+        if path:
+            self._qs = QSettings(str(path), QSettings.Format.IniFormat)
+        else:
+            self._qs = QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope,
+                                 "gradexplorer", "gradexplorer")
+
+    @property
+    def path(self) -> str:
+        return self._qs.fileName()
+
+    # -- typed access ----------------------------------------------------------------
+    def value(self, key: str, type_: type, default: Any) -> Any:
+        """The value of ``key`` as ``type_``, or ``default`` when missing or unreadable."""
+        if not self._qs.contains(key):
+            return default
+        raw = self._qs.value(key)
+        try:
+            if type_ is bool:
+                if isinstance(raw, str):
+                    return raw.strip().lower() in ("1", "true", "yes", "on")
+                return bool(raw)
+            if type_ is list:
+                if raw is None:
+                    return []
+                if isinstance(raw, str):
+                    return [raw] if raw else []
+                return [str(v) for v in raw]
+            if type_ is QByteArray:
+                return raw if isinstance(raw, QByteArray) else default
+            return type_(raw)
+        except (TypeError, ValueError):
+            return default
+
+    def set_value(self, key: str, value: Any) -> None:
+        self._qs.setValue(key, value)
+
+    def sync(self) -> None:
+        self._qs.sync()
+
+    # -- recent items ----------------------------------------------------------------
+    def _recent(self, key: str) -> list[str]:
+        return [v for v in self.value(key, list, []) if v][:RECENT_LIMIT]
+
+    def _push_recent(self, key: str, item: str) -> None:
+        items = [item] + [v for v in self._recent(key) if v != item]
+        self.set_value(key, items[:RECENT_LIMIT])
+
+    def recent_models(self) -> list[str]:
+        """Model specs, most recent first."""
+        return self._recent("recent/models")
+
+    def add_recent_model(self, spec: str) -> None:
+        self._push_recent("recent/models", spec)
+
+    def recent_inputs(self) -> list[str]:
+        """Input sources (files, folders, ``random:...``), most recent first."""
+        return self._recent("recent/inputs")
+
+    def add_recent_input(self, source: str) -> None:
+        self._push_recent("recent/inputs", source)
+
+    # -- window --------------------------------------------------------------------------
+    def geometry(self) -> QByteArray | None:
+        value = self.value("window/geometry", QByteArray, None)
+        return value if value is not None and not value.isEmpty() else None
+
+    def set_geometry(self, data: QByteArray) -> None:
+        self.set_value("window/geometry", data)
+
+    def window_state(self) -> QByteArray | None:
+        value = self.value("window/state", QByteArray, None)
+        return value if value is not None and not value.isEmpty() else None
+
+    def set_window_state(self, data: QByteArray) -> None:
+        self.set_value("window/state", data)
