@@ -735,6 +735,7 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
     inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
+    _refuse_broken_pyside()
     try:
         from app.gui import launch  # Qt is imported here and only here
     except ImportError as exc:
@@ -757,6 +758,27 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
         stats_only=bool(args.stats_only),
         labels=args.labels,
     ) or 0)
+
+
+def _refuse_broken_pyside() -> None:
+    """PySide6 6.12.0 drops a reference to None on every Qt call that returns nothing; on
+    Python < 3.12 (where None is not immortal) the app then crashes after a few thousand
+    clicks. pyproject.toml excludes it; this catches an environment set up by hand."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("PySide6-Essentials")
+    except metadata.PackageNotFoundError:
+        try:
+            version = metadata.version("PySide6")
+        except metadata.PackageNotFoundError:
+            return
+    if version == "6.12.0" and sys.version_info < (3, 12):
+        raise GradExplorerError(
+            f"PySide6 {version} has a reference-counting bug that crashes on Python "
+            f"{sys.version_info[0]}.{sys.version_info[1]};",
+            "install another release (pip install 'PySide6-Essentials!=6.12.0') or use Python 3.12+.",
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -631,3 +631,17 @@ def test_cli_capture_imports_no_qt(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "QT: []" in proc.stdout, proc.stdout
+
+
+def test_gui_refuses_pyside_release_that_crashes_on_old_python(monkeypatch, capsys):
+    import sys as _sys
+    from importlib import metadata
+
+    from app import cli
+
+    monkeypatch.setattr(metadata, "version", lambda name: "6.12.0")
+    monkeypatch.setattr(_sys, "version_info", (3, 11, 7, "final", 0))
+    code = cli.main(["--screenshot", "/tmp/never.png"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "PySide6 6.12.0" in err and "PySide6-Essentials!=6.12.0" in err
