@@ -83,6 +83,7 @@ class CallIO(NamedTuple):
     the same version counter, as ``core.capture`` dedupes them): two calls whose keys are
     equal saw the very same tensor. ``None`` when there was no tensor. Bytes are
     ``numel * element_size`` (the first tensor input; the recorded output tensor).
+    ``start`` and ``end`` order the call's start and return among all starts and returns.
     """
 
     name: str
@@ -90,6 +91,8 @@ class CallIO(NamedTuple):
     input_bytes: int
     output_key: tuple[int, int] | None
     output_bytes: int
+    start: int
+    end: int
 
 
 class ModuleTree:
@@ -203,6 +206,7 @@ class ModuleTree:
         # Tensor identity that survives id() reuse: id -> (weak reference, serial number).
         serials: dict[int, tuple] = {}
         counter = itertools.count()
+        ticks = itertools.count()
 
         def key_of(t: torch.Tensor) -> tuple[int, int]:
             entry = serials.get(id(t))
@@ -220,13 +224,15 @@ class ModuleTree:
                 x = next((a for a in args if isinstance(a, torch.Tensor)), None)
                 open_io.append(len(call_io))
                 call_io.append([name, None if x is None else key_of(x),
-                                0 if x is None else x.numel() * x.element_size(), None, 0])
+                                0 if x is None else x.numel() * x.element_size(), None, 0,
+                                next(ticks), -1])
             return hook
 
         def post(name):
             def hook(module, args, output):
                 running.pop()
                 io = call_io[open_io.pop()]
+                io[6] = next(ticks)
                 node = self.nodes[name]
                 _, y = primary_tensor(output)
                 if y is None:

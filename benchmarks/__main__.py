@@ -1,0 +1,147 @@
+"""``make bench``: one table of gradexplorer's figures.
+
+    python -m benchmarks [--quick]
+
+Rows: capture overhead per mode and model (ratio to a bare forward + backward, median of
+repeats, beside the naive reference), the UI thread's longest stall during a run (when
+``benchmarks/ui_stall.py`` exists), module tree build time for the largest torchvision
+net (and its Qt model, offscreen), memory estimate vs actual, cancel latency, and the
+soak's memory growth (``scripts/soak.py`` in a subprocess). Figures only: nothing here
+asserts a time. ``--quick`` uses fewer repeats, smaller inputs and a shorter soak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Table:
+    def __init__(self):
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def add(self, what: str, case: str, figure: str, target: str = "") -> None:
+        self.rows.append((what, case, figure, target))
+        print(f"  {what}: {case}: {figure}", file=sys.stderr, flush=True)
+
+    def print(self) -> None:
+        widths = [max(len(r[i]) for r in self.rows + [self.header]) for i in range(4)]
+        line = "  ".join("-" * w for w in widths)
+        print(line)
+        print("  ".join(h.ljust(w) for h, w in zip(self.header, widths)))
+        print(line)
+        for r in self.rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print(line)
+
+    header = ("measure", "case", "figure", "target")
+
+
+def _guard(table: Table, what: str, fn) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
+        table.add(what, "error", f"{type(exc).__name__}: {str(exc)[:80]}")
+
+
+def overhead(table: Table, quick: bool) -> None:
+    from benchmarks.capture_overhead import measure
+
+    specs = [("resnet50", 8), ("vit_b_16", 4)]
+    for name, batch in specs:
+        r = measure(name, 2 if quick else batch, 2 if quick else 5)
+        case = f"{name} batch {r['batch']} ({r['layers']} leaves), bare {r['bare_s']:.2f} s"
+        table.add("capture overhead", case, f"stats-only {r['stats_x']:.2f}x, full {r['full_x']:.2f}x, "
+                  f"naive {r['naive_x']:.2f}x", "stats <= 1.25x, full <= 1.5x")
+
+
+def ui_stall(table: Table, quick: bool) -> None:
+    try:
+        from benchmarks import ui_stall as ui
+    except ImportError:
+        table.add("UI longest stall during a run", "-", "n/a (benchmarks/ui_stall.py not present)")
+        return
+    result = ui.measure(quick=quick) if "quick" in ui.measure.__code__.co_varnames else ui.measure()
+    if isinstance(result, dict):
+        for case, figure in result.items():
+            table.add("UI longest stall during a run", str(case),
+                      f"{figure:.0f} ms" if isinstance(figure, (int, float)) else str(figure), "no visible pause")
+    else:
+        table.add("UI longest stall during a run", "-", f"{result:.0f} ms", "no visible pause")
+
+
+def tree_build(table: Table, quick: bool) -> None:
+    from benchmarks.tree_build import measure_all, measure_qt
+
+    r = measure_all(1 if quick else 5)
+    name, n, t = r["largest"]
+    table.add("module tree build", f"largest: {name} ({n} modules)", f"{t * 1000:.1f} ms",
+              "no visible pause")
+    table.add("module tree build", f"all {r['models']} torchvision models", f"{r['total_s'] * 1000:.0f} ms")
+    q = measure_qt(name)
+    if q is None:
+        table.add("Qt tree model", name, "n/a (app.module_tree not available)")
+    else:
+        table.add("Qt tree model", f"{name}: construction + first full expansion",
+                  f"{q['model_s'] * 1000:.0f} + {q['expand_s'] * 1000:.0f} ms", "no visible pause")
+
+
+def memory(table: Table, quick: bool) -> None:
+    from benchmarks.memory_estimate import measure
+    from core.memory_estimate import format_bytes
+
+    for r in measure(quick):
+        table.add("memory estimate vs actual", f"{r['model']} {r['shape']} {r['mode']}",
+                  f"{format_bytes(r['estimate'])} vs {format_bytes(r['actual'])} ({r['error']:+.1%})", "+-15%")
+
+
+def cancel(table: Table, quick: bool) -> None:
+    from benchmarks.cancel_latency import measure
+
+    r = measure("resnet50", 8, 4 if quick else 10, size=112 if quick else 224)
+    table.add("cancel latency", f"resnet50 batch 8{' at 112 px' if quick else ''} (run {r['run_s']:.1f} s)",
+              f"median {r['median_ms']:.0f} ms, max {r['max_ms']:.0f} ms ({r['cancelled']}/{r['repeats']} cancelled)",
+              "< 1 s")
+
+
+def soak(table: Table, quick: bool) -> None:
+    captures = 60 if quick else 100
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--captures", str(captures), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for f in figures:
+        table.add("soak", f"{f['runs']} {f['kind']} captures in one process",
+                  f"RSS {f['growth_pct']:+.1f}% after warm-up, hooks left {f['hooks_left']}, threads "
+                  f"{f['threads_before']}->{f['threads_after']}, fds {f['fds_before']}->{f['fds_after']}",
+                  "< 5%, 0 left")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller inputs, shorter soak")
+    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,soak")
+    args = ap.parse_args(argv)
+    parts = {"overhead": overhead, "ui": ui_stall, "tree": tree_build, "memory": memory,
+             "cancel": cancel, "soak": soak}
+    chosen = [p for p in args.only.split(",") if p] or list(parts)
+    t0 = time.perf_counter()
+    print(f"gradexplorer benchmarks: torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+          f"{', quick' if args.quick else ''}", flush=True)
+    table = Table()
+    for key in chosen:
+        _guard(table, key, lambda: parts[key](table, args.quick))
+    table.print()
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
