@@ -138,6 +138,8 @@ class _Recorder:
         self.last_report = 0.0
         # Outputs seen in forward: (name, call index, tensor, version, copied).
         self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
+        # (id, version) of an output -> (tensor, its stats, what was kept of it).
+        self.activations: dict[tuple[int, int], tuple] = {}
         self.mutated = mutated
 
     # -- progress and cancel ------------------------------------------------------
@@ -172,6 +174,12 @@ class _Recorder:
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
+            if self.cancel is not None:
+                # Backward reaches selected layers only near its end when they sit near the
+                # input: a check at every module's output keeps cancel prompt.
+                _, y = primary_tensor(output)
+                if y is not None and y.requires_grad:
+                    self.tensor_handles.append(y.register_hook(self._cancel_check))
             return None
         call = self.open_calls[name].pop()
         key, y = primary_tensor(output)
@@ -181,24 +189,36 @@ class _Recorder:
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
         index = len(self.records[name].calls) - 1
-        copied = True
-        with torch.no_grad():
-            call.stats["activation"] = tensor_stats(y, self.hist_limit)
+        value_key = (id(y), y._version)
+        seen = self.activations.get(value_key)
+        if seen is not None and seen[0] is y:
+            # The same value again (Identity, eval-mode Dropout, a block returning its
+            # last child's output): one summary and one copy serve both records.
+            call.stats["activation"], call.activation = seen[1], seen[2]
+        else:
+            copied = True
+            with torch.no_grad():
+                call.stats["activation"] = tensor_stats(y, self.hist_limit)
+                if self.full:
+                    if y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
+                        # Known from the last run not to be modified later: no copy needed.
+                        call.activation = y.detach()
+                        copied = False
+                    else:
+                        # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
+                        call.activation = y.detach().to("cpu", copy=True)
+            self.activations[value_key] = (y, call.stats["activation"], call.activation)
             if self.full:
-                if y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
-                    # Known from the last run not to be modified later: no copy needed.
-                    call.activation = y.detach()
-                    copied = False
-                else:
-                    # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
-                    call.activation = y.detach().to("cpu", copy=True)
-        if self.full:
-            self.outputs.append((name, index, y, y._version, copied))
+                self.outputs.append((name, index, y, y._version, copied))
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output")
         return None
 
     # -- gradients ------------------------------------------------------------------
+    def _cancel_check(self, grad: torch.Tensor) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise CaptureCancelled()
+
     def _watch_grad(self, t: torch.Tensor, call: CallRecord, attr: str) -> None:
         key = (id(t), t._version)
         entry = self.grad_sinks.get(key)
@@ -263,6 +283,7 @@ def _hooks_installed(model: nn.Module, recorder: _Recorder) -> Iterator[None]:
             h.remove()
         recorder.tensor_handles.clear()
         recorder.grad_sinks.clear()
+        recorder.activations.clear()
 
 
 @contextmanager

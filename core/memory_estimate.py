@@ -193,7 +193,6 @@ def estimate_capture_memory(
     scale = x_bytes / root.input_bytes if root.input_bytes else 1.0
     want_x_grad = input_grad or not has_params
     # Which activations capture keeps without a copy (see module docstring).
-    mutated = _known_mutated(model)
 
     events = []
     for i, call in enumerate(tree.call_io):
@@ -211,7 +210,6 @@ def estimate_capture_memory(
     grad_keys: dict[tuple, str] = {}
     input_flag: dict[int, bool] = {}
     seen_grad = False
-    call_index: dict[str, int] = {}
     est = MemoryEstimate(mode=mode, layers=len(chosen))
     shared_acts: set[tuple] = set()
     n_stats = 0
@@ -243,8 +241,6 @@ def estimate_capture_memory(
             continue
         # The call returned.
         key = call.output_key
-        index = call_index.get(call.name, 0)
-        call_index[call.name] = index + 1
         if key is not None:
             size.setdefault(key, call.output_bytes)
             flags.setdefault(key, seen_grad or trainable(call.name, True))
@@ -254,13 +250,12 @@ def estimate_capture_memory(
             continue
         est.calls += 1
         if key is not None:
-            n_stats += 1
-            if mode == "full":
-                kept_as_is = mutated is not None and mutated.get((call.name, index)) is False
-                if not kept_as_is:
-                    est.activations += call.output_bytes
-                elif key not in shared_acts:
-                    shared_acts.add(key)
+            if key not in shared_acts:
+                # Capture keeps one summary and one copy (or none) per tensor value, however
+                # many calls return it.
+                shared_acts.add(key)
+                n_stats += 1
+                if mode == "full":
                     est.activations += call.output_bytes
             if flags[key]:
                 grad_keys.setdefault(key, "out")
@@ -314,23 +309,6 @@ def estimate_capture_memory(
         p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     est.transient = round(leaf_outputs * scale) + all_params + x_bytes
     return est
-
-
-def _known_mutated(model: nn.Module | None) -> dict | None:
-    """What ``core.capture`` learnt in its last full capture of ``model``: which outputs a
-    later in-place op modified (those kept without a copy are the others). ``None`` before
-    the first full capture, or when the model is not on the CPU (then all are copied)."""
-    if model is None:
-        return None
-    from core import capture as capture_module
-
-    table = getattr(capture_module, "_MUTATED_OUTPUTS", None)
-    if table is None:
-        return None
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if device.type != "cpu":
-        return None
-    return table.get(model)
 
 
 def measure_capture_memory(capture) -> int:

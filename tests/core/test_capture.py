@@ -382,3 +382,43 @@ def test_output_modified_in_place_only_on_a_later_run_is_still_recorded_right():
     want = model.fc(x)
     assert torch.allclose(cap["fc"].calls[0].activation, want)
     assert cap["fc"].calls[0].activation.min() < 0
+
+
+def test_cancel_in_backward_is_prompt_when_only_early_layers_are_selected():
+    """Backward through unselected layers checks the flag too: it stops near the output."""
+    reached = []
+
+    class Mark(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            reached.append(True)
+            return g
+
+    class Spy(nn.Module):
+        def forward(self, x):
+            return Mark.apply(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), *[nn.Linear(4, 4) for _ in range(10)], Spy(), nn.Linear(4, 1))
+    flag = threading.Event()
+
+    def progress(stage, done, total):
+        if stage == "forward" and done == total:
+            flag.set()
+
+    with pytest.raises(CaptureCancelled):
+        capture(model, torch.randn(2, 4), layers=["0"], target="sum", progress=progress, cancel=flag)
+    assert reached == []  # stopped at the last layer's output, before the spy's backward
+    assert_no_hooks(model)
+
+
+def test_module_returning_its_input_shares_one_record_value():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Identity(), nn.Dropout(0.5), nn.Linear(4, 2)).eval()
+    cap = capture(model, torch.randn(3, 4))
+    a, b, c = (cap[n].calls[0] for n in ("0", "1", "2"))
+    assert b.activation is a.activation and c.activation is a.activation
+    assert b.stats["activation"] is a.stats["activation"]
+    assert torch.equal(a.activation, model[0](cap.input))
