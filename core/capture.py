@@ -127,6 +127,7 @@ class _Recorder:
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
         self.open_calls: dict[str, list[CallRecord]] = {}
+        self.open_inputs: dict[str, list[list]] = {}
         self.running: list[str] = []
         self.call_count = 0
         self.expected_calls = max(expected_calls, 1)
@@ -165,6 +166,8 @@ class _Recorder:
             call = CallRecord()
             rec.calls.append(call)
             self.open_calls.setdefault(name, []).append(call)
+            self.open_inputs.setdefault(name, []).append(
+                [(a, a._version) for a in args if isinstance(a, torch.Tensor)])
             x = _first_tensor_input(args, kwargs)
             if x is not None and x.requires_grad:
                 self._watch_grad(x, call, "grad_input")
@@ -182,10 +185,21 @@ class _Recorder:
                     self.tensor_handles.append(y.register_hook(self._cancel_check))
             return None
         call = self.open_calls[name].pop()
+        inputs = self.open_inputs[name].pop()
         key, y = primary_tensor(output)
         call.output_key = key
         if y is None:
             return None
+        replaced = None
+        if key == "" and y.requires_grad and any(a is y and v == y._version for a, v in inputs):
+            # The module hands its input through unchanged (Identity, eval-mode Dropout).
+            # Its "output gradient" is what flows back through the value it returned, not
+            # every use of its input: give the output an identity of its own.
+            seen_input = self.activations.get((id(y), y._version))
+            replaced = y.clone()
+            if seen_input is not None and seen_input[0] is y:
+                self.activations[(id(replaced), replaced._version)] = (replaced,) + seen_input[1:]
+            y = replaced
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
         index = len(self.records[name].calls) - 1
@@ -212,7 +226,7 @@ class _Recorder:
                 self.outputs.append((name, index, y, y._version, copied))
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output")
-        return None
+        return replaced
 
     # -- gradients ------------------------------------------------------------------
     def _cancel_check(self, grad: torch.Tensor) -> None:

@@ -422,3 +422,28 @@ def test_module_returning_its_input_shares_one_record_value():
     assert b.activation is a.activation and c.activation is a.activation
     assert b.stats["activation"] is a.stats["activation"]
     assert torch.equal(a.activation, model[0](cap.input))
+
+
+def test_pass_through_module_output_gradient_is_its_own_path():
+    """MaxViT's MBConv: ``res = self.proj(x)`` with proj an Identity, then ``res + layers(x)``.
+    The gradient at proj's output is what flows back through res, not every use of x."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Identity()
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+
+        def forward(self, x):
+            res = self.proj(x)
+            return res + self.layers(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), Block(), nn.Linear(4, 3))
+    x = torch.randn(2, 4)
+    cap, _ = check_against_reference(model, x)
+    h = model[0](x)
+    out = model(x)
+    g_total = torch.autograd.grad(out.max(1).values.sum(), h)[0]
+    proj = cap["1.proj"].calls[0]
+    assert not torch.allclose(proj.grad_output, g_total)  # only the residual path
+    assert torch.allclose(proj.grad_input, g_total)  # its input's gradient is the total
