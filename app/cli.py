@@ -39,10 +39,6 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-# A full capture may take at most this share of the free RAM before the CLI asks for
-# --stats-only, fewer layers or --force: the tensors are kept in RAM and then written.
-MEMORY_BUDGET_SHARE = 0.5
-
 SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
@@ -345,38 +341,8 @@ def _check_out_path(out: str) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def estimate_capture_bytes(tree, selected: Sequence[str], model, batch_size: int, probe_batch: int,
-                           input_bytes: int, mode: str, input_grad: bool) -> int:
-    """Bytes a capture will hold, from a probe forward of ``probe_batch`` samples.
-
-    Activations and output gradients of every call of the selected modules (scaled from
-    the probe's batch to ``batch_size``), the selected modules' parameter gradients, the
-    input (and its gradient when asked for) and the statistics. Gradients with respect to
-    a module's input are not counted: they are shared with the previous module's output
-    gradient in memory and in the file.
-    """
-    from core.stats import HIST_BINS
-
-    stats_bytes = HIST_BINS * 4 + 400  # a histogram and a dict of floats, per tensor
-    scale = batch_size / max(probe_batch, 1)
-    total = input_bytes * (2 if input_grad else 1)
-    for name in selected:
-        node = tree.nodes.get(name)
-        if node is None:
-            continue
-        calls = node.calls or 0
-        total += calls * 3 * stats_bytes
-        if mode == "full":
-            total += int(2 * node.output_bytes * scale)
-        module = model.get_submodule(name)
-        for p in module.parameters(recurse=False):
-            if p.requires_grad:
-                total += stats_bytes + (p.numel() * p.element_size() if mode == "full" else 0)
-    return total
-
-
 def cmd_capture(args, ui: _UI) -> int:
-    from core.devices import free_memory, resolve_device
+    from core.devices import resolve_device
     from core.targets import parse_target
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
@@ -395,42 +361,41 @@ def cmd_capture(args, ui: _UI) -> int:
             f"pick a class from 0 to {n - 1}.",
         )
 
+    from core.memory_estimate import check_budget, estimate_capture_memory, format_bytes
     from core.module_tree import ModuleTree
     from core.selection import resolve_layers
 
     selected = resolve_layers(loaded.module, args.layers or None)
 
     # One sample through the model (no gradients) tells calls and output sizes: the
-    # progress bar's total and the memory estimate, before anything large is allocated.
+    # progress bar's total and the memory estimate (core.memory_estimate, the same one the
+    # GUI shows beside Run), before anything large is allocated.
     ui.bar.update("probing")
     tree = ModuleTree.build(loaded.module)
     expected_calls = None
     estimate = None
     try:
-        probe_x = batch.tensor[:1]
-        tree.probe(loaded.module, probe_x)
+        tree.probe(loaded.module, batch.tensor[:1])
         expected_calls = tree.expected_calls()
-        estimate = estimate_capture_bytes(
-            tree, selected, loaded.module, len(batch), len(probe_x),
-            batch.tensor.numel() * batch.tensor.element_size(), mode, args.input_grad,
-        )
+        estimate = estimate_capture_memory(tree, selected, mode, batch.tensor, args.input_grad, loaded.module)
     except GradExplorerError:
         pass  # the capture's own forward reports the failure with more context
-    calls_expected = sum((tree.nodes[n].calls or 0) for n in selected if n in tree.nodes) if estimate else None
 
     if estimate is not None:
         ui.note(
-            f"capturing {len(selected)} layers ({calls_expected} calls) of {loaded.name} on {device}, "
-            f"{'full tensors' if mode == 'full' else 'statistics only'}: "
-            f"about {human_size(estimate)} in memory"
+            f"capturing {len(selected)} layers ({estimate.calls} calls) of {loaded.name} on {device}, "
+            f"{'full tensors' if mode == 'full' else 'statistics only'}: {estimate.describe()}"
         )
-        free = free_memory("cpu")
-        if mode == "full" and free and estimate > MEMORY_BUDGET_SHARE * free and not args.force:
-            raise GradExplorerError(
-                f"the full capture would hold about {human_size(estimate)}, more than "
-                f"{int(MEMORY_BUDGET_SHARE * 100)}% of the free memory ({human_size(free)});",
-                "pass --stats-only, fewer --layers or a smaller batch, or --force to run anyway.",
-            )
+        over = check_budget(estimate, device)
+        if over is not None and not args.force:
+            # check_budget's first sentence is the problem; its advice is the GUI's.
+            problem = over.split(". ")[0].rstrip(".") + ";"
+            if mode == "full":
+                fix = (f"pass --stats-only (about {format_bytes(estimate.stats + estimate.io)}), fewer --layers "
+                       "or a smaller batch, or --force to run anyway.")
+            else:
+                fix = "use a smaller batch, or pass --force to run anyway."
+            raise GradExplorerError(problem, fix)
 
     def on_progress(stage: str, done: int, total: int) -> None:
         ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")

@@ -542,6 +542,10 @@ class MainWindow(QMainWindow):
         """Start a capture with the session's settings (cancels one in flight)."""
         try:
             self.run_panel.apply_target()
+            if not self._memory_fits():
+                self.statusBar().showMessage("Run cancelled: the capture would not fit in memory.", 8000)
+                self.run_done.emit("cancelled")
+                return None
             request = self.session.begin_run()
         except GradExplorerError as exc:
             self.show_error("Cannot run", exc)
@@ -550,6 +554,27 @@ class MainWindow(QMainWindow):
         self.run_panel.set_running(True)
         self.statusBar().showMessage(f"Running {len(request.layers)} layers on {request.device}…")
         return self.run_runner.start(request.run, generation=request.generation)
+
+    STATS_ONLY = "Switch to statistics only"
+    RUN_ANYWAY = "Run anyway"
+
+    def _memory_fits(self) -> bool:
+        """Before anything is allocated: when the capture is over the memory budget, ask
+        whether to switch to statistics-only, run anyway, or not run. False: don't run."""
+        if not self.session.can_run():
+            return True  # begin_run says what is missing
+        self.run_panel.update_estimate()
+        message, estimate = self.run_panel.budget_message, self.run_panel.estimate
+        if not message or estimate is None:
+            return True
+        choices = ([self.STATS_ONLY] if estimate.mode == "full" else []) + [self.RUN_ANYWAY]
+        choice = dialogs.ask_item(self, "gradexplorer: over the memory budget",
+                                  f"{message}\n\nWhat would you like to do? (Cancel: don't run)",
+                                  choices, False)
+        if choice == self.STATS_ONLY:
+            self.session.set_mode("stats")
+            return True
+        return choice == self.RUN_ANYWAY
 
     def cancel(self) -> None:
         self.run_runner.cancel()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, Signal
+from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QButtonGroup, QCheckBox, QComboBox, QCompleter, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
     QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget,
@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
 
 from core.devices import DeviceInfo
 from core.errors import GradExplorerError
+from core.memory_estimate import MemoryEstimate
 from core.session import Session
 
 TARGETS = (
@@ -21,13 +22,29 @@ TARGETS = (
 )
 
 
+WARNING_COLOUR = "#c0392b"
+
+
 class RunPanel(QWidget):
     """Edits the session's run settings; ``run_requested`` / ``cancel_requested`` when the
     buttons are pressed. The main window runs the capture and calls :meth:`set_running`
-    and :meth:`set_progress`."""
+    and :meth:`set_progress`.
+
+    Beside Run it shows what the capture will hold in memory (``core.memory_estimate``),
+    recomputed when the model, batch, selection or settings change, and a warning when
+    that is over the budget. The estimate needs a tree probed with the batch's sample
+    shape: the session's (probed when the model was loaded) when it fits, else one
+    probed in a worker (a forward pass never runs on the GUI thread).
+
+    Signals
+    -------
+    estimate_changed(object)
+        The new :class:`MemoryEstimate`, or None when it cannot be told.
+    """
 
     run_requested = Signal()
     cancel_requested = Signal()
+    estimate_changed = Signal(object)
 
     def __init__(self, session: Session, devices: list[DeviceInfo], parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -89,6 +106,22 @@ class RunPanel(QWidget):
         self.status_label = QLabel(self)
         self.status_label.setObjectName("hint")
         self.status_label.setWordWrap(True)
+        self.memory_label = QLabel(self)
+        self.memory_label.setObjectName("memoryEstimate")
+        self.memory_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.budget_label = QLabel(self)
+        self.budget_label.setObjectName("budgetWarning")
+        self.budget_label.setWordWrap(True)
+        self.budget_label.setVisible(False)
+        #: The estimate for the current settings (None: not known) and the budget warning.
+        self.estimate: MemoryEstimate | None = None
+        self.budget_message: str | None = None
+        self._probed_tree = None  # (model module, per-sample bytes, tree) probed in a worker
+        self._probe_runner = None
+        self._estimate_timer = QTimer(self)
+        self._estimate_timer.setSingleShot(True)
+        self._estimate_timer.setInterval(30)  # set_model emits several signals: one estimate
+        self._estimate_timer.timeout.connect(self.update_estimate)
 
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
@@ -114,12 +147,14 @@ class RunPanel(QWidget):
         self._form = form
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 2)
+        buttons.addWidget(self.memory_label, 0)
         buttons.addWidget(self.cancel_button, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
         layout.addLayout(form)
         layout.addLayout(buttons)
+        layout.addWidget(self.budget_label)
         layout.addWidget(self.progress)
         layout.addWidget(self.status_label)
 
@@ -139,11 +174,15 @@ class RunPanel(QWidget):
         session.model_changed.connect(self._on_model_model_changed)
         session.selection_changed.connect(lambda _s: self._update_run_enabled())
         session.batch_changed.connect(lambda _b: self._reset_idle())
+        for signal in (session.model_changed, session.tree_changed, session.batch_changed,
+                       session.selection_changed, session.settings_changed):
+            signal.connect(lambda *_a: self._estimate_timer.start())
 
         if session.device == "auto" and devices:
             session.set_device(devices[0].name)
         self._on_model_settings_changed("")
         self._on_model_model_changed(session.model)
+        self.update_estimate()
 
     # -- widget -> session ------------------------------------------------------------
     def _on_device_changed(self, _index: int) -> None:
@@ -297,3 +336,106 @@ class RunPanel(QWidget):
         self.progress.setRange(0, 2 * half)
         self.progress.setValue(value)
         self.progress.setFormat(f"{stage} {done}/{total}")
+
+    # -- memory estimate ------------------------------------------------------------------
+    def _probed_tree_for(self, sample_bytes: int):
+        """A tree probed with a sample of ``sample_bytes``, or None (a probe is started)."""
+        s = self.session
+        tree = s.tree
+        if tree is not None and tree.probed and tree.call_io and tree.call_io[0].input_bytes == sample_bytes:
+            return tree
+        cached = self._probed_tree
+        if cached is not None and cached[0] is s.model.module and cached[1] == sample_bytes:
+            return cached[2]
+        self._start_probe(sample_bytes)
+        return None
+
+    def _start_probe(self, sample_bytes: int) -> None:
+        # The session's tree was probed with another sample shape (or not at all): probe a
+        # tree of our own with one sample of this batch, in a worker.
+        from app.run_worker import TaskRunner
+
+        if self._probe_runner is None:
+            self._probe_runner = TaskRunner("estimate-probe", self)
+            self._probe_runner.finished.connect(self._on_probe_done)
+            self._probe_runner.failed.connect(self._on_probe_failed)
+        s = self.session
+        module, x = s.model.module, s.batch.tensor[:1]
+        lock = getattr(s, "_run_lock", None)  # a probe's hooks must not meet a capture's
+
+        def task(progress, cancel):
+            from core.module_tree import ModuleTree
+
+            tree = ModuleTree.build(module)
+            if lock is None:
+                tree.probe(module, x)
+            else:
+                with lock:
+                    tree.probe(module, x)
+            return module, sample_bytes, tree
+
+        self._probe_runner.start(task)
+        self._show_estimate(None, "estimating…")
+
+    def _on_probe_done(self, _gen: int, result, _seconds: float) -> None:
+        self._probed_tree = result
+        self.update_estimate()
+
+    def _on_probe_failed(self, _gen: int, exc: BaseException) -> None:
+        from app.error_dialog import one_line
+
+        self._probed_tree = None
+        self._show_estimate(None, "", f"The memory needed cannot be estimated: {one_line(exc)}")
+
+    def compute_estimate(self) -> MemoryEstimate | None:
+        """The estimate for the session's current settings, when a fitting probed tree is
+        at hand (starts a probe in a worker otherwise and returns None)."""
+        from core.memory_estimate import estimate_capture_memory
+
+        s = self.session
+        if s.model is None or s.batch is None or not s.selection or s.tree is None:
+            return None
+        x = s.batch.tensor
+        if x.dim() == 0 or len(x) == 0:
+            return None
+        sample_bytes = x[:1].numel() * x.element_size()
+        tree = self._probed_tree_for(sample_bytes)
+        if tree is None:
+            return None
+        selected = [n for n in s.selected_in_order() if n in tree.nodes]
+        return estimate_capture_memory(tree, selected, s.mode, x, s.input_grad, s.model.module)
+
+    def update_estimate(self) -> MemoryEstimate | None:
+        """Recompute the estimate and the budget warning now (also the debounced slot)."""
+        from core.memory_estimate import check_budget
+
+        self._estimate_timer.stop()
+        try:
+            estimate = self.compute_estimate()
+        except (GradExplorerError, ValueError) as exc:
+            self._show_estimate(None, "", f"The memory needed cannot be estimated: {exc}")
+            return None
+        if estimate is None:
+            if self._probe_runner is None or not self._probe_runner.is_busy():
+                self._show_estimate(None, "")
+            return None
+        device = self.session.device if self.session.device != "auto" else "cpu"
+        try:
+            message = check_budget(estimate, device)
+        except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
+            message = None
+        self._show_estimate(estimate, estimate.describe().split(" (")[0], estimate.describe(), message)
+        return estimate
+
+    def _show_estimate(self, estimate: MemoryEstimate | None, text: str, tip: str = "",
+                       message: str | None = None) -> None:
+        self.estimate = estimate
+        self.budget_message = message
+        self.memory_label.setText(text)
+        self.memory_label.setToolTip(tip or "What the capture will hold in memory, once a model, "
+                                            "a batch and layers are chosen")
+        if message:
+            self.memory_label.setText(f"<span style='color:{WARNING_COLOUR}'>{text}</span>")
+            self.budget_label.setText(f"<span style='color:{WARNING_COLOUR}'>{message}</span>")
+        self.budget_label.setVisible(bool(message))
+        self.estimate_changed.emit(estimate)

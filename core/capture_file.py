@@ -131,7 +131,7 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         ) from None
 
 
-def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object, object], None] = torch.save) -> Path:
+def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object, object], None] | None = None) -> Path:
     """Write ``obj`` to ``path`` through a temporary file and a rename.
 
     Raises
@@ -148,7 +148,7 @@ def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object,
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as fh:
-            saver(obj, fh)
+            (saver or torch.save)(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp_name, path)

@@ -12,7 +12,7 @@ Flags (``layer_flags``), computed on the output gradient:
 
 * ``"no gradient"``: no call's output reached the target (its gradient was never
   computed).
-* ``"nan/inf"``: some gradient value is NaN or infinite.
+* ``"nan/inf"``: some activation or gradient value is NaN or infinite.
 * ``"zero"``: a gradient exists but every value is exactly zero (a dead ReLU, a
   detached branch multiplied by zero...).
 * ``"vanishing"`` / ``"exploding"``: the layer's root-mean-square gradient is below
@@ -153,11 +153,15 @@ def layer_flags(
         rec = capture[name]
         stats = [c.stats.get("grad_output") for c in rec.calls]
         present = [s for s in stats if s]
+        # NaN/Inf in the forward (a NaN input, an overflow) may leave the gradients finite.
+        activation_bad = any(has_nonfinite(c.stats.get("activation")) for c in rec.calls)
         if not present:
             flags[name].append("no gradient")
+            if activation_bad:
+                flags[name].append("nan/inf")
             rms.append(math.nan)
             continue
-        if any(has_nonfinite(s) for s in present):
+        if activation_bad or any(has_nonfinite(s) for s in present):
             flags[name].append("nan/inf")
         value = _rms(present)
         all_zero = all(

@@ -245,12 +245,29 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
     monkeypatch.setattr(core.devices, "free_memory", lambda device: 1000)
     out_file = tmp_path / "big.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
-    assert_user_error(code, err, "--stats-only", "free memory")
+    assert_user_error(code, err, "--stats-only", "free RAM", "--force")
     assert not out_file.exists()
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file,
                          "-q", "--force")
     assert code == 0, err
     assert out_file.is_file()
+
+
+def test_capture_prints_the_same_estimate_as_core(tmp_path, capsys):
+    from core.batches import random_batch
+    from core.memory_estimate import estimate_capture_memory
+    from core.models import load_model
+    from core.module_tree import ModuleTree
+    from core.selection import resolve_layers
+
+    out_file = tmp_path / "e.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file)
+    assert code == 0, err
+    loaded = load_model("demo:seed-mlp")
+    x = random_batch("4x10", seed=0).tensor
+    tree = ModuleTree.build(loaded.module).probe(loaded.module, x[:1])
+    expected = estimate_capture_memory(tree, resolve_layers(loaded.module, None), "full", x, False, loaded.module)
+    assert expected.describe() in err
 
 
 # ---------------------------------------------------------------------------

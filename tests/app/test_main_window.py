@@ -202,13 +202,17 @@ def test_a_bug_shows_details_and_the_app_stays_usable(qtbot, demo, shown_errors,
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
+    import core.capture
+
+    real = core.capture.capture
     monkeypatch.setattr("core.capture.capture", broken)
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
         demo.run()
     assert done.args == ["failed"]
     message, fix, details = error_dialog.describe(shown_errors[-1][1])
     assert "ZeroDivisionError" in message and "bug" in fix and "boom" in details
-    monkeypatch.undo()
+    # Only this patch is undone: conftest's dialog and settings patches stay.
+    monkeypatch.setattr("core.capture.capture", real)
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
         demo.run()
     assert done.args == ["ok"]
