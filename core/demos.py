@@ -27,8 +27,10 @@ SHAPES_DIR = RESOURCES / "demo_shapes"
 SHAPES_CHECKPOINT = SHAPES_DIR / "shapes_cnn.pt"
 SHAPES_SAMPLES = SHAPES_DIR / "samples"
 SHAPES_INPUT_SIZE = 64
-# The layer whose Grad-CAM the app shows by default: the last conv block, 16x16 at 64 px.
+# The layer whose Grad-CAM the app shows by default: the residual block, 32x32 at 64 px
+# (2-px cells, fine enough that the CAM's peak lands inside the drawn shape).
 SHAPES_CAM_LAYER = "features.5"
+SHAPES_CAM_GRID = SHAPES_INPUT_SIZE // 2
 
 SEED_MLP_SEED = 0
 SEED_MLP_BATCH_SEED = 1
@@ -80,14 +82,22 @@ class ResidualBlock(nn.Module):
     """A torchvision-style ``BasicBlock``: two conv3x3+BN, ``out += identity``, one shared ReLU.
 
     ``relu`` is in place and runs twice per forward, like ``BasicBlock.relu``.
+
+    Parameters
+    ----------
+    channels : int
+        Input and output channels.
+    dilation : int
+        Dilation (and padding) of both convolutions: the spatial size is kept either way,
+        a larger dilation widens the receptive field at no extra cost.
     """
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, dilation: int = 1) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation, bias=False)
         self.bn1 = nn.BatchNorm2d(channels)
         self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation, bias=False)
         self.bn2 = nn.BatchNorm2d(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,9 +111,13 @@ class ResidualBlock(nn.Module):
 class ShapesCNN(nn.Module):
     """Small CNN for the 6 shape classes, Grad-CAM friendly.
 
-    ``features``: ``0`` ConvBNReLU(3, 16) at 64x64, ``1`` max-pool, ``2`` ConvBNReLU(16, 32)
-    at 32x32, ``3`` max-pool, ``4`` ConvBNReLU(32, 64) and ``5`` ResidualBlock(64), both at
-    16x16 for 64x64 inputs. Then ``pool`` (global average), ``flatten``, ``classifier``.
+    ``features`` for 64x64 inputs: ``0`` ConvBNReLU(3, 16) at 64x64, ``1`` max-pool to
+    32x32, ``2`` ConvBNReLU(16, 32), ``3`` a stride-1 3x3 max-pool (keeps 32x32), ``4``
+    ConvBNReLU(32, 32) and ``5`` ResidualBlock(32, dilation 2), all at 32x32. Then ``pool``
+    (global average), ``flatten``, ``classifier``.
+
+    Only one pooling halves the picture, so the Grad-CAM layer ``features.5`` has 2-px
+    cells; the dilated block still sees 32 px, more than the largest shape.
 
     Parameters
     ----------
@@ -117,13 +131,13 @@ class ShapesCNN(nn.Module):
             ConvBNReLU(3, 16),
             nn.MaxPool2d(2),
             ConvBNReLU(16, 32),
-            nn.MaxPool2d(2),
-            ConvBNReLU(32, 64),
-            ResidualBlock(64),
+            nn.MaxPool2d(3, stride=1, padding=1),
+            ConvBNReLU(32, 32),
+            ResidualBlock(32, dilation=2),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.flatten = nn.Flatten()
-        self.classifier = nn.Linear(64, num_classes)
+        self.classifier = nn.Linear(32, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.flatten(self.pool(self.features(x))))
@@ -217,7 +231,7 @@ def load_demo(name: str) -> LoadedModel:
         preprocess_description=SHAPES_PREPROCESS_DESCRIPTION,
         input_shape=(3, SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE),
         task="demo",
-        notes=[f"Grad-CAM layer: {SHAPES_CAM_LAYER} (16x16)"],
+        notes=[f"Grad-CAM layer: {SHAPES_CAM_LAYER} ({SHAPES_CAM_GRID}x{SHAPES_CAM_GRID})"],
     )
 
 

@@ -1,6 +1,6 @@
 """Train the ``demo:shapes`` CNN and write the files gradexplorer ships for it.
 
-Run from the repository root (about 2-3 minutes on 2 CPU cores, no GPU, no network)::
+Run from the repository root (about 5 minutes on one CPU core, no GPU, no network)::
 
     .venv/bin/python scripts/make_shapes_demo.py
 
@@ -9,11 +9,24 @@ Writes
     resources/demo_shapes/samples/<class>_<k>.png   2 sample pictures per class, 64x64
     resources/demo_shapes/samples/labels.json    file name -> class name
 
-Deterministic: fixed seeds, ``torch.use_deterministic_algorithms(True)`` and a fixed
-thread count, so the same machine rebuilds the same weights. Every epoch sees fresh
-pictures from :mod:`core.shapes`. Seeds used here: training ``TRAIN_SEED + epoch``,
-validation ``VAL_SEED``, samples ``SAMPLES_SEED``. Tests draw fresh pictures from other
-seeds (see tests/core/test_demos.py).
+Deterministic: fixed seeds, ``torch.use_deterministic_algorithms(True)`` and one
+thread (a fixed count keeps reductions in the same order; one also keeps the run fast on
+a busy machine, where two threads fighting for cores can be several times slower), so
+the same machine rebuilds the same weights. Every epoch sees fresh pictures from
+:mod:`core.shapes`. Seeds used here: training ``TRAIN_SEED + epoch``, validation
+``VAL_SEED``, samples ``SAMPLES_SEED``. Tests draw fresh pictures from other seeds (see
+tests/core/test_demos.py).
+
+The demo promises that Grad-CAM at ``SHAPES_CAM_LAYER`` points *inside* the shape. Plain
+cross-entropy does not quite get there: this network then puts its class evidence on the
+shape's outline (for circles, the smooth edge is the evidence), and the CAM's peak lands
+strictly inside the shape for only about 85-89% of pictures. So training adds a small
+localisation term (weight ``CAM_INSIDE_WEIGHT``), possible because the generator knows
+each shape's mask: after global average pooling the top class's Grad-CAM at the block is
+its per-location logit map, and the term is ``-log`` of the share of that map's spatial
+softmax that falls on the shape's cells. It leaves the architecture and the checkpoint
+format alone; the CAM the app shows is still computed the ordinary way from captured
+activations and gradients.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import demos, shapes  # noqa: E402
+from core.capture import capture  # noqa: E402
 from core.gradcam import grad_cam  # noqa: E402
 
 TRAIN_SEED = 1000
@@ -43,6 +57,7 @@ PER_EPOCH = 8000
 VAL_SIZE = 2000
 BATCH = 64
 LR = 4e-3
+CAM_INSIDE_WEIGHT = 0.1
 SAMPLES_PER_CLASS = 2
 MAX_CHECKPOINT_BYTES = 1_000_000
 
@@ -51,7 +66,7 @@ def _set_determinism() -> None:
     torch.manual_seed(0)
     np.random.seed(0)
     # A fixed thread count keeps reductions in the same order from run to run.
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
 
@@ -71,22 +86,35 @@ def _accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
     return (predictions == labels).float().mean().item()
 
 
-def _cam_hit_rate(model: torch.nn.Module, images: torch.Tensor, masks: torch.Tensor) -> float:
-    """Fraction of pictures whose Grad-CAM peak lies on the shape (mask dilated by 1 px)."""
-    model.eval()
-    layer = model.get_submodule(demos.SHAPES_CAM_LAYER)
-    kept = {}
-    handle = layer.register_forward_hook(lambda m, i, o: kept.__setitem__("a", o))
-    try:
-        logits = model(shapes.normalize(images))
-        top1 = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
-        (gradient,) = torch.autograd.grad(top1, kept["a"])
-    finally:
-        handle.remove()
-    cams = grad_cam(kept["a"], gradient, out_size=images.shape[-2:])
+def _cam_hit_rates(model: torch.nn.Module, images: torch.Tensor, masks: torch.Tensor) -> tuple[float, float]:
+    """Fractions of pictures whose Grad-CAM peak (from a capture, as the app computes it)
+    lies on the shape, and on the shape dilated by 1 px."""
+    layer = demos.SHAPES_CAM_LAYER
+    cap = capture(model, shapes.normalize(images), layers=[layer], target="top1")
+    call = cap[layer].calls[0]
+    cams = grad_cam(call.activation, call.grad_output, out_size=tuple(images.shape[-2:]), layer=layer)
+    peaks = cams.reshape(len(cams), -1).argmax(1)[:, None]
     dilated = F.max_pool2d(masks.float()[:, None], 3, stride=1, padding=1)[:, 0] > 0
-    peaks = cams.reshape(len(cams), -1).argmax(1)
-    return dilated.reshape(len(cams), -1).gather(1, peaks[:, None]).float().mean().item()
+    strict = masks.reshape(len(cams), -1).gather(1, peaks).float().mean().item()
+    near = dilated.reshape(len(cams), -1).gather(1, peaks).float().mean().item()
+    return strict, near
+
+
+def _cam_inside_loss(features: torch.Tensor, model: demos.ShapesCNN, labels: torch.Tensor,
+                     masks: torch.Tensor) -> torch.Tensor:
+    """``-log`` of the share of the true class's spatial evidence that lies on the shape.
+
+    With global average pooling and a linear classifier, class ``k``'s evidence at each
+    cell of ``features`` is ``classifier.weight[k] . features[:, :, y, x]`` (its Grad-CAM
+    before the ReLU and the scaling). Cells count by the fraction of their pixels on the
+    shape.
+    """
+    weights = model.classifier.weight[labels]
+    evidence = torch.einsum("bchw,bc->bhw", features, weights).flatten(1)
+    cell = masks.shape[-1] // features.shape[-1]
+    on_shape = F.avg_pool2d(masks.float()[:, None], cell).flatten(1)
+    inside = torch.logsumexp(evidence + on_shape.clamp_min(1e-6).log(), dim=1)
+    return (torch.logsumexp(evidence, dim=1) - inside).mean()
 
 
 def main() -> None:
@@ -110,14 +138,17 @@ def main() -> None:
     )
     generator = torch.Generator().manual_seed(0)
     for epoch in range(EPOCHS):
-        train_x, train_y, _ = shapes.make_dataset(PER_EPOCH, TRAIN_SEED + epoch)
+        train_x, train_y, train_masks = shapes.make_dataset(PER_EPOCH, TRAIN_SEED + epoch)
         order = torch.randperm(PER_EPOCH, generator=generator)
         model.train()
         correct = seen = 0
         for step in range(steps_per_epoch):
             idx = order[step * BATCH:(step + 1) * BATCH]
-            logits = model(shapes.normalize(train_x[idx]))
+            features = model.features(shapes.normalize(train_x[idx]))
+            logits = model.classifier(model.flatten(model.pool(features)))
             loss = F.cross_entropy(logits, train_y[idx])
+            inside = _cam_inside_loss(features, model, train_y[idx], train_masks[idx])
+            loss = loss + CAM_INSIDE_WEIGHT * inside
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -131,9 +162,9 @@ def main() -> None:
     model.eval()
     train_acc = _accuracy(model, *shapes.make_dataset(VAL_SIZE, TRAIN_SEED)[:2])
     val_acc = _accuracy(model, val_x, val_y)
-    hit_rate = _cam_hit_rate(model, val_x[:500], val_masks[:500])
+    strict, near = _cam_hit_rates(model, val_x[:500], val_masks[:500])
     print(f"final: train acc {train_acc:.4f} (first {VAL_SIZE} of epoch 1)  val acc {val_acc:.4f}  "
-          f"Grad-CAM peak on shape (val, 500) {hit_rate:.3f}")
+          f"Grad-CAM peak on shape (val, 500) {strict:.3f}, within 1 px {near:.3f}")
 
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
     checkpoint = out_dir / demos.SHAPES_CHECKPOINT.name
