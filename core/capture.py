@@ -243,7 +243,10 @@ class _Recorder:
         self.grad_sinks[key] = (t, sinks)
         self.grads_expected += 1
 
+        fired = [False]
+
         def on_grad(grad: torch.Tensor, sinks=sinks) -> None:
+            fired[0] = True
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
             with torch.no_grad():
@@ -257,6 +260,19 @@ class _Recorder:
                     setattr(rec, name, kept)
 
         self.tensor_handles.append(t.register_hook(on_grad))
+        base = t._base if t._is_view() else None
+        if base is not None and base.requires_grad and base.is_contiguous():
+            # An in-place op on a view (Linear on (B, H, W, C) input, then ReLU(inplace))
+            # rebases the view's history and its tensor hooks never fire. The base's hook
+            # still does, before the change: cut the view's part out of its gradient.
+            size, stride = t.size(), t.stride()
+            offset = t.storage_offset() - base.storage_offset()
+
+            def on_base_grad(grad: torch.Tensor) -> None:
+                if not fired[0]:
+                    on_grad(grad.contiguous().as_strided(size, stride, offset))
+
+            self.tensor_handles.append(base.register_hook(on_base_grad))
 
     def check_outputs(self) -> None:
         """After forward: learn which outputs were modified in place; rerun if one that was

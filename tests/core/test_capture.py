@@ -447,3 +447,12 @@ def test_pass_through_module_output_gradient_is_its_own_path():
     proj = cap["1.proj"].calls[0]
     assert not torch.allclose(proj.grad_output, g_total)  # only the residual path
     assert torch.allclose(proj.grad_input, g_total)  # its input's gradient is the total
+
+
+def test_view_output_modified_in_place_still_gets_its_gradient():
+    """swin_v2's cpb_mlp: Linear on a (1, H, W, 2) table returns a view, then ReLU(inplace)."""
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(inplace=True), nn.Linear(8, 3), nn.Flatten(), nn.Linear(27, 2))
+    x = torch.randn(1, 3, 3, 2)
+    cap, _ = check_against_reference(model, x)
+    assert cap["0"].calls[0].grad_output is not None
+    assert cap["0"].calls[0].activation.min() < 0  # before the in-place ReLU
