@@ -4,6 +4,32 @@ from __future__ import annotations
 
 import pytest
 
+from core.devices import DeviceInfo
+
+TIMEOUT = 60_000
+CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
+
+
+@pytest.fixture
+def window(qtbot):
+    """The main window on the CPU, not yet loaded."""
+    from app.main_window import MainWindow
+
+    w = MainWindow(devices=CPU)
+    qtbot.addWidget(w)
+    w.resize(1500, 950)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture
+def demo(qtbot, window):
+    """The window with demo:shapes loaded and run once, through the real workers."""
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        window.load_model("demo:shapes", run=True)
+    assert done.args == ["ok"]
+    return window
+
 
 @pytest.fixture(autouse=True)
 def _throwaway_settings(tmp_path, monkeypatch):

@@ -26,18 +26,6 @@ TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 
-@pytest.fixture
-def demo(qtbot):
-    """The window with demo:shapes loaded and run once, through the real workers."""
-    w = MainWindow(devices=CPU)
-    qtbot.addWidget(w)
-    with qtbot.waitSignal(w.run_done, timeout=TIMEOUT) as done:
-        w.load_model("demo:shapes", run=True)
-    assert done.args == ["ok"]
-    yield w
-    w.shutdown()
-
-
 def _state(w) -> tuple:
     s = w.session
     return s.model.spec if s.model else None, s.model, s.capture, s.batch

@@ -19,24 +19,6 @@ TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 
-@pytest.fixture
-def window(qtbot):
-    w = MainWindow(devices=CPU)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    yield w
-    w.shutdown()
-
-
-@pytest.fixture
-def demo(qtbot, window):
-    """The window with demo:shapes loaded and run once, through the real workers."""
-    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
-        window.load_model("demo:shapes", run=True)
-    assert done.args == ["ok"]
-    return window
-
-
 def test_demo_loads_and_runs_through_the_worker(demo):
     s = demo.session
     assert s.model.spec == "demo:shapes"

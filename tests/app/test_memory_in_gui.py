@@ -15,14 +15,12 @@ CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 
 @pytest.fixture
-def demo(qtbot):
-    w = MainWindow(devices=CPU)
-    qtbot.addWidget(w)
-    with qtbot.waitSignal(w.model_loaded, timeout=TIMEOUT):
-        w.load_model("demo:shapes")
-    qtbot.waitUntil(lambda: w.run_panel.estimate is not None, timeout=5000)
-    yield w
-    w.shutdown()
+def demo(qtbot, window):
+    """The demo loaded but not run: the estimate is shown before any run."""
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("demo:shapes")
+    qtbot.waitUntil(lambda: window.run_panel.estimate is not None, timeout=5000)
+    return window
 
 
 def test_estimate_shown_beside_run_and_follows_the_selection(qtbot, demo):
