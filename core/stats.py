@@ -105,16 +105,25 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
             lo_f = hi_f = float("nan")
     m = finite.numel()
     if m:
-        # float32 sums are pairwise (cascade) sums in torch: accurate enough, and a
-        # float64 sum would convert the whole tensor first.
-        total = finite.sum()
-        l2 = torch.linalg.vector_norm(finite)
-        # Non-negative tensors (ReLU outputs) have mean |x| = mean: skip that pass.
-        l1 = total if lo_f >= 0 else torch.linalg.vector_norm(finite, 1)
-        nonzero = torch.count_nonzero(finite)
-        total_f, l2_f, l1_f, nonzero_i = torch.stack(
-            [total.double(), l2.double(), l1.double(), nonzero.double()]
+        # The kernels are picked for speed on the CPU, measured on an 8x256x56x56 tensor:
+        # sum, dot and float sign are vectorised and threaded, while count_nonzero,
+        # (x != 0).sum() and vector_norm(x, 1) took 5 to 90 times as long. float32 sums are
+        # pairwise (cascade) sums in torch; a float64 sum would convert the tensor first.
+        flat = finite.contiguous()
+        total = flat.sum()
+        sumsq = torch.dot(flat, flat) if flat.device.type == "cpu" else flat.square().sum()
+        if lo_f >= 0:
+            # Non-negative tensors (ReLU outputs): mean |x| = mean, and sign is 0 or 1.
+            l1 = total
+            nonzero = flat.sign().sum()
+        else:
+            abs_ = flat.abs()
+            l1 = abs_.sum()
+            nonzero = abs_.sign_().sum()
+        total_f, sumsq_f, l1_f, nonzero_i = torch.stack(
+            [total.double(), sumsq.double(), l1.double(), nonzero.double()]
         ).tolist()
+        l2_f = math.sqrt(max(sumsq_f, 0.0))
         mean = total_f / m
         var = max(l2_f * l2_f - m * mean * mean, 0.0) / max(m - 1, 1)
         std = math.sqrt(var)
