@@ -18,7 +18,7 @@ import torch
 
 HIST_BINS = 64
 #: Tensors with more elements than this get a subsampled histogram (see module docstring).
-HIST_EXACT_LIMIT = 1 << 16
+HIST_EXACT_LIMIT = 1 << 14
 
 #: Scalar statistics, in the order they are packed on the device.
 SCALAR_KEYS = (
