@@ -28,7 +28,7 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
