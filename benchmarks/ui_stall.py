@@ -68,23 +68,9 @@ class _Ticker:
 
 
 def _wait(signal, timeout_s: float = 600.0):
-    """Run the event loop until ``signal`` fires; its arguments."""
-    from PySide6.QtCore import QEventLoop, QTimer
+    from app.signal_wait import wait_for_signal
 
-    loop = QEventLoop()
-    got: list = []
-
-    def on(*args):
-        got.append(args)
-        loop.quit()
-
-    signal.connect(on)
-    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-    loop.exec()
-    signal.disconnect(on)
-    if not got:
-        raise TimeoutError(f"no {signal} within {timeout_s:.0f} s")
-    return got[0]
+    return wait_for_signal(signal, timeout_s=timeout_s)
 
 
 def _settle(seconds: float) -> None:

@@ -166,12 +166,13 @@ def gui_soak(runs: int = 100, quiet: bool = False) -> dict:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import tempfile
 
-    from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
     from app import error_dialog
     from app.main_window import MainWindow
     from app.settings import AppSettings
+
+    from app.signal_wait import wait_for_signal
 
     app = QApplication.instance() or QApplication([])
     errors: list[str] = []
@@ -181,22 +182,7 @@ def gui_soak(runs: int = 100, quiet: bool = False) -> dict:
     win.show()
 
     def wait(signal, start, timeout_s=300):
-        loop = QEventLoop()
-        got: list = []
-
-        def on(*args):
-            got.append(args)
-            loop.quit()
-
-        signal.connect(on)
-        QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-        start()
-        if not got:
-            loop.exec()
-        signal.disconnect(on)
-        if not got:
-            raise SystemExit(f"timed out waiting for {signal}")
-        return got[0]
+        return wait_for_signal(signal, start, timeout_s)
 
     wait(win.model_loaded, lambda: win.load_model("demo:shapes"))
     if win.session.batch is None:
