@@ -50,6 +50,9 @@ class HeatmapView(CaptureView):
         self.display_combo = QComboBox()
         for key, label in _DISPLAYS:
             self.display_combo.addItem(label, key)
+        # Channel 0 of a late layer is often flat (before global pooling the gradient is
+        # constant over positions); the strongest channels show more on first look.
+        self.display_combo.setCurrentIndex([d for d, _ in _DISPLAYS].index("topk"))
         self.channel_slider = QSlider(Qt.Orientation.Horizontal)
         self.channel_slider.setMinimumWidth(120)
         self.channel_spin = QSpinBox()

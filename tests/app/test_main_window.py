@@ -46,6 +46,7 @@ def test_heatmap_shows_the_captured_tensor_shape(qtbot, demo):
         pytest.skip("the capture views are not there yet")
     demo.tree_view.select_layer("features.2.conv")
     views.show_view("Heatmap")
+    views.heatmap_view.set_display("channel", channel=0)
     image = views.current_image_array()
     act = demo.session.capture["features.2.conv"].calls[0].activation
     assert image.shape == tuple(act.shape[-2:])

@@ -72,6 +72,8 @@ def views(qtbot, cnn):
     w.resize(1100, 800)
     full, _, batch = cnn
     w.set_capture(full, batch)
+    # The single-channel view compares one-to-one with a tensor slice (default is top-k).
+    w.heatmap_view.set_display("channel", channel=0)
     return w
 
 
@@ -519,6 +521,7 @@ def test_layer_without_gradient_keeps_the_controls(qtbot):
     w.set_capture(cap, None)
     w.set_layer("side")
     hv = w.heatmap_view
+    hv.set_display("channel", channel=0)
     assert "No gradient reached 'side'" in hv.plot_note_text()
     assert hv.message() == "" and w.current_image_array() is None
     hv.set_tensor("activation")
@@ -527,3 +530,9 @@ def test_layer_without_gradient_keeps_the_controls(qtbot):
     assert w.gradcam_view.current_cam() is None
     assert "No gradient reached 'side'" in w.gradcam_view.message()
     assert "no gradient" in w.flow_view.flags()["side"]
+
+
+def test_heatmap_opens_on_the_top_k_channels(qtbot):
+    w = CaptureViews()
+    qtbot.addWidget(w)
+    assert w.heatmap_view.display_combo.currentData() == "topk"
