@@ -3,7 +3,6 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 from PySide6.QtCore import QSize, Qt, Signal

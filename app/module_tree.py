@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from PySide6.QtCore import (
-    QAbstractItemModel, QItemSelectionModel, QModelIndex, QObject, QPersistentModelIndex, QRect,
+    QAbstractItemModel, QItemSelectionModel, QModelIndex, QObject, QRect,
     QSize, QSortFilterProxyModel, Qt, Signal,
 )
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QFontMetrics, QGuiApplication, QPainter, QPalette

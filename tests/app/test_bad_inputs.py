@@ -12,7 +12,6 @@ import errno
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -20,7 +19,6 @@ from PIL import Image
 from core.devices import DeviceInfo
 from core.errors import GradExplorerError
 from app import dialogs
-from app.main_window import MainWindow
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]

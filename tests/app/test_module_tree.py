@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from PySide6.QtCore import QModelIndex, QPoint, Qt
+from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QStyle, QStyleOptionViewItem
 from torch import nn
 
@@ -16,7 +16,7 @@ from core.loaded_model import LoadedModel
 from core.session import PreparedModel, Session, prepare_model
 from core.module_tree import ModuleTree
 from app.module_tree import (
-    BADGES_ROLE, BAR_ROLE, COL_GRAD, COL_NAME, COL_SHAPE, COLUMNS, ModuleTreeModel, ModuleTreePanel,
+    BADGES_ROLE, BAR_ROLE, COL_GRAD, COL_SHAPE, ModuleTreeModel, ModuleTreePanel,
     NAME_ROLE,
 )
 

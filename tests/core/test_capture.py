@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, namedtuple
+from collections import namedtuple
 
 import pytest
 import torch

@@ -113,7 +113,6 @@ def test_read_only_folder_even_as_root(tmp_path, monkeypatch):
 def test_disk_full_leaves_no_partial_file_and_keeps_the_old_one(tmp_path):
     path = tmp_path / "c.pt"
     path.write_bytes(b"previous export")
-    calls = {"n": 0}
 
     def full_disk_saver(obj, fh):
         fh.write(b"x" * 1000)

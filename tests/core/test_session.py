@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from core.batch import Batch
-from core.capture_data import Capture
 from core.errors import CaptureCancelled, GradExplorerError
 from core.loaded_model import LoadedModel
 from core.session import Session, prepare_model, tree_from_names
