@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -220,18 +219,11 @@ def test_a_tree_of_thousands_of_modules_appears_fast(qtbot):
     panel.resize(500, 700)
     panel.show()
     qtbot.waitExposed(panel)
-    # Best of three: other processes on a shared CI machine add noise, not the tree.
-    timings = []
-    for attempt in range(3):
-        start = time.perf_counter()
-        tree = ModuleTree.build(model)
-        session.set_model(PreparedModel(LoadedModel(model, f"big{attempt}", "big"), tree))
-        panel.view.viewport().repaint()
-        timings.append(time.perf_counter() - start)
-    elapsed = min(timings)
+    # How fast is measured by benchmarks/tree_build.py and benchmarks/ui_stall.py, not here.
+    tree = ModuleTree.build(model)
+    session.set_model(PreparedModel(LoadedModel(model, "big", "big"), tree))
+    panel.view.viewport().repaint()
     assert len(tree) == 7001
     assert panel.view.proxy.rowCount(panel.view.proxy.index(0, 0)) == 1000
-    assert elapsed < 1.0, f"tree took {elapsed * 1000:.0f} ms"  # ~50 ms here; generous for slow CI
-    start = time.perf_counter()
     session.select_type("ReLU", False)
-    assert time.perf_counter() - start < 1.0
+    assert session.selection and not any(tree[n].type == "ReLU" for n in session.selection)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import time
 
 import numpy as np
 import pytest
@@ -179,7 +178,7 @@ def test_vit_tokens_show_a_14x14_grid(qtbot):
     assert not w.heatmap_view.display_combo.isEnabled()
 
 
-def test_redraw_is_fast_for_a_512x28x28_map(qtbot):
+def test_redraw_of_a_512x28x28_map_follows_display_and_sample(qtbot):
     act = torch.randn(2, 512, 28, 28)
     from core.capture_data import CallRecord, Capture, LayerRecord
     from core.stats import tensor_stats
@@ -193,17 +192,13 @@ def test_redraw_is_fast_for_a_512x28x28_map(qtbot):
     w.set_capture(cap, None)
     _wait_drawn(qtbot, w)
     hv = w.heatmap_view
-    worst = 0.0
+    # Redraw speed is a benchmark figure (benchmarks/ui_stall.py), not a test assertion.
     for display, kw in [("channel", {"channel": 300}), ("topk", {"k": 16}), ("reduce", {"reduce": "l2"}),
                         ("channel", {"channel": 5})]:
-        start = time.perf_counter()
         hv.set_display(display, **kw)
-        worst = max(worst, time.perf_counter() - start)
-    start = time.perf_counter()
+        assert w.current_image_array() is not None
     w.set_sample(1)
-    worst = max(worst, time.perf_counter() - start)
-    # Target is 50 ms; the bound leaves room for a loaded CI machine.
-    assert worst < 0.2, worst
+    np.testing.assert_array_equal(w.current_image_array(), act[1, 5].numpy())
 
 
 # -- histogram ------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -250,18 +249,3 @@ def test_saliency_map(cnn_capture):
     np.testing.assert_array_equal(sal, g[1].abs().amax(0).numpy())
     assert saliency_map(torch.tensor([-1.0, 2.0, -3.0])).reshape(-1)[:3].tolist() == [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(saliency_map(-torch.ones(4, 6)), np.ones((4, 6), np.float32))
-
-
-def test_heatmap_of_a_512x28x28_map_is_fast():
-    """Each redraw's computation stays well under the 50 ms budget (best of 5, so that a
-    busy machine does not fail it)."""
-    import time
-
-    t = torch.randn(512, 28, 28)
-    for display, kw in (("topk", {"k": 16}), ("reduce", {"reduce": "l2"}), ("channel", {"channel": 100})):
-        best = math.inf
-        for _ in range(5):
-            start = time.perf_counter()
-            heatmap(t, display, **kw)
-            best = min(best, time.perf_counter() - start)
-        assert best < 0.05, (display, best)

@@ -1,4 +1,3 @@
-import time
 
 import pytest
 import torch
@@ -74,9 +73,6 @@ def test_probe_failure_names_module():
 @pytest.mark.slow
 def test_build_is_fast_on_a_big_net():
     model = torchvision.models.efficientnet_b7()
-    t0 = time.perf_counter()
-    tree = ModuleTree.build(model)
-    elapsed = time.perf_counter() - t0
-    assert len(tree) > 1000
-    # Not a timing assertion on the machine: a sanity bound ten times above the target.
-    assert elapsed < 3.0
+    tree = ModuleTree.build(model)  # its speed: benchmarks/tree_build.py
+    assert len(tree) == len(list(model.named_modules())) > 1000
+    assert tree[""].total_params == sum(p.numel() for p in model.parameters())
