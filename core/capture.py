@@ -36,7 +36,7 @@ from torch import nn
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
 from core.selection import LayerSpec, resolve_layers
-from core.stats import tensor_stats
+from core.device_stats import DeferredStats
 from core.targets import Target, parse_target, select_output, target_scalar
 
 MODES = ("full", "stats")
@@ -87,6 +87,15 @@ def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
     return fallback
 
 
+def _to_host(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``t`` on the CPU. From a CUDA device the copy is queued into pinned memory without
+    waiting: ``capture`` synchronises once before it returns (a synchronous copy per tensor
+    stalled the GPU hundreds of times per capture)."""
+    if t.is_cuda:
+        return t.detach().to("cpu", non_blocking=True)
+    return t.detach().to("cpu", copy=copy)
+
+
 def _first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -124,6 +133,7 @@ class _Recorder:
         self.progress = progress
         self.cancel = cancel
         self.hist_limit = hist_limit
+        self.summaries = DeferredStats(hist_limit)
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
         self.open_calls: dict[str, list[CallRecord]] = {}
@@ -212,7 +222,7 @@ class _Recorder:
         else:
             copied = True
             with torch.no_grad():
-                call.stats["activation"] = tensor_stats(y, self.hist_limit)
+                call.stats["activation"] = self.summaries.summarize(y)
                 if self.full:
                     if y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
                         # Known from the last run not to be modified later: no copy needed.
@@ -220,7 +230,7 @@ class _Recorder:
                         copied = False
                     else:
                         # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
-                        call.activation = y.detach().to("cpu", copy=True)
+                        call.activation = _to_host(y, copy=True)
             self.activations[value_key] = (y, call.stats["activation"], call.activation)
             if self.full:
                 self.outputs.append((name, index, y, y._version, copied))
@@ -250,10 +260,10 @@ class _Recorder:
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
             with torch.no_grad():
-                stats = tensor_stats(grad, self.hist_limit)
+                stats = self.summaries.summarize(grad)
                 # Autograd does not modify a gradient it has handed to a hook while we hold
                 # it, so on the CPU it is kept as it is (the tests compare after backward).
-                kept = grad.detach().to("cpu") if self.full else None
+                kept = _to_host(grad, copy=False) if self.full else None
             for rec, name in sinks:
                 rec.stats[name] = stats
                 if kept is not None:
@@ -478,7 +488,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             where = recorder.forward_failed_at()
-            ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"]]
+            ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"] is not None]
             ran_text = ", ".join(ran[-5:]) if ran else "none"
             at = f" in module '{where}' ({type(model.get_submodule(where)).__name__})" if where else ""
             raise CaptureError(
@@ -518,10 +528,15 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             module = model.get_submodule(name)
             for pname, p in module.named_parameters(recurse=False):
                 g = grad_of.get(id(p)) if p.requires_grad else None
-                rec.param_stats[pname] = tensor_stats(g, recorder.hist_limit) if g is not None else None
-                rec.param_grads[pname] = g.detach().to("cpu", copy=True) if (g is not None and recorder.full) else None
+                rec.param_stats[pname] = recorder.summaries.summarize(g) if g is not None else None
+                rec.param_grads[pname] = _to_host(g, copy=True) if (g is not None and recorder.full) else None
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
+        if dev.type == "cuda":
+            # The copies to the host were queued without waiting (pinned memory): wait for
+            # them, and for the statistics kernels, once, before anything is read.
+            torch.cuda.synchronize(dev)
+        recorder.summaries.resolve()
         info = {
             "model": type(model).__name__,
             "weights": None,

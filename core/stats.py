@@ -128,7 +128,7 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
         var = max(l2_f * l2_f - m * mean * mean, 0.0) / max(m - 1, 1)
         std = math.sqrt(var)
         mean_abs = l1_f / m
-        zero_fraction = (n - nonzero_i - nan_count) / n
+        zero_fraction = (m - nonzero_i) / n  # zeros among the finite values
         hist, hist_range, exact = _histogram(finite, lo_f, hi_f, hist_exact_limit)
     else:
         mean = std = mean_abs = l2_f = float("nan")

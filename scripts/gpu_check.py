@@ -1,18 +1,20 @@
 """GPU check: captures on the GPU equal captures on the CPU, copies are synchronised, and
 what capture costs on the GPU.
 
-    python scripts/gpu_check.py [--quick]
+    python scripts/gpu_check.py [--quick] [--models resnet50:8:64,vit_b_16:4:16]
 
-Where CUDA exists: resnet50 (batch 8) and vit_b_16 (batch 4), random init with the same
-weights and input, captured on cuda:0 and on the CPU (TF32 off, cuDNN deterministic);
-every captured tensor (activations, gradients, parameter gradients, input gradient) and
-every statistic compared within float tolerance, statistics-only GPU captures against the
-CPU statistics too; the captured tensors of the GPU run compared with a plain synchronous
-``.cpu()`` of the same values recomputed on the GPU (garbage from an unsynchronised
-``non_blocking`` copy would differ); and the median time of a bare forward + backward,
-statistics-only and full capture on the GPU, with ``torch.cuda.synchronize()`` around each.
-Exit status 0 when every check passes. Where CUDA is absent it says so and exits 0.
-Needs nothing but the project (``pip install -e .``); runs in well under five minutes.
+Where CUDA exists: resnet50 (batch 8) and vit_b_16 (batch 4), random init with BatchNorm
+statistics measured on random batches (``well_conditioned``), the same weights and input,
+captured on cuda:0 and on the CPU (TF32 off, cuDNN deterministic) for a fixed class
+target; every captured tensor (activations, gradients, parameter gradients, input
+gradient) and every statistic compared within float tolerance, statistics-only GPU
+captures and a ``device="cuda:0"`` run of the CPU model against the CPU statistics too;
+the captured tensors of the GPU run compared with a plain synchronous ``.cpu()`` of the
+same values recomputed on the GPU (garbage from an unfinished ``non_blocking`` copy would
+differ); and the median time of a bare forward + backward, statistics-only and full
+capture on the GPU, with ``torch.cuda.synchronize()`` around each, at the checked batch
+and at a larger one (the third field of ``--models``). Exit status 0 when every check passes. Where CUDA is absent it
+says so and exits 0. Needs nothing but the project; runs in about a minute on an H200.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch  # noqa: E402
 TENSOR_TOL = 2e-3  # max |gpu - cpu| relative to max |cpu| of the tensor
 STAT_TOL = 2e-3
 HIST_TOL = 0.03  # share of the elements whose bin differs
+TARGET_CLASS = 7
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,24 +74,17 @@ def stats_error(a: dict | None, b: dict | None) -> float:
     return worst
 
 
-def compare_captures(gpu, cpu, tensors: bool = True) -> tuple[float, float, str]:
-    """(largest tensor error, largest statistics error, where) between two captures of the
-    same model and batch."""
-    worst_t, worst_s, where = 0.0, 0.0, ""
+def compare_captures(gpu, cpu, tensors: bool = True) -> tuple[float, float, str, str]:
+    """(largest tensor error, largest statistics error, where each is) between two captures
+    of the same model and batch."""
+    worst = {"t": 0.0, "s": 0.0}
+    where = {"t": "", "s": ""}
     if list(gpu.layers) != list(cpu.layers):
-        return math.inf, math.inf, "different layers"
+        return math.inf, math.inf, "different layers", "different layers"
 
-    def see_t(err, name):
-        nonlocal worst_t, where
-        if err > worst_t:
-            worst_t, where = err, name
-
-    def see_s(err, name):
-        nonlocal worst_s, where
-        if err > worst_s:
-            worst_s = err
-            if worst_s > STAT_TOL:
-                where = name
+    def see(kind, err, name):
+        if err > worst[kind]:
+            worst[kind], where[kind] = err, name
 
     for name, i, c in cpu.iter_calls():
         g = gpu[name].calls[i]
@@ -96,25 +92,31 @@ def compare_captures(gpu, cpu, tensors: bool = True) -> tuple[float, float, str]
             if tensors:
                 a, b = g.tensor(kind), c.tensor(kind)
                 if (a is None) != (b is None):
-                    see_t(math.inf, f"{name}[{i}].{kind}")
+                    see("t", math.inf, f"{name}[{i}].{kind}")
                 elif a is not None:
-                    see_t(rel_error(a, b), f"{name}[{i}].{kind}")
-            see_s(stats_error(g.stats[kind], c.stats[kind]), f"{name}[{i}].stats.{kind}")
+                    see("t", rel_error(a, b), f"{name}[{i}].{kind}")
+            see("s", stats_error(g.stats[kind], c.stats[kind]), f"{name}[{i}].stats.{kind}")
     for name, layer in cpu.layers.items():
         for p, b in layer.param_grads.items():
             a = gpu[name].param_grads.get(p)
             if tensors and b is not None:
-                see_t(math.inf if a is None else rel_error(a, b), f"{name}.{p}.grad")
-            see_s(stats_error(gpu[name].param_stats.get(p), layer.param_stats[p]), f"{name}.{p}.stats")
+                see("t", math.inf if a is None else rel_error(a, b), f"{name}.{p}.grad")
+            see("s", stats_error(gpu[name].param_stats.get(p), layer.param_stats[p]), f"{name}.{p}.stats")
     if tensors and cpu.input_grad is not None:
-        see_t(rel_error(gpu.input_grad, cpu.input_grad), "input_grad")
+        see("t", rel_error(gpu.input_grad, cpu.input_grad), "input_grad")
     if tensors:
-        see_t(rel_error(gpu.output, cpu.output), "output")
-    return worst_t, worst_s, where
+        see("t", rel_error(gpu.output, cpu.output), "output")
+    return worst["t"], worst["s"], where["t"], where["s"]
+
+
+def target_scalar(out: torch.Tensor) -> torch.Tensor:
+    """The check's target, ``class:TARGET_CLASS``: a fixed class, so that a near tie between
+    two logits cannot send the GPU and CPU gradients down different classes (top1 can)."""
+    return out[:, TARGET_CLASS].sum()
 
 
 def recomputed_on_gpu(model, x, names):
-    """Activations of ``names`` (first call) and parameter gradients for the top1 target,
+    """Activations of ``names`` (first call) and parameter gradients for the check's target,
     computed where ``model`` is, without gradexplorer's capture, and copied with a plain
     synchronous ``.cpu()``."""
     from core.capture import primary_tensor
@@ -134,74 +136,121 @@ def recomputed_on_gpu(model, x, names):
         for h in handles:
             h.remove()
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(out.max(dim=1).values.sum(), params)
+    grads = torch.autograd.grad(target_scalar(out), params)
     names_of = {id(p): n for n, p in model.named_parameters()}
     return ({n: t.cpu() for n, t in acts.items()},
             {names_of[id(p)]: g.cpu() for p, g in zip(params, grads)})
 
 
-def _median(fn, repeats: int) -> float:
+def well_conditioned(model: torch.nn.Module, size: int, batches: int = 4) -> torch.nn.Module:
+    """``model`` in eval mode with BatchNorm running statistics measured on random batches.
+
+    Freshly initialised BatchNorm (mean 0, variance 1) normalises nothing: activations grow
+    block after block and GPU and CPU rounding differences grow with them, which a trained
+    network does not do. Measured statistics make the random network behave like one.
+    """
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if bns:
+        for m in bns:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the calibration batches
+        model.train()
+        with torch.no_grad():
+            for _ in range(batches):
+                model(torch.randn(8, 3, size, size))
+    return model.eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(fn, repeats: int, device: torch.device) -> float:
     fn()
-    torch.cuda.synchronize()
+    _sync(device)
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def check_model(name: str, batch: int, repeats: int) -> bool:
+def stats_path(device: torch.device) -> str:
+    """How statistics are computed on ``device``: fused kernels or torch operations."""
+    from core import device_stats
+
+    if device.type == "cuda" and device_stats.fused_available():
+        return "fused Triton kernels"
+    return "torch operations"
+
+
+def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", size: int = 224,
+                timing_batch: int = 0) -> bool:
+    """Capture ``name`` on ``device`` and on the CPU, compare, check the copies, time.
+
+    With ``device="cpu"`` the same steps compare two CPU captures: what the tests run where
+    there is no GPU, so that the script's own code is exercised everywhere.
+    """
     import torchvision
 
     from core.capture import capture
+    from core.selection import leaf_names
 
+    dev = torch.device(device)
+    target = f"class:{TARGET_CLASS}"
     torch.manual_seed(0)
-    cpu_model = torchvision.models.get_model(name).eval()
-    gpu_model = copy.deepcopy(cpu_model).cuda()
-    x = torch.randn(batch, 3, 224, 224)
-    xg = x.cuda()
+    cpu_model = well_conditioned(torchvision.models.get_model(name), size)
+    dev_model = copy.deepcopy(cpu_model).to(dev)
+    x = torch.randn(batch, 3, size, size)
+    xd = x.to(dev)
     ok = True
 
     t0 = time.perf_counter()
-    cap_cpu = capture(cpu_model, x, mode="full", input_grad=True)
+    cap_cpu = capture(cpu_model, x, mode="full", input_grad=True, target=target)
     t_cpu = time.perf_counter() - t0
-    cap_gpu = capture(gpu_model, xg, mode="full", input_grad=True)
-    stats_gpu = capture(gpu_model, xg, mode="stats", input_grad=True)
-    # The device= path: a CPU model moved to the GPU for the run and moved back.
-    moved = capture(copy.deepcopy(cpu_model), x, mode="stats", device="cuda:0", layers=["*.conv1", "*.ln_1"]
-                    if name.startswith("vit") else ["*.conv1"])
-    errors = {
-        "full (tensors)": None, "full (stats)": None, "stats-only (stats)": None, "device= (stats)": None,
-    }
-    t_err, s_err, where = compare_captures(cap_gpu, cap_cpu)
-    errors["full (tensors)"], errors["full (stats)"] = (t_err, where), (s_err, where)
-    _t, s2, where2 = compare_captures(stats_gpu, cap_cpu, tensors=False)
-    errors["stats-only (stats)"] = (s2, where2)
+    cap_dev = capture(dev_model, xd, mode="full", input_grad=True, target=target)
+    stats_dev = capture(dev_model, xd, mode="stats", input_grad=True, target=target)
+    # The device= path: a CPU model moved to the device for the run, and moved back.
+    some = leaf_names(cpu_model)[::7]
+    moved_model = copy.deepcopy(cpu_model)
+    moved = capture(moved_model, x, mode="stats", device=device, layers=some, target=target, input_grad=True)
+    back = next(moved_model.parameters()).device.type == "cpu"
+
+    t_err, s_err, t_at, s_at = compare_captures(cap_dev, cap_cpu)
+    _t, s2, _w, s2_at = compare_captures(stats_dev, cap_cpu, tensors=False)
     sub = copy.copy(cap_cpu)
     sub.layers = {n: cap_cpu.layers[n] for n in moved.layers}
-    _t, s3, where3 = compare_captures(moved, sub, tensors=False)
-    errors["device= (stats)"] = (s3, where3)
+    _t, s3, _w, s3_at = compare_captures(moved, sub, tensors=False)
+    checks = [
+        ("full capture, tensors", t_err, t_at, TENSOR_TOL),
+        ("full capture, statistics", s_err, s_at, STAT_TOL),
+        ("statistics-only", s2, s2_at, STAT_TOL),
+        (f"device= ({len(some)} layers)", s3, s3_at, STAT_TOL),
+    ]
     n_tensors = sum(1 for _n, _i, c in cap_cpu.iter_calls() for k in ("activation", "grad_output", "grad_input")
                     if c.tensor(k) is not None)
-    print(f"{name} batch {batch}: {len(cap_cpu)} layers, {n_tensors} call tensors; CPU capture {t_cpu:.1f} s")
-    for label, (err, at) in errors.items():
-        tol = TENSOR_TOL if "tensors" in label else STAT_TOL
+    print(f"{name} batch {batch}: {len(cap_cpu)} layers, {n_tensors} call tensors, target {target}; "
+          f"CPU capture {t_cpu:.1f} s; statistics on {dev} by {stats_path(dev)}")
+    for label, err, at, tol in checks:
         good = err <= tol
         ok &= good
-        print(f"  GPU vs CPU {label:<20} max rel error {err:.2e} (tolerance {tol:.0e}) "
+        print(f"  {dev} vs CPU, {label:<26} max rel error {err:.2e} (tolerance {tol:.0e}) "
               f"{'ok' if good else 'FAIL at ' + at}")
+    ok &= back
+    print(f"  device= run left the model on the CPU: {'ok' if back else 'FAIL'}")
 
-    # Synchronisation: the GPU capture's CPU tensors equal a synchronous copy of the same
-    # values recomputed on the GPU.
-    names = [n for n in cap_gpu.layers if cap_gpu[n].calls and cap_gpu[n].calls[0].activation is not None]
-    acts, grads = recomputed_on_gpu(gpu_model, xg, names)
+    # Synchronisation: the captured tensors equal a synchronous copy of the same values
+    # recomputed on the device (garbage from an unfinished non_blocking copy would differ).
+    names = [n for n in cap_dev.layers if cap_dev[n].calls and cap_dev[n].calls[0].activation is not None]
+    acts, grads = recomputed_on_gpu(dev_model, xd, names)
     worst = 0.0
     for n in names:
-        worst = max(worst, rel_error(cap_gpu[n].calls[0].activation, acts[n]))
-    for n, layer in cap_gpu.layers.items():
+        worst = max(worst, rel_error(cap_dev[n].calls[0].activation, acts[n]))
+    for n, layer in cap_dev.layers.items():
         for p, g in layer.param_grads.items():
             if g is not None:
                 worst = max(worst, rel_error(g, grads[f"{n}.{p}" if n else p]))
@@ -210,24 +259,30 @@ def check_model(name: str, batch: int, repeats: int) -> bool:
     print(f"  device->host copies vs synchronous .cpu() of recomputed values: max rel error {worst:.1e} "
           f"{'ok' if good else 'FAIL (unsynchronised copy?)'}")
 
-    params = [p for p in gpu_model.parameters() if p.requires_grad]
+    for b in [batch] + ([timing_batch] if timing_batch else []):
+        xb = torch.randn(b, 3, size, size, device=dev)
+        params = [p for p in dev_model.parameters() if p.requires_grad]
 
-    def bare():
-        out = gpu_model(xg)
-        torch.autograd.grad(out.max(dim=1).values.sum(), params)
+        def bare():
+            out = dev_model(xb)
+            torch.autograd.grad(target_scalar(out), params)
 
-    t_bare = _median(bare, repeats)
-    t_stats = _median(lambda: capture(gpu_model, xg, mode="stats"), repeats)
-    t_full = _median(lambda: capture(gpu_model, xg, mode="full"), repeats)
-    print(f"  GPU overhead: bare forward+backward {t_bare * 1000:.1f} ms; statistics-only "
-          f"{t_stats / t_bare:.2f}x; full {t_full / t_bare:.2f}x (median of {repeats})")
+        t_bare = _median(bare, repeats, dev)
+        t_stats = _median(lambda: capture(dev_model, xb, mode="stats", target=target), repeats, dev)
+        t_full = _median(lambda: capture(dev_model, xb, mode="full", target=target), max(repeats // 3, 1), dev)
+        print(f"  overhead on {dev}, batch {b}: bare forward+backward {t_bare * 1000:.1f} ms; "
+              f"statistics-only {t_stats / t_bare:.2f}x ({t_stats * 1000:.0f} ms); "
+              f"full {t_full / t_bare:.2f}x ({t_full * 1000:.0f} ms)")
     return ok
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer timing repeats")
-    ap.add_argument("--models", default="resnet50:8,vit_b_16:4")
+    ap.add_argument("--models", default="resnet50:8:64,vit_b_16:4:16",
+                    help="name:batch[:timing batch],...")
+    ap.add_argument("--timing-batch", type=int, default=32,
+                    help="also time the GPU at this batch where --models names none (0: no second batch)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("CUDA is not available: nothing to check")
@@ -236,12 +291,14 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, TF32 off, cuDNN deterministic")
+    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s), cuda:0 is "
+          f"{torch.cuda.get_device_name(0)}; TF32 off, cuDNN deterministic")
     t0 = time.perf_counter()
     ok = True
     for spec in args.models.split(","):
-        name, _, b = spec.partition(":")
-        ok &= check_model(name, int(b or 1), 3 if args.quick else 10)
+        name, b, timing = (spec.split(":") + ["", ""])[:3]
+        ok &= check_model(name, int(b or 1), 3 if args.quick else 10,
+                          timing_batch=int(timing) if timing else args.timing_batch)
     print(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
 

@@ -50,14 +50,15 @@ def test_check_script_comparison_on_two_cpu_captures():
     gc = _gpu_check()
     model = torchvision.models.resnet18().eval()
     x = torch.randn(2, 3, 32, 32)
-    a = capture(model, x, input_grad=True)
-    b = capture(copy.deepcopy(model), x, input_grad=True)
-    t_err, s_err, _ = gc.compare_captures(a, b)
+    target = f"class:{gc.TARGET_CLASS}"
+    a = capture(model, x, input_grad=True, target=target)
+    b = capture(copy.deepcopy(model), x, input_grad=True, target=target)
+    t_err, s_err, _, _ = gc.compare_captures(a, b)
     assert t_err <= 1e-6 and s_err <= 1e-6
-    stats = capture(model, x, mode="stats", input_grad=True)
+    stats = capture(model, x, mode="stats", input_grad=True, target=target)
     assert gc.compare_captures(stats, b, tensors=False)[1] <= 1e-6
     b["layer1.0.conv1"].calls[0].grad_output.mul_(1.01)
-    t_err, _s, where = gc.compare_captures(a, b)
+    t_err, _s, where, _ = gc.compare_captures(a, b)
     assert t_err > gc.TENSOR_TOL and where == "layer1.0.conv1[0].grad_output"
     b["layer2.0.bn1"].calls[0].stats["activation"]["mean"] += 1.0
     assert gc.compare_captures(a, b, tensors=False)[1] > gc.STAT_TOL
@@ -66,6 +67,29 @@ def test_check_script_comparison_on_two_cpu_captures():
     assert gc.rel_error(a["conv1"].calls[0].activation, acts["conv1"]) < 1e-6
     assert gc.rel_error(a["layer1.0.relu"].calls[0].activation, acts["layer1.0.relu"]) < 1e-6
     assert gc.rel_error(a["fc"].param_grads["weight"], grads["fc.weight"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_check_script_runs_end_to_end_on_the_cpu(capsys):
+    """Every step of the script's check (captures, comparisons, the device= run, the
+    synchronisation check, timing) on the CPU against the CPU: what a GPU run executes,
+    so that a mistake in the script shows here and not first on a GPU machine."""
+    gc = _gpu_check()
+    assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
+    out = capsys.readouterr().out
+    assert "resnet18 batch 2:" in out and "FAIL" not in out
+    assert out.count(" ok") == 6 and "overhead on cpu, batch 3" in out
+
+
+def test_well_conditioned_measures_batchnorm_statistics():
+    gc = _gpu_check()
+    model = gc.well_conditioned(torchvision.models.resnet18(), 32, batches=2)
+    assert not model.training
+    assert float(model.bn1.running_var.mean()) != pytest.approx(1.0, abs=1e-3)
+    # Measured statistics normalise: the stem's BatchNorm output has about unit variance.
+    with torch.no_grad():
+        y = model.bn1(model.conv1(torch.randn(8, 3, 32, 32)))
+    assert 0.5 < float(y.var()) < 2.0
 
 
 @needs_cuda
@@ -81,8 +105,8 @@ def test_gpu_capture_equals_cpu_capture(mode):
     ref = capture(cpu_model, x, input_grad=True)
     got = capture(gpu_model, x.cuda(), mode=mode, input_grad=True)
     assert got.meta["device"] == "cuda:0"
-    t_err, s_err, where = gc.compare_captures(got, ref, tensors=mode == "full")
-    assert t_err <= 1e-4 and s_err <= 1e-4, where
+    t_err, s_err, t_at, s_at = gc.compare_captures(got, ref, tensors=mode == "full")
+    assert t_err <= 1e-4 and s_err <= 1e-4, (t_at, s_at)
     if mode == "full":
         for _n, _i, call in got.iter_calls():
             assert call.activation.device.type == "cpu" and call.grad_output.device.type == "cpu"
@@ -115,3 +139,30 @@ def test_gpu_out_of_memory_is_explained():
     with pytest.raises(CaptureError, match="ran out of GPU"):
         capture(model, x, mode="full")
     assert_unchanged(model, before)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_fused_statistics_on_the_gpu_equal_tensor_stats():
+    """The fused kernels (when Triton is there) against the CPU statistics, including NaN,
+    Inf, half precision, a flat tensor and a subsampled histogram."""
+    from core import device_stats
+    from core.stats import tensor_stats
+
+    if not device_stats.fused_available():
+        pytest.skip("Triton is not available")
+    cases = [torch.randn(3, 1000), torch.randn(300_000).clamp_min(0), torch.randn(5000).half(),
+             torch.full((100,), 2.5), torch.tensor([1.0, float("nan"), -2.0, float("inf"), 0.0, 3.0]),
+             torch.full((10,), float("nan")), torch.randn(64, 80).t()]
+    summaries = device_stats.DeferredStats(1 << 14)
+    got = [summaries.summarize(t.cuda()) for t in cases]
+    assert len(summaries) == len(cases) and got[0] == {}  # filled later, not yet
+    torch.cuda.synchronize()
+    summaries.resolve()
+    for t, g in zip(cases, got):
+        ref = tensor_stats(t)
+        for key in ("numel", "nan_count", "inf_count", "hist_exact"):
+            assert g[key] == ref[key], key
+        for key in ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction"):
+            assert g[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6, nan_ok=True), key
+        assert (g["hist"] - ref["hist"]).abs().sum() <= 0.002 * max(t.numel(), 1000), "hist"

@@ -1,0 +1,275 @@
+"""Statistics of GPU tensors without waiting on the GPU.
+
+``core.stats.tensor_stats`` is built for the CPU. On a CUDA device the same summary costs
+some twenty small kernel launches and three host-device synchronisations per tensor, and a
+capture of resnet50 at batch 8 summarises about 500 tensors: statistics-only capture took
+9x a bare forward + backward on an H200 (``scripts/gpu_check.py``), all of it launch
+overhead and stalls, none of it arithmetic.
+
+Here two fused Triton kernels compute the whole summary of a tensor (finite min and max,
+sum, sum of squares, sum of absolute values, non-zero, NaN and Inf counts, and the histogram
+of the same evenly strided sample ``tensor_stats`` uses) into one row of numbers on the
+device, launched from the hook without waiting for the result. ``DeferredStats.resolve``
+copies every row of a capture to the host in one transfer at its end and fills the
+statistics dicts, which the records already hold. The first kernel reduces the tensor in up
+to ``_MAX_PROGRAMS`` chunks; the second, one program, combines the chunks in float64 and
+counts the sample into bins.
+
+Where the kernels cannot run (no Triton, a CPU tensor, float64 or complex or integer
+tensors, an exact histogram of a huge tensor) or once they failed to build, ``summarize``
+falls back to ``tensor_stats``. ``GRADEXPLORER_FUSED_STATS=0`` turns the kernels off;
+``GRADEXPLORER_FUSED_STATS=all`` with ``TRITON_INTERPRET=1`` runs them on CPU tensors, in
+Triton's interpreter (slow: for tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+
+import torch
+
+from core.stats import HIST_BINS, _prime_at_least, empty_stats, tensor_stats
+
+log = logging.getLogger(__name__)
+
+_BLOCK = 1024  # elements per program and loop step in the first kernel
+_MAX_PROGRAMS = 1024  # chunks of the first kernel, combined by the second in one load
+_SAMPLE_BLOCK = 256
+#: An exact histogram (``hist_exact_limit=None``) is counted by one GPU program: above this
+#: many elements the CPU-style path is faster.
+_EXACT_FUSED_LIMIT = 1 << 20
+_ROW = 9 + HIST_BINS  # min, max, sum, sumsq, sumabs, nonzero, nan, inf, sampled; bins
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BIG = 3.4028234663852886e38  # float32 max: the identity of finite min and max
+
+_kernels = None  # (partials, finish) once built; False when Triton is missing or failed
+
+
+def _build_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partials(x_ptr, part_ptr, cnt_ptr, n, chunk, BLOCK: tl.constexpr, BIG: tl.constexpr):
+        pid = tl.program_id(0)
+        start = pid.to(tl.int64) * chunk
+        lanes = tl.arange(0, BLOCK)
+        vmin = tl.full((BLOCK,), BIG, tl.float32)
+        vmax = tl.full((BLOCK,), -BIG, tl.float32)
+        vsum = tl.zeros((BLOCK,), tl.float32)
+        vsq = tl.zeros((BLOCK,), tl.float32)
+        vabs = tl.zeros((BLOCK,), tl.float32)
+        nz = tl.zeros((BLOCK,), tl.int32)
+        nnan = tl.zeros((BLOCK,), tl.int32)
+        ninf = tl.zeros((BLOCK,), tl.int32)
+        for i in range(0, chunk, BLOCK):
+            offs = start + i + lanes
+            inb = offs < n
+            x = tl.load(x_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+            is_nan = x != x
+            is_inf = tl.abs(x) > BIG
+            ok = inb & (~is_nan) & (~is_inf)
+            xf = tl.where(ok, x, 0.0)
+            vmin = tl.minimum(vmin, tl.where(ok, x, BIG))
+            vmax = tl.maximum(vmax, tl.where(ok, x, -BIG))
+            vsum += xf
+            vsq += xf * xf
+            vabs += tl.abs(xf)
+            nz += (xf != 0.0).to(tl.int32)
+            nnan += (inb & is_nan).to(tl.int32)
+            ninf += (inb & is_inf).to(tl.int32)
+        row = part_ptr + pid * 5
+        tl.store(row + 0, tl.min(vmin, axis=0))
+        tl.store(row + 1, tl.max(vmax, axis=0))
+        tl.store(row + 2, tl.sum(vsum, axis=0))
+        tl.store(row + 3, tl.sum(vsq, axis=0))
+        tl.store(row + 4, tl.sum(vabs, axis=0))
+        crow = cnt_ptr + pid * 3
+        tl.store(crow + 0, tl.sum(nz, axis=0))
+        tl.store(crow + 1, tl.sum(nnan, axis=0))
+        tl.store(crow + 2, tl.sum(ninf, axis=0))
+
+    @triton.jit
+    def finish(x_ptr, part_ptr, cnt_ptr, out_ptr, g, n_sample, offset, step,
+               BLOCK_G: tl.constexpr, SAMPLE_BLOCK: tl.constexpr, BINS: tl.constexpr, BIG: tl.constexpr):
+        rows = tl.arange(0, BLOCK_G)
+        rm = rows < g
+        lo = tl.min(tl.load(part_ptr + rows * 5 + 0, mask=rm, other=BIG), axis=0)
+        hi = tl.max(tl.load(part_ptr + rows * 5 + 1, mask=rm, other=-BIG), axis=0)
+        total = tl.sum(tl.load(part_ptr + rows * 5 + 2, mask=rm, other=0.0).to(tl.float64), axis=0)
+        sumsq = tl.sum(tl.load(part_ptr + rows * 5 + 3, mask=rm, other=0.0).to(tl.float64), axis=0)
+        sumabs = tl.sum(tl.load(part_ptr + rows * 5 + 4, mask=rm, other=0.0).to(tl.float64), axis=0)
+        nz = tl.sum(tl.load(cnt_ptr + rows * 3 + 0, mask=rm, other=0).to(tl.int64), axis=0)
+        nnan = tl.sum(tl.load(cnt_ptr + rows * 3 + 1, mask=rm, other=0).to(tl.int64), axis=0)
+        ninf = tl.sum(tl.load(cnt_ptr + rows * 3 + 2, mask=rm, other=0).to(tl.int64), axis=0)
+        # The histogram range of tensor_stats: [min, max], widened by 0.5 when flat.
+        flat = hi <= lo
+        hlo = tl.where(flat, lo - 0.5, lo)
+        hhi = tl.where(flat, hi + 0.5, hi)
+        none = hi < lo  # no finite value: nothing is counted, keep the arithmetic finite
+        hlo = tl.where(none, 0.0, hlo)
+        hhi = tl.where(none, 1.0, hhi)
+        bins = tl.arange(0, BINS)
+        counts = tl.zeros((BINS,), tl.int32)
+        for k0 in range(0, n_sample, SAMPLE_BLOCK):
+            k = k0 + tl.arange(0, SAMPLE_BLOCK)
+            km = k < n_sample
+            x = tl.load(x_ptr + (offset + k.to(tl.int64) * step), mask=km, other=0.0).to(tl.float32)
+            ok = km & (x == x) & (tl.abs(x) <= BIG)
+            # torch.histc's arithmetic, so that the bins agree with the CPU path.
+            pos = ((x - hlo) * BINS / (hhi - hlo)).to(tl.int32)
+            pos = tl.minimum(tl.maximum(pos, 0), BINS - 1)
+            hit = ok[:, None] & (pos[:, None] == bins[None, :])
+            counts += tl.sum(hit.to(tl.int32), axis=0)
+        tl.store(out_ptr + 0, lo.to(tl.float64))
+        tl.store(out_ptr + 1, hi.to(tl.float64))
+        tl.store(out_ptr + 2, total)
+        tl.store(out_ptr + 3, sumsq)
+        tl.store(out_ptr + 4, sumabs)
+        tl.store(out_ptr + 5, nz.to(tl.float64))
+        tl.store(out_ptr + 6, nnan.to(tl.float64))
+        tl.store(out_ptr + 7, ninf.to(tl.float64))
+        tl.store(out_ptr + 8, tl.sum(counts, axis=0).to(tl.float64))
+        tl.store(out_ptr + 9 + bins, counts.to(tl.float64))
+
+    return partials, finish
+
+
+def fused_available() -> bool:
+    """Whether the fused kernels can be used (Triton imports and they have not failed)."""
+    global _kernels
+    if os.environ.get("GRADEXPLORER_FUSED_STATS", "1") == "0":
+        return False
+    if _kernels is None:
+        try:
+            _kernels = _build_kernels()
+        except Exception as exc:  # noqa: BLE001 - no Triton, or one that cannot build these
+            log.info("fused GPU statistics unavailable (%s): using torch operations", exc)
+            _kernels = False
+    return bool(_kernels)
+
+
+def _sample_plan(n: int, hist_limit: int | None) -> tuple[int, int, int]:
+    """(offset, step, count) of the histogram sample: the one ``tensor_stats`` takes."""
+    if hist_limit is None or n <= hist_limit:
+        return 0, 1, n
+    step = _prime_at_least(math.ceil(n / hist_limit))
+    offset = step // 2
+    return offset, step, (n - offset + step - 1) // step
+
+
+def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, bool]:
+    """Start the summary of ``t`` on its device: (row of ``_ROW`` float64 values, numel,
+    whether the histogram counts every element). Raises when the kernels fail."""
+    partials, finish = _kernels
+    x = t.detach().reshape(-1)
+    n = x.numel()
+    chunk = math.ceil(math.ceil(n / _MAX_PROGRAMS) / _BLOCK) * _BLOCK
+    g = math.ceil(n / chunk)
+    part = torch.empty((g, 5), dtype=torch.float32, device=x.device)
+    cnt = torch.empty((g, 3), dtype=torch.int32, device=x.device)
+    row = torch.empty(_ROW, dtype=torch.float64, device=x.device)
+    offset, step, n_sample = _sample_plan(n, hist_limit)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        partials[(g,)](x, part, cnt, n, chunk, BLOCK=_BLOCK, BIG=_BIG)
+        finish[(1,)](x, part, cnt, row, g, n_sample, offset, step,
+                     BLOCK_G=_MAX_PROGRAMS, SAMPLE_BLOCK=_SAMPLE_BLOCK, BINS=HIST_BINS, BIG=_BIG)
+    return row, n, step == 1
+
+
+def stats_from_row(values: list[float], n: int, exact: bool) -> dict:
+    """The statistics dict (as ``tensor_stats`` returns it) from one kernel row."""
+    lo, hi, total, sumsq, sumabs, nonzero, nan, inf, sampled = values[:9]
+    nan_count, inf_count = int(nan), int(inf)
+    m = n - nan_count - inf_count
+    if m == 0:
+        out = empty_stats()  # as tensor_stats: no finite value, nothing to summarise
+        out.update(numel=n, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
+        return out
+    l2 = math.sqrt(max(sumsq, 0.0))
+    mean = total / m
+    var = max(l2 * l2 - m * mean * mean, 0.0) / max(m - 1, 1)
+    counts = torch.tensor(values[9:], dtype=torch.float32)
+    if not exact:
+        counts = counts * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
+    hist_range = (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
+    return {
+        "numel": n,
+        "min": lo,
+        "max": hi,
+        "mean": mean,
+        "std": math.sqrt(var),
+        "mean_abs": sumabs / m,
+        "l2": l2,
+        "zero_fraction": (m - int(nonzero)) / n,
+        "nan_count": nan_count,
+        "inf_count": inf_count,
+        "hist": counts,
+        "hist_range": (float(hist_range[0]), float(hist_range[1])),
+        "hist_exact": exact and sampled == m,
+    }
+
+
+class DeferredStats:
+    """The statistics of one capture's tensors, computed where they live.
+
+    ``summarize`` returns the dict that will hold a tensor's statistics: filled at once on
+    the CPU (``tensor_stats``), filled by ``resolve`` for tensors summarised by the fused
+    GPU kernels. Call ``resolve`` once, after the capture's last ``summarize``.
+
+    Parameters
+    ----------
+    hist_limit : int or None
+        As ``tensor_stats``'s ``hist_exact_limit``.
+    fused : bool or None
+        ``None``: the kernels for CUDA tensors when available; ``True`` also for CPU
+        tensors (Triton's interpreter, for tests); ``False``: never.
+    """
+
+    def __init__(self, hist_limit: int | None, fused: bool | None = None):
+        self.hist_limit = hist_limit
+        if fused is None:
+            # "all": CPU tensors too, through TRITON_INTERPRET=1 (how tests run the kernels
+            # on a machine without a GPU).
+            fused = {"0": False, "all": True}.get(os.environ.get("GRADEXPLORER_FUSED_STATS", ""))
+        self.fused = fused
+        self._pending: list[tuple[dict, torch.Tensor, int, bool]] = []
+
+    def _use_fused(self, t: torch.Tensor) -> bool:
+        if self.fused is False or t.dtype not in _DTYPES or t.numel() == 0:
+            return False
+        if not (t.is_cuda or self.fused):
+            return False
+        if self.hist_limit is None and t.numel() > _EXACT_FUSED_LIMIT:
+            return False
+        return fused_available()
+
+    def summarize(self, t: torch.Tensor) -> dict:
+        global _kernels
+        if self._use_fused(t):
+            try:
+                row, n, exact = launch(t, self.hist_limit)
+            except Exception as exc:  # noqa: BLE001 - a Triton or driver failure: fall back for good
+                log.warning("fused GPU statistics failed (%s: %s): using torch operations",
+                            type(exc).__name__, exc)
+                _kernels = False
+            else:
+                stats: dict = {}
+                self._pending.append((stats, row, n, exact))
+                return stats
+        return tensor_stats(t, self.hist_limit)
+
+    def resolve(self) -> None:
+        """Fill the dicts of the fused summaries: one device-to-host copy for all."""
+        if not self._pending:
+            return
+        table = torch.stack([row for _s, row, _n, _e in self._pending]).cpu().tolist()
+        for (stats, _row, n, exact), values in zip(self._pending, table):
+            stats.update(stats_from_row(values, n, exact))
+        self._pending.clear()
+
+    def __len__(self) -> int:
+        return len(self._pending)
