@@ -87,13 +87,17 @@ def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
     return fallback
 
 
-def _to_host(t: torch.Tensor, copy: bool) -> torch.Tensor:
-    """``t`` on the CPU. From a CUDA device the copy is queued into pinned memory without
-    waiting: ``capture`` synchronises once before it returns (a synchronous copy per tensor
-    stalled the GPU hundreds of times per capture)."""
-    if t.is_cuda:
-        return t.detach().to("cpu", non_blocking=True)
-    return t.detach().to("cpu", copy=copy)
+#: Pinned (page-locked) host memory one capture may take for its copies from a GPU. Pinned
+#: copies run without waiting, but PyTorch keeps freed pinned blocks for reuse, and pinned
+#: memory cannot be swapped: past this, copies are ordinary synchronous ones.
+PINNED_BUDGET_BYTES = 8 << 30
+
+
+def _pinned_budget() -> int:
+    from core.devices import _meminfo_bytes
+
+    total = _meminfo_bytes("MemTotal")
+    return min(PINNED_BUDGET_BYTES, total // 4) if total else PINNED_BUDGET_BYTES // 4
 
 
 def _first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -134,6 +138,7 @@ class _Recorder:
         self.cancel = cancel
         self.hist_limit = hist_limit
         self.summaries = DeferredStats(hist_limit)
+        self.pinned_left: int | None = None  # bytes, measured at the first GPU copy
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
         self.open_calls: dict[str, list[CallRecord]] = {}
@@ -152,6 +157,22 @@ class _Recorder:
         # (id, version) of an output -> (tensor, its stats, what was kept of it).
         self.activations: dict[tuple[int, int], tuple] = {}
         self.mutated = mutated
+
+    def to_host(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
+        """``t`` on the CPU. From a CUDA device the copy is queued into pinned memory without
+        waiting, while the capture's pinned budget lasts: ``capture`` synchronises once
+        before it returns (a synchronous copy per tensor stalled the GPU hundreds of times
+        per capture)."""
+        t = t.detach()
+        if t.is_cuda:
+            size = t.numel() * t.element_size()
+            if self.pinned_left is None:
+                self.pinned_left = _pinned_budget()
+            if size <= self.pinned_left:
+                self.pinned_left -= size
+                return t.to("cpu", non_blocking=True)
+            return t.to("cpu")
+        return t.to("cpu", copy=copy)
 
     # -- progress and cancel ------------------------------------------------------
     def _tick(self, stage: str, done: int, total: int, force: bool = False) -> None:
@@ -230,7 +251,7 @@ class _Recorder:
                         copied = False
                     else:
                         # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
-                        call.activation = _to_host(y, copy=True)
+                        call.activation = self.to_host(y, copy=True)
             self.activations[value_key] = (y, call.stats["activation"], call.activation)
             if self.full:
                 self.outputs.append((name, index, y, y._version, copied))
@@ -263,7 +284,7 @@ class _Recorder:
                 stats = self.summaries.summarize(grad)
                 # Autograd does not modify a gradient it has handed to a hook while we hold
                 # it, so on the CPU it is kept as it is (the tests compare after backward).
-                kept = _to_host(grad, copy=False) if self.full else None
+                kept = self.to_host(grad, copy=False) if self.full else None
             for rec, name in sinks:
                 rec.stats[name] = stats
                 if kept is not None:
@@ -529,12 +550,12 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             for pname, p in module.named_parameters(recurse=False):
                 g = grad_of.get(id(p)) if p.requires_grad else None
                 rec.param_stats[pname] = recorder.summaries.summarize(g) if g is not None else None
-                rec.param_grads[pname] = _to_host(g, copy=True) if (g is not None and recorder.full) else None
+                rec.param_grads[pname] = recorder.to_host(g, copy=True) if (g is not None and recorder.full) else None
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
         if dev.type == "cuda":
-            # The copies to the host were queued without waiting (pinned memory): wait for
-            # them, and for the statistics kernels, once, before anything is read.
+            # Copies to pinned host memory and the statistics kernels were queued without
+            # waiting: wait for all of them, once, before anything is read.
             torch.cuda.synchronize(dev)
         recorder.summaries.resolve()
         info = {

@@ -33,7 +33,9 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-TENSOR_TOL = 2e-3  # max |gpu - cpu| relative to max |cpu| of the tensor
+TENSOR_TOL = 2e-3  # max |a - b| relative to max |b| of the tensor (float32 comparisons)
+TENSOR_TOL_64 = 1e-9  # the same, float64 GPU against float64 CPU
+STAT_TOL_32 = 1e-4  # float32 statistics of the same values, by two code paths
 STAT_TOL = 2e-3
 HIST_TOL = 0.03  # share of the elements whose bin differs
 TARGET_CLASS = 7
@@ -69,7 +71,8 @@ def stats_error(a: dict | None, b: dict | None) -> float:
     worst = max(worst, abs(a["l2"] - b["l2"]) / max(abs(b["l2"]), 1e-30))
     worst = max(worst, abs(a["zero_fraction"] - b["zero_fraction"]) / 10)  # ReLU ties may flip
     if a["hist_exact"] and b["hist_exact"]:
-        moved = (a["hist"] - b["hist"]).abs().sum().item() / 2 / max(b["numel"], 1)
+        # Values on a bin edge may land one bin over (rounding): two elements are free.
+        moved = max((a["hist"] - b["hist"]).abs().sum().item() / 2 - 2, 0) / max(b["numel"], 1)
         worst = max(worst, moved * STAT_TOL / HIST_TOL)
     return worst
 
@@ -188,9 +191,52 @@ def stats_path(device: torch.device) -> str:
     return "torch operations"
 
 
+def own_stats_error(cap) -> tuple[float, str]:
+    """The largest disagreement between a full capture's statistics and ``tensor_stats`` of
+    its own captured tensors: the device's statistics path (the fused kernels on a GPU)
+    against the CPU's, on exactly the same values."""
+    from core.stats import tensor_stats
+
+    worst, at = 0.0, ""
+    for name, i, call in cap.iter_calls():
+        for kind in ("activation", "grad_output", "grad_input"):
+            t = call.tensor(kind)
+            if t is not None:
+                err = stats_error(call.stats[kind], tensor_stats(t))
+                if err > worst:
+                    worst, at = err, f"{name}[{i}].stats.{kind}"
+    for name, layer in cap.layers.items():
+        for p, g in layer.param_grads.items():
+            if g is not None:
+                err = stats_error(layer.param_stats[p], tensor_stats(g))
+                if err > worst:
+                    worst, at = err, f"{name}.{p}.stats"
+    return worst, at
+
+
+def relative_l2(gpu, cpu) -> tuple[float, str]:
+    """The worst ||a - b|| / ||b|| over the captured tensors of two full captures."""
+    worst, at = 0.0, ""
+    for name, i, c in cpu.iter_calls():
+        for kind in ("activation", "grad_output", "grad_input"):
+            a, b = gpu[name].calls[i].tensor(kind), c.tensor(kind)
+            if a is not None and b is not None and b.norm() > 0:
+                err = float((a.double() - b.double()).norm() / b.double().norm())
+                if err > worst:
+                    worst, at = err, f"{name}[{i}].{kind}"
+    return worst, at
+
+
 def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", size: int = 224,
                 timing_batch: int = 0) -> bool:
     """Capture ``name`` on ``device`` and on the CPU, compare, check the copies, time.
+
+    The device-against-CPU comparison runs in float64. In float32 the two devices round
+    differently, and where a ReLU's input is within rounding of zero its gradient is on on
+    one device and off on the other: resnet50 at batch 8 had 34 of 802,816 elements of one
+    gradient flipped so, a "max relative error" of 0.99 with both captures right (float64:
+    1.7e-13). The float32 run checks what float64 cannot reach: the fused statistics
+    kernels against ``tensor_stats`` of the same captured values, and the copies to the host.
 
     With ``device="cpu"`` the same steps compare two CPU captures: what the tests run where
     there is no GPU, so that the script's own code is exercised everywhere.
@@ -203,48 +249,67 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
     dev = torch.device(device)
     target = f"class:{TARGET_CLASS}"
     torch.manual_seed(0)
-    cpu_model = well_conditioned(torchvision.models.get_model(name), size)
-    dev_model = copy.deepcopy(cpu_model).to(dev)
-    x = torch.randn(batch, 3, size, size)
-    xd = x.to(dev)
+    model32 = well_conditioned(torchvision.models.get_model(name), size)
+    x32 = torch.randn(batch, 3, size, size)
     ok = True
 
+    # float64: the capture on the device equals the capture on the CPU.
+    cpu_model = copy.deepcopy(model32).double()
+    dev_model = copy.deepcopy(cpu_model).to(dev)
+    x = x32.double()
     t0 = time.perf_counter()
     cap_cpu = capture(cpu_model, x, mode="full", input_grad=True, target=target)
     t_cpu = time.perf_counter() - t0
-    cap_dev = capture(dev_model, xd, mode="full", input_grad=True, target=target)
-    stats_dev = capture(dev_model, xd, mode="stats", input_grad=True, target=target)
+    cap_dev = capture(dev_model, x.to(dev), mode="full", input_grad=True, target=target)
+    stats_dev = capture(dev_model, x.to(dev), mode="stats", input_grad=True, target=target)
     # The device= path: a CPU model moved to the device for the run, and moved back.
     some = leaf_names(cpu_model)[::7]
     moved_model = copy.deepcopy(cpu_model)
     moved = capture(moved_model, x, mode="stats", device=device, layers=some, target=target, input_grad=True)
     back = next(moved_model.parameters()).device.type == "cpu"
+    del dev_model
 
     t_err, s_err, t_at, s_at = compare_captures(cap_dev, cap_cpu)
     _t, s2, _w, s2_at = compare_captures(stats_dev, cap_cpu, tensors=False)
     sub = copy.copy(cap_cpu)
     sub.layers = {n: cap_cpu.layers[n] for n in moved.layers}
     _t, s3, _w, s3_at = compare_captures(moved, sub, tensors=False)
+
+    # float32: the device's statistics (fused kernels) against tensor_stats of the same
+    # values, statistics-only against full, and the copies against synchronous ones.
+    dev_model = copy.deepcopy(model32).to(dev)
+    xd = x32.to(dev)
+    full32 = capture(dev_model, xd, mode="full", input_grad=True, target=target)
+    stats32 = capture(dev_model, xd, mode="stats", input_grad=True, target=target)
+    own, own_at = own_stats_error(full32)
+    _t, s4, _w, s4_at = compare_captures(stats32, full32, tensors=False)
     checks = [
-        ("full capture, tensors", t_err, t_at, TENSOR_TOL),
-        ("full capture, statistics", s_err, s_at, STAT_TOL),
-        ("statistics-only", s2, s2_at, STAT_TOL),
-        (f"device= ({len(some)} layers)", s3, s3_at, STAT_TOL),
+        ("float64 full capture, tensors", t_err, t_at, TENSOR_TOL_64),
+        ("float64 full capture, statistics", s_err, s_at, STAT_TOL),
+        ("float64 statistics-only", s2, s2_at, STAT_TOL),
+        (f"float64 device= ({len(some)} layers)", s3, s3_at, STAT_TOL),
     ]
     n_tensors = sum(1 for _n, _i, c in cap_cpu.iter_calls() for k in ("activation", "grad_output", "grad_input")
                     if c.tensor(k) is not None)
     print(f"{name} batch {batch}: {len(cap_cpu)} layers, {n_tensors} call tensors, target {target}; "
-          f"CPU capture {t_cpu:.1f} s; statistics on {dev} by {stats_path(dev)}")
+          f"CPU capture (float64) {t_cpu:.1f} s; float32 statistics on {dev} by {stats_path(dev)}")
     for label, err, at, tol in checks:
         good = err <= tol
         ok &= good
-        print(f"  {dev} vs CPU, {label:<26} max rel error {err:.2e} (tolerance {tol:.0e}) "
+        print(f"  {dev} vs CPU, {label:<34} max rel error {err:.2e} (tolerance {tol:.0e}) "
+              f"{'ok' if good else 'FAIL at ' + at}")
+    for label, err, at in (("statistics vs tensor_stats of its tensors", own, own_at),
+                           ("statistics-only vs full capture", s4, s4_at)):
+        good = err <= STAT_TOL_32
+        ok &= good
+        print(f"  {dev} float32, {label:<40} max rel error {err:.2e} (tolerance {STAT_TOL_32:.0e}) "
               f"{'ok' if good else 'FAIL at ' + at}")
     ok &= back
     print(f"  device= run left the model on the CPU: {'ok' if back else 'FAIL'}")
 
     # Synchronisation: the captured tensors equal a synchronous copy of the same values
     # recomputed on the device (garbage from an unfinished non_blocking copy would differ).
+    cap_dev = full32
     names = [n for n in cap_dev.layers if cap_dev[n].calls and cap_dev[n].calls[0].activation is not None]
     acts, grads = recomputed_on_gpu(dev_model, xd, names)
     worst = 0.0
@@ -258,6 +323,8 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
     ok &= good
     print(f"  device->host copies vs synchronous .cpu() of recomputed values: max rel error {worst:.1e} "
           f"{'ok' if good else 'FAIL (unsynchronised copy?)'}")
+    l2, l2_at = relative_l2(full32, capture(model32, x32, mode="full", input_grad=True, target=target))
+    print(f"  (information) float32 {dev} vs CPU: worst relative L2 error {l2:.1e} at {l2_at or '-'}")
 
     for b in [batch] + ([timing_batch] if timing_batch else []):
         xb = torch.randn(b, 3, size, size, device=dev)

@@ -78,7 +78,7 @@ def test_check_script_runs_end_to_end_on_the_cpu(capsys):
     assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
     out = capsys.readouterr().out
     assert "resnet18 batch 2:" in out and "FAIL" not in out
-    assert out.count(" ok") == 6 and "overhead on cpu, batch 3" in out
+    assert out.count(" ok") == 8 and "overhead on cpu, batch 3" in out
 
 
 def test_well_conditioned_measures_batchnorm_statistics():
@@ -166,3 +166,56 @@ def test_fused_statistics_on_the_gpu_equal_tensor_stats():
         for key in ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction"):
             assert g[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6, nan_ok=True), key
         assert (g["hist"] - ref["hist"]).abs().sum() <= 0.002 * max(t.numel(), 1000), "hist"
+
+
+class _FakeCudaTensor:
+    """Stands in for a CUDA tensor where there is none: records how it was copied."""
+
+    is_cuda = True
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+        self.copied = None
+
+    def detach(self):
+        return self
+
+    def numel(self):
+        return self.nbytes // 4
+
+    def element_size(self):
+        return 4
+
+    def to(self, device, non_blocking=False, copy=False):
+        assert device == "cpu"
+        self.copied = "pinned, queued" if non_blocking else "synchronous"
+        return self
+
+
+def test_gpu_copies_are_queued_into_pinned_memory_within_the_budget(monkeypatch):
+    from core import capture as capture_module
+
+    monkeypatch.setattr(capture_module, "_pinned_budget", lambda: 100 << 20)
+    recorder = capture_module._Recorder(nn.Linear(2, 2), [], "full", torch.device("cuda", 0),
+                                        None, None, 1, None)
+    first, second, third = _FakeCudaTensor(60 << 20), _FakeCudaTensor(60 << 20), _FakeCudaTensor(40 << 20)
+    for t in (first, second, third):
+        recorder.to_host(t, copy=True)
+    # 60 MiB fit; the next 60 do not (synchronous); 40 more still fit in what is left.
+    assert [t.copied for t in (first, second, third)] == ["pinned, queued", "synchronous", "pinned, queued"]
+    assert recorder.pinned_left == 0
+    # CPU tensors: a copy when asked (a later in-place op must not reach it), else the same memory.
+    cpu = torch.randn(3)
+    copied, kept = recorder.to_host(cpu, copy=True), recorder.to_host(cpu, copy=False)
+    assert torch.equal(copied, cpu) and copied.data_ptr() != cpu.data_ptr()
+    assert kept.data_ptr() == cpu.data_ptr()
+
+
+def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
+    from core import capture as capture_module
+    from core import devices
+
+    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 16 << 30)
+    assert capture_module._pinned_budget() == 4 << 30
+    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 256 << 30)
+    assert capture_module._pinned_budget() == capture_module.PINNED_BUDGET_BYTES
