@@ -107,8 +107,9 @@ def default_layer(capture: Capture) -> tuple[str, int] | None:
 
     That is the last spatial map (conv output at least 2×2, or ViT tokens) in forward
     order. Layers are ordered by their first call, so a block's shared activation
-    (ResNet's ``layer4.1.relu``, called twice) comes before the block's last conv; its
-    last call is the block's output, and it is preferred when its shape matches.
+    (ResNet's ``layer4.1.relu``, called two or three times) comes before the block's last
+    conv; its last call is the block's output, and it is preferred when it sits in the
+    same block and its shape matches.
     """
     from core.gradcam import cam_supported
 
@@ -126,11 +127,15 @@ def default_layer(capture: Capture) -> tuple[str, int] | None:
             break
     if last is not None:
         shape = tuple(capture[last].calls[-1].shape)
+        parent = last.rpartition(".")[0]
         for name in reversed(order[: order.index(last)]):
             layer = capture[name]
-            if tuple(layer.calls[-1].shape) != shape if layer.calls else True:
-                break
-            if len(layer.calls) > 1 and layer.type in ACTIVATION_TYPES:
+            if name.rpartition(".")[0] != parent or not layer.calls:
+                continue
+            # ResNet's Bottleneck registers its relu between bn1 and conv2: the scan must
+            # pass the block's other layers (other shapes) to reach it.
+            if (len(layer.calls) > 1 and layer.type in ACTIVATION_TYPES
+                    and tuple(layer.calls[-1].shape) == shape):
                 return name, len(layer.calls) - 1
         return last, len(capture[last].calls) - 1
     # No spatial map (an MLP): the first layer, whose gradient has travelled furthest.

@@ -5,7 +5,8 @@
 Rows: capture overhead per mode and model (ratio to a bare forward + backward, median of
 repeats, beside the naive reference), the UI thread's longest stall during a run (when
 ``benchmarks/ui_stall.py`` exists), module tree build time for the largest torchvision
-net (and its Qt model, offscreen), memory estimate vs actual, cancel latency, and the
+net (and its Qt model, offscreen), memory estimate vs actual, cancel latency, the redraw
+time when the user switches layer, channel or sample (``benchmarks/redraw.py``), and the
 soak's memory growth (``scripts/soak.py`` in a subprocess). Figures only: nothing here
 asserts a time. ``--quick`` uses fewer repeats, smaller inputs and a shorter soak.
 """
@@ -112,6 +113,21 @@ def cancel(table: Table, quick: bool) -> None:
               "< 1 s")
 
 
+def redraw(table: Table, quick: bool) -> None:
+    from benchmarks.redraw import measure
+
+    r = measure(quick)
+    table.add("redraw on switch", f"{r['model']} batch {r['batch']}, {r['leaves']} leaves: capture shown",
+              f"{r['arrive_ms']:.0f} ms", "no visible pause")
+    for row in r["rows"]:
+        figure = f"median {row['median_ms']:.1f} ms, max {row['max_ms']:.1f} ms"
+        if row["shown"] is None:  # the forced paint with no switch, which every figure above includes
+            table.add("redraw on switch", f"{row['kind']}, {row['view']}: {row['case']}", figure)
+        else:
+            table.add("redraw on switch", f"{row['kind']}, {row['view']}: {row['case']}",
+                      f"{figure} ({row['shown']}/{row['switches']} shown)", "no visible pause")
+
+
 def soak(table: Table, quick: bool) -> None:
     captures = 60 if quick else 100
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--captures", str(captures), "--json"],
@@ -127,10 +143,10 @@ def soak(table: Table, quick: bool) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller inputs, shorter soak")
-    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,soak")
+    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,redraw,soak")
     args = ap.parse_args(argv)
     parts = {"overhead": overhead, "ui": ui_stall, "tree": tree_build, "memory": memory,
-             "cancel": cancel, "soak": soak}
+             "cancel": cancel, "redraw": redraw, "soak": soak}
     chosen = [p for p in args.only.split(",") if p] or list(parts)
     t0 = time.perf_counter()
     print(f"gradexplorer benchmarks: torch {torch.__version__}, {torch.get_num_threads()} CPU threads"

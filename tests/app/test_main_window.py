@@ -327,3 +327,15 @@ def test_random_batch_and_model_switch_keeps_the_pictures(qtbot, demo):
         panel.random_button.click()
     assert tuple(demo.session.batch.tensor.shape) == (3, 3, 64, 64)
     assert panel.list.count() == 3  # channel-mean pictures stand in for thumbnails
+
+
+@pytest.mark.parametrize("name, expected", [("resnet18", ("layer4.1.relu", 1)), ("resnet50", ("layer4.2.relu", 2))])
+def test_default_layer_of_a_resnet_is_the_last_blocks_output(name, expected):
+    """Grad-CAM's usual layer: the last block's output after the residual add (the shared
+    relu's last call), not its last BatchNorm, which misses the identity branch."""
+    import torchvision
+
+    from core.capture import capture
+
+    cap = capture(torchvision.models.get_model(name).eval(), torch.randn(1, 3, 64, 64), mode="stats")
+    assert default_layer(cap) == expected
