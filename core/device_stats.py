@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 _BLOCK = 1024  # elements per program and loop step in the first kernel
 _MAX_PROGRAMS = 1024  # chunks of the first kernel, combined by the second in one load
 _SAMPLE_BLOCK = 256
-#: An exact histogram (``hist_exact_limit=None``) is counted by one GPU program: above this
-#: many elements the CPU-style path is faster.
+#: An exact histogram (``hist_exact_limit=None``) would be counted by the second kernel's
+#: single program over every element: above this many, the torch operations do it instead.
 _EXACT_FUSED_LIMIT = 1 << 20
 _ROW = 9 + HIST_BINS  # min, max, sum, sumsq, sumabs, nonzero, nan, inf, sampled; bins
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
