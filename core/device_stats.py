@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from core.stats import HIST_BINS, _prime_at_least, empty_stats, tensor_stats
+from core.stats import HIST_BINS, empty_stats, histogram_range, histogram_sample, stats_from_sums, tensor_stats
 
 log = logging.getLogger(__name__)
 
@@ -152,15 +152,6 @@ def fused_available() -> bool:
     return bool(_kernels)
 
 
-def _sample_plan(n: int, hist_limit: int | None) -> tuple[int, int, int]:
-    """(offset, step, count) of the histogram sample: the one ``tensor_stats`` takes."""
-    if hist_limit is None or n <= hist_limit:
-        return 0, 1, n
-    step = _prime_at_least(math.ceil(n / hist_limit))
-    offset = step // 2
-    return offset, step, (n - offset + step - 1) // step
-
-
 def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, bool]:
     """Start the summary of ``t`` on its device: (row of ``_ROW`` float64 values, numel,
     whether the histogram counts every element). Raises when the kernels fail."""
@@ -172,7 +163,7 @@ def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, 
     part = torch.empty((g, 5), dtype=torch.float32, device=x.device)
     cnt = torch.empty((g, 3), dtype=torch.int32, device=x.device)
     row = torch.empty(_ROW, dtype=torch.float64, device=x.device)
-    offset, step, n_sample = _sample_plan(n, hist_limit)
+    offset, step, n_sample = histogram_sample(n, hist_limit)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         partials[(g,)](x, part, cnt, n, chunk, BLOCK=_BLOCK, BIG=_BIG)
         finish[(1,)](x, part, cnt, row, g, n_sample, offset, step,
@@ -189,28 +180,11 @@ def stats_from_row(values: list[float], n: int, exact: bool) -> dict:
         out = empty_stats()  # as tensor_stats: no finite value, nothing to summarise
         out.update(numel=n, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
         return out
-    l2 = math.sqrt(max(sumsq, 0.0))
-    mean = total / m
-    var = max(l2 * l2 - m * mean * mean, 0.0) / max(m - 1, 1)
     counts = torch.tensor(values[9:], dtype=torch.float32)
     if not exact:
         counts = counts * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
-    hist_range = (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
-    return {
-        "numel": n,
-        "min": lo,
-        "max": hi,
-        "mean": mean,
-        "std": math.sqrt(var),
-        "mean_abs": sumabs / m,
-        "l2": l2,
-        "zero_fraction": (m - int(nonzero)) / n,
-        "nan_count": nan_count,
-        "inf_count": inf_count,
-        "hist": counts,
-        "hist_range": (float(hist_range[0]), float(hist_range[1])),
-        "hist_exact": exact and sampled == m,
-    }
+    return stats_from_sums(n, lo, hi, total, sumsq, sumabs, int(nonzero), nan_count, inf_count,
+                           counts, histogram_range(lo, hi), exact and sampled == m)
 
 
 class DeferredStats:

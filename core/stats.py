@@ -123,27 +123,32 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
         total_f, sumsq_f, l1_f, nonzero_i = torch.stack(
             [total.double(), sumsq.double(), l1.double(), nonzero.double()]
         ).tolist()
-        l2_f = math.sqrt(max(sumsq_f, 0.0))
-        mean = total_f / m
-        var = max(l2_f * l2_f - m * mean * mean, 0.0) / max(m - 1, 1)
-        std = math.sqrt(var)
-        mean_abs = l1_f / m
-        zero_fraction = (m - nonzero_i) / n  # zeros among the finite values
         hist, hist_range, exact = _histogram(finite, lo_f, hi_f, hist_exact_limit)
-    else:
-        mean = std = mean_abs = l2_f = float("nan")
-        zero_fraction = 0.0
-        hist = torch.zeros(HIST_BINS)
-        hist_range, exact = (0.0, 1.0), True
+        return stats_from_sums(n, lo_f, hi_f, total_f, sumsq_f, l1_f, int(nonzero_i), nan_count, inf_count,
+                               hist, hist_range, exact)
+    out = empty_stats()  # no finite value: nothing to summarise
+    out.update(numel=n, min=lo_f, max=hi_f, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
+    return out
+
+
+def stats_from_sums(n: int, lo: float, hi: float, total: float, sumsq: float, l1: float, nonzero: int,
+                    nan_count: int, inf_count: int, hist: torch.Tensor, hist_range: tuple[float, float],
+                    exact: bool) -> dict:
+    """The statistics dict from the sums over the finite values of ``n`` elements (of which
+    there is at least one); shared by the CPU path and the GPU kernels' rows."""
+    m = n - nan_count - inf_count
+    l2 = math.sqrt(max(sumsq, 0.0))
+    mean = total / m
+    var = max(l2 * l2 - m * mean * mean, 0.0) / max(m - 1, 1)
     return {
         "numel": n,
-        "min": lo_f,
-        "max": hi_f,
+        "min": lo,
+        "max": hi,
         "mean": mean,
-        "std": std,
-        "mean_abs": mean_abs,
-        "l2": l2_f,
-        "zero_fraction": zero_fraction,
+        "std": math.sqrt(var),
+        "mean_abs": l1 / m,
+        "l2": l2,
+        "zero_fraction": (m - nonzero) / n,  # zeros among the finite values
         "nan_count": nan_count,
         "inf_count": inf_count,
         "hist": hist,
@@ -152,14 +157,26 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
     }
 
 
+def histogram_sample(n: int, limit: int | None) -> tuple[int, int, int]:
+    """(offset, step, count) of the elements a histogram of ``n`` values counts: every one
+    up to ``limit``, else every ``step``-th from ``offset``, ``step`` an odd prime."""
+    if limit is None or n <= limit:
+        return 0, 1, n
+    step = _prime_at_least(math.ceil(n / limit))
+    offset = step // 2
+    return offset, step, (n - offset + step - 1) // step
+
+
+def histogram_range(lo: float, hi: float) -> tuple[float, float]:
+    """The histogram's range for finite values in [lo, hi]: widened by 0.5 when flat."""
+    return (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
+
+
 def _histogram(x: torch.Tensor, lo: float, hi: float, limit: int | None):
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
+    lo, hi = histogram_range(lo, hi)
     n = x.numel()
-    sample = x
-    if limit is not None and n > limit:
-        step = _prime_at_least(math.ceil(n / limit))
-        sample = x[step // 2 :: step]
+    offset, step, _count = histogram_sample(n, limit)
+    sample = x[offset::step] if step > 1 else x
     counts = torch.histc(sample, HIST_BINS, lo, hi)
     exact = sample.numel() == n
     if not exact:

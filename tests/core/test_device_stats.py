@@ -17,7 +17,7 @@ import torch
 
 from core import device_stats
 from core.device_stats import DeferredStats, stats_from_row
-from core.stats import HIST_BINS, tensor_stats
+from core.stats import HIST_BINS, histogram_sample, tensor_stats
 from tests.conftest import ROOT
 
 CASES = {
@@ -51,7 +51,7 @@ def reference_row(t: torch.Tensor, hist_limit: int | None) -> tuple[list[float],
     finite = x[torch.isfinite(x)]
     lo = float(finite.min()) if finite.numel() else math.inf
     hi = float(finite.max()) if finite.numel() else -math.inf
-    offset, step, count = device_stats._sample_plan(n, hist_limit)
+    offset, step, count = histogram_sample(n, hist_limit)
     sample = x[offset::step][:count]
     sample = sample[torch.isfinite(sample)]
     hlo, hhi = (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
@@ -69,10 +69,11 @@ def test_a_kernel_row_resolves_to_the_statistics_of_tensor_stats(case):
     assert_stats_close(stats_from_row(row, n, exact), tensor_stats(t), t.numel())
 
 
-def test_the_sample_is_the_one_tensor_stats_takes():
+def test_the_sample_count_is_what_slicing_takes():
+    """The kernels get (offset, step, count); the CPU path slices x[offset::step]."""
     for n in (10, 1 << 14, (1 << 14) + 1, 200_000, 10_000_019):
-        offset, step, count = device_stats._sample_plan(n, 1 << 14)
-        assert count == len(range(offset, n, step))
+        offset, step, count = histogram_sample(n, 1 << 14)
+        assert count == len(range(n)[offset::step])
         assert count <= 1 << 14 or step == 1
 
 
