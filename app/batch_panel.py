@@ -3,19 +3,27 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 
 from __future__ import annotations
 
-
 import torch
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
-    QToolButton, QVBoxLayout, QWidget, QMenu,
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
+from app import dialogs
 from core.batch import Batch
 from core.capture_data import Capture
 from core.session import Session
-from app import dialogs
 
 THUMB = 64
 
@@ -76,7 +84,9 @@ def _boxed(pix: QPixmap, size: int) -> QPixmap:
     return out
 
 
-def top_predictions(output: torch.Tensor | None, categories: list[str] | None, k: int = 5) -> list[list[tuple[str, float]]]:
+def top_predictions(
+    output: torch.Tensor | None, categories: list[str] | None, k: int = 5
+) -> list[list[tuple[str, float]]]:
     """Per sample, the ``k`` most probable classes (softmax over logits) with probabilities.
 
     Dense outputs (``B, C, H, W``) are averaged over positions first. Empty when the

@@ -12,14 +12,14 @@ Exit codes: 0 success; 1 a problem with the user's input (one line on stderr,
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import difflib
+import fnmatch
 import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from app.cli_format import (
     ProgressBar,
@@ -49,7 +49,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: D102 - argparse hook
+    def error(self, message: str):
         # argparse prints the usage and exits; the CLI's contract is one line on stderr.
         raise UsageError(f"{message}; see '{self.prog} --help'.")
 
@@ -430,17 +430,18 @@ def cmd_capture(args, ui: _UI) -> int:
     flagged = _nonfinite_layers(cap)
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
-        f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
-        f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}",
-        f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
-        f" (total {fmt_seconds(elapsed)})",
+        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+         f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
+        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+         f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
     if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}"
+                     + (" ..." if len(flagged) > 5 else ""))
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
@@ -509,7 +510,8 @@ def cmd_layers(args, ui: _UI) -> int:
     loaded = _load_model(args, ui)
     tree = ModuleTree.build(loaded.module)
     if args.probe:
-        shape = (1, *loaded.input_shape) if loaded.input_shape and all(d is not None for d in loaded.input_shape) else None
+        known = loaded.input_shape and all(d is not None for d in loaded.input_shape)
+        shape = (1, *loaded.input_shape) if known else None
         batch = _load_batch(args, loaded, ui, default_random_shape=shape)
         ui.bar.update("probing")
         tree.probe(loaded.module, batch.tensor)
@@ -578,11 +580,11 @@ def cmd_inspect(args, ui: _UI) -> int:
     header = [
         ("file", f"{path} ({human_size(path.stat().st_size)})"),
         ("model", f"{meta.get('model')}  weights {meta.get('weights') or 'random init'}"),
-        ("target", f"{meta.get('target')}  device {meta.get('device')}  dtype {meta.get('dtype')}  "
-                   f"mode {meta.get('mode')}  train {yes_no.get(meta.get('train'), meta.get('train'))}"),
+        ("target", (f"{meta.get('target')}  device {meta.get('device')}  dtype {meta.get('dtype')}  "
+                    f"mode {meta.get('mode')}  train {yes_no.get(meta.get('train'), meta.get('train'))}")),
         ("created", f"{meta.get('created')}  torch {meta.get('torch_version')}"),
-        ("input", f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
-                  f"  input grad {'yes' if cap.input_grad is not None else 'no'}"),
+        ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
+                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
         ("layers", f"{len(names)} ({n_calls} calls)"),
     ]
     if meta.get("batch"):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
-__all__ = ["human_size", "fmt_num", "fmt_shape", "fmt_seconds", "table", "can_encode", "ProgressBar"]
+__all__ = ["ProgressBar", "can_encode", "fmt_num", "fmt_seconds", "fmt_shape", "human_size", "table"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

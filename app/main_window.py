@@ -10,14 +10,17 @@ from pathlib import Path
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QGroupBox, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout,
+    QGroupBox,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
     QWidget,
 )
 
-from core.batch import Batch
-from core.capture_data import Capture
-from core.errors import CaptureCancelled, GradExplorerError, TrustRequired
-from core.session import PreparedModel, Session, probe_failed_message
 from app import dialogs, error_dialog
 from app.batch_panel import BatchPanel
 from app.model_panel import ModelPanel, ModelRequest
@@ -25,6 +28,10 @@ from app.module_tree import ModuleTreePanel
 from app.run_panel import RunPanel
 from app.run_worker import TaskRunner
 from app.settings import AppSettings
+from core.batch import Batch
+from core.capture_data import Capture
+from core.errors import CaptureCancelled, GradExplorerError, TrustRequired
+from core.session import PreparedModel, Session, probe_failed_message
 
 DEFAULT_SIZE = QSize(1500, 950)
 
@@ -302,7 +309,8 @@ class MainWindow(QMainWindow):
         if restore_geometry:
             self._restore_geometry()
         self._update_status()
-        self.catalog_runner.start(lambda progress, cancel: __import__("core.weights", fromlist=["model_catalog"]).model_catalog())
+        self.catalog_runner.start(
+            lambda progress, cancel: __import__("core.weights", fromlist=["model_catalog"]).model_catalog())
 
     # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:
@@ -331,15 +339,17 @@ class MainWindow(QMainWindow):
         self.open_images_action = action("Open &images…", self.batch_panel._on_open_images, "Ctrl+I")
         self.open_capture_action = action("&Open capture…", lambda: self.open_capture(), QKeySequence.StandardKey.Open,
                                           "Open a .pt capture and browse it without the model")
-        self.export_capture_action = action("&Export capture…", lambda: self.export_capture(), QKeySequence.StandardKey.Save,
-                                            "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
+        self.export_capture_action = action(
+            "&Export capture…", lambda: self.export_capture(), QKeySequence.StandardKey.Save,
+            "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
         self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.run_action = action("&Run", self.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", self.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(), QKeySequence.StandardKey.Find)
+        self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
+                                    QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
 
         menu = self.menuBar().addMenu("&File")
@@ -502,11 +512,11 @@ class MainWindow(QMainWindow):
     def _on_model_failed(self, _gen: int, exc: BaseException) -> None:
         self.model_panel.set_busy(False)
         request = self._last_model_request
-        if isinstance(exc, TrustRequired) and request is not None and not request.trust:
-            if dialogs.confirm_trust(self, f"'{request.spec}'", exc.problem):
-                self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
-                                       self._pending_inputs)
-                return
+        if (isinstance(exc, TrustRequired) and request is not None and not request.trust
+                and dialogs.confirm_trust(self, f"'{request.spec}'", exc.problem)):
+            self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
+                                   self._pending_inputs)
+            return
         self._run_after_load = False
         self.show_error("The model cannot be loaded", exc)
         self.run_done.emit("failed")

@@ -8,12 +8,20 @@ from dataclasses import dataclass
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QTreeWidget,
-    QTreeWidgetItem, QVBoxLayout, QWidget,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
 )
 
-from core.session import Session
 from app import dialogs
+from core.session import Session
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -118,8 +126,8 @@ class ModelPanel(QWidget):
         self._fill(catalog)
 
     def _fill(self, catalog: list) -> None:
-        from core.demos import list_demos
         from app.settings import AppSettings
+        from core.demos import list_demos
 
         current = self.selected_spec()
         self.list.clear()
@@ -284,7 +292,7 @@ class ModelPanel(QWidget):
         path = dialogs.ask_open_file(self, "Open a checkpoint", dialogs.CHECKPOINT_FILTER)
         if not path:
             return
-        names = [""] + sorted(self._catalog)
+        names = ["", *sorted(self._catalog)]
         arch = dialogs.ask_item(
             self, "Architecture",
             "torchvision architecture of a weights-only checkpoint\n(leave empty for a full module or .pt2):",

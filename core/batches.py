@@ -25,17 +25,17 @@ from core.errors import BatchError
 from core.loaded_model import LoadedModel
 
 __all__ = [
+    "DEFAULT_PREPROCESS_DESCRIPTION",
     "IMAGE_SUFFIXES",
     "TENSOR_SUFFIXES",
-    "DEFAULT_PREPROCESS_DESCRIPTION",
+    "check_batch_shape",
     "default_preprocess",
+    "describe",
+    "load_batch",
     "load_images",
     "load_tensor_file",
-    "random_batch",
     "parse_labels",
-    "check_batch_shape",
-    "load_batch",
-    "describe",
+    "random_batch",
 ]
 
 #: File endings a folder is expanded to. Files named explicitly are tried whatever

@@ -9,11 +9,12 @@ file of that name is left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -131,7 +132,7 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         ) from None
 
 
-def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object, object], None] | None = None) -> Path:
+def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[object, object], None] | None = None) -> Path:
     """Write ``obj`` to ``path`` through a temporary file and a rename.
 
     Raises
@@ -163,7 +164,9 @@ def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object,
                 f"The disk is full while writing '{path.name}'; nothing was written.",
                 "Free some space, choose another disk, or export statistics only.",
             ) from None
-        raise CaptureFileError(f"Cannot write '{path}': {exc.strerror or exc}.", "Choose another file name or folder.") from None
+        raise CaptureFileError(
+            f"Cannot write '{path}': {exc.strerror or exc}.", "Choose another file name or folder."
+        ) from None
     except RuntimeError as exc:
         # torch.save wraps OS errors from its zip writer into RuntimeError.
         text = str(exc)
@@ -172,22 +175,22 @@ def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object,
                 f"The disk is full while writing '{path.name}'; nothing was written.",
                 "Free some space, choose another disk, or export statistics only.",
             ) from None
-        raise CaptureFileError(f"Cannot write '{path}': {text.splitlines()[0]}", "Choose another file name or folder.") from None
+        raise CaptureFileError(
+            f"Cannot write '{path}': {text.splitlines()[0]}", "Choose another file name or folder."
+        ) from None
     finally:
         if tmp_name is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
-            except OSError:
-                pass
     return path
 
 
-def save_capture(cap: Capture, path: "str | os.PathLike") -> Path:
+def save_capture(cap: Capture, path: str | os.PathLike) -> Path:
     """Export a capture to ``path`` (atomically). See README.md for the format."""
     return atomic_save(capture_to_dict(cap), path)
 
 
-def load_capture(path: "str | os.PathLike") -> Capture:
+def load_capture(path: str | os.PathLike) -> Capture:
     """Open a capture file written by ``save_capture``.
 
     Raises

@@ -158,7 +158,7 @@ def shapes_preprocess(image: Image.Image) -> torch.Tensor:
     """
     image = image.convert("RGB")
     if image.size != (SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE):
-        image = image.resize((SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE), Image.BILINEAR)
+        image = image.resize((SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE), Image.Resampling.BILINEAR)
     return shapes.normalize(shapes.to_tensor(image))
 
 

@@ -582,7 +582,7 @@ def _read_checkpoint(path: Path, *, trust: bool) -> object:
             # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # damaged and unsafe files raise many different types
+    except Exception as exc:  # noqa: BLE001 - damaged and unsafe files raise many different types
         safe_error = exc
     unsafe = _unsafe_globals(path, safe_error)
     if not unsafe:
@@ -609,7 +609,7 @@ def _read_checkpoint(path: Path, *, trust: bool) -> object:
 def _unsafe_globals(path: Path, error: Exception) -> list[str]:
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # only zip checkpoints are supported; the error message names the rest
+    except Exception:  # noqa: BLE001 - only zip checkpoints are supported; the error message names the rest
         # Legacy torch.save files get this far and the error names the global; plain pickle
         # files stop earlier (on an opcode the safe unpickler lacks), so read their opcodes.
         found = re.findall(r"GLOBAL ([\w.]+)", str(error)) or _pickle_globals(path)
@@ -638,7 +638,7 @@ def _pickle_globals(path: Path) -> list[str]:
                     pushed.append(memo.get(arg))
                 elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
                     pushed.append(arg)
-    except Exception:  # not a pickle, or a damaged one: report what was seen
+    except Exception:  # noqa: BLE001 - not a pickle, or a damaged one: report what was seen
         pass
     return found
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -111,7 +112,7 @@ class ModuleTree:
         self.call_io: list[CallIO] = []
 
     @classmethod
-    def build(cls, model: nn.Module) -> "ModuleTree":
+    def build(cls, model: nn.Module) -> ModuleTree:
         """The tree of ``model``'s modules, without running it."""
         nodes: dict[str, ModuleNode] = {}
         seen_params: set[int] = set()
@@ -183,7 +184,7 @@ class ModuleTree:
         return sum(n.calls or 0 for n in self.nodes.values())
 
     @torch.no_grad()
-    def probe(self, model: nn.Module, x: torch.Tensor) -> "ModuleTree":
+    def probe(self, model: nn.Module, x: torch.Tensor) -> ModuleTree:
         """Run one forward under ``no_grad`` (eval mode) to learn calls, shapes and in-place
         modules. Hooks are removed and the mode restored afterwards.
 
@@ -254,10 +255,11 @@ class ModuleTree:
             model.eval()
             try:
                 model(x)
-            except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+            except Exception as exc:
                 where = f" in module '{running[-1]}'" if running else ""
                 raise CaptureError(
-                    f"The model's forward failed{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                    f"The model's forward failed{where}: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}",
                     "Check that the batch has the shape the model expects.",
                 ) from exc
         finally:

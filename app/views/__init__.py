@@ -24,9 +24,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.batch import Batch
-from core.capture_data import Capture
-from core.gradcam import cam_supported
 from app.views.flow_view import GradientFlowView
 from app.views.gradcam_view import GradCamView
 from app.views.heatmap_view import HeatmapView
@@ -34,10 +31,13 @@ from app.views.histogram_view import HistogramView
 from app.views.saliency_view import SaliencyView
 from app.views.stats_table import StatsTableView
 from app.views.view_context import CaptureView, ViewContext
+from core.batch import Batch
+from core.capture_data import Capture
+from core.gradcam import cam_supported
 
 __all__ = [
-    "CaptureViews",
     "CaptureView",
+    "CaptureViews",
     "GradCamView",
     "GradientFlowView",
     "HeatmapView",

@@ -18,12 +18,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import TENSOR_LABELS, CaptureView
+from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
 
 _TENSORS = ("grad_output", "activation", "grad_x_activation")
-_DISPLAYS = (("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"))
+_DISPLAYS = (
+    ("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"),
+)
 _REDUCTIONS = (("mean", "mean"), ("mean_abs", "mean |x|"), ("l2", "L2 norm"))
 
 
@@ -324,5 +326,5 @@ class HeatmapView(CaptureView):
         if self._heatmap is None or not self.plot.vb.sceneBoundingRect().contains(pos):
             return
         p = self.image.mapFromScene(pos)
-        row, col = int(math.floor(p.y())), int(math.floor(p.x()))
+        row, col = math.floor(p.y()), math.floor(p.x())
         self.hover_label.setText(self.hover_text(row, col))

@@ -155,7 +155,7 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def showEvent(self, event) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 

@@ -300,7 +300,7 @@ def test_flow_scene_click_handler(qtbot):
         def button(self):
             return Qt.MouseButton.LeftButton
 
-        def scenePos(self):  # noqa: N802 (mimics Qt)
+        def scenePos(self):
             return self._pos
 
         def accept(self):

@@ -36,7 +36,7 @@ def test_export_opens_with_plain_torch_load_and_round_trips(tmp_path):
     assert torch.equal(data["input_grad"], cap.input_grad)
     back = load_capture(path)
     assert back.layer_order == cap.layer_order
-    for (n, i, a), (_, _, b) in zip(back.iter_calls(), cap.iter_calls()):
+    for (_, _, a), (_, _, b) in zip(back.iter_calls(), cap.iter_calls()):
         for kind in ("activation", "grad_output", "grad_input"):
             x, y = getattr(a, kind), getattr(b, kind)
             assert (x is None and y is None) or torch.equal(x, y)
@@ -66,7 +66,7 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
         load_capture(newer)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"\x00garbage")
-    with pytest.raises(CaptureFileError, match="junk.pt"):
+    with pytest.raises(CaptureFileError, match=r"junk\.pt"):
         load_capture(junk)
     with pytest.raises(CaptureFileError, match="no file"):
         load_capture(tmp_path / "missing.pt")
