@@ -372,7 +372,7 @@ def test_calls_are_matched_by_index():
     m3.load_state_dict(m2.state_dict())
     x = torch.randn(2, 4)
     r = compare(capture(m2, x, target="sum"), capture(m3, x, target="sum"))
-    assert [(c.layer, c.call) for c in r.calls] == [("lin", 0), ("lin", 1), ("act", 0), ("act", 1)]
+    assert [(c.layer, c.call) for c in r.calls] == [("lin", 0), ("act", 0), ("lin", 1), ("act", 1)]
     assert all(c.kinds["activation"].tensor.rel_l2 == 0.0 for c in r.calls)
     assert sorted(r.only_b) == ["act#2", "lin#2"]
     assert not r.within
@@ -503,3 +503,20 @@ def test_statistics_keys_cover_core_stats():
 
     scalar = [k for k in ALL_STAT_KEYS if k not in ("numel", "hist", "hist_range", "hist_exact")]
     assert set(scalar) <= set(STAT_KEYS)
+
+
+def test_forward_order_is_the_order_calls_returned():
+    torchvision = pytest.importorskip("torchvision")
+    net = torchvision.models.resnet18(num_classes=4).eval()
+    cap = capture(net, torch.randn(1, 3, 32, 32), layers="layer1.0.*")
+    from core.compare import forward_order
+
+    # BasicBlock: relu's second call comes after bn2 (and the residual sum), not before conv2.
+    assert forward_order(cap) == [("layer1.0.conv1", 0), ("layer1.0.bn1", 0), ("layer1.0.relu", 0),
+                                  ("layer1.0.conv2", 0), ("layer1.0.bn2", 0), ("layer1.0.relu", 1)]
+    r = compare(cap, cap)
+    assert [(c.layer, c.call) for c in r.calls] == forward_order(cap)
+    # a file without call_order (older captures): layers by first call, then calls
+    old = type(cap)({k: v for k, v in cap.meta.items() if k != "call_order"}, cap.input, cap.output,
+                    cap.input_grad, cap.layers)
+    assert forward_order(old)[3] == ("layer1.0.relu", 1)
