@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,7 +133,7 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         ) from None
 
 
-def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[object, object], None] | None = None) -> Path:
+def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None) -> Path:
     """Write ``obj`` to ``path`` through a temporary file and a rename.
 
     Raises
