@@ -55,8 +55,8 @@ def main() -> int:
             continue
         failed.append(name)
         output = (proc.stdout + proc.stderr).strip()
-        if "\nContracts\n" in output:  # import-linter: skip its banner
-            output = output[output.index("\nContracts\n") - 9:].strip()
+        # import-linter opens with a drawn banner: leave it out.
+        output = "\n".join(line for line in output.splitlines() if not set(line) & set("╔╗╚╝║═▶◀")).strip()
         print(f"check {name}: FAILED ({seconds:.1f} s)\n{output}\n\n>>> {advice}\n", flush=True)
     if failed:
         print(f"Code checks failed: {', '.join(failed)}. `make test` runs the tests once they pass.", flush=True)
