@@ -327,18 +327,12 @@ def _load_batch(args, loaded, ui: _UI, labels: str | None = None, default_random
     return batch
 
 
-def _check_out_path(out: str) -> Path:
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise GradExplorerError(f"--out '{out}' is a folder;", "give a file name such as capture.pt.")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise GradExplorerError(f"the folder '{folder}' of --out does not exist;",
-                                "create it first or choose another path.")
-    if not os.access(folder, os.W_OK):
-        raise GradExplorerError(f"the folder '{folder}' of --out is not writable;",
-                                "choose a folder you can write to.")
-    return path
+def _check_out_path(args) -> Path:
+    """``--out``, refused before anything runs when it cannot be written or is one of the
+    files the capture reads (core.file_write.check_output_path)."""
+    from core.file_write import check_output_path
+
+    return check_output_path(args.out, [args.model, args.weights, args.labels, *(args.input or ())])
 
 
 # ---------------------------------------------------------------------------
@@ -351,7 +345,7 @@ def cmd_capture(args, ui: _UI) -> int:
     from core.targets import parse_target
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
-    out = _check_out_path(args.out)
+    out = _check_out_path(args)
     target = parse_target(args.target)
     device = resolve_device(args.device)
     mode = "stats" if args.stats_only else "full"
@@ -401,6 +395,9 @@ def cmd_capture(args, ui: _UI) -> int:
             else:
                 fix = "use a smaller batch, or pass --force to run anyway."
             raise GradExplorerError(problem, fix)
+        from core.file_write import check_free_space
+
+        check_free_space(out, estimate.total)  # a full disk is said now, not after the capture
 
     def on_progress(stage: str, done: int, total: int) -> None:
         ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")

@@ -99,13 +99,13 @@ def test_read_only_folder(tmp_path):
 
 
 def test_read_only_folder_even_as_root(tmp_path, monkeypatch):
-    """Simulated: mkstemp refused with EROFS (what a read-only mount says, even to root)."""
-    import tempfile
+    """Simulated: the temporary file refused with EROFS (what a read-only mount says, even to root)."""
+    import core.file_write
 
     def refuse(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(core.file_write, "_open_temp", refuse)
     with pytest.raises(CaptureFileError, match="permission denied"):
         save_capture(small_capture(), tmp_path / "c.pt")
 
