@@ -140,6 +140,11 @@ class RunRequest:
     def mode(self) -> str:
         return self.options.mode
 
+    @property
+    def expected_calls(self) -> int | None:
+        """Module calls per forward, from the session's probed tree (None when unknown)."""
+        return self.tree.expected_calls() if self.tree is not None and self.tree.probed else None
+
     def job(self, progress: ProgressCallback | None = None, cancel: CancelFlag | None = None) -> CaptureJob:
         """The job that runs this request (on the session's model, batch and tree)."""
         # Two captures on one model at once would see each other's hooks: a cancelled
