@@ -11,7 +11,6 @@ worker; the UI thread never runs forward, backward, ``torch.load`` or ``torch.sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from PySide6.QtCore import QObject, Signal
@@ -72,28 +71,17 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
 
     def task(progress, cancel) -> LoadedModel:
         from core.batches import load_batch
-        from core.models import load_model
-        from core.session import prepare_model
+        from core.job import STAGE_PROBE, CaptureJob, probe_model
+        from core.options import BatchSpec, CaptureOptions
 
-        if request.weights and not Path(request.weights).expanduser().exists():
-            import torchvision
-
-            if request.spec in torchvision.models.list_models():
-                from core.weights import fetch_weights, is_cached, resolve_weights
-
-                enum = resolve_weights(request.spec, request.weights)
-                if enum is not None and not is_cached(enum):
-                    fetch_weights(enum, progress=lambda d, t: progress("downloading", d, t), cancel=cancel)
-        if cancel.is_set():
-            raise CaptureCancelled()
-        progress("loading model", 0, 0)
-        loaded = load_model(request.spec, weights=request.weights, arch=request.arch, trust=request.trust)
-        if cancel.is_set():
-            raise CaptureCancelled()
+        options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
+                                 batch=BatchSpec.from_sources(sources), labels=labels)
+        job = CaptureJob(options, progress, cancel)
+        loaded = job.load_model()  # downloads (cancellable, with progress), then loads
         batch, used, error = None, [], None
         if sources:
             try:
-                batch, used = load_batch(sources, loaded, labels), list(sources)
+                batch, used = job.load_batch(), list(sources)
             except GradExplorerError as exc:
                 error = exc
         elif reuse and reuse != ["demo"] and not reuse[0].startswith("random"):
@@ -103,8 +91,9 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
                 batch = None
         if batch is None:
             batch, used = _default_batch(loaded)
-        progress("probing", 0, 0)
-        prepared = prepare_model(loaded, batch.tensor if batch is not None else None)
+        progress(STAGE_PROBE, 0, 0)
+        prepared = probe_model(loaded, batch.tensor if batch is not None else None)
+        prepared.options = options
         return LoadedModel(prepared, batch, used, error)
 
     return task
