@@ -550,6 +550,11 @@ class Session:
         self.capture_path = str(path) if path is not None else None
         self.capture_changed.emit(cap)
 
+    @property
+    def run_lock(self) -> threading.Lock:
+        """Held while hooks are on the model (runs and probes): two must never meet."""
+        return self._run_lock
+
     # -- facts for the GUI -------------------------------------------------------------
     @property
     def categories(self) -> list[str] | None:
