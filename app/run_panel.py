@@ -425,7 +425,7 @@ class RunPanel(QWidget):
             return None
         device = self.session.device if self.session.device != "auto" else "cpu"
         try:
-            message = check_budget(estimate, device)
+            message = check_budget(estimate, device, budget=self.session.memory_budget)
         except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
             message = None
         self._show_estimate(estimate, estimate.describe().split(" (")[0], estimate.describe(), message)
