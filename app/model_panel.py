@@ -21,7 +21,9 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs
+from app.settings import AppSettings
 from core.session import Session
+from core.units import format_bytes
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -53,9 +55,10 @@ class ModelPanel(QWidget):
     load_requested = Signal(object)
     cancel_requested = Signal()
 
-    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
+        self.settings = settings
         self._catalog: dict[str, object] = {}
         self._local_weights: str | None = None
 
@@ -126,7 +129,6 @@ class ModelPanel(QWidget):
         self._fill(catalog)
 
     def _fill(self, catalog: list) -> None:
-        from app.settings import AppSettings
         from core.demos import list_demos
 
         current = self.selected_spec()
@@ -146,7 +148,7 @@ class ModelPanel(QWidget):
             item = QTreeWidgetItem(demos, [spec, "built in"])
             item.setData(0, SPEC_ROLE, spec)
             item.setToolTip(0, text)
-        recent = [r for r in AppSettings().recent_models() if not r.startswith("demo:")]
+        recent = [r for r in self.settings.recent_models() if not r.startswith("demo:")]
         if recent:
             g = group("Recent")
             for spec in recent:
@@ -292,7 +294,7 @@ class ModelPanel(QWidget):
         path = dialogs.ask_open_file(self, "Open a checkpoint", dialogs.CHECKPOINT_FILTER)
         if not path:
             return
-        names = ["", *sorted(self._catalog)]
+        names = [""] + sorted(self._catalog)
         arch = dialogs.ask_item(
             self, "Architecture",
             "torchvision architecture of a weights-only checkpoint\n(leave empty for a full module or .pt2):",
@@ -308,6 +310,10 @@ class ModelPanel(QWidget):
         if not dialogs.confirm_trust(self, f"'{text}'", "gradexplorer will import this module and call the function."):
             return
         self.load_requested.emit(ModelRequest(text, None, None, True))
+
+    def focus_search(self) -> None:
+        """Put the cursor in the model search box."""
+        self.search.setFocus()
 
     # -- busy state ------------------------------------------------------------------------------
     def set_busy(self, busy: bool, message: str = "") -> None:
@@ -325,7 +331,7 @@ class ModelPanel(QWidget):
         if total > 0:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
-            self.progress.setFormat(f"{stage} {done / 2**20:.1f} / {total / 2**20:.1f} MiB")
+            self.progress.setFormat(f"{stage} {format_bytes(done)} / {format_bytes(total)}")
         else:
             self.progress.setRange(0, 0)
             self.progress.setFormat(stage)
