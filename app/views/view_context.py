@@ -17,6 +17,7 @@ from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.capture_summary import input_shape_of
 from core.heatmaps import grad_x_activation
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
