@@ -292,7 +292,7 @@ def _silence_stdout() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _options(args, **settings) -> "CaptureOptions":
+def _options(args, **settings) -> CaptureOptions:
     """The capture options of a command line (model and input arguments, plus ``settings``)."""
     from core.options import BatchSpec, CaptureOptions
 
@@ -335,7 +335,7 @@ def _check_out_path(out: str) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def capture_options(args) -> "CaptureOptions":
+def capture_options(args) -> CaptureOptions:
     """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
 
     Raises
