@@ -439,11 +439,25 @@ def cmd_capture(args, ui: _UI) -> int:
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
-    if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+    lines += _onset_lines(cap, flagged)
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
+
+
+def _onset_lines(cap, flagged: list[str]) -> list[str]:
+    """Where NaN/Inf began (forward, then backward), then how far it spread."""
+    from core.nonfinite import describe_onset
+
+    onset = describe_onset(cap.nonfinite_onset)
+    if not onset and not flagged:
+        return []
+    lines = [f"{'NaN/Inf' if i == 0 else '':<9} {text}" for i, text in enumerate(onset)]
+    if flagged:
+        spread = f"{len(flagged)} layer{'s' if len(flagged) != 1 else ''} hold NaN/Inf in all"
+        lines.append(f"{'' if lines else 'NaN/Inf':<9} {spread}: {', '.join(flagged[:5])}"
+                     + (" ..." if len(flagged) > 5 else ""))
+    return lines
 
 
 def _nonfinite_layers(cap) -> list[str]:
@@ -589,6 +603,9 @@ def cmd_inspect(args, ui: _UI) -> int:
         header.insert(4, ("batch", str(meta["batch"])))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
+    onset = _onset_lines(cap, _nonfinite_layers(cap))
+    if onset:
+        print("\n".join(onset))
     print()
 
     rows = []
@@ -635,6 +652,8 @@ def _flags(stats: dict) -> str:
             if s["inf_count"]:
                 parts.append(f"{s['inf_count']} Inf")
             flags.append(f"{short}: {' '.join(parts)}")
+        if s and s.get("overflow"):  # the statistic is beyond float64, not the data
+            flags.append(f"{short}: {'/'.join(s['overflow'])} beyond float64")
     if stats.get("grad_output") is None:
         flags.append("no grad")
     elif stats["grad_output"].get("numel") and stats["grad_output"].get("zero_fraction") == 1.0:

@@ -76,6 +76,9 @@ class Capture:
         Gradient of the target with respect to the input batch, when asked for.
     layers : dict
         Qualified name -> ``LayerRecord``, in the order of each module's first call.
+    nonfinite_onset : dict or None
+        Where NaN/Inf began (``core.nonfinite``): ``{"forward": ..., "backward": ...}``,
+        ``None`` when every value was finite (or the capture predates it).
     """
 
     meta: dict
@@ -83,6 +86,7 @@ class Capture:
     output: torch.Tensor | None
     input_grad: torch.Tensor | None
     layers: dict[str, LayerRecord]
+    nonfinite_onset: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
         return self.layers[name]
@@ -125,4 +129,5 @@ class Capture:
             layers[name] = LayerRecord(
                 rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
             )
-        return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers)
+        return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers,
+                       self.nonfinite_onset)

@@ -79,6 +79,8 @@ def capture_to_dict(cap: Capture) -> dict:
         "input_grad": cap.input_grad,
         "output": cap.output,
         "layers": layers,
+        # Optional (readers before it ignore it): where NaN/Inf began, core/nonfinite.py.
+        "nonfinite_onset": _plain(cap.nonfinite_onset),
     }
 
 
@@ -123,7 +125,9 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
                 rec["type"], calls, dict(rec.get("param_grads", {})),
                 {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
             )
-        return Capture(dict(data["meta"]), data.get("input"), data.get("output"), data.get("input_grad"), layers)
+        onset = data.get("nonfinite_onset")
+        return Capture(dict(data["meta"]), data.get("input"), data.get("output"), data.get("input_grad"), layers,
+                       onset if isinstance(onset, dict) else None)
     except (KeyError, TypeError, AttributeError) as exc:
         raise CaptureFileError(
             f"{source} is a damaged capture file (missing or malformed entry: {exc}).",

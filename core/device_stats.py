@@ -268,6 +268,20 @@ class DeferredStats:
                 return stats
         return tensor_stats(t, self.hist_limit)
 
+    def summarize_copy(self, t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+        """``summarize(t)`` and, for a CPU tensor, a copy of it written by the same pass
+        (``core.cpu_stats``): the statistics of a kept tensor cost no second read. The
+        copy is ``None`` where that path does not apply: copy it yourself."""
+        if t.device.type == "cpu" and not self._use_fused(t):
+            from core import cpu_stats
+            from core.stats import _fused_cpu_enabled
+
+            if _fused_cpu_enabled():
+                got = cpu_stats.summarize(t, self.hist_limit, copy=True)
+                if got is not None:
+                    return got
+        return self.summarize(t), None
+
     def resolve(self) -> None:
         """Fill the dicts of the fused summaries: one device-to-host copy for all."""
         if not self._pending:
