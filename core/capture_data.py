@@ -76,6 +76,9 @@ class Capture:
         Gradient of the target with respect to the input batch, when asked for.
     layers : dict
         Qualified name -> ``LayerRecord``, in the order of each module's first call.
+    graph : dict or None
+        The model's dataflow graph, when one was recorded (reserved in capture format
+        version 2; ``None`` when absent).
     nonfinite_onset : dict or None
         Where NaN/Inf began (``core.nonfinite``): ``{"forward": ..., "backward": ...}``,
         ``None`` when every value was finite (or the capture predates it).
@@ -86,6 +89,7 @@ class Capture:
     output: torch.Tensor | None
     input_grad: torch.Tensor | None
     layers: dict[str, LayerRecord]
+    graph: dict | None = None
     nonfinite_onset: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
@@ -130,4 +134,4 @@ class Capture:
                 rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
             )
         return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers,
-                       self.nonfinite_onset)
+                       self.graph, self.nonfinite_onset)
