@@ -2,25 +2,28 @@
 
 The torch path of ``core.stats`` reads a tensor five to seven times (aminmax, float64
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
-(PITFALLS.md). Here one loop reads each element once and keeps, per block of
-``_BLOCK`` elements: finite count, minimum and maximum, float64 sum, sum of squares and
-sum of magnitudes, non-zero, NaN and Inf counts; a second loop over the same block, still
-in the L1 cache, sums the squared deviations from the block's mean. Blocks are merged with
-Chan's formula, chunks of blocks run on numba's threads (``prange``), and the chunks are
-merged by ``core.stats.merge_moments``. The histogram is counted afterwards over the
-strided sample ``core.stats.histogram_sample`` picks (every element for small tensors).
-In full capture the same loop also writes the kept copy, so that the copy and the
-statistics cost one read of the tensor (``summarize(..., copy=True)``).
+(PITFALLS.md). Here the tensor is read from memory once, in blocks of
+``cpu_stats_kernels.BLOCK`` elements: a first loop over a block keeps the finite count,
+float64 sum, sum of squares and sum of magnitudes, non-zero and NaN counts; two more loops
+over the same block, still in the L1 cache, take the finite minimum and maximum and the
+squared deviations from the block's mean (separate loops vectorise; one loop doing all did
+not). Blocks are merged with Chan's formula, chunks of blocks run on numba's threads
+(``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and the
+chunks are merged by ``core.stats.merge_moments``. The histogram is counted afterwards over
+the strided sample ``core.stats.histogram_sample`` picks (every element for small tensors).
+In full capture the same pass also writes the kept copy, block by block from the cache, so
+that the copy and the statistics cost one read of the tensor (``summarize(..., copy=True)``).
 
 float16 and bfloat16 (which numba cannot do arithmetic in) are read as their 16-bit
 patterns and widened through a 65,536-entry table; integers and bools are widened to
-float64. Anything else (complex, float8, non-CPU, a numba that is missing or fails to
-compile) returns ``None`` and ``core.stats.torch_stats`` does the work.
-``GRADEXPLORER_CPU_KERNEL=0`` turns this path off.
+float64; non-contiguous tensors are made contiguous first. Anything else (complex, float8,
+non-CPU, a numba that is missing or fails to compile) returns ``None`` and
+``core.stats.torch_stats`` does the work. ``GRADEXPLORER_CPU_KERNEL=0`` turns this path off.
 
-Compiled code is cached on disk (``cache=True``, in numba's cache folder next to this file
-or under ``NUMBA_CACHE_DIR``), so only the first process on a machine pays the compile
-time, once per input dtype; ``compile_seconds`` records what this process paid.
+Compiled code is cached on disk (``cache=True``, in ``__pycache__`` next to the kernels or
+under ``NUMBA_CACHE_DIR``), so only the first process on a machine pays the compile time,
+once per input dtype; ``compile_seconds`` records what this process paid (compiling, or
+loading from the cache).
 """
 
 from __future__ import annotations
@@ -58,14 +61,23 @@ _HALF = (torch.float16, torch.bfloat16)
 
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
 _lock = threading.Lock()
+_parallel_lock = threading.Lock()
 _tables: dict = {}
 #: Seconds spent compiling (or loading from the cache) per input dtype, in this process.
 compile_seconds: dict[str, float] = {}
 
 
 def _build():
+    import os
+
     import numba
     import numpy as np
+
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        # numba's OpenMP layer and torch's OpenMP threads spin against each other between
+        # parallel regions: inside a capture the kernel ran 4x slower than alone. The
+        # workqueue layer does not spin (and is serialised by _parallel_lock).
+        numba.config.THREADING_LAYER = "workqueue"
 
     from core import cpu_stats_kernels as k
 
@@ -152,12 +164,16 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False):
     first = key not in compile_seconds
     t0 = time.perf_counter() if first else 0.0
     try:
-        if n <= _SERIAL_LIMIT:
-            res = k["serial"](x, table, copy, out)
+        # The workqueue layer aborts the process on concurrent parallel launches (the
+        # window's histogram while a capture runs): a busy pool means the serial kernel.
+        if n > _SERIAL_LIMIT and _parallel_lock.acquire(blocking=False):
+            try:
+                nchunks = max(1, min(k["threads"]() * _CHUNKS_PER_THREAD, n // 2048))
+                res = k["parallel"](x, table, copy, out, nchunks)
+            finally:
+                _parallel_lock.release()
         else:
-            threads = k["threads"]()
-            nchunks = max(1, min(threads * _CHUNKS_PER_THREAD, n // 2048))
-            res = k["parallel"](x, table, copy, out, nchunks)
+            res = k["serial"](x, table, copy, out)
     except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
         log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
         _state["kernels"] = False

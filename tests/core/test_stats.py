@@ -224,3 +224,31 @@ def test_the_environment_switch_turns_the_cpu_kernel_off(monkeypatch):
     monkeypatch.setenv("GRADEXPLORER_CPU_KERNEL", "0")
     monkeypatch.setattr(cpu_stats, "summarize", lambda *a, **k: pytest.fail("kernel used"))
     assert_matches_reference(tensor_stats(_randn(100)), _randn(100))
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_statistics_from_several_threads_at_once_are_right():
+    """The window's histogram can run while a capture summarises tensors: numba's
+    workqueue pool takes one parallel launch at a time (a second one would abort the
+    process); the other thread runs the serial kernel."""
+    import threading
+
+    tensors = [1000 + 0.01 * _randn(300_000, seed=i) for i in range(4)]
+    results: dict[int, list] = {}
+    errors = []
+
+    def work(i):
+        try:
+            results[i] = [tensor_stats(tensors[i]) for _ in range(5)]
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for i, runs in results.items():
+        for got in runs:
+            assert_matches_reference(got, tensors[i])
