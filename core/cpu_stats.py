@@ -192,26 +192,30 @@ _NO_TABLE: dict = {}
 
 
 def _stats_of(res, x, table, n, hist_limit, k):
-    np = k["np"]
-    nan_count = int(res[:, 8].sum())
-    inf_count = int(res[:, 9].sum())
-    m, mean, m2 = merge_moments(res[:, 0], res[:, 1], res[:, 2])
+    # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
+    # on one-row arrays cost more than the kernel.
+    if len(res) == 1:
+        row = res[0].tolist()
+        m, mean, m2 = row[0], row[1], row[2]
+        sums = row
+    else:
+        sums = res.sum(axis=0).tolist()
+        m, mean, m2 = merge_moments(res[:, 0], res[:, 1], res[:, 2])
+        sums[5], sums[6] = float(res[:, 5].min()), float(res[:, 6].max())
+    nan_count, inf_count = int(sums[8]), int(sums[9])
     if m == 0:
         return no_finite_stats(n, nan_count, inf_count)
-    lo = float(res[:, 5].min())
-    hi = float(res[:, 6].max())
-    sumsq = float(res[:, 3].sum())
-    sumabs = float(res[:, 4].sum())
+    sumsq, sumabs, lo, hi = sums[3], sums[4], sums[5], sums[6]
     amax = max(abs(lo), abs(hi))
     if not (math.isfinite(sumsq) and math.isfinite(m2) and math.isfinite(sumabs)) or (0 < amax < 1e-150):
         return None  # only float64 data gets here: its squares overflow or underflow
     offset, step, count = histogram_sample(n, hist_limit)
     hlo, hhi = histogram_range(lo, hi)
-    wide = x.dtype == np.float64 or histogram_in_float64(hlo, hhi)
+    wide = x.dtype == k["np"].float64 or histogram_in_float64(hlo, hhi)
     counts, sampled = k["histogram"](x, table, offset, step, count, hlo, hhi, wide)
     exact = step == 1
     hist = torch.from_numpy(counts).float()
     if not exact:
         hist = hist * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
-    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(res[:, 7].sum()), nan_count,
+    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(sums[7]), nan_count,
                               inf_count, hist, (float(hlo), float(hhi)), exact)
