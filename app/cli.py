@@ -579,7 +579,9 @@ def cmd_inspect(args, ui: _UI) -> int:
                           + (" ..." if len(meta.labels) > 6 else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
-    onset = _onset_lines(cap, _nonfinite_layers(cap))
+    from core.capture_summary import summarize
+
+    onset = _onset_lines(cap, summarize(cap).layers_with("nan/inf"))
     if onset:
         print("\n".join(onset))
     print()

@@ -209,7 +209,7 @@ def peak_rss_mib(name: str, batch: int, kind: str) -> float | None:
     run's; where the kernel does not allow that, the process's peak); ``None`` when the
     kind is not installed."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.capture_overhead", "--child", kind,
-                           "--models", f"{name}:{batch}"], capture_output=True, text=True, cwd=ROOT,
+                           "--models", f"{name}:{batch}"], check=False, capture_output=True, text=True, cwd=ROOT,
                           timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
@@ -258,7 +258,7 @@ def compile_seconds() -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as empty:
         for label, env in (("cold", dict(os.environ, NUMBA_CACHE_DIR=empty)), ("cached", dict(os.environ))):
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+            done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT,
                                   env=env, timeout=600)
             if done.returncode == 0:
                 r = json.loads(done.stdout.strip().splitlines()[-1])

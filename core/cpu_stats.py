@@ -37,12 +37,12 @@ import torch
 
 from core.stats import (
     HIST_BINS,
+    empty_stats,
     histogram_in_float64,
     histogram_range,
     histogram_sample,
     merge_moments,
     no_finite_stats,
-    empty_stats,
     stats_from_moments,
 )
 
