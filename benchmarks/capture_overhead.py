@@ -28,6 +28,7 @@ gradexplorer[bench]`` installs the optional peers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -236,11 +237,9 @@ def _child(kind: str, spec: str) -> None:
         print(json.dumps({"peak_mib": None}))
         return
     x = torch.randn(int(b or 1), 3, 224, 224)
-    try:
+    with contextlib.suppress(OSError):
         # "5" resets the peak RSS (VmHWM) to the current RSS: what follows is the run's peak.
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
     for _ in range(2):
         result = fn(model, x)
         del result

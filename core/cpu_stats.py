@@ -32,6 +32,7 @@ import logging
 import math
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ _tables: dict = {}
 compile_seconds: dict[str, float] = {}
 
 
-def _build():
+def _build() -> dict[str, Any]:
     import os
 
     import numba
@@ -77,7 +78,7 @@ def _build():
         # numba's OpenMP layer and torch's OpenMP threads spin against each other between
         # parallel regions: inside a capture the kernel ran 4x slower than alone. The
         # workqueue layer does not spin (and is serialised by _parallel_lock).
-        numba.config.THREADING_LAYER = "workqueue"
+        numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
     from core import cpu_stats_kernels as k
 
@@ -98,7 +99,7 @@ def available() -> bool:
     return bool(_state["kernels"])
 
 
-def _table(dtype: torch.dtype):
+def _table(dtype: torch.dtype) -> Any:
     """float32 value of every 16-bit pattern of a half type."""
     tab = _tables.get(dtype)
     if tab is None:
@@ -107,7 +108,7 @@ def _table(dtype: torch.dtype):
     return tab
 
 
-def _readable(t: torch.Tensor):
+def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
     """(numpy view of ``t``'s elements in memory order, widening table or None), or None."""
     x = t.detach()
     if x.device.type != "cpu" or x.is_complex():
@@ -123,7 +124,7 @@ def _readable(t: torch.Tensor):
     return x.contiguous().reshape(-1).numpy(), None
 
 
-def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False):
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> Any:
     """``core.stats.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
     path cannot take it (then use ``core.stats.torch_stats``).
 
@@ -139,10 +140,10 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False):
     """
     if not available():
         return None
-    got = _readable(t)
-    if got is None:
+    readable = _readable(t)
+    if readable is None:
         return None
-    x, table = got
+    x, table = readable
     k = _state["kernels"]
     np = k["np"]
     n = x.size
@@ -180,18 +181,18 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False):
         return None
     if first:
         compile_seconds[key] = time.perf_counter() - t0
-    stats = _stats_of(res, x, table, n, hist_limit, k)
-    if stats is None:  # float64 values whose squares leave float64: the scaled torch path
+    got = _stats_of(res, x, table, n, hist_limit, k)
+    if got is None:  # float64 values whose squares leave float64: the scaled torch path
         from core.stats import torch_stats
 
-        stats = torch_stats(t, hist_limit)
-    return (stats, dst) if copy else stats
+        got = torch_stats(t, hist_limit)
+    return (got, dst) if copy else got
 
 
 _NO_TABLE: dict = {}
 
 
-def _stats_of(res, x, table, n, hist_limit, k):
+def _stats_of(res: Any, x: Any, table: Any, n: int, hist_limit: int | None, k: dict[str, Any]) -> dict | None:
     # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
     # on one-row arrays cost more than the kernel.
     if len(res) == 1:

@@ -6,6 +6,8 @@ Module-level definitions, so that ``cache=True`` finds them again in the next pr
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
@@ -22,19 +24,19 @@ _INF = np.inf
 _FASTMATH = {"reassoc", "contract", "nsz"}
 
 
-def load(x, table, i):  # pragma: no cover - replaced by the overload in compiled code
+def load(x: Any, table: Any, i: int) -> float:  # pragma: no cover - replaced by the overload in compiled code
     """Element ``i`` of ``x`` as float64; through ``table`` for 16-bit patterns of half types."""
     raise NotImplementedError
 
 
 @overload(load, inline="always")
-def _load(x, table, i):
+def _load(x: Any, table: Any, i: Any) -> Any:
     if table.dtype == types.float32:  # half types: x holds 16-bit patterns
         return lambda x, table, i: np.float64(table[x[i]])
     return lambda x, table, i: np.float64(x[i])
 
 
-def _call_intrinsic(builder, name, args):
+def _call_intrinsic(builder: Any, name: str, args: Any) -> Any:
     from llvmlite import ir
 
     t = args[0].type
@@ -43,18 +45,20 @@ def _call_intrinsic(builder, name, args):
 
 # numba's min() and max() test for NaN with branches that stop LLVM from vectorising the
 # loop; LLVM's minnum and maxnum do not (and skip NaN operands).
-@intrinsic
-def fmin(typingctx, a, b):
+def _fmin(typingctx: Any, a: Any, b: Any) -> Any:
     return a(a, b), lambda context, builder, sig, args: _call_intrinsic(builder, "llvm.minnum", args)
 
 
-@intrinsic
-def fmax(typingctx, a, b):
+def _fmax(typingctx: Any, a: Any, b: Any) -> Any:
     return a(a, b), lambda context, builder, sig, args: _call_intrinsic(builder, "llvm.maxnum", args)
 
 
+fmin: Any = intrinsic(_fmin)
+fmax: Any = intrinsic(_fmax)
+
+
 @njit(cache=True, fastmath=_FASTMATH)  # not inline="always": that stopped vectorisation
-def chunk(x, table, start, stop, copy, out, res, row):
+def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: Any, row: int) -> None:
     cnt = 0.0
     mean = 0.0
     m2 = 0.0
@@ -132,14 +136,16 @@ def chunk(x, table, start, stop, copy, out, res, row):
     res[row, 8] = nnan
     res[row, 9] = (stop - start) - cnt - nnan
 
+
 @njit(cache=True, nogil=True)
-def serial(x, table, copy, out):
+def serial(x: Any, table: Any, copy: bool, out: Any) -> Any:
     res = np.empty((1, COLS), np.float64)
     chunk(x, table, 0, x.size, copy, out, res, 0)
     return res
 
+
 @njit(cache=True, nogil=True, parallel=True)
-def parallel(x, table, copy, out, nchunks):
+def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int) -> Any:
     n = x.size
     size = (n + nchunks - 1) // nchunks
     res = np.empty((nchunks, COLS), np.float64)
@@ -147,8 +153,10 @@ def parallel(x, table, copy, out, nchunks):
         chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c)
     return res
 
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def histogram(x, table, offset, step, count, lo, hi, wide):
+def histogram(x: Any, table: Any, offset: int, step: int, count: int, lo: float, hi: float,
+              wide: bool) -> Any:
     # torch.histc's arithmetic (float32 unless the range needs float64), so that the
     # bins agree with the torch path's.
     counts = np.zeros(HIST_BINS, np.float64)

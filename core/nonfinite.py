@@ -32,7 +32,7 @@ from core.stats import has_nonfinite
 # (True when non-finite), resolved by ``_bad``.
 
 
-def _bad(source) -> bool:
+def _bad(source: Any) -> bool:
     if source is None or source is True:
         return False
     if source is False:
@@ -42,7 +42,7 @@ def _bad(source) -> bool:
     return bool(source)
 
 
-def _counts(source) -> tuple[int | None, int | None]:
+def _counts(source: Any) -> tuple[int | None, int | None]:
     if isinstance(source, dict) and source:
         return int(source["nan_count"]), int(source["inf_count"])
     return None, None
@@ -60,7 +60,7 @@ class OnsetTracker:
         # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
         self.grads: list[tuple[dict, list]] = []
 
-    def _source(self, t: torch.Tensor, stats: dict | None = None):
+    def _source(self, t: torch.Tensor, stats: dict | None = None) -> Any:
         key = (id(t), t._version)
         seen = self._known.get(key)
         if seen is not None and seen[0]() is t:
@@ -127,7 +127,7 @@ class OnsetTracker:
         else:
             resolved = {}
 
-        def bad(s) -> bool:
+        def bad(s: Any) -> bool:
             return bool(resolved[id(s)]) if isinstance(s, torch.Tensor) else _bad(s)
 
         forward = None
@@ -156,8 +156,10 @@ class OnsetTracker:
         if backward is None:
             for name in reversed(param_order):
                 rec = layers.get(name)
-                for pname, stats in (rec.param_stats.items() if rec else ()):
-                    if has_nonfinite(stats):
+                if rec is None:
+                    continue
+                for pname, stats in rec.param_stats.items():
+                    if stats is not None and has_nonfinite(stats):
                         backward = {"layer": name, "call": None, "type": rec.type, "tensor": f"param:{pname}",
                                     "nan_count": int(stats["nan_count"]), "inf_count": int(stats["inf_count"])}
                         break
@@ -206,7 +208,8 @@ def describe_onset(onset: dict | None) -> list[str]:
         lines.append("forward: the input batch already holds NaN/Inf")
     elif f:
         label = f"'{f['layer']}'" if f["layer"] else "the model itself"
-        text = f"forward: first at {label} ({f['type']}), call {f['call']}: output holds {_counted(f)}, inputs were finite"
+        text = (f"forward: first at {label} ({f['type']}), call {f['call']}: output holds {_counted(f)}, "
+                "inputs were finite")
         if f.get("own_code"):
             text += " (no module inside it produced it: its own forward code did)"
         lines.append(text)

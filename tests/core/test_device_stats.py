@@ -129,8 +129,9 @@ def _interpreter_runs_runtime_loops() -> bool:
 @pytest.mark.skipif(not _interpreter_runs_runtime_loops(), reason="needs Triton >= 3.8 (its interpreter)")
 def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
     """The Triton kernels, run by Triton's interpreter on CPU tensors, against float64
-    NumPy on the adversarial tensors of test_stats.py and tensor_stats, and a capture whose every statistic went through them against a plain
-    capture. (The interpreter is chosen when Triton is imported: a fresh process.)"""
+    NumPy on the adversarial tensors of test_stats.py and against tensor_stats, and a
+    capture whose every statistic went through them against a plain capture. (The
+    interpreter is chosen when Triton is imported: a fresh process.)"""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
