@@ -43,43 +43,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from core.capture import primary_tensor
 from core.errors import GradExplorerError
-from core.selection import LayerSpec, as_predicate, resolve_layers
-from core.stats_merge import MergeStats, per_sample_norms
+from core.layer_recorder import LayerRecorder, RowKey
+from core.selection import LayerSpec, resolve_layers
+from core.stats_merge import MergeStats
 from core.watch_log import WatchLogWriter, stats_row
-
-#: Row key: (layer or parameter name, call index, kind).
-RowKey = tuple[str, int, str]
-
-
-def hook_gradient(t: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> list:
-    """Call ``on_grad`` with the gradient with respect to ``t`` (the value it has now).
-
-    A tensor hook receives the gradient with respect to the value before a later in-place
-    change. But an in-place op on a *view* (a Linear on a (B, H, W, C) input, then
-    ReLU(inplace)) rebases the view's history and its hooks never fire: the base's hook
-    still does, so the view's part is cut out of the base's gradient when the view's own
-    hook did not fire. Returns the handles to remove.
-    """
-    fired = [False]
-
-    def own(grad: torch.Tensor) -> None:
-        fired[0] = True
-        on_grad(grad)
-
-    handles = [t.register_hook(own)]
-    base = t._base if t._is_view() else None
-    if base is not None and base.requires_grad and base.is_contiguous():
-        size, stride = t.size(), t.stride()
-        offset = t.storage_offset() - base.storage_offset()
-
-        def from_base(grad: torch.Tensor) -> None:
-            if not fired[0]:
-                on_grad(grad.contiguous().as_strided(size, stride, offset))
-
-        handles.append(base.register_hook(from_base))
-    return handles
 
 
 def _compiled_modules(model: nn.Module) -> list[str]:
@@ -129,11 +97,8 @@ class Watch:
         self.params = self._select_params(layers) if params else {}
         self.step_index = 0
         self.reports: list[tuple[int | None, str, str]] = []
-        self._handles: list = []
-        self._rows: dict[RowKey, MergeStats] = {}
-        self._calls: dict[str, int] = {}
+        self._recorder: LayerRecorder | None = None
         self._weights_before: dict[str, torch.Tensor] = {}
-        self._grad_scale: float | None = None
         self._started = 0.0
         self._writer: WatchLogWriter | None = None
         self._open = False
@@ -164,7 +129,13 @@ class Watch:
                          "not recorded (its parameters still are). Hooks inside compiled code either never "
                          "fire or force recompiles, which would change your training's speed. Watch the "
                          "model before compiling it, or compile only the parts you do not watch.")
-        self._skip = {n for n in self.layers if any(n == c or n.startswith(c + ".") or c == "" for c in compiled)}
+        skip = {n for n in self.layers if any(n == c or n.startswith(c + ".") or c == "" for c in compiled)}
+        scale = None
+        if self.scaler is not None:
+            scaler = self.scaler
+            scale = lambda: scaler.get_scale() if scaler.is_enabled() else 1.0  # noqa: E731
+        self._recorder = LayerRecorder(self.model, [n for n in self.layers if n not in skip],
+                                       grad_norms=self.grad_norms, grad_scale=scale)
         self._begin_if_watched()
         return self
 
@@ -173,8 +144,9 @@ class Watch:
 
     def close(self) -> None:
         """Remove every hook and close the log (a step not ended by ``step()`` is dropped)."""
-        self._remove_hooks()
-        self._rows.clear()
+        if self._recorder is not None:
+            self._recorder.remove()
+            self._recorder.rows = {}
         self._weights_before.clear()
         if self._writer is not None:
             self._writer.close()
@@ -188,48 +160,12 @@ class Watch:
 
     # -- hooks ------------------------------------------------------------------------------
     def _begin_if_watched(self) -> None:
-        if not self.watching:
+        if not self.watching or self._recorder is None:
             return
-        self._rows = {}
-        self._calls = {}
-        self._grad_scale = None
         self._started = time.time()
         with torch.no_grad():
             self._weights_before = {n: p.detach().clone() for n, p in self.params.items()}
-        for name in self.layers:
-            if name in self._skip:
-                continue
-            module = self.modules[name]
-            self._handles.append(module.register_forward_hook(
-                lambda m, a, o, _n=name: self._on_forward(_n, o)))
-
-    def _remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def _on_forward(self, name: str, output: Any) -> None:
-        call = self._calls.get(name, 0)
-        self._calls[name] = call + 1
-        _key, y = primary_tensor(output)
-        if y is None:
-            return
-        with torch.no_grad():
-            self._rows[(name, call, "activation")] = MergeStats.of_tensor(y)
-        if y.requires_grad:
-            self._handles.extend(hook_gradient(y, lambda g, _n=name, _c=call: self._on_grad(_n, _c, g)))
-
-    def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
-        with torch.no_grad():
-            if self.scaler is not None and self._grad_scale is None:
-                self._grad_scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
-            g = grad
-            if self._grad_scale not in (None, 1.0):
-                g = grad.float() / self._grad_scale
-            self._rows[(name, call, "grad_output")] = MergeStats.of_tensor(g)
-            if self.grad_norms and g.dim() >= 1:
-                self._rows[(name, call, "grad_norm")] = MergeStats.of_tensor(per_sample_norms(g))
-        return None
+        self._recorder.install()
 
     # -- the step -----------------------------------------------------------------------------
     def step(self, loss: Any = None) -> None:
@@ -243,14 +179,16 @@ class Watch:
             raise GradExplorerError("w.step() was called outside the watch's `with` block.",
                                     "Call w.step() inside `with watch(...) as w:`.")
         if self.watching:
-            self._remove_hooks()
+            assert self._recorder is not None
+            self._recorder.remove()
             self._finish_step(_loss_value(loss))
         self.step_index += 1
         self._begin_if_watched()
 
     def _finish_step(self, loss: float | None) -> None:
         step = self.step_index
-        rows = self._rows
+        assert self._recorder is not None
+        rows = self._recorder.rows
         ratios: dict[str, float] = {}
         with torch.no_grad():
             for pname, p in self.params.items():
@@ -265,10 +203,9 @@ class Watch:
                 d_norm = float(torch.linalg.vector_norm(p.detach().double() - before.double()))
                 ratios[pname] = d_norm / w_norm if w_norm > 0 else (math.inf if d_norm > 0 else 0.0)
         self._weights_before = {}
-        missing = [n for n in self.layers if n not in self._skip and self._calls.get(n, 0) == 0]
-        reports = [(n, "selected but not called during this step") for n in missing]
+        reports = [(n, "selected but not called during this step") for n in self._recorder.not_called()]
         seconds = time.time() - self._started
-        self._rows = {}
+        self._recorder.rows = {}
         if self.world > 1:
             self._write_distributed(step, loss, seconds, rows, ratios, reports)
         else:
