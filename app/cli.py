@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="capture a whole dataset (--input FOLDER or .pt), N samples per batch, and merge "
+                        "the statistics exactly (needs --stats-only; works under torchrun)")
+    p.add_argument("--max-samples", type=int, metavar="M", help="with --batch-size: use at most M samples")
     _add_common(p)
     p.set_defaults(func=cmd_capture)
 
@@ -344,6 +348,11 @@ def _check_out_path(out: str) -> Path:
 def cmd_capture(args, ui: _UI) -> int:
     from core.devices import resolve_device
     from core.targets import parse_target
+
+    if getattr(args, "batch_size", None) is not None:
+        from app.cli_dataset import cmd_capture_dataset
+
+        return cmd_capture_dataset(args, ui)
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
     out = _check_out_path(args.out)
