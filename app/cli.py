@@ -39,7 +39,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "diff")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -205,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the devices a capture can run on, with their memory.")
     _add_common(p)
     p.set_defaults(func=cmd_devices)
+
+    # -- diff (app/cli_diff.py) --------------------------------------------------
+    from app.cli_diff import add_parser as add_diff_parser
+
+    add_diff_parser(sub, _add_common)
     return parser
 
 

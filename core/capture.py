@@ -156,6 +156,8 @@ class _Recorder:
         self.last_report = 0.0
         # Outputs seen in forward: (name, call index, tensor, version, copied).
         self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
+        # (name, call index) in the order the calls returned: core.compare's forward order.
+        self.call_order: list[list] = []
         # (id, version) of an output -> (tensor, its stats, what was kept of it).
         self.activations: dict[tuple[int, int], tuple] = {}
         self.mutated = mutated
@@ -236,6 +238,7 @@ class _Recorder:
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
         index = len(self.records[name].calls) - 1
+        self.call_order.append([name, index])
         value_key = (id(y), y._version)
         seen = self.activations.get(value_key)
         if seen is not None and seen[0] is y:
@@ -575,6 +578,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             "torch_version": str(torch.__version__),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "layer_order": order,
+            "call_order": recorder.call_order,
             "not_called": not_called,
             "seconds": round(time.perf_counter() - t0, 4),
         })
