@@ -193,10 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_layers)
 
     # -- inspect -----------------------------------------------------------------
-    p = sub.add_parser("inspect", help="summarise a capture file",
-                       description="Show the metadata and per-layer statistics of a capture file.")
-    p.add_argument("file", metavar="FILE.pt")
+    p = sub.add_parser("inspect", help="summarise a capture file or a watch log",
+                       description="Show the metadata and per-layer statistics of a capture file, or "
+                                   "summarise a watch log (.gxw): steps, NaN/Inf onset, vanishing or "
+                                   "exploding layers.")
+    p.add_argument("file", metavar="FILE.pt|RUN.gxw")
     p.add_argument("--layer", metavar="NAME", help="details of one layer (a name or glob pattern)")
+    p.add_argument("--csv", metavar="FILE", help="watch logs: also export every row to this CSV file")
     _add_common(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -571,9 +574,16 @@ def cmd_layers(args, ui: _UI) -> int:
 
 
 def cmd_inspect(args, ui: _UI) -> int:
+    from app.cli_watch import check_csv_target, cmd_inspect_log, is_watch_log
     from core.capture_file import load_capture
 
     path = Path(args.file).expanduser()
+    if getattr(args, "csv", None):
+        check_csv_target(args.csv)
+    if path.suffix == ".gxw" or is_watch_log(path):
+        return cmd_inspect_log(path, getattr(args, "csv", None))
+    if getattr(args, "csv", None):
+        raise GradExplorerError("--csv exports watch logs (.gxw);", "leave out --csv for a capture file.")
     cap = load_capture(path)
     meta = cap.meta
     names = list(cap.layers)

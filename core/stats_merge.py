@@ -280,7 +280,8 @@ class MergeStats:
             "mean": self.mean if m else nan,
             "std": self.std,
             "mean_abs": self.sum_abs / m if m else nan,
-            "l2": math.sqrt(max(self.m2 + m * self.mean * self.mean, 0.0)) if m else 0.0,
+            # No finite value at all (every element NaN/Inf): no norm, rather than a norm of 0.
+            "l2": math.sqrt(max(self.m2 + m * self.mean * self.mean, 0.0)) if m else (nan if self.numel else 0.0),
             "sum": self.sum,
             "zero_fraction": self.zero_count / self.numel if self.numel else 0.0,
             "nan_count": self.nan_count,
