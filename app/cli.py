@@ -39,7 +39,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "diff")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -202,6 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="watch logs: also export every row to this CSV file")
     _add_common(p)
     p.set_defaults(func=cmd_inspect)
+
+    # -- timeline ----------------------------------------------------------------
+    p = sub.add_parser("timeline", help="open the timeline of a watch log or a dataset capture",
+                       description="Layers x steps of a watch log (.gxw, followed live while it grows) or of a "
+                                   "dataset capture's per-batch series, in a window.")
+    p.add_argument("file", metavar="RUN.gxw|DATASET.pt")
+    p.add_argument("--layer", metavar="NAME", help="the layer whose histograms to show first")
+    p.add_argument("--screenshot", metavar="PNG", help="save the window once drawn, then quit")
+    _add_common(p)
+    p.set_defaults(func=cmd_timeline)
 
     # -- devices -----------------------------------------------------------------
     p = sub.add_parser("devices", help="list the devices a capture can run on",
@@ -571,6 +581,12 @@ def cmd_layers(args, ui: _UI) -> int:
 # ---------------------------------------------------------------------------
 # inspect
 # ---------------------------------------------------------------------------
+
+
+def cmd_timeline(args, ui: _UI) -> int:
+    from app.timeline_window import launch_timeline
+
+    return launch_timeline(args.file, args.screenshot, args.layer)
 
 
 def cmd_inspect(args, ui: _UI) -> int:

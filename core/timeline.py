@@ -291,3 +291,25 @@ def export_csv(source: "str | os.PathLike", path: "str | os.PathLike") -> Path:
         con.close()
     data = buf.getvalue().encode()
     return atomic_save(data, path, saver=lambda obj, f: f.write(obj))
+
+
+def timeline_csv(t: Timeline, path: "str | os.PathLike") -> Path:
+    """Write the matrix as shown: one row per layer, one column per step (and the loss
+    as the last row), atomically."""
+    from core.capture_file import atomic_save
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow([f"{t.kind}.{t.stat}"] + [int(s) for s in t.steps])
+    for name, row in zip(t.rows, t.values):
+        w.writerow([name] + ["" if math.isnan(v) else repr(float(v)) for v in row])
+    w.writerow(["loss"] + ["" if math.isnan(v) else repr(float(v)) for v in t.loss])
+    return atomic_save(buf.getvalue().encode(), path, saver=lambda obj, f: f.write(obj))
+
+
+def log_colour(values: np.ndarray) -> np.ndarray:
+    """log10 of |values| for a log colour scale; zeros, NaN and Inf become NaN (drawn apart)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.log10(np.abs(values))
+    out[~np.isfinite(out)] = np.nan
+    return out
