@@ -252,7 +252,8 @@ def gradient_flags(t: Timeline) -> list[Flag]:
         v = t.values[i]
         with np.errstate(invalid="ignore"):
             vanish = (v < VANISH_ABS) | (v < VANISH_REL * median)
-            explode = ~np.isfinite(v) & ~np.isnan(v) | (v > EXPLODE_REL * median)
+            # Against a median of 0 (most layers dead) nothing counts as exploding.
+            explode = (np.isinf(v)) | ((median > 0) & (v > EXPLODE_REL * median))
         for what, mask in (("vanishing", vanish), ("exploding", explode)):
             present = ~np.isnan(v) | (what == "exploding")
             idx = np.flatnonzero(present)

@@ -38,6 +38,10 @@ STAT_LABELS = {
 CAPTURE_STATS = ("l2", "mean", "std", "max_abs", "nonfinite")
 
 
+#: Colour of cells with no finite value (NaN/Inf everywhere, or no value at that step).
+_NAN_RGBA = (255, 43, 214, 150)
+
+
 class _Bridge(QObject):
     done = Signal(int, object, object)  # generation, result, error
 
@@ -124,6 +128,10 @@ class TimelineView(QWidget):
         self.heat_plot.hideButtons()
         self.heat_image = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.heat_image)
+        # Cells with no finite value (every element NaN/Inf): an overlay of their own colour,
+        # so that they do not read as "small" on the log scale.
+        self.nan_image = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.nan_image)
         self.colour_bar = pg.ColorBarItem(colorMap=colormap(False), label="log10 |value|", interactive=False)
         self.colour_bar.setImageItem(self.heat_image, insert_in=self.heat_plot)
         self.onset_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2))
@@ -347,7 +355,14 @@ class TimelineView(QWidget):
         if hi <= lo:
             hi = lo + 1.0
         self.heat_image.setImage(np.nan_to_num(img, nan=lo - 1.0), autoLevels=False)
-        self.heat_image.setRect(0, 0, max(t.steps.size, 1), max(len(t.rows), 1))
+        rect = (0, 0, max(t.steps.size, 1), max(len(t.rows), 1))
+        self.heat_image.setRect(*rect)
+        overlay = np.zeros(img.shape + (4,), dtype=np.uint8)
+        if t.values.size:
+            nonfinite = np.isnan(t.values) | np.isinf(t.values)
+            overlay[nonfinite] = _NAN_RGBA
+        self.nan_image.setImage(overlay, autoLevels=False, levels=(0, 255))
+        self.nan_image.setRect(*rect)
         self.colour_bar.setLevels((lo, hi))
         left = self.heat_plot.getAxis("left")
         left.setTicks([[(i + 0.5, r) for i, r in enumerate(t.rows)]])
@@ -361,7 +376,8 @@ class TimelineView(QWidget):
         span = f"{int(t.steps[0])} .. {int(t.steps[-1])}" if t.steps.size else "none yet"
         onset = (f"; NaN/Inf from step {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
                  if self.onset else "")
-        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} steps ({span}){onset}")
+        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} steps ({span}){onset}"
+                            + ("; magenta cells: no finite value" if np.isnan(t.values).any() else ""))
         self.updated.emit()
 
     def _draw_onset(self) -> None:
@@ -438,7 +454,7 @@ class TimelineView(QWidget):
         img = np.log10(1.0 + counts[:, lo:hi].T.astype(np.float64))
         self.hist_image.setImage(img, autoLevels=True)
         self.hist_image.setRect(0, lo, steps.size, hi - lo)
-        every = max(1, (hi - lo) // 10)
+        every = max(1, (hi - lo) // 6)
         self.hist_plot.getAxis("left").setTicks([[(b + 0.5, bin_label(b)) for b in range(lo, hi) if (b - lo) % every == 0]])
         step_every = max(1, steps.size // 10)
         self.hist_plot.getAxis("bottom").setTicks(
