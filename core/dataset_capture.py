@@ -250,7 +250,7 @@ def dataset_files(inputs: Sequence[str], max_samples: int | None = None) -> list
     GradExplorerError
         A path is missing or a folder holds no image (``core.batches``'s messages).
     """
-    from core.batches import _expand_image_paths
+    from core.batches.images import _expand_image_paths
 
     files = _expand_image_paths(list(inputs))
     return files[:max_samples] if max_samples is not None else files
