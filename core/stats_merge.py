@@ -41,6 +41,7 @@ ratio: SNR = ||E[g]||^2 / sum(Var[g]).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -88,6 +89,7 @@ def _bin_of_exponent(k: int, negative: bool) -> int:
 
 
 _FOLD = _fold_map()
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def hist_edges() -> np.ndarray:
@@ -124,7 +126,10 @@ def log2_histogram(x: torch.Tensor) -> torch.Tensor:
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()  # exact: every half value is a float32 value
     if x.dtype == torch.float32:
-        keys = (x.view(torch.int32) >> 23) + 256
+        # Sign and exponent live in the high 16 bits: shifting an int16 view of them reads
+        # and writes half as much memory as shifting the whole int32 (2x faster on the CPU).
+        hi = x.view(torch.int16)[1::2] if _LITTLE_ENDIAN else x.view(torch.int16)[0::2]
+        keys = (hi >> 7) + 256
         raw = torch.bincount(keys, minlength=512).cpu()
         hist = torch.zeros(HIST_BINS, dtype=torch.long)
         keep = _FOLD >= 0

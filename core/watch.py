@@ -198,9 +198,10 @@ class Watch:
                 if before is None:
                     continue
                 rows[(pname, 0, "weight")] = MergeStats.of_tensor(before)
-                # float64 norms: a tiny update of large weights must not round to zero.
-                w_norm = float(torch.linalg.vector_norm(before.double()))
-                d_norm = float(torch.linalg.vector_norm(p.detach().double() - before.double()))
+                # Norms accumulated in float64. The difference of two nearby float32 weights
+                # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
+                w_norm = float(torch.linalg.vector_norm(before, dtype=torch.float64))
+                d_norm = float(torch.linalg.vector_norm(p.detach() - before, dtype=torch.float64))
                 ratios[pname] = d_norm / w_norm if w_norm > 0 else (math.inf if d_norm > 0 else 0.0)
         self._weights_before = {}
         reports = [(n, "selected but not called during this step") for n in self._recorder.not_called()]
