@@ -12,14 +12,15 @@ Exit codes: 0 success; 1 a problem with the user's input (one line on stderr,
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import difflib
+import fnmatch
 import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from app.cli_format import (
     ProgressBar,
@@ -31,6 +32,9 @@ from app.cli_format import (
     table,
 )
 from core.errors import GradExplorerError
+
+if TYPE_CHECKING:
+    from core.options import CaptureOptions
 
 PROG = "gradexplorer"
 EXIT_OK = 0
@@ -49,7 +53,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: D102 - argparse hook
+    def error(self, message: str):
         # argparse prints the usage and exits; the CLI's contract is one line on stderr.
         raise UsageError(f"{message}; see '{self.prog} --help'.")
 
@@ -162,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-grad", action="store_true", help="also record the gradient w.r.t. the input")
     p.add_argument("--train", action="store_true",
                    help="run in train mode (dropout, batch statistics); eval by default")
+    p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
+                   help="run forward under torch.autocast with bf16 or fp16 on the capture device")
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -304,58 +310,36 @@ def _silence_stdout() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _load_model(args, ui: _UI):
-    from core.models import load_model
+def _options(args, **settings) -> CaptureOptions:
+    """The capture options of a command line (model and input arguments, plus ``settings``)."""
+    from core.options import BatchSpec, CaptureOptions
 
-    ui.bar.update("loading model")
-
-    def on_download(done: int, total: int) -> None:
-        ui.bar.update("downloading weights", done, total or None, "B")
-
-    return load_model(args.model, weights=args.weights, arch=args.arch, trust=args.trust, progress=on_download)
+    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random, demo=bool(args.demo_input))
+    return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
+                          batch=batch, **settings)
 
 
-def _batch_sources(args, loaded, default_random_shape: tuple[int, ...] | None = None) -> list[str]:
-    if args.input:
-        return list(args.input)
-    if args.random is not None:
-        return [f"random:{args.random}"] if args.random else ["random"]
-    if args.demo_input:
-        return ["demo"]
-    if loaded.spec.startswith("demo:"):
-        return ["demo"]
-    if default_random_shape is not None:
-        return ["random:" + "x".join(str(d) for d in default_random_shape)]
-    raise GradExplorerError(f"No input was given for '{loaded.spec}';", _INPUT_HINT + ".")
+def _progress(ui: _UI):
+    """The job's progress, drawn on the command's progress bar."""
+    from core.job import STAGE_DOWNLOAD
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if stage == STAGE_DOWNLOAD:
+            ui.bar.update(stage, done, total or None, "B")
+        elif stage in ("forward", "backward"):
+            ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")
+        else:
+            ui.bar.update(stage)
+
+    return on_progress
 
 
-def _load_batch(args, loaded, ui: _UI, labels: str | None = None, default_random_shape=None):
-    from core.batches import check_batch_shape, load_batch
+def _check_out_path(args) -> Path:
+    """``--out``, refused before anything runs when it cannot be written or is one of the
+    files the capture reads (core.file_write.check_output_path)."""
+    from core.file_write import check_output_path
 
-    ui.bar.update("loading batch")
-    sources = _batch_sources(args, loaded, default_random_shape)
-    if sources == ["demo"] and not loaded.spec.startswith("demo:"):
-        raise GradExplorerError(
-            f"--demo-input needs a demo model, and '{loaded.spec}' is not one;", _INPUT_HINT.replace(
-                " or --demo-input", "") + "."
-        )
-    batch = load_batch(sources, loaded, labels)
-    check_batch_shape(batch, loaded.input_shape)  # load_batch checks too; the CLI relies on it
-    return batch
-
-
-def _check_out_path(out: str) -> Path:
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise GradExplorerError(f"--out '{out}' is a folder;", "give a file name such as capture.pt.")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise GradExplorerError(f"the folder '{folder}' of --out does not exist;",
-                                "create it first or choose another path.")
-    if not os.access(folder, os.W_OK):
-        raise GradExplorerError(f"the folder '{folder}' of --out is not writable;",
-                                "choose a folder you can write to.")
-    return path
+    return check_output_path(args.out, [args.model, args.weights, args.labels, *(args.input or ())])
 
 
 # ---------------------------------------------------------------------------
@@ -363,9 +347,23 @@ def _check_out_path(out: str) -> Path:
 # ---------------------------------------------------------------------------
 
 
+def capture_options(args) -> CaptureOptions:
+    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
+
+    Raises
+    ------
+    GradExplorerError
+        A setting that is not valid (a target that does not exist...).
+    """
+    return _options(
+        args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
+        mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
+        autocast=args.autocast, force=bool(args.force),
+    )
+
+
 def cmd_capture(args, ui: _UI) -> int:
-    from core.devices import resolve_device
-    from core.targets import parse_target
+    from core.job import CaptureJob, OverBudget
 
     if getattr(args, "batch_size", None) is not None:
         from app.cli_dataset import cmd_capture_dataset
@@ -373,80 +371,33 @@ def cmd_capture(args, ui: _UI) -> int:
         return cmd_capture_dataset(args, ui)
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
-    out = _check_out_path(args.out)
-    target = parse_target(args.target)
-    device = resolve_device(args.device)
-    mode = "stats" if args.stats_only else "full"
+    out = _check_out_path(args)
+    options = capture_options(args)
+    job = CaptureJob(options, _progress(ui))
+    job.resolve_device()
+    mode = options.mode
     t_start = time.perf_counter()
 
-    loaded = _load_model(args, ui)
-    batch = _load_batch(args, loaded, ui, labels=args.labels)
-    if target.kind == "class" and loaded.categories and target.class_index >= len(loaded.categories):
-        n = len(loaded.categories)
-        raise GradExplorerError(
-            f"target class {target.class_index} is out of range: {loaded.name} has {n} classes;",
-            f"pick a class from 0 to {n - 1}.",
-        )
-
-    from core.memory_estimate import check_budget, estimate_capture_memory, format_bytes
-    from core.module_tree import ModuleTree
-    from core.selection import resolve_layers
-
-    selected = resolve_layers(loaded.module, args.layers or None)
-
+    loaded = job.load_model()
+    batch = job.load_batch()
     # One sample through the model (no gradients) tells calls and output sizes: the
     # progress bar's total and the memory estimate (core.memory_estimate, the same one the
     # GUI shows beside Run), before anything large is allocated.
-    ui.bar.update("probing")
-    tree = ModuleTree.build(loaded.module)
-    expected_calls = None
-    estimate = None
+    job.probe()
     try:
-        tree.probe(loaded.module, batch.tensor[:1])
-        expected_calls = tree.expected_calls()
-        estimate = estimate_capture_memory(tree, selected, mode, batch.tensor, args.input_grad, loaded.module)
-    except GradExplorerError:
-        pass  # the capture's own forward reports the failure with more context
-
+        estimate = job.estimate()
+    except OverBudget as exc:
+        _note_estimate(ui, job, exc.estimate)
+        raise
     if estimate is not None:
-        ui.note(
-            f"capturing {len(selected)} layers ({estimate.calls} calls) of {loaded.name} on {device}, "
-            f"{'full tensors' if mode == 'full' else 'statistics only'}: {estimate.describe()}"
-        )
-        over = check_budget(estimate, device)
-        if over is not None and not args.force:
-            # check_budget's first sentence is the problem; its advice is the GUI's.
-            problem = over.split(". ")[0].rstrip(".") + ";"
-            if mode == "full":
-                fix = (f"pass --stats-only (about {format_bytes(estimate.stats + estimate.io)}), fewer --layers "
-                       "or a smaller batch, or --force to run anyway.")
-            else:
-                fix = "use a smaller batch, or pass --force to run anyway."
-            raise GradExplorerError(problem, fix)
+        _note_estimate(ui, job, estimate)
+        from core.file_write import check_free_space
 
-    def on_progress(stage: str, done: int, total: int) -> None:
-        ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")
-
-    from core.batches import describe
-    from core.capture import capture
-
-    meta = {
-        "model": loaded.spec,
-        "model_name": loaded.name,
-        "weights": loaded.weights,
-        "categories": list(loaded.categories) if loaded.categories else None,
-        "task": loaded.task,
-        "batch": describe(batch),
-        "input_names": list(batch.names),
-        "labels": batch.labels.tolist() if batch.labels is not None else None,
-    }
-    cap = capture(
-        loaded.module, batch.tensor, layers=args.layers or None, target=target, labels=batch.labels,
-        mode=mode, input_grad=args.input_grad, device=device, train=args.train,
-        progress=on_progress, meta=meta, expected_calls=expected_calls,
-    )
+        check_free_space(out, estimate.total)  # a full disk is said now, not after the capture
+    cap = job.capture()
 
     from core.capture_file import save_capture
+    from core.capture_summary import summarize
 
     ui.bar.update("saving")
     path = save_capture(cap, out)
@@ -454,33 +405,32 @@ def cmd_capture(args, ui: _UI) -> int:
     elapsed = time.perf_counter() - t_start
     n_calls = sum(len(rec.calls) for rec in cap.layers.values())
     size = path.stat().st_size
-    flagged = _nonfinite_layers(cap)
+    flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
-        f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
-        f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}",
-        f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
-        f" (total {fmt_seconds(elapsed)})",
+        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+         f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
+        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+         f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
     if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}"
+                     + (" ..." if len(flagged) > 5 else ""))
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
 
 
-def _nonfinite_layers(cap) -> list[str]:
-    from core.stats import has_nonfinite
-
-    bad = []
-    for name, rec in cap.layers.items():
-        if any(has_nonfinite(s) for c in rec.calls for s in c.stats.values()):
-            bad.append(name)
-    return bad
+def _note_estimate(ui: _UI, job, estimate) -> None:
+    ui.note(
+        f"capturing {len(job.selected_layers())} layers ({estimate.calls} calls) of {job.loaded.name} on "
+        f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
+        f"{estimate.describe()}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -533,12 +483,24 @@ def cmd_layers(args, ui: _UI) -> int:
 
     if args.depth is not None and args.depth < 0:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model only) or more.")
-    loaded = _load_model(args, ui)
+    from dataclasses import replace
+
+    from core.job import STAGE_PROBE, CaptureJob
+    from core.options import BatchSpec
+
+    options = _options(args)
+    job = CaptureJob(options, _progress(ui))
+    loaded = job.load_model()
     tree = ModuleTree.build(loaded.module)
     if args.probe:
-        shape = (1, *loaded.input_shape) if loaded.input_shape and all(d is not None for d in loaded.input_shape) else None
-        batch = _load_batch(args, loaded, ui, default_random_shape=shape)
-        ui.bar.update("probing")
+        shape = loaded.input_shape
+        if options.batch.is_default and not loaded.spec.startswith("demo:") and shape \
+                and all(d is not None for d in shape):
+            # Without an input, one random sample of the model's shape.
+            random = BatchSpec(random="x".join(str(d) for d in (1, *shape)))
+            job = CaptureJob(replace(options, batch=random), _progress(ui), loaded=loaded)
+        batch = job.load_batch()
+        ui.bar.update(STAGE_PROBE)
         tree.probe(loaded.module, batch.tensor)
     elif args.input or args.random is not None or args.demo_input:
         raise GradExplorerError("an input only matters with --probe;", "add --probe, or leave out the input.")
@@ -592,6 +554,7 @@ def cmd_timeline(args, ui: _UI) -> int:
 def cmd_inspect(args, ui: _UI) -> int:
     from app.cli_watch import check_csv_target, cmd_inspect_log, is_watch_log
     from core.capture_file import load_capture
+    from core.capture_meta import capture_meta
 
     path = Path(args.file).expanduser()
     if getattr(args, "csv", None):
@@ -601,7 +564,6 @@ def cmd_inspect(args, ui: _UI) -> int:
     if getattr(args, "csv", None):
         raise GradExplorerError("--csv exports watch logs (.gxw);", "leave out --csv for a capture file.")
     cap = load_capture(path)
-    meta = cap.meta
     names = list(cap.layers)
     if args.layer:
         chosen = [n for n in names if n == args.layer or fnmatch.fnmatchcase(n, args.layer)]
@@ -615,18 +577,26 @@ def cmd_inspect(args, ui: _UI) -> int:
 
     yes_no = {True: "yes", False: "no"}
     n_calls = sum(len(cap.layers[n].calls) for n in names)
+    meta = capture_meta(cap)
+    autocast = f"  autocast {meta.autocast}" if meta.autocast else ""
     header = [
         ("file", f"{path} ({human_size(path.stat().st_size)})"),
-        ("model", f"{meta.get('model')}  weights {meta.get('weights') or 'random init'}"),
-        ("target", f"{meta.get('target')}  device {meta.get('device')}  dtype {meta.get('dtype')}  "
-                   f"mode {meta.get('mode')}  train {yes_no.get(meta.get('train'), meta.get('train'))}"),
-        ("created", f"{meta.get('created')}  torch {meta.get('torch_version')}"),
-        ("input", f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
-                  f"  input grad {'yes' if cap.input_grad is not None else 'no'}"),
+        ("model", f"{meta.model}  weights {meta.weights or 'random init'}"),
+        ("target", (f"{meta.target}  device {meta.device}  dtype {meta.dtype}{autocast}  "
+                    f"mode {meta.mode}  train {yes_no.get(meta.train, meta.train)}")),
+        ("created", f"{meta.created}  torch {meta.torch_version}"),
+        ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
+                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
         ("layers", f"{len(names)} ({n_calls} calls)"),
     ]
-    if meta.get("batch"):
-        header.insert(4, ("batch", str(meta["batch"])))
+    if meta.batch:
+        header.insert(4, ("batch", meta.batch))
+    if meta.sample_names:
+        shown = ", ".join(meta.sample_names[:6]) + (" ..." if len(meta.sample_names) > 6 else "")
+        header.insert(5, ("samples", shown))
+    if meta.labels is not None:
+        header.insert(6, ("labels", ", ".join(_label_text(i, meta.categories) for i in meta.labels[:6])
+                          + (" ..." if len(meta.labels) > 6 else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
     print()
@@ -658,27 +628,27 @@ def cmd_inspect(args, ui: _UI) -> int:
     return EXIT_OK
 
 
+def _label_text(index: int, categories) -> str:
+    if categories and 0 <= index < len(categories):
+        return f"{index} ({categories[index]})"
+    return str(index)
+
+
 def _max_abs(stats: dict) -> float:
     return max(abs(stats["min"]), abs(stats["max"]))
 
 
 def _flags(stats: dict) -> str:
-    from core.stats import has_nonfinite
+    from core.gradient_flow import call_flags
 
     flags = []
     for kind, short in (("activation", "act"), ("grad_output", "grad"), ("grad_input", "grad in")):
         s = stats.get(kind)
-        if s and has_nonfinite(s):
-            parts = []
-            if s["nan_count"]:
-                parts.append(f"{s['nan_count']} NaN")
-            if s["inf_count"]:
-                parts.append(f"{s['inf_count']} Inf")
-            flags.append(f"{short}: {' '.join(parts)}")
-    if stats.get("grad_output") is None:
-        flags.append("no grad")
-    elif stats["grad_output"].get("numel") and stats["grad_output"].get("zero_fraction") == 1.0:
-        flags.append("zero grad")
+        counts = [f"{s[key]} {word}" for key, word in (("nan_count", "NaN"), ("inf_count", "Inf")) if s and s[key]]
+        if counts:
+            flags.append(f"{short}: {' '.join(counts)}")
+    words = {"no gradient": "no grad", "zero": "zero grad"}
+    flags += [words[f] for f in call_flags(stats) if f in words]
     return "; ".join(flags)
 
 

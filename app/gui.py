@@ -14,7 +14,8 @@ from app.main_window import MainWindow
 SCREENSHOT_TIMEOUT_MS = 300_000
 
 STYLE_SHEET = """
-QGroupBox { font-weight: 600; border: 1px solid #d6dae1; border-radius: 6px; margin-top: 10px; padding: 6px 6px 4px 6px; background: #ffffff; }
+QGroupBox { font-weight: 600; border: 1px solid #d6dae1; border-radius: 6px; margin-top: 10px;
+            padding: 6px 6px 4px 6px; background: #ffffff; }
 QGroupBox::title { subcontrol-origin: margin; left: 10px; padding: 0 4px; color: #374151; }
 QTabWidget::pane { border: 1px solid #d6dae1; border-radius: 6px; background: #ffffff; top: -1px; }
 QTabBar::tab { padding: 6px 14px; border: 1px solid #d6dae1; border-bottom: none; background: #eef1f5;
@@ -120,7 +121,7 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
         window.show_error("A setting cannot be used", exc)
     if labels:
         s.set_labels(labels)
-    window.run_panel._on_model_settings_changed("")
+    window.run_panel.sync_from_session()
 
     if model is None:
         model, run = "demo:shapes", True

@@ -27,16 +27,18 @@ from __future__ import annotations
 import datetime as _dt
 import time
 import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from core.capture_data import CallRecord, Capture, LayerRecord
+from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
 from core.selection import LayerSpec, resolve_layers
-from core.device_stats import DeferredStats
 from core.targets import Target, parse_target, select_output, target_scalar
 
 MODES = ("full", "stats")
@@ -47,7 +49,7 @@ ProgressCallback = Callable[[str, int, int], None]
 # in the last full capture. Outputs known to stay unmodified are kept without a copy on the
 # CPU (checked by their version counter at the end of forward; a surprise triggers a rerun
 # with copies). A clone of every activation would otherwise cost as much as the statistics.
-_MUTATED_OUTPUTS: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_MUTATED_OUTPUTS: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 class _CopyNeeded(Exception):
@@ -233,7 +235,7 @@ class _Recorder:
             seen_input = self.activations.get((id(y), y._version))
             replaced = y.clone()
             if seen_input is not None and seen_input[0] is y:
-                self.activations[(id(replaced), replaced._version)] = (replaced,) + seen_input[1:]
+                self.activations[(id(replaced), replaced._version)] = (replaced, *seen_input[1:])
             y = replaced
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
@@ -394,17 +396,18 @@ def capture(
     inputs: torch.Tensor,
     *,
     layers: LayerSpec = None,
-    target: "Target | str" = "top1",
+    target: Target | str = "top1",
     labels: torch.Tensor | None = None,
     mode: str = "full",
     input_grad: bool = False,
-    device: "str | torch.device | None" = None,
+    device: str | torch.device | None = None,
     train: bool = False,
     progress: ProgressCallback | None = None,
     cancel: CancelFlag | None = None,
     meta: dict | None = None,
     expected_calls: int | None = None,
     hist_exact_limit: int | None = None,
+    autocast: str | None = None,
 ) -> Capture:
     """Run one forward and backward pass and record gradients at the selected modules.
 
@@ -442,6 +445,10 @@ def capture(
         Module calls per forward (from ``core.module_tree.probe``), for progress.
     hist_exact_limit : int, optional
         Histogram subsampling threshold (``core.stats``); default ``core.stats.HIST_EXACT_LIMIT``.
+    autocast : {None, "bf16", "fp16"}
+        Run forward under ``torch.autocast`` with this dtype on the capture device
+        (activations and their gradients are then of that dtype; parameter gradients stay
+        in the parameters' dtype).
 
     Returns
     -------
@@ -453,19 +460,58 @@ def capture(
         Bad layers or target; ``CaptureError`` when forward or backward fails (naming the
         module and the layers that ran) or memory runs out; ``CaptureCancelled``.
     """
+    settings = _CaptureSettings(
+        layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad, device=device,
+        train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
+        hist_exact_limit=hist_exact_limit, autocast=autocast,
+    )
     try:
-        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
-                             train, progress, cancel, meta, expected_calls, hist_exact_limit,
-                             _MUTATED_OUTPUTS.get(model))
+        return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
     except _CopyNeeded:
-        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
-                             train, progress, cancel, meta, expected_calls, hist_exact_limit, {})
+        return _capture_once(model, inputs, settings, {})
 
 
-def _capture_once(model, inputs, layers, target, labels, mode, input_grad, device, train,
-                  progress, cancel, meta, expected_calls, hist_exact_limit, mutated: dict | None) -> Capture:
+@dataclass(frozen=True)
+class _CaptureSettings:
+    """``capture``'s keyword arguments, handed to each attempt as one object."""
+
+    layers: LayerSpec
+    target: Target | str
+    labels: torch.Tensor | None
+    mode: str
+    input_grad: bool
+    device: str | torch.device | None
+    train: bool
+    progress: ProgressCallback | None
+    cancel: CancelFlag | None
+    meta: dict | None
+    expected_calls: int | None
+    hist_exact_limit: int | None
+    autocast: str | None
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _autocast(device: torch.device, autocast: str | None):
+    """Forward under ``torch.autocast`` with the dtype named (or no autocast)."""
+    from contextlib import nullcontext
+
+    if autocast is None:
+        return nullcontext()
+    if autocast not in _AUTOCAST_DTYPES:
+        raise GradExplorerError(f"unknown autocast dtype '{autocast}';", "use bf16 or fp16.")
+    return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[autocast])
+
+
+def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSettings,
+                  mutated: dict | None) -> Capture:
     from core.stats import HIST_EXACT_LIMIT
 
+    layers, target, labels, mode = settings.layers, settings.target, settings.labels, settings.mode
+    input_grad, device, train, meta = settings.input_grad, settings.device, settings.train, settings.meta
+    progress, cancel, expected_calls = settings.progress, settings.cancel, settings.expected_calls
+    hist_exact_limit = settings.hist_exact_limit
     if mode not in MODES:
         raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
     if not isinstance(inputs, torch.Tensor):
@@ -496,7 +542,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
                 params.append(p)
         try:
             x = inputs.to(dev)
-        except Exception as exc:  # noqa: BLE001 - any failure to move is a device problem
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             raise CaptureError(f"The batch cannot be moved to {dev}: {exc}", "Choose another device.") from exc
@@ -506,11 +552,11 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
         if want_x_grad and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast(dev, settings.autocast):
                 output = model(x)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             where = recorder.forward_failed_at()
@@ -537,7 +583,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             grads = torch.autograd.grad(scalar, grad_inputs, allow_unused=True)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             raise CaptureError(
@@ -575,6 +621,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             "dtype": str(x.dtype).replace("torch.", ""),
             "mode": mode,
             "train": bool(train),
+            "autocast": settings.autocast,
             "torch_version": str(torch.__version__),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "layer_order": order,

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from core.module_tree import ModuleTree, TensorKey
+from core.units import format_bytes
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -114,18 +115,6 @@ class MemoryEstimate:
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
 
 
-def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``"1.5 KiB"``; binary units, 2-3 significant figures."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.0f} TiB"  # pragma: no cover
-
-
 def _input_bytes(inputs) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.numel() * inputs.element_size()
@@ -142,7 +131,7 @@ def estimate_capture_memory(
     tree: ModuleTree,
     selected: list[str],
     mode: str = "full",
-    inputs: "torch.Tensor | tuple | None" = None,
+    inputs: torch.Tensor | tuple | None = None,
     input_grad: bool = False,
     model: nn.Module | None = None,
 ) -> MemoryEstimate:
@@ -450,7 +439,7 @@ def largest_tensor_bytes(capture) -> int:
     return largest
 
 
-def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
+def budget_bytes(device: str | torch.device = "cpu") -> int | None:
     """The memory a capture may use on ``device``: ``BUDGET_SHARE`` of what is free now.
 
     Returns
@@ -464,7 +453,8 @@ def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu") -> str | None:
+def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
+                 budget: int | None = None) -> str | None:
     """A warning when the capture would not fit, or None when it does.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
@@ -475,6 +465,9 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
     estimate : MemoryEstimate
     device : str or torch.device
         Where the capture runs.
+    budget : int, optional
+        Bytes the capture may use, in RAM and on the device (``CaptureOptions.memory_budget``);
+        default: ``BUDGET_SHARE`` of what is free on each.
 
     Returns
     -------
@@ -482,7 +475,8 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         The problem and what to do about it, in one or two sentences.
     """
     device = torch.device(device)
-    ram = budget_bytes("cpu")
+    ram = budget if budget is not None else budget_bytes("cpu")
+    share = "the memory budget you set" if budget is not None else "half of the free RAM"
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
     if ram is not None and need_ram > ram:
         held = estimate.total
@@ -492,11 +486,12 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         else:
             fix = "Use a smaller batch, or a GPU."
         return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} (half of the free RAM). {fix}")
+                f"{format_bytes(ram)} ({share}). {fix}")
     if device.type == "cuda":
-        gpu = budget_bytes(device)
+        gpu = budget if budget is not None else budget_bytes(device)
         if gpu is not None and estimate.transient > gpu:
             return (f"The forward and backward pass need about {format_bytes(estimate.transient)} on "
-                    f"{device} but the budget is {format_bytes(gpu)} (half of its free memory). "
+                    f"{device} but the budget is {format_bytes(gpu)} "
+                    f"({'the memory budget you set' if budget is not None else 'half of its free memory'}). "
                     "Use a smaller batch, or run on the CPU.")
     return None

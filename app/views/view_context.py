@@ -15,21 +15,14 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
+from core.capture_summary import input_shape_of
 from core.heatmaps import grad_x_activation
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
     "Statistics-only capture: re-run in full mode (uncheck \"statistics only\") to see {what}."
 )
-
-#: Human names of the per-call tensors.
-TENSOR_LABELS = {
-    "grad_output": "gradient",
-    "activation": "activation",
-    "grad_x_activation": "gradient × activation",
-    "grad_input": "input gradient",
-}
-
 
 @dataclass(frozen=True)
 class ViewContext:
@@ -59,6 +52,12 @@ class ViewContext:
         return self.capture is not None and self.capture.mode == "stats"
 
     @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """The model input's shape (batch first), when one tensor was fed; it tells a
+        sequence from a picture (``core.token_grid``)."""
+        return input_shape_of(self.capture, self.batch)
+
+    @property
     def batch_size(self) -> int:
         if self.capture is not None:
             if self.capture.input is not None and self.capture.input.dim() > 0:
@@ -73,6 +72,10 @@ class ViewContext:
     def sample_name(self) -> str:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
+        if self.capture is not None:  # a capture opened from a file names its samples
+            from core.capture_meta import capture_meta
+
+            return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
     def tensor(self, kind: str) -> torch.Tensor | None:
@@ -155,7 +158,7 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def showEvent(self, event) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 
