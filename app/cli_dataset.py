@@ -54,8 +54,17 @@ def _check_args(args) -> None:
 def cmd_capture_dataset(args, ui) -> int:
     """Run the dataset capture the arguments describe (see the module docstring)."""
     from app.cli import _check_out_path, _load_model
-    from core.dataset_capture import (batch_count, capture_dataset, dataset_files, eta_text, gather_to_rank0,
-                                      iter_image_batches, iter_tensor_batches, shard, to_capture)
+    from core.dataset_capture import (
+        batch_count,
+        capture_dataset,
+        dataset_files,
+        eta_text,
+        gather_to_rank0,
+        iter_image_batches,
+        iter_tensor_batches,
+        shard,
+        to_capture,
+    )
     from core.devices import resolve_device
     from core.selection import resolve_layers
     from core.targets import parse_target
@@ -160,6 +169,7 @@ def _print_summary(cap, stats, path, elapsed: float) -> None:
         low = ", ".join(f"{k} {v:.3g}" for v, k in snr[:3])
         lines.append(f"grad SNR  lowest: {low}")
     if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+        more = " ..." if len(flagged) > 5 else ""
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}{more}")
     lines.append(f"wrote     {human_size(path.stat().st_size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)

@@ -48,12 +48,12 @@ def cmd_inspect_log(path: Path, csv_out: str | None) -> int:
     first_loss, last_loss = _first_last(loss) if loss.size else (math.nan, math.nan)
     header = [
         ("file", f"{path} ({human_size(path.stat().st_size)})  {meta.get('format')} v{meta.get('version')}"),
-        ("model", f"{meta.get('model')}  every {meta.get('every')} steps  "
-                  f"{meta.get('world_size', 1)} process{'es' if meta.get('world_size', 1) != 1 else ''}"),
+        ("model", (f"{meta.get('model')}  every {meta.get('every')} steps  "
+                   f"{meta.get('world_size', 1)} process{'es' if meta.get('world_size', 1) != 1 else ''}")),
         ("steps", f"{len(steps)} watched" + (f" ({steps[0]} .. {steps[-1]})" if steps else "")
                   + (f"  loss {fmt_num(first_loss)} -> {fmt_num(last_loss)}" if not math.isnan(first_loss) else "")),
-        ("layers", f"{len(grads.rows) or len(acts.rows)} with output gradients, "
-                   f"{len(ratios.rows)} parameters"),
+        ("layers", (f"{len(grads.rows) or len(acts.rows)} with output gradients, "
+                    f"{len(ratios.rows)} parameters")),
         ("NaN/Inf", f"first at step {onset.step} in {onset.layer} ({onset.kind})" if onset else "none"),
     ]
     flags = gradient_flags(grads)
@@ -88,4 +88,5 @@ def check_csv_target(csv_out: str) -> None:
     """Refuse a --csv path in a missing folder before any work."""
     folder = Path(csv_out).expanduser().parent
     if not folder.is_dir():
-        raise GradExplorerError(f"the folder '{folder}' of --csv does not exist;", "create it first or choose another path.")
+        raise GradExplorerError(f"the folder '{folder}' of --csv does not exist;",
+                                "create it first or choose another path.")

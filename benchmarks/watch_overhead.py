@@ -53,7 +53,7 @@ class TensorBoardStyle:
 
     def __init__(self, model: torch.nn.Module, path: str) -> None:
         self.model = model
-        self.fh = open(path, "ab")
+        self.fh = open(path, "ab")  # noqa: SIM115 - kept open across steps, as a SummaryWriter is
         self.edges = _tb_bucket_edges()
         self.step = 0
 

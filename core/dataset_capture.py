@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +89,7 @@ class DatasetStats:
         self.samples += samples
         self.batches += 1
 
-    def merge(self, other: "DatasetStats") -> "DatasetStats":
+    def merge(self, other: DatasetStats) -> DatasetStats:
         """Totals over both (their batch indices must not overlap)."""
         out = DatasetStats()
         for key in list(self.rows) + [k for k in other.rows if k not in self.rows]:
@@ -112,7 +113,7 @@ class DatasetStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DatasetStats":
+    def from_dict(cls, d: dict) -> DatasetStats:
         """Inverse of :meth:`to_dict`."""
         out = cls()
         out.rows = {(k[0], int(k[1]), k[2]): MergeStats.from_dict(v) for k, v in d["rows"]}
@@ -142,7 +143,7 @@ def capture_dataset(
     *,
     layers: LayerSpec = None,
     target: str = "top1",
-    device: "str | torch.device | None" = None,
+    device: str | torch.device | None = None,
     snr: bool = True,
     total_batches: int | None = None,
     progress: DatasetProgress | None = None,
@@ -213,13 +214,13 @@ def capture_dataset(
                         output = model(x)
                 except (GradExplorerError, CaptureCancelled):
                     raise
-                except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+                except Exception as exc:
                     raise CaptureError(
                         f"The model's forward failed on batch {index}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}",
                         "Check that every input has the shape the model expects.") from exc
                 scalar = target_scalar(output, tgt, labels)
-                wrt = list(all_params.values()) or [x]
+                wrt: list[torch.Tensor] = list(all_params.values()) or [x]
                 grads = torch.autograd.grad(scalar, wrt, allow_unused=True)
             finally:
                 recorder.remove()

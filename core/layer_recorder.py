@@ -13,7 +13,8 @@ and gradients flowing through are not changed; ``remove()`` takes every handle o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,11 +100,11 @@ class LayerRecorder:
             h.remove()
         self._handles.clear()
 
-    def __enter__(self) -> "LayerRecorder":
+    def __enter__(self) -> LayerRecorder:
         self.install()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()
 
     def not_called(self) -> list[str]:
@@ -124,7 +125,10 @@ class LayerRecorder:
         with torch.no_grad():
             self.rows[(name, call, "activation")] = MergeStats.of_tensor(y)
         if y.requires_grad:
-            self._handles.extend(hook_gradient(y, lambda g, _n=name, _c=call: self._on_grad(_n, _c, g)))
+            def on_grad(g: torch.Tensor, _n: str = name, _c: int = call) -> None:
+                self._on_grad(_n, _c, g)
+
+            self._handles.extend(hook_gradient(y, on_grad))
 
     def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
         self._check_cancel()

@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -180,7 +180,7 @@ class MergeStats:
     # -- building -----------------------------------------------------------------
     @classmethod
     @torch.no_grad()
-    def of_tensor(cls, t: torch.Tensor) -> "MergeStats":
+    def of_tensor(cls, t: torch.Tensor) -> MergeStats:
         """Statistics of every element of ``t`` (complex by magnitude, integers as float64).
 
         The work stays on ``t``'s device; one small transfer brings the results back.
@@ -227,12 +227,12 @@ class MergeStats:
                    hist=hist_t.numpy().astype(np.int64))
 
     @classmethod
-    def of_values(cls, values: Iterable[float]) -> "MergeStats":
+    def of_values(cls, values: Iterable[float]) -> MergeStats:
         """Statistics of a few Python or NumPy numbers (per-sample norms, losses)."""
         return cls.of_tensor(torch.as_tensor(np.asarray(list(values), dtype=np.float64)))
 
     # -- merging --------------------------------------------------------------------
-    def merge(self, other: "MergeStats") -> "MergeStats":
+    def merge(self, other: MergeStats) -> MergeStats:
         """The statistics of the union of both sets of values (neither is modified)."""
         na, nb = self.count, other.count
         n = na + nb
@@ -255,7 +255,7 @@ class MergeStats:
     __add__ = merge
 
     @staticmethod
-    def merge_all(parts: Iterable["MergeStats"]) -> "MergeStats":
+    def merge_all(parts: Iterable[MergeStats]) -> MergeStats:
         """Merge any number of statistics (empty input: empty statistics)."""
         out = MergeStats()
         for p in parts:
@@ -303,7 +303,7 @@ class MergeStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MergeStats":
+    def from_dict(cls, d: dict) -> MergeStats:
         """Inverse of :meth:`to_dict`."""
         values = dict(d)
         values["hist"] = np.asarray(values["hist"], dtype=np.int64)
@@ -336,7 +336,7 @@ class GradientMoments:
         self.mean += delta / self.batches
         self.m2 += delta * (g - self.mean)
 
-    def merge(self, other: "GradientMoments") -> "GradientMoments":
+    def merge(self, other: GradientMoments) -> GradientMoments:
         """Moments over both sets of batches (Chan's formula, element-wise)."""
         out = GradientMoments()
         if other.batches == 0 or self.batches == 0:
@@ -377,7 +377,7 @@ class GradientMoments:
                 "m2": None if self.m2 is None else self.m2.cpu()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GradientMoments":
+    def from_dict(cls, d: dict) -> GradientMoments:
         """Inverse of :meth:`to_dict`."""
         out = cls()
         out.batches, out.mean, out.m2 = int(d["batches"]), d["mean"], d["m2"]

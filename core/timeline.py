@@ -71,7 +71,7 @@ class Timeline:
     stat: str
     meta: dict = field(default_factory=dict)
 
-    def extend(self, other: "Timeline") -> "Timeline":
+    def extend(self, other: Timeline) -> Timeline:
         """This timeline followed by ``other``'s later steps (rows united, new ones last)."""
         rows = self.rows + [r for r in other.rows if r not in self.rows]
         new = other.steps > (self.steps.max() if self.steps.size else -1)
@@ -93,7 +93,7 @@ def _rank_clause(con: sqlite3.Connection, rank: int | None) -> tuple[str, int]:
     return "rank = ?", (-1 if has_merged else 0)
 
 
-def read_timeline(source: "str | os.PathLike | sqlite3.Connection", kind: str = "grad_output",
+def read_timeline(source: str | os.PathLike | sqlite3.Connection, kind: str = "grad_output",
                   stat: str = "l2", rank: int | None = None, since_step: int = -1) -> Timeline:
     """Read a layers × steps matrix from a watch log.
 
@@ -173,7 +173,7 @@ def timeline_from_capture(cap: Any, kind: str = "grad_output", stat: str = "l2")
     return Timeline(steps, [rows[i] for i in idx], mat, np.full(steps.size, np.nan), kind, stat, {})
 
 
-def layer_histograms(source: "str | os.PathLike | sqlite3.Connection", layer: str, call: int = 0,
+def layer_histograms(source: str | os.PathLike | sqlite3.Connection, layer: str, call: int = 0,
                      kind: str = "grad_output", rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(steps, counts of shape (S, HIST_BINS)) of one row over steps."""
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
@@ -198,7 +198,7 @@ class Onset:
     kind: str
 
 
-def nonfinite_onset(source: "str | os.PathLike | sqlite3.Connection", rank: int | None = None) -> Onset | None:
+def nonfinite_onset(source: str | os.PathLike | sqlite3.Connection, rank: int | None = None) -> Onset | None:
     """The first step with a NaN or Inf anywhere, and its first layer in forward order."""
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
     try:
@@ -217,7 +217,7 @@ def nonfinite_onset(source: "str | os.PathLike | sqlite3.Connection", rank: int 
     params = meta.get("params") or []
     order = {n: i for i, n in enumerate(layers)}
 
-    def position(row) -> tuple:
+    def position(row: tuple[str, str]) -> tuple:
         layer, kind = row
         if layer in order:
             return (order[layer], kind != "activation")
@@ -268,7 +268,7 @@ def gradient_flags(t: Timeline) -> list[Flag]:
     return flags
 
 
-def export_csv(source: "str | os.PathLike", path: "str | os.PathLike") -> Path:
+def export_csv(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Write every statistics row with its step's loss to CSV (histograms as space-separated
     counts from ``hist_lo``), atomically."""
     from core.capture_file import atomic_save
@@ -294,7 +294,7 @@ def export_csv(source: "str | os.PathLike", path: "str | os.PathLike") -> Path:
     return atomic_save(data, path, saver=lambda obj, f: f.write(obj))
 
 
-def timeline_csv(t: Timeline, path: "str | os.PathLike") -> Path:
+def timeline_csv(t: Timeline, path: str | os.PathLike) -> Path:
     """Write the matrix as shown: one row per layer, one column per step (and the loss
     as the last row), atomically."""
     from core.capture_file import atomic_save

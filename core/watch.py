@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,7 +114,7 @@ class Watch:
         return chosen
 
     # -- lifetime -----------------------------------------------------------------------
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         if self.rank == 0:
             self._writer = WatchLogWriter(self.out, meta={
                 "every": self.every, "layers": self.layers, "params": list(self.params),
@@ -139,7 +139,7 @@ class Watch:
         self._begin_if_watched()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

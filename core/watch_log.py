@@ -28,12 +28,13 @@ little-endian int64 counts of bins ``hist_lo``, ``hist_lo + 1``, ... (:func:`dec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sqlite3
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -100,7 +101,7 @@ def stats_row(step: int, layer: str, call: int, kind: str, rank: int, s: MergeSt
 
 def row_stats(row: dict) -> MergeStats:
     """The ``MergeStats`` back from a ``stats`` row (as a dict of column -> value)."""
-    def num(key, default):
+    def num(key: str, default: float) -> float:
         v = row.get(key)
         return default if v is None else v
     return MergeStats(
@@ -152,7 +153,7 @@ class WatchLogWriter:
         try:
             con.executemany("DELETE FROM stats WHERE step = ? AND rank = ?", [(step, r) for r in ranks])
             con.executemany(f"INSERT INTO stats VALUES ({', '.join('?' * 22)})", rows)
-            con.executemany("INSERT INTO reports VALUES (?, ?, ?)", [(step, l, m) for l, m in reports])
+            con.executemany("INSERT INTO reports VALUES (?, ?, ?)", [(step, layer, m) for layer, m in reports])
             con.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
                         (step, rank, _finite_or_none(loss) if loss is not None else None, wall_time, seconds))
             con.execute("COMMIT")
@@ -166,10 +167,9 @@ class WatchLogWriter:
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close."""
-        try:
+        # A reader may hold the WAL: the data is committed all the same.
+        with contextlib.suppress(sqlite3.Error):
             self.con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error:
-            pass  # a reader holds the WAL: the data is committed all the same
         self.con.close()
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from core.watch import watch  # noqa: E402
+from core.watch import watch
 
 
 def main(out: str) -> None:

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QLabel, QListWidget,
-                               QPushButton, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, colormap, style_plot_widget
 from core.stats_merge import HIST_BINS, MAG_LOW, ZERO_BIN
@@ -51,7 +62,7 @@ class _Job(QRunnable):
         super().__init__()
         self.bridge, self.generation, self.fn = bridge, generation, fn
 
-    def run(self) -> None:  # noqa: D102 - Qt override, runs in the pool's thread
+    def run(self) -> None:
         try:
             result, error = self.fn(), None
         except Exception as exc:  # noqa: BLE001 - shown in the view, never raised into Qt
@@ -455,7 +466,8 @@ class TimelineView(QWidget):
         self.hist_image.setImage(img, autoLevels=True)
         self.hist_image.setRect(0, lo, steps.size, hi - lo)
         every = max(1, (hi - lo) // 6)
-        self.hist_plot.getAxis("left").setTicks([[(b + 0.5, bin_label(b)) for b in range(lo, hi) if (b - lo) % every == 0]])
+        ticks = [(b + 0.5, bin_label(b)) for b in range(lo, hi) if (b - lo) % every == 0]
+        self.hist_plot.getAxis("left").setTicks([ticks])
         step_every = max(1, steps.size // 10)
         self.hist_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(steps) if j % step_every == 0]])

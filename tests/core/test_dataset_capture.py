@@ -10,8 +10,15 @@ import torch
 from torch import nn
 
 from core.capture_file import load_capture, save_capture
-from core.dataset_capture import (DatasetStats, batch_count, capture_dataset, eta_text, iter_tensor_batches, shard,
-                                  to_capture)
+from core.dataset_capture import (
+    DatasetStats,
+    batch_count,
+    capture_dataset,
+    eta_text,
+    iter_tensor_batches,
+    shard,
+    to_capture,
+)
 from core.errors import CaptureCancelled
 from core.stats_merge import MergeStats
 from tests.core.test_stats_merge import reference, reference_hist
@@ -52,7 +59,7 @@ def reference_per_batch(model: nn.Module, x: torch.Tensor, batch_size: int):
         handles = []
         for name, m in model.named_modules():
             if name:
-                def keep(mod, a, o, _n=name):
+                def keep(mod, a, o, _n=name, counts=counts, outs=outs):
                     i = counts.get(_n, 0)
                     counts[_n] = i + 1
                     outs[(_n, i)] = o

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -9,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from core.stats_merge import (HIST_BINS, ZERO_BIN, GradientMoments, MergeStats, hist_edges, log2_histogram,
-                              per_sample_norms)
+from core.stats_merge import (
+    HIST_BINS,
+    ZERO_BIN,
+    GradientMoments,
+    MergeStats,
+    hist_edges,
+    log2_histogram,
+    per_sample_norms,
+)
 
 
 def reference_hist(values: np.ndarray) -> np.ndarray:
@@ -61,7 +69,7 @@ def chunks(t: torch.Tensor, rng: random.Random) -> list[torch.Tensor]:
     """Split into uneven pieces, including empty ones and single elements."""
     flat = t.reshape(-1)
     cuts = sorted({0, min(1, flat.numel()), flat.numel(), *(rng.randrange(flat.numel() + 1) for _ in range(6))})
-    parts = [flat[a:b] for a, b in zip(cuts, cuts[1:])]
+    parts = [flat[a:b] for a, b in itertools.pairwise(cuts)]
     parts.insert(rng.randrange(len(parts) + 1), flat[:0])
     return parts
 

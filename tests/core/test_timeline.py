@@ -10,8 +10,14 @@ import pytest
 import torch
 
 from core.stats_merge import HIST_BINS, MergeStats
-from core.timeline import (export_csv, gradient_flags, layer_histograms, nonfinite_onset, read_timeline,
-                           timeline_from_capture)
+from core.timeline import (
+    export_csv,
+    gradient_flags,
+    layer_histograms,
+    nonfinite_onset,
+    read_timeline,
+    timeline_from_capture,
+)
 from core.watch_log import WatchLogWriter, stats_row
 
 LAYERS = ["a", "b", "c", "d"]

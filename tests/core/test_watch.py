@@ -167,7 +167,8 @@ def assert_row_matches(row: dict, t: torch.Tensor):
     assert s["min"] == ref["min"] and s["max"] == ref["max"]
     assert s["mean"] == pytest.approx(ref["mean"], rel=1e-5, abs=1e-6 * (ref["std"] + abs(ref["mean"])))
     assert s["std"] == pytest.approx(ref["std"], rel=1e-5)
-    np.testing.assert_array_equal(decode_hist(row["hist_lo"], row["hist"]), reference_hist(t.double().numpy().reshape(-1)))
+    expected = reference_hist(t.double().numpy().reshape(-1))
+    np.testing.assert_array_equal(decode_hist(row["hist_lo"], row["hist"]), expected)
 
 
 def test_logged_gradients_equal_autograd_grad(tmp_path):
@@ -296,9 +297,8 @@ def test_bad_arguments_say_what_to_do(tmp_path):
 
 def test_exception_inside_the_loop_removes_hooks(tmp_path):
     model = Net()
-    with pytest.raises(RuntimeError):
-        with watch(model, out=str(tmp_path / "run.gxw"), every=1):
-            model(torch.randn(2, 4))  # wrong shape: forward raises
+    with pytest.raises(RuntimeError), watch(model, out=str(tmp_path / "run.gxw"), every=1):
+        model(torch.randn(2, 4))  # wrong shape: forward raises
     assert no_hooks(model)
     assert all(not math.isnan(float(p.detach().sum())) for p in model.parameters())
 

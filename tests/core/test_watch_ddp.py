@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from core.stats_merge import MergeStats
-from core.watch_log import decode_hist, open_log, row_stats
+from core.watch_log import open_log, row_stats
 from tests.core.watch_ddp_worker import make_batches, make_model
 
 ROOT = Path(__file__).resolve().parents[2]

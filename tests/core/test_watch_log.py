@@ -53,7 +53,7 @@ def test_sigkill_leaves_every_completed_step(tmp_path):
     # Every step that was reported done is there, whole; at most the one in flight beyond.
     assert steps[: done + 1] == list(range(done + 1))
     assert len(steps) <= done + 2
-    assert len(set(per_step[s] for s in steps)) == 1  # no half-written step
+    assert len({per_step[s] for s in steps}) == 1  # no half-written step
 
 
 def test_reader_sees_steps_while_the_writer_writes(tmp_path):
