@@ -53,7 +53,7 @@ def _check_args(args) -> None:
 
 def cmd_capture_dataset(args, ui) -> int:
     """Run the dataset capture the arguments describe (see the module docstring)."""
-    from app.cli import _check_out_path, _load_model
+    from app.cli import _check_out_path, _progress, capture_options
     from core.dataset_capture import (
         batch_count,
         capture_dataset,
@@ -65,15 +65,16 @@ def cmd_capture_dataset(args, ui) -> int:
         shard,
         to_capture,
     )
-    from core.devices import resolve_device
+    from core.job import CaptureJob
     from core.selection import resolve_layers
-    from core.targets import parse_target
 
     _check_args(args)
     rank, world, local_rank = _dist_env()
-    out = _check_out_path(args.out) if rank == 0 else None
-    target = parse_target(args.target)
-    device = resolve_device(args.device)
+    out = _check_out_path(args) if rank == 0 else None
+    options = capture_options(args)  # checks --target and the other settings' spelling
+    job = CaptureJob(options, _progress(ui))
+    target = options.target
+    device = job.resolve_device()
     if world > 1 and device.type == "cuda":
         device = torch.device("cuda", local_rank)  # one GPU per rank
         torch.cuda.set_device(device)
@@ -89,7 +90,7 @@ def cmd_capture_dataset(args, ui) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         own_group = True
     try:
-        loaded = _load_model(args, ui)
+        loaded = job.load_model()
         selected = resolve_layers(loaded.module, args.layers or None)
         sources = list(args.input)
         if len(sources) == 1 and sources[0].lower().endswith((".pt", ".pth")) and os.path.isfile(sources[0]):
@@ -128,13 +129,17 @@ def cmd_capture_dataset(args, ui) -> int:
             merged = stats
         if rank != 0 or merged is None:
             return EXIT_OK
+        # The version 2 metadata keys (core.capture_meta), as far as a dataset has them.
         meta = {
-            "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights,
+            "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
             "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
             "batch": f"{n} samples from {', '.join(sources)} in batches of {args.batch_size}",
-            "target": str(target), "device": str(device), "train": False, "world_size": world,
+            "batch_source": ", ".join(sources), "sample_names": None, "preprocessing": None, "labels": None,
+            "input_grad": False, "autocast": None,
+            "target": str(target), "device": str(device), "dtype": None, "train": False, "world_size": world,
             "torch_version": str(torch.__version__),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "layer_order": list(selected), "call_order": None, "timing": None,
             "seconds": round(time.perf_counter() - t_start, 4),
         }
         cap = to_capture(merged, loaded.module, selected, meta)
