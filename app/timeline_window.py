@@ -4,7 +4,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import QMainWindow, QWidget
+
+from app.views.timeline_view import TimelineView
 from core.errors import GradExplorerError
+
+#: The file filter of "Open timeline…".
+TIMELINE_FILTER = "Watch logs and dataset captures (*.gxw *.pt);;All files (*)"
+
+
+class TimelineWindow(QMainWindow):
+    """A window holding one :class:`TimelineView` on a watch log or a dataset capture."""
+
+    def __init__(self, path: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        from app.cli_watch import is_watch_log
+
+        p = Path(path)
+        self.setWindowTitle(f"gradexplorer timeline: {p.name}")
+        self.view = TimelineView()
+        self.setCentralWidget(self.view)
+        self.resize(1400, 900)
+        if p.suffix == ".gxw" or is_watch_log(p):
+            self.view.open_log(str(p))
+        else:
+            self.view.open_capture(str(p))
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.view.shutdown()
+        super().closeEvent(event)
 
 
 def launch_timeline(path: str, screenshot: str | None = None, select: str | None = None) -> int:
@@ -16,18 +45,12 @@ def launch_timeline(path: str, screenshot: str | None = None, select: str | None
     if not p.is_file():
         raise GradExplorerError(f"'{path}' does not exist;", "give a watch log (.gxw) or a dataset capture (.pt).")
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QMainWindow
 
-    from app.cli_watch import is_watch_log
     from app.gui import setup_application
-    from app.views.timeline_view import TimelineView
 
     app = setup_application()
-    window = QMainWindow()
-    window.setWindowTitle(f"gradexplorer timeline: {p.name}")
-    view = TimelineView()
-    window.setCentralWidget(view)
-    window.resize(1400, 900)
+    window = TimelineWindow(str(p))
+    view = window.view
     status = {"code": 0}
 
     if screenshot:
@@ -55,10 +78,6 @@ def launch_timeline(path: str, screenshot: str | None = None, select: str | None
             app.quit()
 
     view.failed.connect(on_failed)
-    if p.suffix == ".gxw" or is_watch_log(p):
-        view.open_log(str(p))
-    else:
-        view.open_capture(str(p))
     window.show()
     app.exec()
     view.shutdown()

@@ -177,3 +177,20 @@ def test_unreadable_file_says_so(qtbot, view, tmp_path):
     with qtbot.waitSignal(view.failed, timeout=TIMEOUT):
         view.open_log(str(bad))
     assert "bad.gxw" in view.status.text()
+
+
+def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
+    from app import dialogs
+
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a, **k: str(path))
+    file_menu = window.menuBar().actions()[0].menu()
+    assert window.open_timeline_action in file_menu.actions()
+    window.open_timeline_action.trigger()
+    assert len(window.timeline_windows) == 1
+    opened = window.timeline_windows[0]
+    qtbot.waitUntil(lambda: opened.view.timeline is not None, timeout=TIMEOUT)
+    assert opened.view.timeline.rows == ["a", "b", "c#0", "c#1", "d"]
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a, **k: None)  # cancelled: nothing opens
+    assert window.open_timeline() is None and len(window.timeline_windows) == 1
