@@ -2,7 +2,8 @@
 
 Statistics are the part of a capture that is always present, in both capture modes, so
 they must be cheap: on the CPU the obvious ``isfinite().sum()`` and ``histc`` cost more
-than the forward pass of the layer that produced the tensor (see PITFALLS.md). We take
+than the forward pass of the layer that produced the tensor (on one 8×256×56×56 tensor,
+34 ms and 27 ms, against about 1 ms for min, max, mean or a norm). We take
 one ``aminmax`` pass, which reveals whether any NaN or Inf is present, and count
 non-finite values only when there are some; mean and std come from a sum and the L2
 norm (one BLAS pass); the histogram of a large tensor is taken over an evenly strided
