@@ -2,7 +2,8 @@
 every call of it, the activation, the gradient with respect to that activation and to the
 module's first input, and the gradients of the module's own parameters.
 
-Why it is built this way (see PITFALLS.md):
+Why it is built this way (the hook facts behind it: docs/ARCHITECTURE.md, "Facts the code
+relies on"):
 
 * Module backward hooks are not used. The deprecated one reports the wrong tensors; the
   full one breaks on in-place ReLUs and ``+=`` residuals and never fires for dict outputs.

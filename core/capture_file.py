@@ -145,10 +145,12 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         ) from None
 
 
-def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None) -> Path:
+def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None,
+                expected_size: int | None = None) -> Path:
     """Write ``obj`` with ``saver(obj, file)`` (default ``torch.save``) through
     :func:`core.file_write.atomic_write`: never a half-written file, never a special file
-    replaced.
+    replaced. With ``expected_size`` (bytes), a disk with less free space is refused before
+    anything is written.
 
     Raises
     ------
@@ -159,12 +161,25 @@ def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any]
         Ctrl+C or SIGTERM during the save; nothing was saved.
     """
     save: Callable[[Any, Any], object] = saver or torch.save
-    return atomic_write(path, lambda fh: save(obj, fh), error=CaptureFileError)
+    return atomic_write(path, lambda fh: save(obj, fh), expected_size=expected_size, error=CaptureFileError)
+
+
+def _tensor_bytes(obj: object) -> int:
+    """The bytes of the tensors in plain containers: about the size of their ``torch.save`` file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nelement() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_capture(cap: Capture, path: str | os.PathLike) -> Path:
-    """Export a capture to ``path`` (atomically). See README.md for the format."""
-    return atomic_save(capture_to_dict(cap), path)
+    """Export a capture to ``path`` (atomically; refused at once when the disk has less free
+    space than its tensors take). See README.md for the format."""
+    data = capture_to_dict(cap)
+    return atomic_save(data, path, expected_size=_tensor_bytes(data))
 
 
 def load_capture(path: str | os.PathLike) -> Capture:

@@ -5,10 +5,11 @@ Shared by the watch (``core.watch``, one training step) and the dataset capture
 activation, the gradient with respect to it and the per-sample norms of that gradient, as
 ``core.stats_merge.MergeStats`` keyed ``(module name, call index, kind)``.
 
-Why it is built this way (see PITFALLS.md): a forward hook summarises the output at once
-(a later in-place op would change it) and registers a *tensor* hook on it (module backward
-hooks break on in-place ReLUs and dict outputs); the hooks return nothing, so the values
-and gradients flowing through are not changed; ``remove()`` takes every handle off.
+Why it is built this way (docs/ARCHITECTURE.md, "Facts the code relies on"): a forward
+hook summarises the output at once (a later in-place op would change it) and registers a
+*tensor* hook on it (module backward hooks break on in-place ReLUs and dict outputs); the
+hooks return nothing, so the values and gradients flowing through are not changed;
+``remove()`` takes every handle off.
 """
 
 from __future__ import annotations

@@ -124,3 +124,16 @@ def test_disk_full_leaves_no_partial_file_and_keeps_the_old_one(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
     with pytest.raises(CaptureFileError, match="does not exist"):
         save_capture(small_capture(), tmp_path / "nope" / "c.pt")
+
+
+def test_a_capture_larger_than_the_free_space_is_refused_before_writing(tmp_path, monkeypatch):
+    import core.file_write
+
+    cap = small_capture()
+    monkeypatch.setattr(core.file_write, "_free_bytes", lambda folder: 16)
+    with pytest.raises(CaptureFileError, match="Not enough disk space") as info:
+        save_capture(cap, tmp_path / "c.pt")
+    assert "16 B free" in info.value.problem
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(core.file_write, "_free_bytes", lambda folder: 10 << 30)
+    assert save_capture(cap, tmp_path / "c.pt").is_file()

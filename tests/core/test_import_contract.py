@@ -1,4 +1,4 @@
-"""The import contract (CONVENTIONS.md): ``core`` never imports Qt, pyqtgraph or superqt.
+"""The import contract (docs/ARCHITECTURE.md): ``core`` never imports Qt, pyqtgraph or superqt.
 
 Checked in a fresh interpreter, because this test process may already hold Qt modules
 imported by other tests.
