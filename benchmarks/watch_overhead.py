@@ -1,12 +1,12 @@
 """Watch overhead: a training step watched by ``core.watch`` vs the same step unwatched.
 
-    python -m benchmarks.watch_overhead [--size 224] [--batch 16] [--steps 100] [--device cpu]
+    python -m benchmarks.watch_overhead [--size 224] [--batch 16] [--device cpu]
 
 resnet18 (random init) training with SGD + momentum on a fixed random batch. Every row is
-the ratio of the mean step time of a block of training steps under one configuration to
-the mean step time of an unwatched block run just before it (the same process, the same
-model: pairs cancel most of the drift of a loaded machine; the median over pairs is
-printed). Configurations:
+the total time of n training steps under one configuration over the total time of n
+unwatched steps of the same model, the two interleaved step by step (one unwatched, one
+under the configuration, in turn), so that a change of a shared machine's load hits both
+alike. n is a multiple of N for "every N" (10, 30 and 100 steps). Configurations:
 
 * ``watch every N`` for N = 1, 10, 100, every leaf layer and every parameter (the
   default), and ``layers="layer4.*"`` (as in the README example);
@@ -18,7 +18,6 @@ printed). Configurations:
   (written here: to NumPy, ``np.histogram`` on TensorBoard's default exponential bucket
   edges, min/max/sum/sum of squares, appended to a file).
 
-Blocks of ``--steps`` steps (every N = 100 needs 100 steps to contain one watched step).
 Figures only: nothing here asserts a time.
 """
 
@@ -107,8 +106,7 @@ class WandbStyle:
             h.remove()
 
 
-def measure(size: int = 224, batch: int = 16, steps: int = 100, pairs: int = 1, device: str = "cpu",
-            quick: bool = False) -> list[dict]:
+def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False) -> list[dict]:
     """Ratios of each configuration to the unwatched step (see the module docstring)."""
     import torchvision
 
@@ -132,64 +130,78 @@ def measure(size: int = 224, batch: int = 16, steps: int = 100, pairs: int = 1, 
         opt.step()
         return loss
 
-    def block(n: int, after=None) -> float:
+    folder = tempfile.mkdtemp(prefix="gx-watch-bench-")
+    for _ in range(2):  # warm-up
+        step()
+    results: list[dict] = []
+
+    def timed(fn) -> float:
         sync()
         start = time.perf_counter()
-        for _ in range(n):
-            loss = step()
-            if after is not None:
-                after(loss)
+        fn()
         sync()
-        return (time.perf_counter() - start) / n
+        return time.perf_counter() - start
 
-    folder = tempfile.mkdtemp(prefix="gx-watch-bench-")
-    block(2)  # warm-up
-    results = []
+    def run_interleaved(label: str, n: int, make) -> dict:
+        """n unwatched steps interleaved with n steps under the configuration: a step of
+        each in turn, so that a change of the machine's load hits both alike."""
+        before, after, close = make()
+        bare_t, conf_t = [], []
+        try:
+            for _ in range(n):
+                bare_t.append(timed(step))
 
-    def run_pairs(label: str, n: int, make):
-        ratios, bare_times, times = [], [], []
-        for i in range(pairs):
-            bare = block(n)
-            ctx, after, close = make(i)
-            try:
-                t = block(n, after)
-            finally:
-                close()
-            ratios.append(t / bare)
-            bare_times.append(bare)
-            times.append(t)
-        r = {"config": label, "steps": n, "ratio": statistics.median(ratios),
-             "bare_ms": statistics.median(bare_times) * 1000, "ms": statistics.median(times) * 1000}
+                def configured():
+                    before()
+                    loss = step()
+                    after(loss)
+
+                conf_t.append(timed(configured))
+        finally:
+            close()
+        r = {"config": label, "steps": n, "ratio": sum(conf_t) / sum(bare_t),
+             "bare_ms": statistics.median(bare_t) * 1000, "ms": sum(conf_t) / n * 1000,
+             "watched_ms": max(conf_t) * 1000}
         results.append(r)
-        print(f"  {label}: {r['ratio']:.3f}x ({r['ms']:.0f} ms vs {r['bare_ms']:.0f} ms per step, "
-              f"{n} steps)", flush=True)
+        print(f"  {label}: {r['ratio']:.3f}x (mean {r['ms']:.0f} ms per step, unwatched median "
+              f"{r['bare_ms']:.0f} ms, slowest {r['watched_ms']:.0f} ms; {n} steps of each)", flush=True)
         return r
 
+    def nothing(*_args) -> None:
+        return None
+
     def watched(every: int, layers):
-        def make(i):
-            w = watch(model, out=os.path.join(folder, f"w{every}_{layers}_{i}.gxw"), every=every, layers=layers)
+        def make():
+            w = watch(model, out=os.path.join(folder, f"w{every}_{layers}.gxw"), every=every, layers=layers)
             w.__enter__()
-            return w, (lambda loss: w.step(loss=loss)), w.close
+            return nothing, (lambda loss: w.step(loss=loss)), w.close
         return make
 
-    short = max(10, steps // 10)
-    for every, layers in ((1, None), (10, None), (100, None), (1, "layer4.*"), (10, "layer4.*")):
-        n = short if every == 1 else (max(steps, every) if every == 100 else max(short, every))
+    for every, layers, n in ((1, None, 10), (10, None, 30), (100, None, 100), (1, "layer4.*", 10),
+                             (10, "layer4.*", 30)):
         if quick and every == 100:
             continue
-        run_pairs(f"watch every {every}, {'all layers' if layers is None else layers}", n, watched(every, layers))
+        run_interleaved(f"watch every {every}, {'all layers' if layers is None else layers}", n,
+                        watched(every, layers))
 
-    def wandb_make(i):
-        w = WandbStyle(model)
-        return w, None, w.close
+    def wandb_make():
+        holder: dict = {}
 
-    run_pairs("W&B-style hooks (log='all', every step)", short, wandb_make)
+        def before() -> None:
+            holder["w"] = WandbStyle(model)
 
-    def tb_make(i):
-        tb = TensorBoardStyle(model, os.path.join(folder, f"tb{i}.bin"))
-        return tb, (lambda loss: tb.after_step()), tb.close
+        def after(_loss) -> None:
+            holder.pop("w").close()
 
-    run_pairs("TensorBoard-style add_histogram (every step)", short, tb_make)
+        return before, after, nothing
+
+    run_interleaved("W&B-style hooks (log='all', every step)", 10, wandb_make)
+
+    def tb_make():
+        tb = TensorBoardStyle(model, os.path.join(folder, "tb.bin"))
+        return nothing, (lambda loss: tb.after_step()), tb.close
+
+    run_interleaved("TensorBoard-style add_histogram (every step)", 10, tb_make)
     return results
 
 
@@ -197,12 +209,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--pairs", type=int, default=1)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
     print(f"resnet18 batch {args.batch} at {args.size} px on {args.device}, torch threads {torch.get_num_threads()}")
-    measure(args.size, args.batch, args.steps, args.pairs, args.device)
+    measure(args.size, args.batch, args.device)
 
 
 if __name__ == "__main__":
