@@ -26,9 +26,3 @@ def display_path(path: Path) -> str:
 def missing_source(raw: object) -> BatchError:
     """The error for a source path that does not exist."""
     return BatchError(f"'{raw}' does not exist;", "check the path, or " + SOURCES_HINT + ".")
-
-
-def few(names: list[str], limit: int = 3) -> str:
-    """The first ``limit`` names and how many more, for messages."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -12,7 +12,11 @@ from core.batches.labels import parse_labels
 from core.batches.paths import SOURCES_HINT, missing_source
 from core.batches.random_batches import looks_like_shape, random_batch
 from core.batches.shape_check import check_batch_shape
-from core.batches.tensor_files import TENSOR_SUFFIXES, load_tensor_file, looks_like_tensor_file
+from core.batches.tensor_files import (
+    TENSOR_SUFFIXES,
+    load_tensor_file,
+    looks_like_tensor_file,
+)
 from core.errors import BatchError
 from core.loaded_model import LoadedModel
 

@@ -6,7 +6,6 @@ Files are loaded with ``weights_only=True`` only: nothing in them can run code.
 from __future__ import annotations
 
 import os
-import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from core.batches.images import IMAGE_SUFFIXES
 from core.batches.labels import checked_label_tensor, parse_labels
 from core.batches.paths import display_path
 from core.errors import BatchError
+from core.pickle_scan import refusal, short_reason
 
 TENSOR_SUFFIXES = frozenset({".pt", ".pth"})
 
@@ -61,19 +61,17 @@ def _torch_load(path: Path):
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a damaged file can fail with KeyError, EOFError, RuntimeError...
-        text = str(exc)
-        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-        if unsafe:
+        refused = refusal(path, exc)
+        if refused is not None:
             raise BatchError(
-                f"file '{path}' holds pickled Python objects ({unsafe.group(1)}), "
-                "which gradexplorer does not unpickle because unpickling can run code;",
+                f"file '{path}' holds pickled Python objects, which gradexplorer does not "
+                f"unpickle because unpickling can run code ({refused.reason()});",
                 _TENSOR_FIX + ".",
             ) from exc
         if path.stat().st_size == 0:
             why = "the file is empty"
         else:
-            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-            why = f"{type(exc).__name__}: {first[:200]}"
+            why = f"{type(exc).__name__}: {short_reason(exc)[:200]}"
         raise BatchError(
             f"file '{path}' is not a readable PyTorch file ({why});",
             "choose a file written by torch.save, or " + _TENSOR_FIX + ".",

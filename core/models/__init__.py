@@ -25,7 +25,7 @@ import torchvision
 
 from core.errors import ModelLoadError, TrustRequired
 from core.loaded_model import LoadedModel
-from core.models.factories import load_factory, parse_factory
+from core.models.factories import describe_factory, load_factory, parse_factory
 from core.models.files import (
     check_file,
     is_export_archive,
@@ -36,9 +36,13 @@ from core.models.files import (
 )
 from core.models.pickles import load_export, pickled_module, read_checkpoint
 from core.models.state_dicts import find_state_dict
-from core.models.torchvision_models import load_torchvision, load_with_arch, torchvision_name
+from core.models.torchvision_models import (
+    load_torchvision,
+    load_with_arch,
+    torchvision_name,
+)
 
-__all__ = ["load_model", "LoadedModel", "ModelLoadError", "TrustRequired"]
+__all__ = ["load_model", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
 
 
 def load_model(
@@ -71,8 +75,10 @@ def load_model(
     arch : str, optional
         The torchvision architecture of a checkpoint file that holds weights only.
     trust : bool
-        Allow running code: unpickling Python objects from ``spec`` or calling a factory.
-        torchvision's cached weight files are never unpickled, whatever ``trust`` says.
+        Allow running code: unpickling Python objects from the model file ``spec`` or
+        calling the factory ``spec``. Nothing else: weights files (``weights``) and
+        torchvision's cached files are read with ``weights_only=True`` whatever ``trust``
+        says.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` while pretrained weights download.
 
@@ -102,14 +108,16 @@ def load_model(
         )
     if text.startswith("demo:"):
         _refuse_extras(text, weights=weights, arch=arch)
-        from core.demos import load_demo  # demos import model code this module does not need
+        from core.demos import (
+            load_demo,  # demos import model code this module does not need
+        )
 
         return load_demo(text)
 
     name = torchvision_name(text)
     if name is not None:
         _refuse_extras(text, arch=arch)
-        return load_torchvision(name, weights=weights, trust=trust, progress=progress)
+        return load_torchvision(name, weights=weights, progress=progress)
 
     factory = parse_factory(text)
     if factory is not None:
@@ -121,6 +129,35 @@ def load_model(
         return _load_file(Path(text).expanduser(), spec=text, arch=arch, trust=trust)
 
     raise _unknown_spec(text)
+
+
+def trust_subject(spec: str) -> str:
+    """The file or factory whose code runs when ``spec`` is loaded with trust, in words.
+
+    For the trust dialog: it names what will run, not the model. Nothing is imported or
+    read but the file's listing of a zip archive.
+
+    Parameters
+    ----------
+    spec : str
+        What the user asked to load (see :func:`load_model`).
+
+    Returns
+    -------
+    str
+        E.g. "the model file '/home/me/net.pt'", "the torch.export archive '/x/m.pt2'",
+        "the Python file '/home/me/nets.py', then its build()".
+    """
+    text = spec.strip()
+    if text.startswith("demo:") or torchvision_name(text) is not None:
+        return f"'{text}'"
+    factory = parse_factory(text)
+    if factory is not None:
+        return describe_factory(factory)
+    path = Path(text).expanduser()
+    members = zip_members(path) if path.is_file() else None
+    kind = "torch.export archive" if is_export_archive(path, members) else "model file"
+    return f"the {kind} '{path.resolve()}'"
 
 
 def _unknown_spec(text: str) -> ModelLoadError:

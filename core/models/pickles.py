@@ -7,8 +7,6 @@ unpickled, and only with ``trust``.
 
 from __future__ import annotations
 
-import pickletools
-import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,19 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError, TrustRequired
+from core.errors import ModelLoadError, TrustRequired, listing
 from core.loaded_model import LoadedModel
-from core.weights import short_reason
+from core.pickle_scan import refusal, short_reason
 
 #: Where whole models sit inside a checkpoint dict.
 MODULE_KEYS = ("model", "module", "net")
 TRUST_FIX = "Load it only if you trust where it came from: pass --trust."
-
-
-def listing(keys: list[str], limit: int = 4) -> str:
-    """The first ``limit`` of ``keys`` and how many more, for messages."""
-    shown = ", ".join(keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def read_checkpoint(path: Path, *, trust: bool) -> object:
@@ -60,17 +52,18 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # damaged and unsafe files raise many different types
         safe_error = exc
-    unsafe = unsafe_globals(path, safe_error)
-    if not unsafe:
+    refused = refusal(path, safe_error)
+    if refused is None:
         raise ModelLoadError(
             f"'{path}' cannot be read as a PyTorch checkpoint: {short_reason(safe_error)}",
             "Check that the file is complete and was written by torch.save.",
         ) from safe_error
     if not trust:
         raise TrustRequired(
-            f"Loading '{path}' would run code: it holds pickled Python objects "
-            f"({listing(unsafe, 6)}), not just tensors.",
+            f"Loading '{path}' would run code: {refused.reason()}; it holds pickled Python "
+            f"objects ({listing(refused.globals, 6)}), not just tensors.",
             TRUST_FIX + " Safer: save model.state_dict() and load it with --arch.",
+            subject=f"the model file '{path.resolve()}'",
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -80,44 +73,6 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             "Make the code that defined the model importable (run from its project folder or "
             "install its package), or save a state dict instead.",
         ) from exc
-
-
-def unsafe_globals(path: Path, error: Exception) -> list[str]:
-    """The Python globals a file would import when unpickled, without unpickling it."""
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # only zip checkpoints are supported; the error message names the rest
-        # Legacy torch.save files get this far and the error names the global; plain pickle
-        # files stop earlier (on an opcode the safe unpickler lacks), so read their opcodes.
-        found = re.findall(r"GLOBAL ([\w.]+)", str(error)) or pickle_globals(path)
-    return list(dict.fromkeys(found))
-
-
-def pickle_globals(path: Path) -> list[str]:
-    """The globals a plain pickle file would import, read without unpickling anything."""
-    found: list[str] = []
-    pushed: list[str | None] = []  # recent string pushes, to name STACK_GLOBAL's operands
-    memo: dict[int, str | None] = {}
-    try:
-        with open(path, "rb") as stream:
-            for opcode, arg, _pos in pickletools.genops(stream):
-                name = opcode.name
-                if name == "GLOBAL" and isinstance(arg, str):
-                    found.append(arg.replace(" ", "."))
-                elif name == "STACK_GLOBAL":
-                    if len(pushed) >= 2 and pushed[-2] and pushed[-1]:
-                        found.append(f"{pushed[-2]}.{pushed[-1]}")
-                elif name == "MEMOIZE":
-                    memo[len(memo)] = pushed[-1] if pushed else None
-                elif name.endswith("PUT"):
-                    memo[arg] = pushed[-1] if pushed else None
-                elif name.endswith("GET"):
-                    pushed.append(memo.get(arg))
-                elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
-                    pushed.append(arg)
-    except Exception:  # not a pickle, or a damaged one: report what was seen
-        pass
-    return found
 
 
 def pickled_module(obj: object, path: Path, *, spec: str, arch: str | None) -> LoadedModel:
@@ -165,6 +120,7 @@ def load_export(path: Path, *, spec: str, trust: bool) -> LoadedModel:
         raise TrustRequired(
             f"'{path}' is a torch.export archive; loading it unpickles data, which can run code.",
             TRUST_FIX,
+            subject=f"the torch.export archive '{path.resolve()}'",
         )
     try:
         program = torch.export.load(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -9,9 +10,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError
-from core.models.pickles import listing
-from core.weights import short_reason
+from core.errors import ModelLoadError, listing
+from core.models.files import check_file
+from core.pickle_scan import refusal, short_reason
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
@@ -60,6 +61,69 @@ def find_state_dict(obj: object) -> Mapping[str, torch.Tensor] | None:
             if is_state_dict(obj.get(key)):
                 return obj[key]
     return None
+
+
+def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
+    """The state dict in a weights file (``--weights``), read with ``weights_only=True``.
+
+    Weights files never run code, whatever ``--trust`` says: trust is for the model file or
+    factory the user named, not for the files given with it.
+
+    Parameters
+    ----------
+    path : Path
+        A file written by ``torch.save(model.state_dict(), path)``, or a checkpoint dict
+        holding one (``"state_dict"``, ``"model_state_dict"``, ``"model"``).
+
+    Returns
+    -------
+    dict of str to Tensor
+
+    Raises
+    ------
+    ModelLoadError
+        The file is missing, empty or damaged, holds Python objects (the message names the
+        blocked global and what the file seems to be), or holds no state dict.
+    """
+    check_file(path, "weights file")
+    try:
+        with warnings.catch_warnings():
+            # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # damaged and unsafe files raise many different types
+        refused = refusal(path, exc)
+        if refused is None:
+            raise ModelLoadError(
+                f"The weights file '{path}' cannot be read as a PyTorch checkpoint: "
+                f"{short_reason(exc)}",
+                "Check that the file is complete and was written by torch.save.",
+            ) from exc
+        if refused.whole_model:
+            fix = ("To use that model, give the file as the model instead: --model FILE "
+                   "--trust (only if you trust where it came from).")
+        else:
+            fix = "Save the weights alone: torch.save(model.state_dict(), 'weights.pth')."
+        raise ModelLoadError(
+            f"The weights file '{path}' was not loaded: {refused.reason()}. Weights files "
+            "are read as tensors only, whatever --trust says.",
+            fix,
+        ) from exc
+    state = find_state_dict(obj)
+    if state is None:
+        raise ModelLoadError(
+            f"'{path}' does not hold a state dict (it holds {describe_object(obj)}).",
+            "Save it with torch.save(model.state_dict(), path).",
+        )
+    return state
+
+
+def describe_object(obj: object) -> str:
+    """What a loaded object is, in a few words ("a dict with keys 'epoch', 'lr'")."""
+    if isinstance(obj, Mapping):
+        keys = [repr(k) for k in obj]
+        return f"a dict with keys {listing(keys, 6)}" if keys else "an empty dict"
+    return f"a {type(obj).__name__}"
 
 
 def strip_wrapper_prefix(

@@ -21,11 +21,10 @@ from core.batches.images import DEFAULT_PREPROCESS_DESCRIPTION, default_preproce
 from core.errors import ModelLoadError
 from core.loaded_model import LoadedModel
 from core.models.files import check_file, looks_like_path
-from core.models.pickles import read_checkpoint
 from core.models.state_dicts import (
-    find_state_dict,
     fit_report,
     load_state_into,
+    read_weights,
     strip_wrapper_prefix,
 )
 from core.weights import (
@@ -81,10 +80,12 @@ def load_torchvision(
     name: str,
     *,
     weights: str | None,
-    trust: bool,
     progress: Callable[[int, int], None] | None,
 ) -> LoadedModel:
-    """Build torchvision's ``name`` with the weights the user chose (see ``load_model``)."""
+    """Build torchvision's ``name`` with the weights the user chose (see ``load_model``).
+
+    Weights files are read with ``weights_only=True``: ``--trust`` does not apply to them.
+    """
     notes: list[str] = []
     weights_path: Path | None = None
     # Not on disk first: a stray file called "DEFAULT" must not shadow the enum name.
@@ -106,7 +107,7 @@ def load_torchvision(
         module = build(name, None, None)
         label = None
         if weights_path is not None:
-            module, refit_notes = fit_torchvision(name, module, weights_path, trust=trust)
+            module, refit_notes = fit_torchvision(name, module, weights_path)
             label = f"file:{weights_path}"
             notes.extend(refit_notes)
     return _described(
@@ -121,7 +122,7 @@ def load_with_arch(
     name = torchvision_name(arch)
     if name is None:
         raise unknown_architecture(arch)
-    module, notes = fit_torchvision(name, build(name, None, None), path, trust=False, state=state)
+    module, notes = fit_torchvision(name, build(name, None, None), path, state=state)
     return _described(
         name, module, spec=spec, name_shown=f"{name} ({path.name})", weights=None,
         label=f"file:{path}", notes=notes, assumed=True,
@@ -313,7 +314,6 @@ def fit_torchvision(
     module: nn.Module,
     path: Path,
     *,
-    trust: bool,
     state: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[nn.Module, list[str]]:
     """Load the state dict of ``path`` into torchvision's ``name``.
@@ -327,12 +327,7 @@ def fit_torchvision(
         The model holding the weights (maybe a rebuilt one), and notes for the user.
     """
     if state is None:
-        state = find_state_dict(read_checkpoint(path, trust=trust))
-        if state is None:
-            raise ModelLoadError(
-                f"'{path}' does not hold a state dict.",
-                "Save it with torch.save(model.state_dict(), path).",
-            )
+        state = read_weights(path)
     own = module.state_dict()
     state = strip_wrapper_prefix(state, own)
     notes: list[str] = []
