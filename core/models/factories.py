@@ -108,9 +108,10 @@ def load_factory(
             "Make it return the model (an nn.Module instance).",
         )
     label = None
+    notes = ["built by a trusted factory"]
     if weights is not None:
         path = Path(weights).expanduser()
-        load_state_into(result, read_weights(path), path, spec)
+        notes.extend(load_state_into(result, read_weights(path), path, spec))
         label = f"file:{path}"
     return LoadedModel(
         module=result.eval(),
@@ -118,7 +119,7 @@ def load_factory(
         name=factory.attr,
         weights=label,
         task="other",
-        notes=["built by a trusted factory"],
+        notes=notes,
     )
 
 
