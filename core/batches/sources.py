@@ -10,7 +10,12 @@ from core.batch import Batch
 from core.batches.images import load_images
 from core.batches.labels import parse_labels
 from core.batches.paths import SOURCES_HINT, missing_source
-from core.batches.random_batches import looks_like_shape, random_batch
+from core.batches.random_batches import (
+    looks_like_shape,
+    random_batch,
+    random_batch_for,
+    recipe_for,
+)
 from core.batches.shape_check import check_batch_shape
 from core.batches.tensor_files import (
     TENSOR_SUFFIXES,
@@ -96,20 +101,22 @@ def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
     if lowered == "random" or lowered.startswith("random:"):
         return _random(source[len("random:"):].strip(), model)
     if looks_like_shape(source):
-        return random_batch(source, seed=0)
+        return _random(source, model)
     return None
 
 
 def _random(shape: str, model: LoadedModel | None) -> Batch:
+    # Values follow the model (dtype, token ids); the shape too when none is given.
+    module = model.module if model is not None else None
     if shape:
-        return random_batch(shape, seed=0)
-    input_shape = model.input_shape if model is not None else None
-    if input_shape is not None and all(d is not None for d in input_shape):
-        return random_batch((2, *input_shape), seed=0)
-    raise BatchError(
-        "'random' needs a shape, and the model's input shape is not known;",
-        "give the full shape, e.g. 'random:2x3x224x224'.",
-    )
+        return random_batch(shape, seed=0, recipe=recipe_for(module))
+    batch = random_batch_for(module, model.input_shape if model is not None else None)
+    if batch is None:
+        raise BatchError(
+            "a random batch needs a shape here: the model's input shape is not known;",
+            "give the full shape, e.g. 2x3x224x224.",
+        )
+    return batch
 
 
 def _refuse_tensor_files_among(sources: list[str]) -> None:
