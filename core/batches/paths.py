@@ -10,7 +10,7 @@ from core.errors import BatchError
 #: Every kind of input, for messages that must say what else would work.
 SOURCES_HINT = (
     "give image files or a folder of images, one .pt tensor file, "
-    "a random batch such as 'random:2x3x224x224', or 'demo'"
+    "a random batch of a shape such as 2x3x224x224, or the demo batch"
 )
 
 

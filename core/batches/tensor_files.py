@@ -17,6 +17,7 @@ from core.batch import Batch
 from core.batches.images import IMAGE_SUFFIXES
 from core.batches.labels import checked_label_tensor, parse_labels
 from core.batches.paths import display_path
+from core.capture_file import FORMAT as CAPTURE_FORMAT
 from core.errors import BatchError
 from core.pickle_scan import refusal, short_reason
 
@@ -24,7 +25,6 @@ TENSOR_SUFFIXES = frozenset({".pt", ".pth"})
 
 _INPUT_KEYS = ("input", "inputs", "x", "images")
 _LABEL_KEYS = ("labels", "label", "y", "targets")
-_CAPTURE_FORMAT = "gradexplorer.capture"
 _TENSOR_FIX = (
     "save the input as a plain tensor, torch.save(x, 'input.pt'), "
     "or as a dict, torch.save({'input': x, 'labels': y}, 'input.pt')"
@@ -149,7 +149,7 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
             f"file '{path}' holds {_found(obj)}, not a tensor;",
             "expected a tensor or a dict with an 'input' tensor: " + _TENSOR_FIX + ".",
         )
-    if obj.get("format") == _CAPTURE_FORMAT:
+    if obj.get("format") == CAPTURE_FORMAT:
         key, tensor = _pick(obj, ("input",))
         what = "capture file's input"
         if key is None:

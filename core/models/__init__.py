@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torchvision
 
+from core.capture_file import FORMAT as CAPTURE_FORMAT
 from core.errors import ModelLoadError, TrustRequired
 from core.loaded_model import LoadedModel
 from core.models.factories import describe_factory, load_factory, parse_factory
@@ -170,7 +171,8 @@ def _unknown_spec(text: str) -> ModelLoadError:
         "module:function factory.",
         f"Did you mean {' or '.join(suggestions)}?"
         if suggestions
-        else "Choose a name from torchvision.models.list_models(), demo:shapes, or a file.",
+        else "Run 'gradexplorer models' for the torchvision names, or give demo:shapes, "
+        "a checkpoint file or module:function.",
     )
 
 
@@ -179,12 +181,12 @@ def _refuse_extras(spec: str, *, weights: str | None = None, arch: str | None = 
     if weights is not None:
         raise ModelLoadError(
             f"Weights cannot be chosen for '{spec}'.",
-            "Pass weights only with a torchvision model name or a factory.",
+            "--weights goes only with a torchvision model name or a factory.",
         )
     if arch is not None:
         raise ModelLoadError(
             f"An architecture cannot be chosen for '{spec}'.",
-            "Pass arch only with a checkpoint file that holds weights only.",
+            "--arch goes only with a checkpoint file that holds weights only.",
         )
 
 
@@ -199,12 +201,19 @@ def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> Loade
     obj = read_checkpoint(path, trust=trust)
     if isinstance(obj, torch.jit.ScriptModule):
         raise torchscript_error(path)
+    if isinstance(obj, dict) and obj.get("format") == CAPTURE_FORMAT:
+        raise ModelLoadError(
+            f"'{path}' is a gradexplorer capture file, not a model.",
+            f"Look inside it with 'gradexplorer inspect {path}', or open it in the window "
+            "(File > Open capture).",
+        )
     state = find_state_dict(obj)
     if state is None:
         return pickled_module(obj, path, spec=spec, arch=arch)
     if arch is None:
         raise ModelLoadError(
             f"'{path}' holds weights only (a state dict), not the model's architecture.",
-            "Pass the architecture name too, e.g. arch='resnet18' (--arch resnet18).",
+            "Give its torchvision architecture too, e.g. --arch resnet18 (in the window, "
+            "choose it when opening the file).",
         )
     return load_with_arch(path, state, spec=spec, arch=arch)

@@ -3,12 +3,10 @@ arguments to build the model. Calling one runs the user's code, so it needs trus
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +14,7 @@ from torch import nn
 
 from core.errors import ModelLoadError, TrustRequired
 from core.loaded_model import LoadedModel
+from core.models.files import import_path
 from core.models.state_dicts import load_state_into, read_weights
 
 _FACTORY = re.compile(r"^(?P<target>.+):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
@@ -55,7 +54,7 @@ def describe_factory(factory: FactorySpec) -> str:
     if factory.target.endswith(".py"):
         return f"the Python file '{Path(factory.target).expanduser().resolve()}', {call}"
     top = factory.target.split(".")[0]
-    with _import_path(Path.cwd()):
+    with import_path(Path.cwd()):
         try:
             # A top-level name is found without running it; a dotted one would import
             # its parent packages, so only the top is looked up.
@@ -94,7 +93,7 @@ def load_factory(
         )
     # A factory file imports its neighbours; a module name is looked up in the current
     # folder too, as `python -m app` does (the console script's path lacks it).
-    with _import_path(file.parent if file is not None else Path.cwd()):
+    with import_path(file.parent if file is not None else Path.cwd()):
         function = _resolve(spec, factory, file)
         result = _call(spec, function)
     if isinstance(result, LoadedModel):
@@ -155,21 +154,6 @@ def _call(spec: str, function: object) -> object:
             f"The factory '{spec}' raised {type(exc).__name__}: {exc}",
             "Fix the factory so that calling it with no arguments returns an nn.Module.",
         ) from exc
-
-
-@contextlib.contextmanager
-def _import_path(folder: Path | None) -> Iterator[None]:
-    # A factory file usually imports its neighbours; make them importable while it runs.
-    entry = str(folder.resolve()) if folder is not None else None
-    added = entry is not None and entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(entry)
 
 
 def _import_file(file: Path) -> object:

@@ -16,6 +16,7 @@ from torch import nn
 
 from core.errors import ModelLoadError, TrustRequired, listing
 from core.loaded_model import LoadedModel
+from core.models.files import import_path
 from core.pickle_scan import refusal, short_reason
 
 #: Where whole models sit inside a checkpoint dict.
@@ -66,13 +67,36 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             subject=f"the model file '{path.resolve()}'",
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        # The classes of a pickled model usually live in the user's own module: look in
+        # the current folder as `python -m app` does (the console script's path lacks it).
+        with import_path(Path.cwd()):
+            return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # whatever the pickled code raises
-        raise ModelLoadError(
-            f"'{path}' could not be unpickled: {type(exc).__name__}: {exc}",
-            "Make the code that defined the model importable (run from its project folder or "
-            "install its package), or save a state dict instead.",
-        ) from exc
+        raise _unpickling_failed(path, exc) from exc
+
+
+def _unpickling_failed(path: Path, exc: Exception) -> ModelLoadError:
+    text = str(exc)
+    if "__main__" in text or "__mp_main__" in text:
+        return ModelLoadError(
+            f"'{path}' could not be unpickled: its model class was defined in a script that "
+            f"was run directly (__main__), which no other program can import ({text}).",
+            "Move the class into a module file (e.g. nets.py), import it from the script, "
+            "and save again; or save model.state_dict() and load it with --arch or a factory.",
+        )
+    if isinstance(exc, (ModuleNotFoundError, AttributeError)):
+        missing = getattr(exc, "name", None) or text
+        return ModelLoadError(
+            f"'{path}' could not be unpickled: the code that defines the model is not "
+            f"importable ({type(exc).__name__}: {text}).",
+            f"Run gradexplorer from the folder that holds {missing} (or its package), or add "
+            "that folder to PYTHONPATH, or install its package.",
+        )
+    return ModelLoadError(
+        f"'{path}' could not be unpickled: {type(exc).__name__}: {text}",
+        "Make the code that defined the model importable (run from its project folder or "
+        "install its package), or save a state dict instead.",
+    )
 
 
 def pickled_module(obj: object, path: Path, *, spec: str, arch: str | None) -> LoadedModel:

@@ -80,7 +80,7 @@ def unknown_architecture(arch: str) -> ModelLoadError:
         f"'{arch}' is not a torchvision architecture.",
         f"Did you mean {' or '.join(close)}?"
         if close
-        else "Choose a name from torchvision.models.list_models().",
+        else "Run 'gradexplorer models' for the torchvision names.",
     )
 
 

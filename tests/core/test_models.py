@@ -79,7 +79,7 @@ def test_unknown_name_suggests_near_names():
 
 
 def test_unknown_name_without_near_names():
-    with pytest.raises(ModelLoadError, match="list_models"):
+    with pytest.raises(ModelLoadError, match="gradexplorer models"):
         load_model("zzzqqq")
 
 
