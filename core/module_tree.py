@@ -17,6 +17,7 @@ from typing import Iterator, NamedTuple
 import torch
 from torch import nn
 
+from core.batch import ModelInputs, call_model
 from core.capture import primary_tensor
 from core.errors import CaptureError
 
@@ -183,7 +184,7 @@ class ModuleTree:
         return sum(n.calls or 0 for n in self.nodes.values())
 
     @torch.no_grad()
-    def probe(self, model: nn.Module, x: torch.Tensor) -> "ModuleTree":
+    def probe(self, model: nn.Module, x: "torch.Tensor | ModelInputs") -> "ModuleTree":
         """Run one forward under ``no_grad`` (eval mode) to learn calls, shapes and in-place
         modules. Hooks are removed and the mode restored afterwards.
 
@@ -208,7 +209,7 @@ class ModuleTree:
                     handles.append(module.register_forward_hook(recorder.post_hook(name)))
             model.eval()
             try:
-                model(x)
+                call_model(model, x)
             except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
                 raise recorder.forward_failed(exc) from exc
         finally:

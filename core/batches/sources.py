@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.batch import Batch
+from core.batch import Batch, ModelInputs
 from core.batches.images import load_images
 from core.batches.labels import parse_labels
 from core.batches.paths import SOURCES_HINT, missing_source
@@ -22,7 +23,7 @@ from core.batches.tensor_files import (
     load_tensor_file,
     looks_like_tensor_file,
 )
-from core.errors import BatchError
+from core.errors import BatchError, listing
 from core.loaded_model import LoadedModel
 
 
@@ -81,7 +82,28 @@ def load_batch(
             labels, len(batch), model.categories if model is not None else None
         )
     check_batch_shape(batch, model.input_shape if model is not None else None)
+    if model is not None and batch.inputs is not None:
+        _check_arguments(batch.inputs, model)
     return batch
+
+
+def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
+    # Named inputs must be parameters of the model's forward: a state dict given as the
+    # input would otherwise fail deep inside the forward.
+    try:
+        params = inspect.signature(model.module.forward).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [name for name in inputs.kwargs if name not in params]
+    if unknown:
+        raise BatchError(
+            f"the input file names {listing(unknown)}, which the model's forward does not "
+            f"take (it takes {listing(list(params)) or 'no arguments'});",
+            "name the tensors after the forward's arguments, or save them as a tuple in "
+            "their order.",
+        )
 
 
 def _named_source(source: str, model: LoadedModel | None) -> Batch | None:

@@ -42,8 +42,9 @@ from core.models.torchvision_models import (
     load_with_arch,
     torchvision_name,
 )
+from core.weights import model_task
 
-__all__ = ["load_model", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
+__all__ = ["load_model", "check_capturable", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
 
 
 def load_model(
@@ -130,6 +131,34 @@ def load_model(
         return _load_file(Path(text).expanduser(), spec=text, arch=arch, trust=trust)
 
     raise _unknown_spec(text)
+
+
+def check_capturable(spec: str) -> None:
+    """Refuse a model whose output no target can turn into one number, before anything
+    is downloaded, built or run.
+
+    Torchvision detection models return a list of boxes, labels and scores per image.
+
+    Parameters
+    ----------
+    spec : str
+        What the user asked to load (see :func:`load_model`).
+
+    Raises
+    ------
+    ModelLoadError
+        ``spec`` names a detection model; the message says what to choose instead.
+    """
+    name = torchvision_name(spec)
+    if name is None or model_task(name) != "detection":
+        return
+    raise ModelLoadError(
+        f"{name} is a detection model: it returns a list of boxes, labels and scores for "
+        "each image, and gradexplorer has no target that turns that into one number yet.",
+        "Choose a classification or segmentation model ('gradexplorer models --task "
+        "classification'), or load the detector through a factory (--model file.py:function "
+        "--trust) that returns one score, such as the top detection's.",
+    )
 
 
 def trust_subject(spec: str) -> str:

@@ -97,3 +97,21 @@ def test_messages_speak_cli_words(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         load_model("demo:shapes", weights="DEFAULT")
     assert "--weights" in info.value.fix
+
+
+def test_detection_model_is_refused_before_download_build_or_forward(tmp_path, capsys, monkeypatch):
+    import torchvision
+
+    import core.weights
+
+    def no(*args, **kwargs):
+        raise AssertionError("a detection model was downloaded or built")
+
+    monkeypatch.setattr(core.weights, "fetch_weights", no)
+    monkeypatch.setattr(torchvision.models.detection, "fasterrcnn_resnet50_fpn", no)
+    code = main(["capture", "--model", "fasterrcnn_resnet50_fpn", "--weights", "DEFAULT",
+                 "--random", "1x3x64x64", "--out", str(tmp_path / "d.pt")])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "detection model" in err and "one number" in err and "--task classification" in err
+    assert "Traceback" not in err and not (tmp_path / "d.pt").exists()
