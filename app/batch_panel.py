@@ -286,7 +286,3 @@ class BatchPanel(QWidget):
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
-
-    def current_sample(self) -> int:
-        return max(self.list.currentRow(), 0)
-

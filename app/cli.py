@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-grad", action="store_true", help="also record the gradient w.r.t. the input")
     p.add_argument("--train", action="store_true",
                    help="run in train mode (dropout, batch statistics); eval by default")
+    p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
+                   help="run forward under torch.autocast with bf16 or fp16 on the capture device")
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -344,7 +346,7 @@ def capture_options(args) -> "CaptureOptions":
     return _options(
         args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
         mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
-        force=bool(args.force),
+        autocast=args.autocast, force=bool(args.force),
     )
 
 

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QWidget
 
 from core.batch import Batch
 from core.capture_data import Capture
-from core.capture_summary import summarize
+from core.capture_summary import input_shape_of, summarize
 from core.errors import CaptureCancelled, GradExplorerError, TrustRequired
 from core.gradcam import cam_supported
 from core.memory_estimate import MemoryEstimate
@@ -380,7 +380,7 @@ class WindowController(QObject):
         if first is not None and not self._shown_first_capture:
             # The first look at a model: where it looks (Grad-CAM), when the layer has a map.
             name, call = first
-            if cam_supported(tuple(capture[name].calls[call].shape)):
+            if cam_supported(tuple(capture[name].calls[call].shape), input_shape_of(capture)):
                 self.view_requested.emit("Grad-CAM")
         self._shown_first_capture = True
 

@@ -196,11 +196,6 @@ class ModuleTreeModel(QAbstractItemModel):
             self._emit_changed(list(range(len(self._names))), 0, len(COLUMNS) - 1)
 
     # -- lookups -------------------------------------------------------------------
-    def name_of(self, index: QModelIndex) -> str | None:
-        if not index.isValid():
-            return None
-        return self._names[index.internalId()]
-
     def index_of(self, name: str, column: int = 0) -> QModelIndex:
         i = self._ids.get(name)
         if i is None:
@@ -210,9 +205,6 @@ class ModuleTreeModel(QAbstractItemModel):
     @property
     def tree(self) -> ModuleTree | None:
         return self._tree
-
-    def check_state_of(self, name: str) -> Qt.CheckState:
-        return self._state[self._ids[name]]
 
     def flag_of(self, name: str) -> str | None:
         return self._flags.get(name)

@@ -362,17 +362,14 @@ class RunPanel(QWidget):
             self._probe_runner.failed.connect(self._on_probe_failed)
         s = self.session
         module, x = s.model.module, s.batch.model_input[:1]
-        lock = getattr(s, "_run_lock", None)  # a probe's hooks must not meet a capture's
+        lock = s.run_lock  # a probe's hooks must not meet a capture's
 
         def task(progress, cancel):
             from core.module_tree import ModuleTree
 
             tree = ModuleTree.build(module)
-            if lock is None:
+            with lock:
                 tree.probe(module, x)
-            else:
-                with lock:
-                    tree.probe(module, x)
             return module, sample_bytes, tree
 
         self._probe_runner.start(task)
@@ -428,7 +425,7 @@ class RunPanel(QWidget):
             return None
         device = self.session.device if self.session.device != "auto" else "cpu"
         try:
-            message = check_budget(estimate, device)
+            message = check_budget(estimate, device, budget=self.session.memory_budget)
         except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
             message = None
         self._show_estimate(estimate, estimate.describe().split(" (")[0], estimate.describe(), message)

@@ -43,8 +43,6 @@ def test_demo_loads_and_runs_through_the_worker(demo):
 
 def test_heatmap_shows_the_captured_tensor_shape(qtbot, demo):
     views = demo.views
-    if not hasattr(views, "current_image_array"):
-        pytest.skip("the capture views are not there yet")
     demo.tree_view.select_layer("features.2.conv")
     views.show_view("Heatmap")
     views.heatmap_view.set_display("channel", channel=0)
