@@ -16,6 +16,10 @@ from typing import Protocol
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from app import dialogs, error_dialog
+from app.model_panel import ModelRequest
+from app.run_worker import TaskRunner
+from app.settings import AppSettings
 from core.batch import Batch
 from core.capture_data import Capture
 from core.capture_summary import input_shape_of, summarize
@@ -24,10 +28,6 @@ from core.gradcam import cam_supported
 from core.memory_estimate import MemoryEstimate
 from core.session import PreparedModel, Session, probe_failed_message
 from core.view_state import ViewState, clamp
-from app import dialogs, error_dialog
-from app.model_panel import ModelRequest
-from app.run_worker import TaskRunner
-from app.settings import AppSettings
 
 
 class RunSettings(Protocol):

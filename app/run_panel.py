@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QButtonGroup, QCheckBox, QComboBox, QCompleter, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-    QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget,
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QCompleter,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from core.devices import DeviceInfo

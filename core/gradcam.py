@@ -8,7 +8,7 @@ the input size and min-max scaled per sample (Selvaraju et al., 2017). ViT token
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -251,7 +251,7 @@ def overlay(image: Image.Image, cam: torch.Tensor | np.ndarray, opacity: float =
     picture = image.convert("RGB")
     width, height = picture.size
     if cam.shape != (height, width):
-        cam = np.asarray(Image.fromarray(cam).resize((width, height), Image.BILINEAR))
+        cam = np.asarray(Image.fromarray(cam).resize((width, height), Image.Resampling.BILINEAR))
     heat = turbo(cam).astype(np.float32)
     base = np.asarray(picture, dtype=np.float32)
     blended = (1.0 - opacity) * base + opacity * heat

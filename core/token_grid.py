@@ -18,7 +18,8 @@ This is the only place the rule is written; ``core.heatmaps`` and ``core.gradcam
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 
 class TokenGrid(NamedTuple):

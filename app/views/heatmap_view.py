@@ -18,13 +18,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
-from core.view_state import ViewState
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import TENSOR_LABELS, CaptureView
+from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from core.view_state import ViewState
 
 _TENSORS = ("grad_output", "activation", "grad_x_activation")
-_DISPLAYS = (("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"))
+_DISPLAYS = (
+    ("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"),
+)
 _REDUCTIONS = (("mean", "mean"), ("mean_abs", "mean |x|"), ("l2", "L2 norm"))
 
 

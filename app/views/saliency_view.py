@@ -7,10 +7,10 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from core.heatmaps import display_image, saliency_map, symmetric_levels
-from core.saliency import is_sequence_input, token_saliency
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import STATS_ONLY_NOTE, CaptureView
+from core.heatmaps import display_image, saliency_map, symmetric_levels
+from core.saliency import is_sequence_input, token_saliency
 
 
 class SaliencyView(CaptureView):
@@ -28,7 +28,8 @@ class SaliencyView(CaptureView):
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.input_plot, self.input_image = image_plot(self.plot_widget.ci, 0, 0, title="input")
-        self.map_plot, self.map_image = image_plot(self.plot_widget.ci, 0, 1, title="|input gradient|, max over channels")
+        self.map_plot, self.map_image = image_plot(
+            self.plot_widget.ci, 0, 1, title="|input gradient|, max over channels")
         for plot in (self.input_plot, self.map_plot):
             plot.hideAxis("left")
             plot.hideAxis("bottom")

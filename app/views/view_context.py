@@ -15,9 +15,9 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
-from core.heatmaps import grad_x_activation
 from core.capture_summary import input_shape_of
-from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # the views' name for it
+from core.heatmaps import grad_x_activation
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
@@ -158,7 +158,7 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def showEvent(self, event) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 

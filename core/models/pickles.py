@@ -51,7 +51,7 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # damaged and unsafe files raise many different types
+    except Exception as exc:  # noqa: BLE001 - damaged and unsafe files raise many different types
         safe_error = exc
     refused = refusal(path, safe_error)
     if refused is None:

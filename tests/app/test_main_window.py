@@ -8,13 +8,13 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from core.devices import DeviceInfo
-from core.errors import BatchError, GradExplorerError, TrustRequired
 from app import dialogs, error_dialog
 from app.main_window import MainWindow
-from core.capture_summary import default_layer
 from app.settings import AppSettings
-from tests.conftest import assert_no_hooks, snapshot, assert_unchanged
+from core.capture_summary import default_layer
+from core.devices import DeviceInfo
+from core.errors import BatchError, GradExplorerError, TrustRequired
+from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
