@@ -37,17 +37,17 @@ class ModelInputs:
         """The first tensor, positional before keyword."""
         return next(v for v in self._values() if isinstance(v, torch.Tensor))
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "ModelInputs":
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
         def one(v: Any) -> Any:
             return fn(v) if isinstance(v, torch.Tensor) else v
 
         return ModelInputs(tuple(one(v) for v in self.args), {k: one(v) for k, v in self.kwargs.items()})
 
-    def to(self, device: "torch.device | str") -> "ModelInputs":
+    def to(self, device: torch.device | str) -> ModelInputs:
         """Every tensor moved to ``device``."""
         return self._map(lambda t: t.to(device))
 
-    def __getitem__(self, index: slice) -> "ModelInputs":
+    def __getitem__(self, index: slice) -> ModelInputs:
         """The same samples of every tensor that has the primary's batch size."""
         n = self.primary.shape[0]
         return self._map(lambda t: t[index] if t.dim() and t.shape[0] == n else t)
@@ -70,7 +70,7 @@ class ModelInputs:
         return model(*args, **kwargs)
 
 
-def call_model(model: Callable[..., Any], inputs: "torch.Tensor | ModelInputs") -> Any:
+def call_model(model: Callable[..., Any], inputs: torch.Tensor | ModelInputs) -> Any:
     """Run ``model`` on one tensor or on several inputs (:class:`ModelInputs`)."""
     return inputs.call(model) if isinstance(inputs, ModelInputs) else model(inputs)
 
@@ -111,6 +111,6 @@ class Batch:
         return int(self.tensor.shape[0])
 
     @property
-    def model_input(self) -> "torch.Tensor | ModelInputs":
+    def model_input(self) -> torch.Tensor | ModelInputs:
         """What the model is called with: ``tensor``, or every input when there are several."""
         return self.inputs if self.inputs is not None else self.tensor

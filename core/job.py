@@ -94,7 +94,7 @@ class PreparedModel:
     options: CaptureOptions | None = None
 
 
-def probe_model(loaded: LoadedModel, sample: "torch.Tensor | ModelInputs | None" = None,
+def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None = None,
                 lock: Any = None) -> PreparedModel:
     """Build the module tree of ``loaded`` and probe it with one forward (no gradients).
 
@@ -265,9 +265,7 @@ class CaptureJob:
         """
         if self.loaded is not None:
             return self.loaded
-        from core.models import load_model
-
-        from core.models import check_capturable
+        from core.models import check_capturable, load_model
 
         o = self.options
         start = time.perf_counter()

@@ -84,7 +84,7 @@ def unsafe_globals(path: Path, error: BaseException | None = None) -> list[str]:
 
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # only zip checkpoints are supported; the error message names the rest
+    except Exception:  # noqa: BLE001 - only zip checkpoints are supported; the error names the rest
         # Legacy torch.save files get this far and the error names the global; plain pickle
         # files stop earlier (on an opcode the safe unpickler lacks), so read their opcodes.
         named = _GLOBAL.findall(str(error)) if error is not None else []
@@ -108,13 +108,13 @@ def pickle_globals(path: Path) -> list[str]:
                         found.append(f"{pushed[-2]}.{pushed[-1]}")
                 elif name == "MEMOIZE":
                     memo[len(memo)] = pushed[-1] if pushed else None
-                elif name.endswith("PUT"):
+                elif name.endswith("PUT") and isinstance(arg, int):
                     memo[arg] = pushed[-1] if pushed else None
-                elif name.endswith("GET"):
+                elif name.endswith("GET") and isinstance(arg, int):
                     pushed.append(memo.get(arg))
                 elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
                     pushed.append(arg)
-    except Exception:  # not a pickle, or a damaged one: report what was seen
+    except Exception:  # noqa: BLE001 - not a pickle, or a damaged one: report what was seen
         pass
     return found
 

@@ -76,12 +76,12 @@ def import_path(folder: Path | None) -> Iterator[None]:
     """``folder`` at the front of the import path while the user's code runs (a factory
     file's neighbours, a pickled model's module in the current folder)."""
     entry = str(folder.resolve()) if folder is not None else None
-    added = entry is not None and entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
+    if entry is None or entry in sys.path:
+        yield
+        return
+    sys.path.insert(0, entry)
     try:
         yield
     finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(entry)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)

@@ -134,13 +134,13 @@ class KeyMatch(NamedTuple):
     prefix : str
         The prefix removed from every key ("model." of a Lightning checkpoint,
         "module." of DataParallel), or "".
-    dropped : list of str
+    dropped : tuple of str
         Keys outside that prefix, left out (a Lightning module's loss or metric buffers).
     """
 
     state: dict[str, torch.Tensor]
     prefix: str = ""
-    dropped: list[str] = []
+    dropped: tuple[str, ...] = ()
 
     def note(self, source: Path) -> str | None:
         """What was done, for the user, or None when the keys were used as they are."""
@@ -148,7 +148,8 @@ class KeyMatch(NamedTuple):
             return None
         text = f"removed the prefix '{self.prefix}' from the keys of {source.name}"
         if self.dropped:
-            text += f" and left out {len(self.dropped)} keys outside it ({listing(self.dropped, 3)})"
+            text += (f" and left out {len(self.dropped)} keys outside it "
+                     f"({listing(list(self.dropped), 3)})")
         return text
 
 
@@ -178,7 +179,7 @@ def match_keys(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor
     for prefix in _candidate_prefixes(state, own):
         inside = _copy(state, prefix)
         if set(inside) == wanted:
-            return KeyMatch(inside, prefix, [k for k in state if not k.startswith(prefix)])
+            return KeyMatch(inside, prefix, tuple(k for k in state if not k.startswith(prefix)))
     return KeyMatch(_copy(state))
 
 

@@ -39,7 +39,8 @@ def _frames(n=2):
 @pytest.mark.parametrize("form", ["tuple", "list", "under_input"])
 def test_positional_inputs_from_a_file(tmp_path, form):
     f1, f2 = _frames()
-    obj = {"tuple": (f1, f2), "list": [f1, f2], "under_input": {"input": (f1, f2), "labels": torch.tensor([1, 2])}}[form]
+    labelled = {"input": (f1, f2), "labels": torch.tensor([1, 2])}
+    obj = {"tuple": (f1, f2), "list": [f1, f2], "under_input": labelled}[form]
     torch.save(obj, tmp_path / "pair.pt")
     batch = load_tensor_file(tmp_path / "pair.pt")
     assert torch.equal(batch.tensor, f1) and len(batch) == 2
