@@ -514,7 +514,7 @@ def cmd_layers(args, ui: _UI) -> int:
             job = CaptureJob(replace(options, batch=random), _progress(ui), loaded=loaded)
         batch = job.load_batch()
         ui.bar.update(STAGE_PROBE)
-        tree.probe(loaded.module, batch.tensor)
+        tree.probe(loaded.module, batch.model_input)
     elif args.input or args.random is not None or args.demo_input:
         raise GradExplorerError("an input only matters with --probe;", "add --probe, or leave out the input.")
     ui.bar.close()

@@ -51,17 +51,17 @@ class LoadedModel:
 
 
 def _default_batch(loaded) -> tuple[Batch | None, list[str]]:
-    from core.batches import random_batch
+    from core.batches import random_batch_for
 
     if loaded.spec.startswith("demo:"):
         from core.demos import demo_batch
 
         return demo_batch(loaded.spec), ["demo"]
-    shape = loaded.input_shape
-    if shape is not None and all(isinstance(d, int) for d in shape):
-        spec = "x".join(str(d) for d in (2, *shape))
-        return random_batch(spec, seed=0), [f"random:{spec}"]
-    return None, []
+    # The same random batch as the CLI's --random: the model's shape, dtype, token ids.
+    batch = random_batch_for(loaded.module, loaded.input_shape)
+    if batch is None:
+        return None, []
+    return batch, ["random:" + "x".join(str(d) for d in batch.tensor.shape)]
 
 
 def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
@@ -92,7 +92,7 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
         if batch is None:
             batch, used = _default_batch(loaded)
         progress(STAGE_PROBE, 0, 0)
-        prepared = probe_model(loaded, batch.tensor if batch is not None else None)
+        prepared = probe_model(loaded, batch.model_input if batch is not None else None)
         prepared.options = options
         return LoadedModel(prepared, batch, used, error)
 
@@ -268,7 +268,10 @@ class WindowController(QObject):
         self.model_busy.emit(False, "")
         request = self._last_model_request
         if isinstance(exc, TrustRequired) and request is not None and not request.trust:
-            if dialogs.confirm_trust(self.dialog_parent, f"'{request.spec}'", exc.problem):
+            from core.models import trust_subject  # names the file or factory that will run
+
+            subject = exc.subject or trust_subject(request.spec)
+            if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
                 self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
                                        self._pending_inputs)
                 return

@@ -307,7 +307,10 @@ class ModelPanel(QWidget):
         text = dialogs.ask_text(self, "Python factory", "package.module:function or path/to/file.py:function")
         if not text:
             return
-        if not dialogs.confirm_trust(self, f"'{text}'", "gradexplorer will import this module and call the function."):
+        from core.models import trust_subject
+
+        if not dialogs.confirm_trust(self, trust_subject(text),
+                                     "gradexplorer will import this module and call the function."):
             return
         self.load_requested.emit(ModelRequest(text, None, None, True))
 

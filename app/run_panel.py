@@ -372,7 +372,7 @@ class RunPanel(QWidget):
             self._probe_runner.finished.connect(self._on_probe_done)
             self._probe_runner.failed.connect(self._on_probe_failed)
         s = self.session
-        module, x = s.model.module, s.batch.tensor[:1]
+        module, x = s.model.module, s.batch.model_input[:1]
         lock = s.run_lock  # a probe's hooks must not meet a capture's
 
         def task(progress, cancel):

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
@@ -428,8 +429,9 @@ def capture(
     model : nn.Module
         Left as it was: hooks removed, modes and BatchNorm statistics restored, ``.grad``
         of every parameter untouched, device restored.
-    inputs : Tensor
-        The batch ``(B, ...)``; it is not modified.
+    inputs : Tensor or ModelInputs
+        The batch ``(B, ...)``; it is not modified. For a model of several inputs, all its
+        arguments (``core.batch.ModelInputs``): the first tensor is the recorded input.
     layers : None, str, iterable of str, or callable
         Modules to record: ``None`` for every leaf module, names or glob patterns
         (``"layer4.*"``), or a predicate ``(name, module) -> bool``.
@@ -526,6 +528,9 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
     hist_exact_limit = settings.hist_exact_limit
     if mode not in MODES:
         raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
+    several = inputs if isinstance(inputs, ModelInputs) else None  # a model of several inputs
+    if several is not None:
+        inputs = several.primary
     if not isinstance(inputs, torch.Tensor):
         raise GradExplorerError(
             f"The input batch is a {type(inputs).__name__}, not a tensor.", "Load images or a tensor file."
@@ -554,6 +559,9 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 params.append(p)
         try:
             x = inputs.to(dev)
+            if several is not None:
+                several = several.to(dev)
+                x = several.primary
         except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
@@ -565,7 +573,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             x = x.detach().requires_grad_(True)
         try:
             with torch.enable_grad(), _autocast(dev, settings.autocast):
-                output = model(x)
+                output = several.call(model, x) if several is not None else model(x)
         except GradExplorerError:
             raise
         except Exception as exc:

@@ -196,9 +196,12 @@ def load_capture(path: str | os.PathLike) -> Capture:
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - torch.load raises many types for bad files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        from core.pickle_scan import refusal, short_reason
+
+        refused = refusal(path, exc)  # never torch's advice to load it unsafely
+        why = refused.reason() if refused is not None else short_reason(exc)[:200]
         raise CaptureFileError(
-            f"'{path.name}' cannot be read as a capture file ({first[:200]}).",
+            f"'{path.name}' cannot be read as a capture file ({why}).",
             "Open a .pt file that gradexplorer exported.",
         ) from None
     return capture_from_dict(data, source=f"'{path.name}'")

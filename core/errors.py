@@ -8,6 +8,12 @@ is a bug in gradexplorer and is shown with its traceback under "details".
 from __future__ import annotations
 
 
+def listing(names: list[str], limit: int = 4) -> str:
+    """The first ``limit`` names and how many more ("a, b, c and 2 more"), for messages."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 class GradExplorerError(Exception):
     """An error caused by the user's input, with a suggested fix.
 
@@ -30,7 +36,20 @@ class ModelLoadError(GradExplorerError):
 
 
 class TrustRequired(ModelLoadError):
-    """Loading this file or factory would run code; the user must opt in (``trust=True``)."""
+    """Loading this file or factory would run code; the user must opt in (``--trust``).
+
+    Parameters
+    ----------
+    problem, fix : str
+        As for :class:`GradExplorerError`.
+    subject : str, optional
+        The file or factory whose code would run, in words, for the trust dialog
+        ("the Python file '/home/me/nets.py' (function build)").
+    """
+
+    def __init__(self, problem: str, fix: str = "", *, subject: str = "") -> None:
+        super().__init__(problem, fix)
+        self.subject = subject
 
 
 class WeightsUnavailable(ModelLoadError):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from core.batch import Batch
+from core.batch import Batch, ModelInputs
 from core.capture import CancelFlag, ProgressCallback
 from core.capture_data import Capture
 from core.errors import CaptureCancelled, GradExplorerError
@@ -103,14 +103,15 @@ class PreparedModel:
     options: CaptureOptions | None = None
 
 
-def probe_model(loaded: LoadedModel, sample: torch.Tensor | None = None, lock: Any = None) -> PreparedModel:
+def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None = None,
+                lock: Any = None) -> PreparedModel:
     """Build the module tree of ``loaded`` and probe it with one forward (no gradients).
 
     Parameters
     ----------
     loaded : LoadedModel
-    sample : Tensor, optional
-        A batch to probe with (only its first sample is used). Without one, a zero
+    sample : Tensor or ModelInputs, optional
+        A batch to probe with (only its first sample is used; ``Batch.model_input``). Without one, a zero
         batch of ``loaded.input_shape`` is used when the shape is known.
     lock : context manager, optional
         Held during the forward, so that a probe's hooks never meet a capture's.
@@ -273,11 +274,12 @@ class CaptureJob:
         """
         if self.loaded is not None:
             return self.loaded
-        from core.models import load_model
+        from core.models import check_capturable, load_model
 
         o = self.options
         start = time.perf_counter()
         self.check_cancel()
+        check_capturable(o.model)  # before any download, probe or forward
         self._report(STAGE_LOAD_MODEL)
         if self._fetch_weights():
             self.check_cancel()
@@ -432,7 +434,7 @@ class CaptureJob:
         if not self._tree_fits(batch):
             start = time.perf_counter()
             self._report(STAGE_PROBE)
-            prepared = probe_model(loaded, batch.tensor, self.lock)
+            prepared = probe_model(loaded, batch.model_input, self.lock)
             self.tree, self.output_keys, self.probe_error = prepared.tree, prepared.output_keys, prepared.probe_error
             self._timed("probe", start)
         self._probed = True
@@ -530,7 +532,7 @@ class CaptureJob:
         start = time.perf_counter()
         with self._held():
             cap = capture_module.capture(
-                loaded.module, batch.tensor, layers=o.layer_spec(), target=o.target, labels=self.labels,
+                loaded.module, batch.model_input, layers=o.layer_spec(), target=o.target, labels=self.labels,
                 mode=o.mode, input_grad=o.input_grad, device=device, train=o.train,
                 progress=self.progress, cancel=self.cancel, meta=meta, expected_calls=expected,
                 autocast=o.autocast,

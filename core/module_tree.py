@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from core.batch import ModelInputs, call_model
 from core.capture import primary_tensor
 from core.errors import CaptureError
 
@@ -184,7 +185,7 @@ class ModuleTree:
         return sum(n.calls or 0 for n in self.nodes.values())
 
     @torch.no_grad()
-    def probe(self, model: nn.Module, x: torch.Tensor) -> ModuleTree:
+    def probe(self, model: nn.Module, x: torch.Tensor | ModelInputs) -> ModuleTree:
         """Run one forward under ``no_grad`` (eval mode) to learn calls, shapes and in-place
         modules. Hooks are removed and the mode restored afterwards.
 
@@ -209,7 +210,7 @@ class ModuleTree:
                     handles.append(module.register_forward_hook(recorder.post_hook(name)))
             model.eval()
             try:
-                model(x)
+                call_model(model, x)
             except Exception as exc:
                 raise recorder.forward_failed(exc) from exc
         finally:

@@ -24,6 +24,7 @@ import torchvision
 from torchvision.models import WeightsEnum
 
 from core.errors import CaptureCancelled, ModelLoadError, WeightsUnavailable
+from core.pickle_scan import refusal, short_reason
 
 # torch.hub's rule: "resnet18-f37072fd.pth" carries the first hex digits of its SHA-256.
 _HASH_PREFIX = re.compile(r"-([a-f0-9]*)\.")
@@ -253,8 +254,10 @@ def load_state_dict_file(path: Path) -> Mapping[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # damaged and hostile files raise many different types
+        refused = refusal(path, exc)
+        reason = refused.reason() if refused is not None else short_reason(exc)
         raise ModelLoadError(
-            f"The weights file '{path}' cannot be loaded safely: {short_reason(exc)}",
+            f"The weights file '{path}' cannot be loaded safely: {reason}",
             "Delete it and download it again, or replace it with a genuine copy.",
         ) from exc
     # Quantized models' state dicts also hold dtypes and packed-parameter tuples, so only the
@@ -271,18 +274,6 @@ def load_state_dict_file(path: Path) -> Mapping[str, torch.Tensor]:
             "Delete it and download it again, or replace it with a genuine copy.",
         )
     return state
-
-
-def short_reason(exc: BaseException) -> str:
-    """One readable line out of a (often very long) exception from ``torch.load``."""
-    text = str(exc)
-    # weights_only failures start with paragraphs of advice; the cause comes last.
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        text = text.split(marker, 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    reason = lines[0] if lines else type(exc).__name__
-    return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
 def load_cached_state_dict(weights: WeightsEnum) -> Mapping[str, torch.Tensor]:

@@ -18,7 +18,13 @@ from core.batches.images import (
     load_images,
 )
 from core.batches.labels import parse_labels
-from core.batches.random_batches import MAX_RANDOM_ELEMENTS, random_batch
+from core.batches.random_batches import (
+    MAX_RANDOM_ELEMENTS,
+    RandomRecipe,
+    random_batch,
+    random_batch_for,
+    recipe_for,
+)
 from core.batches.shape_check import check_batch_shape
 from core.batches.sources import describe, load_batch
 from core.batches.tensor_files import TENSOR_SUFFIXES, load_tensor_file
@@ -35,6 +41,9 @@ __all__ = [
     "load_images",
     "load_tensor_file",
     "random_batch",
+    "random_batch_for",
+    "recipe_for",
+    "RandomRecipe",
     "parse_labels",
     "check_batch_shape",
     "load_batch",

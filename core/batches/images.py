@@ -18,8 +18,8 @@ import torch
 
 from core.batch import Batch
 from core.batches.labels import parse_labels
-from core.batches.paths import SOURCES_HINT, display_path, few, missing_source
-from core.errors import BatchError
+from core.batches.paths import SOURCES_HINT, display_path, missing_source
+from core.errors import BatchError, listing
 
 #: File endings a folder is expanded to. Files named explicitly are tried whatever
 #: their ending, so any format Pillow reads works when asked for by name.
@@ -197,7 +197,7 @@ def _shrunk_copy(img):
 
 
 def _origin(paths: Sequence[str | os.PathLike]) -> str:
-    return few([display_path(Path(p)) for p in paths])
+    return listing([display_path(Path(p)) for p in paths], 3)
 
 
 def load_images(
@@ -253,7 +253,7 @@ def load_images(
     samples = [_ImageSample.read(path, preprocess) for path in files]
     _check_one_shape(samples)
     steps = [
-        f"{note} ({few(names)})" if len(names) < len(files) else note
+        f"{note} ({listing(names, 3)})" if len(names) < len(files) else note
         for note, names in _notes_by_kind(samples).items()
     ]
     steps.append(preprocess_description)

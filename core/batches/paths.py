@@ -10,7 +10,7 @@ from core.errors import BatchError
 #: Every kind of input, for messages that must say what else would work.
 SOURCES_HINT = (
     "give image files or a folder of images, one .pt tensor file, "
-    "a random batch such as 'random:2x3x224x224', or 'demo'"
+    "a random batch of a shape such as 2x3x224x224, or the demo batch"
 )
 
 
@@ -26,9 +26,3 @@ def display_path(path: Path) -> str:
 def missing_source(raw: object) -> BatchError:
     """The error for a source path that does not exist."""
     return BatchError(f"'{raw}' does not exist;", "check the path, or " + SOURCES_HINT + ".")
-
-
-def few(names: list[str], limit: int = 3) -> str:
-    """The first ``limit`` names and how many more, for messages."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from core.batch import Batch
 from core.errors import BatchError
@@ -14,6 +17,8 @@ from core.errors import BatchError
 MAX_RANDOM_ELEMENTS = 2**29
 
 _SHAPE_RE = re.compile(r"^\(?\s*\d+(?:\s*[x×,*\s]\s*\d+)*\s*,?\s*\)?$", re.IGNORECASE)
+# Tokens per sample of a random batch for a sequence model whose length is not known.
+_TOKENS = 16
 _SHAPE_EXAMPLE = "write the shape as numbers joined by 'x' or ',', e.g. '2x3x224x224' (batch, channels, height, width)."
 
 
@@ -53,8 +58,70 @@ def parse_shape(shape: str | Sequence[int]) -> tuple[int, ...]:
     return dims
 
 
-def random_batch(shape: str | Sequence[int], seed: int | None = 0) -> Batch:
-    """A batch of standard normal values.
+class RandomRecipe(NamedTuple):
+    """What a random batch for a model holds, read off the model (:func:`recipe_for`).
+
+    Attributes
+    ----------
+    dtype : torch.dtype
+        The dtype of the model's floating parameters (float16, bfloat16...).
+    vocab : int or None
+        For a model that starts with an ``Embedding``: token ids are drawn from
+        ``[0, vocab)`` instead of N(0, 1).
+    sample_shape : tuple of int or None
+        The shape of one sample its first layer takes, when the model says nothing else:
+        ``(16,)`` tokens, ``(in_features,)``, ``(in_channels, 64, 64)``...
+    """
+
+    dtype: torch.dtype = torch.float32
+    vocab: int | None = None
+    sample_shape: tuple[int, ...] | None = None
+
+
+def recipe_for(module: nn.Module | None) -> RandomRecipe:
+    """What a random batch for ``module`` should hold: its dtype, token ids or floats.
+
+    Parameters
+    ----------
+    module : nn.Module or None
+        The model; ``None`` gives float32 values and no shape.
+
+    Returns
+    -------
+    RandomRecipe
+    """
+    if module is None:
+        return RandomRecipe()
+    floats = [t.dtype for t in itertools.chain(module.parameters(), module.buffers())
+              if t.is_floating_point()]
+    dtype = floats[0] if floats else torch.float32
+    first = _first_layer(module)
+    if isinstance(first, (nn.Embedding, nn.EmbeddingBag)):
+        return RandomRecipe(dtype, first.num_embeddings, (_TOKENS,))
+    if isinstance(first, nn.Linear):
+        return RandomRecipe(dtype, None, (first.in_features,))
+    if isinstance(first, nn.modules.conv._ConvNd):
+        spatial = {1: (64,), 2: (64, 64), 3: (8, 32, 32)}[len(first.kernel_size)]
+        return RandomRecipe(dtype, None, (first.in_channels, *spatial))
+    return RandomRecipe(dtype)
+
+
+def _first_layer(module: nn.Module) -> nn.Module | None:
+    # The first leaf with parameters, in registration order (which is forward order for
+    # nearly every model: embeddings and stems are defined first).
+    for sub in module.modules():
+        if not any(True for _ in sub.children()) and any(True for _ in sub.parameters()):
+            return sub
+    return None
+
+
+def random_batch(
+    shape: str | Sequence[int],
+    seed: int | None = 0,
+    *,
+    recipe: RandomRecipe | None = None,
+) -> Batch:
+    """A batch of standard normal values, or of token ids for a model that takes them.
 
     Parameters
     ----------
@@ -64,30 +131,74 @@ def random_batch(shape: str | Sequence[int], seed: int | None = 0) -> Batch:
     seed : int or None, default 0
         Seed for the values: the same seed gives the same batch. ``None`` picks a fresh
         seed, which is reported in ``Batch.source`` so the batch can be made again.
+    recipe : RandomRecipe, optional
+        What the model takes (:func:`recipe_for`): its dtype, and token ids in
+        ``[0, vocab)`` for a model that starts with an ``Embedding``. Default: float32.
 
     Returns
     -------
     Batch
-        float32 values drawn from N(0, 1), no labels, no images.
+        Values drawn from N(0, 1) in the recipe's dtype, or int64 token ids; no labels,
+        no images.
 
     Raises
     ------
     BatchError
         The shape cannot be parsed, has a size below 1, or is too large.
     """
+    recipe = recipe or RandomRecipe()
     dims = parse_shape(shape)
     generator = torch.Generator()
     if seed is None:
         seed = generator.seed()
     else:
         generator.manual_seed(int(seed))
-    tensor = torch.randn(dims, generator=generator)
     n = dims[0]
+    samples = f"{n} random sample{'s' if n != 1 else ''}"
+    if recipe.vocab is not None:
+        tensor = torch.randint(0, recipe.vocab, dims, generator=generator)
+        source = f"{samples} of token ids in [0, {recipe.vocab}), seed {seed}"
+    else:
+        tensor = torch.randn(dims, generator=generator).to(recipe.dtype)
+        kind = "" if recipe.dtype == torch.float32 else f" as {str(recipe.dtype).replace('torch.', '')}"
+        source = f"{samples} from N(0, 1){kind}, seed {seed}"
     return Batch(
         tensor=tensor,
         labels=None,
         names=[f"random[{i}]" for i in range(n)],
-        source=f"{n} random sample{'s' if n != 1 else ''} from N(0, 1), seed {seed}",
+        source=source,
         preprocessing="none",
     )
 
+
+def random_batch_for(
+    module: nn.Module | None, input_shape: tuple[int | None, ...] | None, n: int = 2,
+    seed: int | None = 0,
+) -> Batch | None:
+    """``n`` random samples that follow the model: its input shape (or what its first
+    layer takes), its dtype, token ids for an ``Embedding``.
+
+    Parameters
+    ----------
+    module : nn.Module or None
+        The model.
+    input_shape : tuple or None
+        The model's known shape of one sample (``LoadedModel.input_shape``); when it is
+        unknown, the first layer's (:class:`RandomRecipe`).
+    n : int
+        Samples.
+    seed : int or None
+
+    Returns
+    -------
+    Batch or None
+        None when neither the model nor its first layer tells a shape.
+    """
+    recipe = recipe_for(module)
+    if input_shape is not None and all(isinstance(d, int) for d in input_shape):
+        shape: tuple[int, ...] | None = tuple(input_shape)  # type: ignore[arg-type]
+    else:
+        shape = recipe.sample_shape
+    if shape is None:
+        return None
+    return random_batch((n, *shape), seed, recipe=recipe)

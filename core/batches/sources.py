@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.batch import Batch
+from core.batch import Batch, ModelInputs
 from core.batches.images import load_images
 from core.batches.labels import parse_labels
 from core.batches.paths import SOURCES_HINT, missing_source
-from core.batches.random_batches import looks_like_shape, random_batch
+from core.batches.random_batches import (
+    looks_like_shape,
+    random_batch,
+    random_batch_for,
+    recipe_for,
+)
 from core.batches.shape_check import check_batch_shape
-from core.batches.tensor_files import TENSOR_SUFFIXES, load_tensor_file, looks_like_tensor_file
-from core.errors import BatchError
+from core.batches.tensor_files import (
+    TENSOR_SUFFIXES,
+    load_tensor_file,
+    looks_like_tensor_file,
+)
+from core.errors import BatchError, listing
 from core.loaded_model import LoadedModel
 
 
@@ -72,7 +82,28 @@ def load_batch(
             labels, len(batch), model.categories if model is not None else None
         )
     check_batch_shape(batch, model.input_shape if model is not None else None)
+    if model is not None and batch.inputs is not None:
+        _check_arguments(batch.inputs, model)
     return batch
+
+
+def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
+    # Named inputs must be parameters of the model's forward: a state dict given as the
+    # input would otherwise fail deep inside the forward.
+    try:
+        params = inspect.signature(model.module.forward).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [name for name in inputs.kwargs if name not in params]
+    if unknown:
+        raise BatchError(
+            f"the input file names {listing(unknown)}, which the model's forward does not "
+            f"take (it takes {listing(list(params)) or 'no arguments'});",
+            "name the tensors after the forward's arguments, or save them as a tuple in "
+            "their order.",
+        )
 
 
 def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
@@ -92,20 +123,22 @@ def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
     if lowered == "random" or lowered.startswith("random:"):
         return _random(source[len("random:"):].strip(), model)
     if looks_like_shape(source):
-        return random_batch(source, seed=0)
+        return _random(source, model)
     return None
 
 
 def _random(shape: str, model: LoadedModel | None) -> Batch:
+    # Values follow the model (dtype, token ids); the shape too when none is given.
+    module = model.module if model is not None else None
     if shape:
-        return random_batch(shape, seed=0)
-    input_shape = model.input_shape if model is not None else None
-    if input_shape is not None and all(d is not None for d in input_shape):
-        return random_batch((2, *input_shape), seed=0)
-    raise BatchError(
-        "'random' needs a shape, and the model's input shape is not known;",
-        "give the full shape, e.g. 'random:2x3x224x224'.",
-    )
+        return random_batch(shape, seed=0, recipe=recipe_for(module))
+    batch = random_batch_for(module, model.input_shape if model is not None else None)
+    if batch is None:
+        raise BatchError(
+            "a random batch needs a shape here: the model's input shape is not known;",
+            "give the full shape, e.g. 2x3x224x224.",
+        )
+    return batch
 
 
 def _refuse_tensor_files_among(sources: list[str]) -> None:

@@ -6,7 +6,6 @@ Files are loaded with ``weights_only=True`` only: nothing in them can run code.
 from __future__ import annotations
 
 import os
-import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,17 +13,18 @@ from typing import NamedTuple
 
 import torch
 
-from core.batch import Batch
+from core.batch import Batch, ModelInputs
 from core.batches.images import IMAGE_SUFFIXES
 from core.batches.labels import checked_label_tensor, parse_labels
 from core.batches.paths import display_path
+from core.capture_file import FORMAT as CAPTURE_FORMAT
 from core.errors import BatchError
+from core.pickle_scan import refusal, short_reason
 
 TENSOR_SUFFIXES = frozenset({".pt", ".pth"})
 
 _INPUT_KEYS = ("input", "inputs", "x", "images")
 _LABEL_KEYS = ("labels", "label", "y", "targets")
-_CAPTURE_FORMAT = "gradexplorer.capture"
 _TENSOR_FIX = (
     "save the input as a plain tensor, torch.save(x, 'input.pt'), "
     "or as a dict, torch.save({'input': x, 'labels': y}, 'input.pt')"
@@ -61,19 +61,17 @@ def _torch_load(path: Path):
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a damaged file can fail with KeyError, EOFError, RuntimeError...
-        text = str(exc)
-        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-        if unsafe:
+        refused = refusal(path, exc)
+        if refused is not None:
             raise BatchError(
-                f"file '{path}' holds pickled Python objects ({unsafe.group(1)}), "
-                "which gradexplorer does not unpickle because unpickling can run code;",
+                f"file '{path}' holds pickled Python objects, which gradexplorer does not "
+                f"unpickle because unpickling can run code ({refused.reason()});",
                 _TENSOR_FIX + ".",
             ) from exc
         if path.stat().st_size == 0:
             why = "the file is empty"
         else:
-            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-            why = f"{type(exc).__name__}: {first[:200]}"
+            why = f"{type(exc).__name__}: {short_reason(exc)[:200]}"
         raise BatchError(
             f"file '{path}' is not a readable PyTorch file ({why});",
             "choose a file written by torch.save, or " + _TENSOR_FIX + ".",
@@ -93,6 +91,11 @@ def load_tensor_file(path: str | os.PathLike, labels=None) -> Batch:
         ``"input"``, ``"inputs"``, ``"x"`` or ``"images"`` and optionally integer
         labels ``(B,)`` under ``"labels"``, ``"label"``, ``"y"`` or ``"targets"``;
         or a gradexplorer capture file, whose ``"input"`` is used.
+
+        For a model of several inputs: a tuple or list of tensors (positional
+        arguments), or a dict of tensors named like the forward's parameters (keyword
+        arguments, labels apart), stored as is or under ``"input"``/``"inputs"``. They
+        go into ``Batch.inputs``; the first is ``Batch.tensor``.
     labels : str, int, sequence or Tensor, optional
         Class indices (see :func:`parse_labels`); they replace labels in the file.
 
@@ -120,13 +123,24 @@ def load_tensor_file(path: str | os.PathLike, labels=None) -> Batch:
     obj = _torch_load(path)
     found = _find_input(obj, path, want_labels=labels is None)
     tensor, preprocessing = _as_batch_tensor(found.tensor, found.what, path)
+    inputs = None
+    if found.inputs is not None:
+        # Every input as stored, the primary one checked and converted like a single input.
+        inputs = found.inputs._map(
+            lambda t: tensor if t is found.tensor else _as_batch_tensor(t, found.what, path, any_rank=True)[0]
+        )
     n = int(tensor.shape[0])
+    source = f"{n} sample{'s' if n != 1 else ''} from {display_path(path)}"
+    if inputs is not None:
+        count = len(inputs.args) + len(inputs.kwargs)
+        source += f" ({count} inputs: {_argument_names(inputs)})"
     batch = Batch(
         tensor=tensor,
         labels=None,
         names=[f"{path.stem}[{i}]" for i in range(n)],
-        source=f"{n} sample{'s' if n != 1 else ''} from {display_path(path)}",
+        source=source,
         preprocessing=preprocessing,
+        inputs=inputs,
     )
     if labels is not None:
         batch.labels = parse_labels(labels, n)
@@ -140,18 +154,51 @@ class _FoundInput(NamedTuple):
     what: str
     """How the input is named in messages ("tensor", "'x' entry")."""
     labels: torch.Tensor | None
+    inputs: ModelInputs | None = None
+    """Every argument, for a model of several inputs (``tensor`` is the first)."""
+
+
+def _several(value: object) -> ModelInputs | None:
+    # A tuple or list of tensors is positional arguments; a dict of tensors whose keys are
+    # names is keyword arguments.
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return ModelInputs(args=tuple(value))
+    if (isinstance(value, dict) and value
+            and all(isinstance(k, str) and k.isidentifier() for k in value)
+            and all(isinstance(v, torch.Tensor) for v in value.values())):
+        return ModelInputs(kwargs=dict(value))
+    return None
+
+
+def _argument_names(inputs: ModelInputs) -> str:
+    names = [f"#{i + 1}" for i in range(len(inputs.args))] + list(inputs.kwargs)
+    return ", ".join(names)
 
 
 def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
     # The input tensor and the labels stored with it, from what torch.load returned.
     if isinstance(obj, torch.Tensor):
         return _FoundInput(obj, "tensor", None)
+    several = _several(obj) if isinstance(obj, (tuple, list)) else None
+    if several is not None:
+        return _FoundInput(several.primary, "first input", None, several)
+    if isinstance(obj, dict) and obj.get("format") != CAPTURE_FORMAT:
+        key, value = _pick(obj, _INPUT_KEYS)
+        labels_key, _ = _pick(obj, _LABEL_KEYS)
+        if key is not None:
+            several = _several(value)
+        else:
+            # A dict of named tensors and nothing else: keyword arguments (labels apart).
+            several = _several({k: v for k, v in obj.items() if k != labels_key})
+        if several is not None:
+            return _FoundInput(several.primary, "first input", _file_labels(obj, path, want_labels),
+                               several)
     if not isinstance(obj, dict):
         raise BatchError(
             f"file '{path}' holds {_found(obj)}, not a tensor;",
             "expected a tensor or a dict with an 'input' tensor: " + _TENSOR_FIX + ".",
         )
-    if obj.get("format") == _CAPTURE_FORMAT:
+    if obj.get("format") == CAPTURE_FORMAT:
         key, tensor = _pick(obj, ("input",))
         what = "capture file's input"
         if key is None:
@@ -173,6 +220,10 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
         raise BatchError(
             f"the {what} in '{path}' is {_found(tensor)}, not a tensor;", _TENSOR_FIX + "."
         )
+    return _FoundInput(tensor, what, _file_labels(obj, path, want_labels))
+
+
+def _file_labels(obj: dict, path: Path, want_labels: bool) -> torch.Tensor | None:
     label_key, file_labels = _pick(obj, _LABEL_KEYS)
     if label_key is not None and want_labels and file_labels is not None:
         if not isinstance(file_labels, torch.Tensor):
@@ -180,13 +231,15 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
                 f"the {label_key!r} entry in '{path}' is {_found(file_labels)}, not a tensor;",
                 "store labels as an integer tensor of shape (B,).",
             )
-    return _FoundInput(tensor, what, file_labels)
+    return file_labels
 
 
-def _as_batch_tensor(tensor: torch.Tensor, what: str, path: Path) -> tuple[torch.Tensor, str]:
+def _as_batch_tensor(
+    tensor: torch.Tensor, what: str, path: Path, *, any_rank: bool = False
+) -> tuple[torch.Tensor, str]:
     # The stored tensor as a dense CPU batch, and the preprocessing that took, in words.
     tensor = tensor.detach().to("cpu")
-    if tensor.dim() == 0:
+    if tensor.dim() == 0 and not any_rank:
         raise BatchError(
             f"the {what} in '{path}' is a single number, not a batch;",
             "save a tensor of shape (B, ...), e.g. (B, 3, 224, 224) for images.",

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 import torchvision
 
+from core.capture_file import FORMAT as CAPTURE_FORMAT
 from core.errors import ModelLoadError, TrustRequired
 from core.loaded_model import LoadedModel
-from core.models.factories import load_factory, parse_factory
+from core.models.factories import describe_factory, load_factory, parse_factory
 from core.models.files import (
     check_file,
     is_export_archive,
@@ -36,9 +37,14 @@ from core.models.files import (
 )
 from core.models.pickles import load_export, pickled_module, read_checkpoint
 from core.models.state_dicts import find_state_dict
-from core.models.torchvision_models import load_torchvision, load_with_arch, torchvision_name
+from core.models.torchvision_models import (
+    load_torchvision,
+    load_with_arch,
+    torchvision_name,
+)
+from core.weights import model_task
 
-__all__ = ["load_model", "LoadedModel", "ModelLoadError", "TrustRequired"]
+__all__ = ["load_model", "check_capturable", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
 
 
 def load_model(
@@ -71,8 +77,10 @@ def load_model(
     arch : str, optional
         The torchvision architecture of a checkpoint file that holds weights only.
     trust : bool
-        Allow running code: unpickling Python objects from ``spec`` or calling a factory.
-        torchvision's cached weight files are never unpickled, whatever ``trust`` says.
+        Allow running code: unpickling Python objects from the model file ``spec`` or
+        calling the factory ``spec``. Nothing else: weights files (``weights``) and
+        torchvision's cached files are read with ``weights_only=True`` whatever ``trust``
+        says.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` while pretrained weights download.
 
@@ -102,14 +110,16 @@ def load_model(
         )
     if text.startswith("demo:"):
         _refuse_extras(text, weights=weights, arch=arch)
-        from core.demos import load_demo  # demos import model code this module does not need
+        from core.demos import (
+            load_demo,  # demos import model code this module does not need
+        )
 
         return load_demo(text)
 
     name = torchvision_name(text)
     if name is not None:
         _refuse_extras(text, arch=arch)
-        return load_torchvision(name, weights=weights, trust=trust, progress=progress)
+        return load_torchvision(name, weights=weights, progress=progress)
 
     factory = parse_factory(text)
     if factory is not None:
@@ -123,6 +133,63 @@ def load_model(
     raise _unknown_spec(text)
 
 
+def check_capturable(spec: str) -> None:
+    """Refuse a model whose output no target can turn into one number, before anything
+    is downloaded, built or run.
+
+    Torchvision detection models return a list of boxes, labels and scores per image.
+
+    Parameters
+    ----------
+    spec : str
+        What the user asked to load (see :func:`load_model`).
+
+    Raises
+    ------
+    ModelLoadError
+        ``spec`` names a detection model; the message says what to choose instead.
+    """
+    name = torchvision_name(spec)
+    if name is None or model_task(name) != "detection":
+        return
+    raise ModelLoadError(
+        f"{name} is a detection model: it returns a list of boxes, labels and scores for "
+        "each image, and gradexplorer has no target that turns that into one number yet.",
+        "Choose a classification or segmentation model ('gradexplorer models --task "
+        "classification'), or load the detector through a factory (--model file.py:function "
+        "--trust) that returns one score, such as the top detection's.",
+    )
+
+
+def trust_subject(spec: str) -> str:
+    """The file or factory whose code runs when ``spec`` is loaded with trust, in words.
+
+    For the trust dialog: it names what will run, not the model. Nothing is imported or
+    read but the file's listing of a zip archive.
+
+    Parameters
+    ----------
+    spec : str
+        What the user asked to load (see :func:`load_model`).
+
+    Returns
+    -------
+    str
+        E.g. "the model file '/home/me/net.pt'", "the torch.export archive '/x/m.pt2'",
+        "the Python file '/home/me/nets.py', then its build()".
+    """
+    text = spec.strip()
+    if text.startswith("demo:") or torchvision_name(text) is not None:
+        return f"'{text}'"
+    factory = parse_factory(text)
+    if factory is not None:
+        return describe_factory(factory)
+    path = Path(text).expanduser()
+    members = zip_members(path) if path.is_file() else None
+    kind = "torch.export archive" if is_export_archive(path, members) else "model file"
+    return f"the {kind} '{path.resolve()}'"
+
+
 def _unknown_spec(text: str) -> ModelLoadError:
     names = torchvision.models.list_models()
     suggestions = difflib.get_close_matches(
@@ -133,7 +200,8 @@ def _unknown_spec(text: str) -> ModelLoadError:
         "module:function factory.",
         f"Did you mean {' or '.join(suggestions)}?"
         if suggestions
-        else "Choose a name from torchvision.models.list_models(), demo:shapes, or a file.",
+        else "Run 'gradexplorer models' for the torchvision names, or give demo:shapes, "
+        "a checkpoint file or module:function.",
     )
 
 
@@ -142,12 +210,12 @@ def _refuse_extras(spec: str, *, weights: str | None = None, arch: str | None = 
     if weights is not None:
         raise ModelLoadError(
             f"Weights cannot be chosen for '{spec}'.",
-            "Pass weights only with a torchvision model name or a factory.",
+            "--weights goes only with a torchvision model name or a factory.",
         )
     if arch is not None:
         raise ModelLoadError(
             f"An architecture cannot be chosen for '{spec}'.",
-            "Pass arch only with a checkpoint file that holds weights only.",
+            "--arch goes only with a checkpoint file that holds weights only.",
         )
 
 
@@ -162,12 +230,19 @@ def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> Loade
     obj = read_checkpoint(path, trust=trust)
     if isinstance(obj, torch.jit.ScriptModule):
         raise torchscript_error(path)
+    if isinstance(obj, dict) and obj.get("format") == CAPTURE_FORMAT:
+        raise ModelLoadError(
+            f"'{path}' is a gradexplorer capture file, not a model.",
+            f"Look inside it with 'gradexplorer inspect {path}', or open it in the window "
+            "(File > Open capture).",
+        )
     state = find_state_dict(obj)
     if state is None:
         return pickled_module(obj, path, spec=spec, arch=arch)
     if arch is None:
         raise ModelLoadError(
             f"'{path}' holds weights only (a state dict), not the model's architecture.",
-            "Pass the architecture name too, e.g. arch='resnet18' (--arch resnet18).",
+            "Give its torchvision architecture too, e.g. --arch resnet18 (in the window, "
+            "choose it when opening the file).",
         )
     return load_with_arch(path, state, spec=spec, arch=arch)

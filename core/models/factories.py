@@ -3,12 +3,10 @@ arguments to build the model. Calling one runs the user's code, so it needs trus
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,9 +14,8 @@ from torch import nn
 
 from core.errors import ModelLoadError, TrustRequired
 from core.loaded_model import LoadedModel
-from core.models.files import check_file
-from core.models.pickles import read_checkpoint
-from core.models.state_dicts import find_state_dict, load_state_into
+from core.models.files import import_path
+from core.models.state_dicts import load_state_into, read_weights
 
 _FACTORY = re.compile(r"^(?P<target>.+):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -44,6 +41,34 @@ def parse_factory(text: str) -> FactorySpec | None:
     return None
 
 
+def describe_factory(factory: FactorySpec) -> str:
+    """The code a factory runs, in words for the trust dialog; imports nothing.
+
+    Returns
+    -------
+    str
+        E.g. "the Python file '/home/me/nets.py', then its build()" or "the Python module
+        nets.zoo (from /home/me/nets/__init__.py), then its build()".
+    """
+    call = f"then its {factory.attr}()"
+    if factory.target.endswith(".py"):
+        return f"the Python file '{Path(factory.target).expanduser().resolve()}', {call}"
+    top = factory.target.split(".")[0]
+    with import_path(Path.cwd()):
+        try:
+            # A top-level name is found without running it; a dotted one would import
+            # its parent packages, so only the top is looked up.
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+    if found is None:
+        where = "not found on the import path or in the current folder"
+    else:
+        locations = list(found.submodule_search_locations or [])
+        where = f"from {found.origin or (locations[0] if locations else top)}"
+    return f"the Python module {factory.target} ({where}), {call}"
+
+
 def load_factory(
     spec: str, factory: FactorySpec, *, trust: bool, weights: str | None
 ) -> LoadedModel:
@@ -64,8 +89,11 @@ def load_factory(
         raise TrustRequired(
             f"'{spec}' is Python code: building the model runs it.",
             "Pass --trust if you trust this code.",
+            subject=describe_factory(factory),
         )
-    with _import_path(file.parent if file is not None else None):
+    # A factory file imports its neighbours; a module name is looked up in the current
+    # folder too, as `python -m app` does (the console script's path lacks it).
+    with import_path(file.parent if file is not None else Path.cwd()):
         function = _resolve(spec, factory, file)
         result = _call(spec, function)
     if isinstance(result, LoadedModel):
@@ -79,15 +107,18 @@ def load_factory(
             "Make it return the model (an nn.Module instance).",
         )
     label = None
+    notes = ["built by a trusted factory"]
     if weights is not None:
-        label = _load_weights(result, Path(weights).expanduser(), spec, trust=trust)
+        path = Path(weights).expanduser()
+        notes.extend(load_state_into(result, read_weights(path), path, spec))
+        label = f"file:{path}"
     return LoadedModel(
         module=result.eval(),
         spec=spec,
         name=factory.attr,
         weights=label,
         task="other",
-        notes=["built by a trusted factory"],
+        notes=notes,
     )
 
 
@@ -123,33 +154,6 @@ def _call(spec: str, function: object) -> object:
             f"The factory '{spec}' raised {type(exc).__name__}: {exc}",
             "Fix the factory so that calling it with no arguments returns an nn.Module.",
         ) from exc
-
-
-def _load_weights(module: nn.Module, path: Path, spec: str, *, trust: bool) -> str:
-    check_file(path, "weights file")
-    state = find_state_dict(read_checkpoint(path, trust=trust))
-    if state is None:
-        raise ModelLoadError(
-            f"'{path}' does not hold a state dict.",
-            "Save it with torch.save(model.state_dict(), path).",
-        )
-    load_state_into(module, state, path, spec)
-    return f"file:{path}"
-
-
-@contextlib.contextmanager
-def _import_path(folder: Path | None) -> Iterator[None]:
-    # A factory file usually imports its neighbours; make them importable while it runs.
-    entry = str(folder.resolve()) if folder is not None else None
-    added = entry is not None and entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(entry)
 
 
 def _import_file(file: Path) -> object:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.errors import ModelLoadError
@@ -66,3 +69,19 @@ def torchscript_error(path: Path) -> ModelLoadError:
         "Save the eager model's weights instead, torch.save(model.state_dict(), 'model.pth'), "
         "and load them with the architecture (--arch resnet18), or save the eager model itself.",
     )
+
+
+@contextlib.contextmanager
+def import_path(folder: Path | None) -> Iterator[None]:
+    """``folder`` at the front of the import path while the user's code runs (a factory
+    file's neighbours, a pickled model's module in the current folder)."""
+    entry = str(folder.resolve()) if folder is not None else None
+    if entry is None or entry in sys.path:
+        yield
+        return
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)

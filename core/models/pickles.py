@@ -7,8 +7,6 @@ unpickled, and only with ``trust``.
 
 from __future__ import annotations
 
-import pickletools
-import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,19 +14,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError, TrustRequired
+from core.errors import ModelLoadError, TrustRequired, listing
 from core.loaded_model import LoadedModel
-from core.weights import short_reason
+from core.models.files import import_path
+from core.pickle_scan import refusal, short_reason
 
 #: Where whole models sit inside a checkpoint dict.
 MODULE_KEYS = ("model", "module", "net")
 TRUST_FIX = "Load it only if you trust where it came from: pass --trust."
-
-
-def listing(keys: list[str], limit: int = 4) -> str:
-    """The first ``limit`` of ``keys`` and how many more, for messages."""
-    shown = ", ".join(keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def read_checkpoint(path: Path, *, trust: bool) -> object:
@@ -60,64 +53,50 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - damaged and unsafe files raise many different types
         safe_error = exc
-    unsafe = unsafe_globals(path, safe_error)
-    if not unsafe:
+    refused = refusal(path, safe_error)
+    if refused is None:
         raise ModelLoadError(
             f"'{path}' cannot be read as a PyTorch checkpoint: {short_reason(safe_error)}",
             "Check that the file is complete and was written by torch.save.",
         ) from safe_error
     if not trust:
         raise TrustRequired(
-            f"Loading '{path}' would run code: it holds pickled Python objects "
-            f"({listing(unsafe, 6)}), not just tensors.",
+            f"Loading '{path}' would run code: {refused.reason()}; it holds pickled Python "
+            f"objects ({listing(refused.globals, 6)}), not just tensors.",
             TRUST_FIX + " Safer: save model.state_dict() and load it with --arch.",
+            subject=f"the model file '{path.resolve()}'",
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        # The classes of a pickled model usually live in the user's own module: look in
+        # the current folder as `python -m app` does (the console script's path lacks it).
+        with import_path(Path.cwd()):
+            return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # whatever the pickled code raises
-        raise ModelLoadError(
-            f"'{path}' could not be unpickled: {type(exc).__name__}: {exc}",
-            "Make the code that defined the model importable (run from its project folder or "
-            "install its package), or save a state dict instead.",
-        ) from exc
+        raise _unpickling_failed(path, exc) from exc
 
 
-def unsafe_globals(path: Path, error: Exception) -> list[str]:
-    """The Python globals a file would import when unpickled, without unpickling it."""
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # noqa: BLE001 - only zip checkpoints are supported; the error message names the rest
-        # Legacy torch.save files get this far and the error names the global; plain pickle
-        # files stop earlier (on an opcode the safe unpickler lacks), so read their opcodes.
-        found = re.findall(r"GLOBAL ([\w.]+)", str(error)) or pickle_globals(path)
-    return list(dict.fromkeys(found))
-
-
-def pickle_globals(path: Path) -> list[str]:
-    """The globals a plain pickle file would import, read without unpickling anything."""
-    found: list[str] = []
-    pushed: list[str | None] = []  # recent string pushes, to name STACK_GLOBAL's operands
-    memo: dict[int, str | None] = {}
-    try:
-        with open(path, "rb") as stream:
-            for opcode, arg, _pos in pickletools.genops(stream):
-                name = opcode.name
-                if name == "GLOBAL" and isinstance(arg, str):
-                    found.append(arg.replace(" ", "."))
-                elif name == "STACK_GLOBAL":
-                    if len(pushed) >= 2 and pushed[-2] and pushed[-1]:
-                        found.append(f"{pushed[-2]}.{pushed[-1]}")
-                elif name == "MEMOIZE":
-                    memo[len(memo)] = pushed[-1] if pushed else None
-                elif name.endswith("PUT"):
-                    memo[arg] = pushed[-1] if pushed else None
-                elif name.endswith("GET"):
-                    pushed.append(memo.get(arg))
-                elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
-                    pushed.append(arg)
-    except Exception:  # noqa: BLE001 - not a pickle, or a damaged one: report what was seen
-        pass
-    return found
+def _unpickling_failed(path: Path, exc: Exception) -> ModelLoadError:
+    text = str(exc)
+    if "__main__" in text or "__mp_main__" in text:
+        return ModelLoadError(
+            f"'{path}' could not be unpickled: its model class was defined in a script that "
+            f"was run directly (__main__), which no other program can import ({text}).",
+            "Move the class into a module file (e.g. nets.py), import it from the script, "
+            "and save again; or save model.state_dict() and load it with --arch or a factory.",
+        )
+    if isinstance(exc, (ModuleNotFoundError, AttributeError)):
+        missing = getattr(exc, "name", None) or text
+        return ModelLoadError(
+            f"'{path}' could not be unpickled: the code that defines the model is not "
+            f"importable ({type(exc).__name__}: {text}).",
+            f"Run gradexplorer from the folder that holds {missing} (or its package), or add "
+            "that folder to PYTHONPATH, or install its package.",
+        )
+    return ModelLoadError(
+        f"'{path}' could not be unpickled: {type(exc).__name__}: {text}",
+        "Make the code that defined the model importable (run from its project folder or "
+        "install its package), or save a state dict instead.",
+    )
 
 
 def pickled_module(obj: object, path: Path, *, spec: str, arch: str | None) -> LoadedModel:
@@ -165,6 +144,7 @@ def load_export(path: Path, *, spec: str, trust: bool) -> LoadedModel:
         raise TrustRequired(
             f"'{path}' is a torch.export archive; loading it unpickles data, which can run code.",
             TRUST_FIX,
+            subject=f"the torch.export archive '{path.resolve()}'",
         )
     try:
         program = torch.export.load(path)

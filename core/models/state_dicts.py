@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -9,15 +11,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError
-from core.models.pickles import listing
-from core.weights import short_reason
+from core.errors import ModelLoadError, listing
+from core.models.files import check_file
+from core.pickle_scan import refusal, short_reason
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
-#: Prefixes that wrappers add to every key: DataParallel/DDP "module.", torch.compile
-#: "_orig_mod.".
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 class FitReport(NamedTuple):
@@ -62,14 +61,172 @@ def find_state_dict(obj: object) -> Mapping[str, torch.Tensor] | None:
     return None
 
 
-def strip_wrapper_prefix(
-    state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """``state`` without a wrapper's prefix on every key, when the model's keys lack it."""
-    for prefix in WRAPPER_PREFIXES:
-        if all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in own):
-            return {k[len(prefix):]: v for k, v in state.items()}
-    return dict(state)
+def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
+    """The state dict in a weights file (``--weights``), read with ``weights_only=True``.
+
+    Weights files never run code, whatever ``--trust`` says: trust is for the model file or
+    factory the user named, not for the files given with it.
+
+    Parameters
+    ----------
+    path : Path
+        A file written by ``torch.save(model.state_dict(), path)``, or a checkpoint dict
+        holding one (``"state_dict"``, ``"model_state_dict"``, ``"model"``).
+
+    Returns
+    -------
+    dict of str to Tensor
+
+    Raises
+    ------
+    ModelLoadError
+        The file is missing, empty or damaged, holds Python objects (the message names the
+        blocked global and what the file seems to be), or holds no state dict.
+    """
+    check_file(path, "weights file")
+    try:
+        with warnings.catch_warnings():
+            # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # damaged and unsafe files raise many different types
+        refused = refusal(path, exc)
+        if refused is None:
+            raise ModelLoadError(
+                f"The weights file '{path}' cannot be read as a PyTorch checkpoint: "
+                f"{short_reason(exc)}",
+                "Check that the file is complete and was written by torch.save.",
+            ) from exc
+        if refused.whole_model:
+            fix = ("To use that model, give the file as the model instead: --model FILE "
+                   "--trust (only if you trust where it came from).")
+        else:
+            fix = "Save the weights alone: torch.save(model.state_dict(), 'weights.pth')."
+        raise ModelLoadError(
+            f"The weights file '{path}' was not loaded: {refused.reason()}. Weights files "
+            "are read as tensors only, whatever --trust says.",
+            fix,
+        ) from exc
+    state = find_state_dict(obj)
+    if state is None:
+        raise ModelLoadError(
+            f"'{path}' does not hold a state dict (it holds {describe_object(obj)}).",
+            "Save it with torch.save(model.state_dict(), path).",
+        )
+    return state
+
+
+def describe_object(obj: object) -> str:
+    """What a loaded object is, in a few words ("a dict with keys 'epoch', 'lr'")."""
+    if isinstance(obj, Mapping):
+        keys = [repr(k) for k in obj]
+        return f"a dict with keys {listing(keys, 6)}" if keys else "an empty dict"
+    return f"a {type(obj).__name__}"
+
+
+class KeyMatch(NamedTuple):
+    """A file's state dict with its keys made to match a model's, and what was done.
+
+    Attributes
+    ----------
+    state : dict of str to Tensor
+        The state dict to load.
+    prefix : str
+        The prefix removed from every key ("model." of a Lightning checkpoint,
+        "module." of DataParallel), or "".
+    dropped : tuple of str
+        Keys outside that prefix, left out (a Lightning module's loss or metric buffers).
+    """
+
+    state: dict[str, torch.Tensor]
+    prefix: str = ""
+    dropped: tuple[str, ...] = ()
+
+    def note(self, source: Path) -> str | None:
+        """What was done, for the user, or None when the keys were used as they are."""
+        if not self.prefix:
+            return None
+        text = f"removed the prefix '{self.prefix}' from the keys of {source.name}"
+        if self.dropped:
+            text += (f" and left out {len(self.dropped)} keys outside it "
+                     f"({listing(list(self.dropped), 3)})")
+        return text
+
+
+def match_keys(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> KeyMatch:
+    """``state`` with the common key prefix removed that makes its keys the model's.
+
+    Lightning checkpoints hold ``{"state_dict": {"model.conv1.weight": ...}}``; wrappers
+    (DataParallel, DDP, ``torch.compile``) add "module." or "_orig_mod.". A prefix is
+    removed only when afterwards the keys are exactly the model's own (shapes may still
+    differ); keys outside the prefix are then left out.
+
+    Parameters
+    ----------
+    state : mapping of str to Tensor
+        The file's state dict.
+    own : mapping of str to Tensor
+        The model's ``state_dict()``.
+
+    Returns
+    -------
+    KeyMatch
+        ``state`` unchanged (``prefix == ""``) when no prefix makes the keys fit.
+    """
+    wanted = set(own)
+    if set(state) == wanted:
+        return KeyMatch(_copy(state))
+    for prefix in _candidate_prefixes(state, own):
+        inside = _copy(state, prefix)
+        if set(inside) == wanted:
+            return KeyMatch(inside, prefix, tuple(k for k in state if not k.startswith(prefix)))
+    return KeyMatch(_copy(state))
+
+
+def _copy(state: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    # The keys under ``prefix``, without it. torch.save keeps each module's state-dict
+    # version in ``_metadata`` (MNASNet refuses a state dict without it), so carry it over.
+    out = OrderedDict((k[len(prefix):], v) for k, v in state.items() if k.startswith(prefix))
+    metadata = getattr(state, "_metadata", None)
+    if metadata is not None:
+        module = prefix[:-1]
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            ("" if k == module else k[len(prefix):], v)
+            for k, v in metadata.items()
+            if not prefix or k == module or k.startswith(prefix)
+        )
+    return out
+
+
+def common_prefix(keys: list[str]) -> str:
+    """The dotted prefix every key shares ("model." or "model.backbone."), or ""."""
+    if not keys:
+        return ""
+    parts = [k.split(".")[:-1] for k in keys]
+    shared: list[str] = []
+    for column in zip(*parts):
+        if len(set(column)) != 1:
+            break
+        shared.append(column[0])
+    return "".join(part + "." for part in shared)
+
+
+def _candidate_prefixes(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> list[str]:
+    # Dotted prefixes (up to three parts) of the file's keys that no model key starts with,
+    # the ones covering most keys first: "model." before "model.backbone.".
+    counts: dict[str, int] = {}
+    for key in state:
+        parts = key.split(".")[:-1]
+        for depth in range(1, min(len(parts), 3) + 1):
+            prefix = "".join(part + "." for part in parts[:depth])
+            counts[prefix] = counts.get(prefix, 0) + 1
+    own_prefixes = {k.split(".")[0] + "." for k in own}
+    candidates = [
+        p for p, n in counts.items()
+        if n >= len(own) and p.split(".")[0] + "." not in own_prefixes
+    ]
+    candidates.sort(key=lambda p: (-counts[p], len(p)))
+    return candidates
 
 
 def fit_report(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> FitReport:
@@ -83,20 +240,28 @@ def fit_report(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor
 
 def load_state_into(
     module: nn.Module, state: Mapping[str, torch.Tensor], source: Path, target: str
-) -> None:
-    """Load ``state`` into ``module``, or say which keys do not fit.
+) -> list[str]:
+    """Load ``state`` into ``module`` (after :func:`match_keys`), or say what does not fit.
+
+    Returns
+    -------
+    list of str
+        Notes for the user (a prefix that was removed).
 
     Raises
     ------
     ModelLoadError
-        Keys are missing, unexpected or of another shape; the message lists a few of each.
+        Keys are missing, unexpected or of another shape; the message lists a few of each
+        and names a prefix the file's keys share that the model's lack.
     """
     own = module.state_dict()
-    state = strip_wrapper_prefix(state, own)
+    matched = match_keys(state, own)
+    state = matched.state
     report = fit_report(state, own)
     if not report.fits:
         raise ModelLoadError(
-            f"The weights in '{source}' do not fit {target}: {_differences(report, state, own)}.",
+            f"The weights in '{source}' do not fit {target}: {_differences(report, state, own)}"
+            f"{_prefix_hint(matched, state, own)}.",
             "Check that the architecture is the one the file was saved from.",
         )
     try:
@@ -106,6 +271,22 @@ def load_state_into(
             f"The weights in '{source}' do not fit {target}: {short_reason(exc)}",
             "Check that the architecture is the one the file was saved from.",
         ) from exc
+    note = matched.note(source)
+    return [note] if note else []
+
+
+def _prefix_hint(
+    matched: KeyMatch, state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]
+) -> str:
+    # The prefix the file's keys share (or the one removed), which the model's keys lack.
+    if matched.prefix:
+        return f" (after removing the prefix '{matched.prefix}' the file's keys share)"
+    prefix = common_prefix(list(state))
+    if prefix and not any(k.startswith(prefix) for k in own):
+        example = next(iter(own), "")
+        return (f" (every key in the file starts with '{prefix}', the model's do not, "
+                f"e.g. '{example}')")
+    return ""
 
 
 def _differences(

@@ -21,12 +21,12 @@ from core.batches.images import DEFAULT_PREPROCESS_DESCRIPTION, default_preproce
 from core.errors import ModelLoadError
 from core.loaded_model import LoadedModel
 from core.models.files import check_file, looks_like_path
-from core.models.pickles import read_checkpoint
 from core.models.state_dicts import (
-    find_state_dict,
+    FitReport,
     fit_report,
     load_state_into,
-    strip_wrapper_prefix,
+    match_keys,
+    read_weights,
 )
 from core.weights import (
     fetch_weights,
@@ -44,6 +44,13 @@ from core.weights import (
 # These builders warn (FutureWarning about init_weights) unless told how to initialise, and
 # grow auxiliary heads the pretrained versions drop; random models should match pretrained ones.
 _LEGACY_INIT = {"googlenet", "inception_v3", "quantized_googlenet", "quantized_inception_v3"}
+# Auxiliary classifiers: GoogLeNet's aux1 and aux2, Inception v3's AuxLogits (builder
+# argument aux_logits), segmentation models' aux_classifier (aux_loss).
+_AUX_HEADS = {"aux1", "aux2", "AuxLogits", "aux_classifier"}
+_AUX_TARGETS = {
+    "aux_logits": "in train mode (--train) their outputs are targets, e.g. top1@aux_logits",
+    "aux_loss": "the output 'aux' is a target: top1@aux",
+}
 _UPSTREAM_DEPRECATIONS = ("torch.ao.quantization is deprecated", "TypedStorage is deprecated")
 _VIDEO_FRAMES = 16
 _FALLBACK_SIZE = 224
@@ -73,7 +80,7 @@ def unknown_architecture(arch: str) -> ModelLoadError:
         f"'{arch}' is not a torchvision architecture.",
         f"Did you mean {' or '.join(close)}?"
         if close
-        else "Choose a name from torchvision.models.list_models().",
+        else "Run 'gradexplorer models' for the torchvision names.",
     )
 
 
@@ -81,10 +88,12 @@ def load_torchvision(
     name: str,
     *,
     weights: str | None,
-    trust: bool,
     progress: Callable[[int, int], None] | None,
 ) -> LoadedModel:
-    """Build torchvision's ``name`` with the weights the user chose (see ``load_model``)."""
+    """Build torchvision's ``name`` with the weights the user chose (see ``load_model``).
+
+    Weights files are read with ``weights_only=True``: ``--trust`` does not apply to them.
+    """
     notes: list[str] = []
     weights_path: Path | None = None
     # Not on disk first: a stray file called "DEFAULT" must not shadow the enum name.
@@ -106,7 +115,7 @@ def load_torchvision(
         module = build(name, None, None)
         label = None
         if weights_path is not None:
-            module, refit_notes = fit_torchvision(name, module, weights_path, trust=trust)
+            module, refit_notes = fit_torchvision(name, module, weights_path)
             label = f"file:{weights_path}"
             notes.extend(refit_notes)
     return _described(
@@ -121,7 +130,7 @@ def load_with_arch(
     name = torchvision_name(arch)
     if name is None:
         raise unknown_architecture(arch)
-    module, notes = fit_torchvision(name, build(name, None, None), path, trust=False, state=state)
+    module, notes = fit_torchvision(name, build(name, None, None), path, state=state)
     return _described(
         name, module, spec=spec, name_shown=f"{name} ({path.name})", weights=None,
         label=f"file:{path}", notes=notes, assumed=True,
@@ -187,6 +196,10 @@ def _builder_kwargs(name: str, builder: Callable, weights: WeightsEnum | None) -
         kwargs["quantize"] = weights is not None
     if weights is None and name in _LEGACY_INIT:
         kwargs.update(init_weights=True, aux_logits=False)
+    if weights is None and "aux_loss" in params:
+        # Pretrained segmentation weights carry the auxiliary classifier; a random model
+        # matches them, so its 'aux' output is a target (top1@aux) either way.
+        kwargs["aux_loss"] = True
     return kwargs
 
 
@@ -313,47 +326,90 @@ def fit_torchvision(
     module: nn.Module,
     path: Path,
     *,
-    trust: bool,
     state: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[nn.Module, list[str]]:
     """Load the state dict of ``path`` into torchvision's ``name``.
 
-    A fine-tuned classifier (only the last layer's class count differs) is rebuilt with the
-    file's number of classes.
+    When the file does not fit the model as built, the builder is called again with what
+    the file shows: the number of classes of a fine-tuned classifier, the auxiliary
+    classifiers GoogLeNet and Inception v3 have at their defaults. Key prefixes
+    (Lightning's "model.", DataParallel's "module.") are removed when that makes the keys
+    fit (:func:`~core.models.state_dicts.match_keys`).
 
     Returns
     -------
     (nn.Module, list of str)
         The model holding the weights (maybe a rebuilt one), and notes for the user.
+
+    Raises
+    ------
+    ModelLoadError
+        The weights fit neither the model nor a rebuilt one.
     """
     if state is None:
-        state = find_state_dict(read_checkpoint(path, trust=trust))
-        if state is None:
-            raise ModelLoadError(
-                f"'{path}' does not hold a state dict.",
-                "Save it with torch.save(model.state_dict(), path).",
-            )
-    own = module.state_dict()
-    state = strip_wrapper_prefix(state, own)
-    notes: list[str] = []
-    refit = _num_classes_to_fit(state, own)
-    if refit is not None:
-        try:
-            candidate = build(name, None, None, num_classes=refit)
-        except (TypeError, ValueError):
-            candidate = None
-        if candidate is not None and fit_report(state, candidate.state_dict()).fits:
-            module = candidate
-            notes.append(f"built with num_classes={refit} to fit {path.name}")
-    load_state_into(module, state, path, name)
+        state = read_weights(path)
+    rebuilt = _rebuilt_to_fit(name, module, state, path)
+    if rebuilt is not None:
+        module, notes = rebuilt
+    else:
+        notes = []
+    notes.extend(load_state_into(module, state, path, name))
     return module, notes
 
 
+def _rebuilt_to_fit(
+    name: str, module: nn.Module, state: Mapping[str, torch.Tensor], path: Path
+) -> tuple[nn.Module, list[str]] | None:
+    # The model built again with builder arguments read off the file, when that fits and
+    # the model as built does not.
+    own = module.state_dict()
+    keys = match_keys(state, own).state
+    report = fit_report(keys, own)
+    if report.fits:
+        return None
+    extra: dict[str, object] = {}
+    notes: list[str] = []
+    aux_flag = _aux_flag(name)
+    added = [k for k in report.unexpected if k.split(".")[0] in _AUX_HEADS]
+    lacking = [k for k in report.missing if k.split(".")[0] in _AUX_HEADS]
+    if aux_flag and added and len(added) == len(report.unexpected):
+        extra[aux_flag] = True
+        heads = ", ".join(sorted({k.split(".")[0] for k in added}))
+        notes.append(f"built with the auxiliary classifiers of {path.name} ({heads}); "
+                     f"{_AUX_TARGETS.get(aux_flag, '')}")
+    elif aux_flag and lacking and len(lacking) == len(report.missing):
+        extra[aux_flag] = False
+        notes.append(f"built without auxiliary classifiers, as {path.name} has none")
+    refit = _num_classes_to_fit(keys, own, report)
+    if refit is not None:
+        extra["num_classes"] = refit
+        notes.append(f"built with num_classes={refit} to fit {path.name}")
+    if not extra:
+        return None
+    try:
+        candidate = build(name, None, None, **extra)
+    except (TypeError, ValueError):
+        return None
+    own = candidate.state_dict()
+    if not fit_report(match_keys(state, own).state, own).fits:
+        return None
+    return candidate, notes
+
+
+def _aux_flag(name: str) -> str | None:
+    # The builder argument that adds or removes the auxiliary classifiers, if any.
+    params = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    for flag in ("aux_logits", "aux_loss"):
+        if flag in params or (flag == "aux_logits" and name in _LEGACY_INIT):
+            return flag
+    return None
+
+
 def _num_classes_to_fit(
-    state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]
+    state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor], report: FitReport
 ) -> int | None:
-    report = fit_report(state, own)
-    if report.missing or report.unexpected or not report.mismatched:
+    # A fine-tuned classifier: only the output layers' first dimension differs, alike.
+    if not report.mismatched or report.missing:
         return None
     sizes = {state[k].shape[0] for k in report.mismatched}
     if len(sizes) != 1 or any(state[k].shape[1:] != own[k].shape[1:] for k in report.mismatched):

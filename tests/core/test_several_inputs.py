@@ -1,0 +1,124 @@
+"""Models of several inputs: a .pt file holding a tuple, list or dict of tensors is passed
+as positional or keyword arguments, through the probe and the capture, with gradients
+checked against torch.autograd.grad on the same graph."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from app.cli import main
+from core.batches import load_batch, load_tensor_file
+from core.capture import capture
+from core.module_tree import ModuleTree
+
+
+class TwoFrames(nn.Module):
+    """Like optical flow: two images in, one map out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, frame1, frame2, *, scale=None):
+        y = torch.relu(self.a(frame1) + self.b(frame2)).mean((2, 3))
+        y = self.head(y)
+        return y * scale if scale is not None else y
+
+
+def _frames(n=2):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randn(n, 3, 8, 8, generator=g)
+
+
+@pytest.mark.parametrize("form", ["tuple", "list", "under_input"])
+def test_positional_inputs_from_a_file(tmp_path, form):
+    f1, f2 = _frames()
+    labelled = {"input": (f1, f2), "labels": torch.tensor([1, 2])}
+    obj = {"tuple": (f1, f2), "list": [f1, f2], "under_input": labelled}[form]
+    torch.save(obj, tmp_path / "pair.pt")
+    batch = load_tensor_file(tmp_path / "pair.pt")
+    assert torch.equal(batch.tensor, f1) and len(batch) == 2
+    assert len(batch.inputs.args) == 2 and torch.equal(batch.inputs.args[1], f2)
+    assert "2 inputs" in batch.source
+    if form == "under_input":
+        assert batch.labels.tolist() == [1, 2]
+
+
+def test_keyword_inputs_and_labels_from_a_dict(tmp_path):
+    f1, f2 = _frames()
+    torch.save({"frame1": f1, "frame2": f2, "labels": torch.tensor([0, 3])}, tmp_path / "kw.pt")
+    batch = load_batch([str(tmp_path / "kw.pt")])
+    assert set(batch.inputs.kwargs) == {"frame1", "frame2"} and batch.labels.tolist() == [0, 3]
+    model = TwoFrames().eval()
+    torch.testing.assert_close(batch.inputs.call(model), model(frame1=f1, frame2=f2))
+
+
+def test_probe_and_capture_match_autograd(tmp_path):
+    torch.manual_seed(0)
+    model = TwoFrames().eval()
+    f1, f2 = _frames()
+    torch.save((f1, f2), tmp_path / "pair.pt")
+    batch = load_tensor_file(tmp_path / "pair.pt")
+
+    tree = ModuleTree.build(model).probe(model, batch.model_input[:1])
+    assert tree.nodes["a"].calls == 1 and tree.nodes["b"].calls == 1
+
+    cap = capture(model, batch.model_input, layers=["a", "b", "head"], target="sum", input_grad=True)
+    # Ground truth on the same graph, by hand.
+    x1 = f1.clone().requires_grad_(True)
+    out = model(x1, f2)
+    a_out = model.a(x1)
+    grads = torch.autograd.grad(out.sum(), [model.head.weight, x1])
+    torch.testing.assert_close(cap.layers["head"].param_grads["weight"], grads[0])
+    torch.testing.assert_close(cap.input_grad, grads[1])
+    torch.testing.assert_close(cap.layers["a"].calls[0].activation, a_out.detach())
+    assert torch.equal(cap.input, f1)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_cli_capture_with_a_pair_file(tmp_path, capsys):
+    nets = tmp_path / "flow.py"
+    nets.write_text(textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+
+        class TwoFrames(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Conv2d(3, 4, 3, padding=1)
+                self.b = nn.Conv2d(3, 4, 3, padding=1)
+
+            def forward(self, frame1, frame2):
+                return (self.a(frame1) + self.b(frame2)).mean((2, 3))
+
+        def build():
+            return TwoFrames()
+        """
+    ))
+    torch.save(_frames(), tmp_path / "pair.pt")
+    out = tmp_path / "cap.pt"
+    code = main(["capture", "--model", f"{nets}:build", "--trust", "--input", str(tmp_path / "pair.pt"),
+                 "--target", "sum", "--out", str(out), "-q"])
+    assert code == 0, capsys.readouterr().err
+    from core.capture_file import load_capture
+
+    cap = load_capture(out)
+    assert set(cap.layers) >= {"a", "b"}
+
+
+def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
+    from core.errors import BatchError
+    from core.loaded_model import LoadedModel
+
+    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "sd.pt")  # a state dict by mistake
+    loaded = LoadedModel(module=TwoFrames(), spec="t", name="t")
+    with pytest.raises(BatchError) as info:
+        load_batch([str(tmp_path / "sd.pt")], loaded)
+    assert "weight, bias" in info.value.problem and "frame1, frame2" in info.value.problem
