@@ -406,7 +406,8 @@ def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu") -> str | None:
+def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu",
+                 budget: int | None = None) -> str | None:
     """A warning when the capture would not fit, or None when it does.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
@@ -417,6 +418,9 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
     estimate : MemoryEstimate
     device : str or torch.device
         Where the capture runs.
+    budget : int, optional
+        Bytes the capture may use, in RAM and on the device (``CaptureOptions.memory_budget``);
+        default: ``BUDGET_SHARE`` of what is free on each.
 
     Returns
     -------
@@ -424,7 +428,8 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         The problem and what to do about it, in one or two sentences.
     """
     device = torch.device(device)
-    ram = budget_bytes("cpu")
+    ram = budget if budget is not None else budget_bytes("cpu")
+    share = "the memory budget you set" if budget is not None else "half of the free RAM"
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
     if ram is not None and need_ram > ram:
         held = estimate.total
@@ -434,11 +439,12 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         else:
             fix = "Use a smaller batch, or a GPU."
         return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} (half of the free RAM). {fix}")
+                f"{format_bytes(ram)} ({share}). {fix}")
     if device.type == "cuda":
-        gpu = budget_bytes(device)
+        gpu = budget if budget is not None else budget_bytes(device)
         if gpu is not None and estimate.transient > gpu:
             return (f"The forward and backward pass need about {format_bytes(estimate.transient)} on "
-                    f"{device} but the budget is {format_bytes(gpu)} (half of its free memory). "
+                    f"{device} but the budget is {format_bytes(gpu)} "
+                    f"({'the memory budget you set' if budget is not None else 'half of its free memory'}). "
                     "Use a smaller batch, or run on the CPU.")
     return None
