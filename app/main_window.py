@@ -338,6 +338,8 @@ class MainWindow(QMainWindow):
         self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.run_action = action("&Run", self.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", self.cancel, "Esc")
+        self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
+                                     "Compare this capture with another run (bf16, weights, input...) or a file")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(), QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
@@ -357,6 +359,7 @@ class MainWindow(QMainWindow):
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
         menu.addAction(self.cancel_action)
+        menu.addAction(self.compare_action)
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.filter_action)
         menu.addAction("Expand all modules", self.tree_view.expandAll)
@@ -436,11 +439,18 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         has_capture = self.session.capture is not None
         for a in (getattr(self, "export_capture_action", None), getattr(self, "export_png_action", None),
-                  getattr(self, "export_csv_action", None)):
+                  getattr(self, "export_csv_action", None), getattr(self, "compare_action", None)):
             if a is not None:
                 a.setEnabled(has_capture)
         if hasattr(self, "run_action"):
             self.run_action.setEnabled(self.session.can_run())
+
+    def compare_with(self):
+        """Compare with…: ask for B (another run or a file) and open a compare window."""
+        from app.compare_window import compare_with
+
+        self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
+        return self.compare_window
 
     def show_error(self, title: str, exc: BaseException) -> None:
         """Tell the user; the window stays usable (the dialog is not modal)."""
