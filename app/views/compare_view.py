@@ -15,6 +15,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
@@ -40,7 +41,7 @@ _TENSORS = (("activation", "activation"), ("grad_output", "gradient"))
 _DISPLAYS = (("topk", "top-k channels of A"), ("channel", "one channel"), ("reduce", "mean over channels"))
 _FLOW_KINDS = (("grad_output", "output gradient"), ("activation", "activation"))
 _A_COLOUR = "#4c8bd6"
-_B_COLOUR = "#ff9f1c"
+_B_COLOUR = "#59c26b"
 _RATIO_COLOUR = "#c0c0c0"
 _FIRST_COLOUR = "#5a2424"
 
@@ -53,6 +54,11 @@ def _fmt(v: float | None) -> str:
     if math.isinf(v):
         return "inf"
     return "0" if v == 0 else f"{v:.3g}"
+
+
+def _fmt_ratio(v: float | None) -> str:
+    # Ratios of norms sit near 1: three digits would show 1 for 0.9997.
+    return _fmt(v) if v is None or not math.isfinite(v) or v == 0 else f"{v:.5g}"
 
 
 def _rel(c: CallDiff, kind: str) -> float | None:
@@ -81,6 +87,7 @@ class CompareView(QWidget):
         self._rows: list[CallDiff] = []
         self._current: CallDiff | None = None
         self.triple: HeatmapTriple | None = None
+        self.ratio_log = False
 
         self.summary_label = QLabel("No comparison yet: use Compare with… after a run, or open two captures.")
         self.summary_label.setWordWrap(True)
@@ -114,9 +121,12 @@ class CompareView(QWidget):
         self.k_spin.setPrefix("k = ")
         self.sample_spin = QSpinBox()
         self.sample_spin.setPrefix("sample ")
+        self.amplify_check = QCheckBox("amplify A − B")
+        self.amplify_check.setToolTip("Multiply the difference by a power of ten that fills the common scale "
+                                      "(the factor is shown above it); the scale itself stays the same.")
         controls = QHBoxLayout()
         for w in (QLabel("Tensor"), self.tensor_combo, QLabel("Show"), self.display_combo, self.channel_spin,
-                  self.k_spin, self.sample_spin):
+                  self.k_spin, self.sample_spin, self.amplify_check):
             controls.addWidget(w)
         controls.addStretch(1)
         self.heat_title = QLabel(" ")
@@ -127,6 +137,10 @@ class CompareView(QWidget):
             plot, image = image_plot(self.heat_widget.ci, 0, col, title=title)
             self.plots.append(plot)
             self.images.append(image)
+            if col:
+                # Zooming or panning one picture moves the others: same pixels side by side.
+                plot.setXLink(self.plots[0])
+                plot.setYLink(self.plots[0])
         # One colour bar for all three pictures: one symmetric scale.
         self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False, width=14,
                                         pen=FOREGROUND, colorMapMenu=False)
@@ -153,7 +167,8 @@ class CompareView(QWidget):
         self.flow_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.flow_widget)
         self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left")})
-        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": Log10Axis("left")})
+        self.ratio_axis = Log10Axis("left")
+        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis})
         for p in (self.flow_plot, self.ratio_plot):
             p.setMenuEnabled(False)
             p.hideButtons()
@@ -166,14 +181,16 @@ class CompareView(QWidget):
         self.flow_widget.ci.layout.setRowStretchFactor(0, 3)
         self.flow_widget.ci.layout.setRowStretchFactor(1, 2)
         legend = self.flow_plot.addLegend(offset=(-10, 10), labelTextColor=FOREGROUND)
-        self.curve_a = self.flow_plot.plot([], [], pen=pg.mkPen(_A_COLOUR, width=2), symbol="o", symbolSize=5,
+        self.curve_a = self.flow_plot.plot([], [], pen=pg.mkPen(_A_COLOUR, width=4), symbol="o", symbolSize=5,
                                            symbolBrush=_A_COLOUR, symbolPen=None, name="A")
-        self.curve_b = self.flow_plot.plot([], [], pen=pg.mkPen(_B_COLOUR, width=2), symbol="o", symbolSize=5,
+        # B dashed over A: where they agree both stay visible.
+        self.curve_b = self.flow_plot.plot([], [], pen=pg.mkPen(_B_COLOUR, width=2, style=Qt.PenStyle.DashLine), symbol="o", symbolSize=5,
                                            symbolBrush=_B_COLOUR, symbolPen=None, name="B")
         legend.setParentItem(self.flow_plot.vb)
         self.ratio_curve = self.ratio_plot.plot([], [], pen=pg.mkPen(_RATIO_COLOUR, width=2), symbol="o",
                                                 symbolSize=4, symbolBrush=_RATIO_COLOUR, symbolPen=None)
-        self.ratio_plot.addItem(pg.InfiniteLine(0.0, angle=0, pen=pg.mkPen("#777777", style=Qt.PenStyle.DashLine)))
+        self.ratio_one = pg.InfiniteLine(0.0, angle=0, pen=pg.mkPen("#777777", style=Qt.PenStyle.DashLine))
+        self.ratio_plot.addItem(self.ratio_one)
         self.marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(SELECTED_COLOUR, width=1.5))
         self.flow_plot.addItem(self.marker)
         flow_box = QWidget()
@@ -194,6 +211,7 @@ class CompareView(QWidget):
         top.addWidget(heat_box)
         top.setStretchFactor(0, 2)
         top.setStretchFactor(1, 3)
+        top.setSizes([600, 800])
         main = QSplitter(Qt.Orientation.Vertical)
         main.addWidget(top)
         main.addWidget(flow_box)
@@ -206,6 +224,7 @@ class CompareView(QWidget):
 
         for w in (self.tensor_combo, self.display_combo):
             w.currentIndexChanged.connect(self._draw_heatmaps)
+        self.amplify_check.toggled.connect(self._draw_heatmaps)
         for s in (self.channel_spin, self.k_spin, self.sample_spin):
             s.valueChanged.connect(self._draw_heatmaps)
         self.flow_kind.currentIndexChanged.connect(self._draw_flow)
@@ -241,7 +260,7 @@ class CompareView(QWidget):
         return list(self._rows)
 
     def flow_data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The plotted series (log10 of A, of B, of B / A), for tests."""
+        """The plotted series (log10 of A, of B; B / A, in log10 when ``ratio_log``), for tests."""
         _, ya = self.curve_a.getData()
         _, yb = self.curve_b.getData()
         _, yr = self.ratio_curve.getData()
@@ -275,8 +294,8 @@ class CompareView(QWidget):
         r = self.result
         assert r is not None
         self._rows = r.by_divergence()
-        firsts = {id(r.first_divergent_activation): "first divergent activation",
-                  id(r.first_divergent_gradient): "first divergent gradient"}
+        firsts = {id(r.first_divergent_activation): "first activation",
+                  id(r.first_divergent_gradient): "first gradient"}
         self.table.blockSignals(True)
         self.table.setRowCount(len(self._rows))
         for i, c in enumerate(self._rows):
@@ -288,11 +307,11 @@ class CompareView(QWidget):
             status = c.note or ("ok" if c.within else "diverges")
             marks = [text for key, text in firsts.items() if key == id(c)]
             if c is r.first_divergent_activation and c is r.first_divergent_gradient:
-                marks = ["first divergent activation and gradient"]
+                marks = ["first activation and gradient"]
             if marks:
-                status = f"{status}: {marks[0]}"
+                status = f"◀ {marks[0]}" if not c.note else f"{c.note}; {marks[0]}"
             cells = [c.label, str(c.call), c.type, _fmt(_rel(c, "activation")), _fmt(_rel(c, "grad_output")),
-                     _fmt(ratio), status]
+                     _fmt_ratio(ratio), status]
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if j in (1, 3, 4, 5):
@@ -372,15 +391,28 @@ class CompareView(QWidget):
         self.triple = triple
         self.heat_stack.setCurrentWidget(self.heat_widget)
         lo, hi = triple.levels
-        for image, hm in zip(self.images, (triple.a, triple.b, triple.diff)):
-            image.setImage(hm.array, autoLevels=False, levels=(lo, hi))
+        gain = self.difference_gain()
+        for image, arr in zip(self.images, (triple.a.array, triple.b.array, triple.diff.array * gain)):
+            image.setImage(arr, autoLevels=False, levels=(lo, hi))
+        self.plots[2].setTitle("A − B" if gain == 1 else f"(A − B) × {gain:g}")
         self.colorbar.setLevels((lo, hi))
-        for plot in self.plots:
-            plot.autoRange(padding=0.02)
+        self.plots[0].autoRange(padding=0.02)
         kd = c.kinds.get(kind)
         rel = f"rel L2 {_fmt(kd.divergence)}" if kd is not None else ""
         what = dict(_TENSORS)[kind]
         self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; one scale ±{_fmt(hi)}")
+
+    def difference_gain(self) -> float:
+        """The factor the A − B picture is multiplied by (1 unless "amplify" is on): the
+        largest power of ten that keeps it within the common scale."""
+        t = self.triple
+        if t is None or not self.amplify_check.isChecked():
+            return 1.0
+        d = t.diff.array[np.isfinite(t.diff.array)]
+        m = float(np.abs(d).max()) if d.size else 0.0
+        if m == 0:
+            return 1.0
+        return float(10 ** max(0, math.floor(math.log10(t.levels[1] / m))))
 
     # -- flow -------------------------------------------------------------------------
     def _draw_flow(self, *_) -> None:
@@ -397,9 +429,17 @@ class CompareView(QWidget):
 
         self.curve_a.setData(x, logs(fc.a), connect="finite")
         self.curve_b.setData(x, logs(fc.b), connect="finite")
-        self.ratio_curve.setData(x, logs(fc.ratio), connect="finite")
+        ratio_logs = logs(fc.ratio)
+        finite = ratio_logs[np.isfinite(ratio_logs)]
+        # Ratios within a factor of 2 read best as plain numbers (0.99, 1.01); wider ones
+        # on a log scale.
+        self.ratio_log = bool(finite.size) and float(np.abs(finite).max()) > math.log10(2)
+        self.ratio_axis.set_log_labels(self.ratio_log)
+        self.ratio_one.setValue(0.0 if self.ratio_log else 1.0)
+        self.ratio_curve.setData(x, ratio_logs if self.ratio_log else np.asarray(fc.ratio, dtype=float),
+                                 connect="finite")
         step = max(1, len(fc.names) // 12)
-        ticks = [(i, fc.names[i].split(".")[-1] if len(fc.names[i]) > 14 else fc.names[i])
+        ticks = [(i, ".".join(fc.names[i].split(".")[-2:]) if len(fc.names[i]) > 14 else fc.names[i])
                  for i in range(0, len(fc.names), step)]
         for p in (self.flow_plot, self.ratio_plot):
             p.getAxis("bottom").setTicks([ticks, [(i, "") for i in range(len(fc.names))]])

@@ -50,7 +50,7 @@ def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qt
     rows = view.row_calls()
     assert rows[0] is result.first_divergent_activation and rows[0].layer == "conv2"
     assert view.table.item(0, 0).text() == "conv2"
-    assert "first divergent activation" in view.table.item(0, 6).text()
+    assert "first activation" in view.table.item(0, 6).text()
     assert view.table.rowCount() == len(result.calls)
     # the rest by divergence, largest first
     rest = [c.divergence for c in rows[2:]]
@@ -68,6 +68,14 @@ def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qt
         assert tuple(image.levels) == expected.levels
     lo, hi = expected.levels
     assert lo == -hi and tuple(view.colorbar.levels()) == (lo, hi)
+    # amplified: the difference times a power of ten that still fits the one scale
+    view.amplify_check.setChecked(True)
+    gain = view.difference_gain()
+    m = np.nanmax(np.abs(expected.diff.array))
+    assert gain >= 1 and m * gain <= hi < m * gain * 10
+    np.testing.assert_allclose(view.images[2].image, expected.diff.array * gain)
+    assert tuple(view.images[2].levels) == expected.levels
+    assert view.plots[2].titleLabel.text.endswith(f"× {gain:g}") or gain == 1
 
 
 def test_selecting_rows_and_switching_to_gradients(qtbot, pair):
@@ -98,7 +106,8 @@ def test_flow_chart_plots_both_series_and_their_ratio(qtbot, pair):
     ya, yb, yr = view.flow_data()
     np.testing.assert_allclose(ya, np.log10(fc.a))
     np.testing.assert_allclose(yb, np.log10(fc.b))
-    np.testing.assert_allclose(yr, np.log10(fc.ratio))
+    np.testing.assert_allclose(yr, np.log10(fc.ratio) if view.ratio_log else fc.ratio)
+    assert view.ratio_log == bool(np.abs(np.log10(fc.ratio)).max() > np.log10(2))
 
 
 def test_statistics_only_pair_shows_the_table_and_says_why_no_heatmaps(qtbot):
