@@ -179,3 +179,26 @@ def test_compare_with_cancelled_or_without_capture(qtbot, window, monkeypatch):
     monkeypatch.setattr(dialogs, "ask_item", lambda *a, **k: None)
     assert compare_with(window, window.session) is None
     assert compare_window.ask_source(window) is None
+
+
+def test_sequence_and_dict_output_models_draw(qtbot):
+    from tests.core.test_compare import DictOut, TinySeq
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.show()
+    for make, x, target, layer in ((TinySeq, torch.randint(0, 11, (3, 7)), "sum", "rnn"),
+                                   (DictOut, torch.randn(4, 5), "top1@out", "body")):
+        torch.manual_seed(0)
+        ma, mb = make(), make()
+        a, b = capture(ma, x, target=target), capture(mb, x, target=target)
+        view.set_comparison(a, b, compare(a, b))
+        assert view.select(layer, 0)
+        for kind in ("activation", "grad_output"):
+            view.tensor_combo.setCurrentIndex(view.tensor_combo.findData(kind))
+            assert view.heatmap_message() == "", view.heatmap_message()
+            sa = a[layer].calls[0].tensor(kind)[0]
+            sb = b[layer].calls[0].tensor(kind)[0]
+            expected = heatmap_triple(sa, sb, view.display_combo.currentData(), k=view.k_spin.value(),
+                                      channel=view.channel_spin.value())
+            np.testing.assert_array_equal(view.images[2].image, expected.diff.array * view.difference_gain())
