@@ -256,9 +256,7 @@ class BatchPanel(QWidget):
         batch = self.session.batch
         if batch is None or batch.labels is None or i >= len(batch.labels):
             return None
-        index = int(batch.labels[i])
-        cats = self.session.categories
-        return cats[index] if cats is not None and index < len(cats) else str(index)
+        return _class_name(int(batch.labels[i]), self.session.categories)
 
     def _item_text(self, i: int, predictions: list[tuple[str, float]] | None) -> str:
         batch = self.session.batch
@@ -287,18 +285,30 @@ class BatchPanel(QWidget):
 
     def _show_capture_inputs(self, capture: Capture) -> None:
         """A capture opened from a file, without its batch: show its input tensor."""
+        from core.capture_meta import capture_meta
+
         self.list.clear()
-        names = capture.meta.get("sample_names") or []
-        preds = top_predictions(capture.output, capture.meta.get("categories"))
+        meta = capture_meta(capture)
+        preds = top_predictions(capture.output, list(meta.categories) if meta.categories else None)
         x = capture.input
+        source = f" from {meta.batch_source}" if meta.batch_source else ""
         self.source_label.setText(f"<b>{len(x)} samples</b> ({'×'.join(str(d) for d in x.shape[1:])}) "
-                                  f"· from the capture file")
-        self.preprocess_label.setText(f"Preprocessing: {capture.meta.get('preprocessing', 'unknown')}")
+                                  f"· from the capture file{source}")
+        self.preprocess_label.setText(f"Preprocessing: {meta.preprocessing}")
         for i in range(len(x)):
-            lines = [names[i] if i < len(names) else f"sample {i}"]
+            lines = [meta.sample_name(i)]
+            if meta.labels is not None and i < len(meta.labels):
+                lines.append(f"label: {_class_name(meta.labels[i], meta.categories)}")
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
 
     def current_sample(self) -> int:
         return max(self.list.currentRow(), 0)
+
+
+def _class_name(index: int, categories) -> str:
+    """The name of class ``index`` (``"tabby"``), or its number when it has none."""
+    if categories and 0 <= index < len(categories):
+        return str(categories[index])
+    return str(index)

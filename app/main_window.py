@@ -174,28 +174,17 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
 
     def task(progress, cancel) -> _Loaded:
         from core.batches import load_batch
-        from core.models import load_model
-        from core.session import prepare_model
+        from core.job import STAGE_PROBE, CaptureJob, probe_model
+        from core.options import BatchSpec, CaptureOptions
 
-        if request.weights and not Path(request.weights).expanduser().exists():
-            import torchvision
-
-            if request.spec in torchvision.models.list_models():
-                from core.weights import fetch_weights, is_cached, resolve_weights
-
-                enum = resolve_weights(request.spec, request.weights)
-                if enum is not None and not is_cached(enum):
-                    fetch_weights(enum, progress=lambda d, t: progress("downloading", d, t), cancel=cancel)
-        if cancel.is_set():
-            raise CaptureCancelled()
-        progress("loading model", 0, 0)
-        loaded = load_model(request.spec, weights=request.weights, arch=request.arch, trust=request.trust)
-        if cancel.is_set():
-            raise CaptureCancelled()
+        options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
+                                 batch=BatchSpec.from_sources(sources), labels=labels)
+        job = CaptureJob(options, progress, cancel)
+        loaded = job.load_model()  # downloads (cancellable, with progress), then loads
         batch, used, error = None, [], None
         if sources:
             try:
-                batch, used = load_batch(sources, loaded, labels), list(sources)
+                batch, used = job.load_batch(), list(sources)
             except GradExplorerError as exc:
                 error = exc
         elif reuse and reuse != ["demo"] and not reuse[0].startswith("random"):
@@ -205,8 +194,9 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
                 batch = None
         if batch is None:
             batch, used = _default_batch(loaded)
-        progress("probing", 0, 0)
-        prepared = prepare_model(loaded, batch.tensor if batch is not None else None)
+        progress(STAGE_PROBE, 0, 0)
+        prepared = probe_model(loaded, batch.tensor if batch is not None else None)
+        prepared.options = options
         return _Loaded(prepared, batch, used, error)
 
     return task

@@ -35,7 +35,7 @@ SOURCE_KEYS = (
 )
 RUN_KEYS = (
     "target", "device", "dtype", "mode", "train", "torch_version", "created",
-    "layer_order", "not_called", "seconds", "timing",
+    "layer_order", "call_order", "not_called", "seconds", "timing",
 )
 # What differs between two captures of the same options: when and how fast.
 VOLATILE_KEYS = ("created", "seconds", "timing")
@@ -82,6 +82,8 @@ class CaptureMeta:
         Seconds per job step (``load_model``, ``load_batch``, ``probe``, ``capture``)
         when the job recorded them.
     layer_order, not_called : tuple of str
+    call_order : tuple of (str, int)
+        Every (layer, call index) in the order the calls returned, when recorded.
     """
 
     model: str | None = None
@@ -107,6 +109,7 @@ class CaptureMeta:
     seconds: float | None = None
     timing: dict | None = None
     layer_order: tuple[str, ...] = ()
+    call_order: tuple[tuple[str, int], ...] = ()
     not_called: tuple[str, ...] = ()
 
     def sample_name(self, index: int) -> str:
@@ -266,5 +269,6 @@ def capture_meta(cap: "Capture | dict") -> CaptureMeta:
         seconds=get("seconds"),
         timing=dict(timing) if isinstance(timing, dict) else None,
         layer_order=tuple(get("layer_order") or ()),
+        call_order=tuple((str(n), int(i)) for n, i in (get("call_order") or ())),
         not_called=tuple(get("not_called") or ()),
     )

@@ -232,6 +232,16 @@ class CaptureJob:
         GradExplorerError
             The device does not exist here (with the ones that do).
         """
+        return self.resolve_device()
+
+    def resolve_device(self) -> torch.device:
+        """Resolve ``options.device`` (once): the first check, before anything is loaded.
+
+        Raises
+        ------
+        GradExplorerError
+            The device does not exist here (with the ones that do).
+        """
         if self._device is None:
             from core.devices import resolve_device
 
@@ -260,38 +270,40 @@ class CaptureJob:
         start = time.perf_counter()
         self.check_cancel()
         self._report(STAGE_LOAD_MODEL)
-        self._fetch_weights()
-        self.check_cancel()
-        self._report(STAGE_LOAD_MODEL)
+        if self._fetch_weights():
+            self.check_cancel()
+            self._report(STAGE_LOAD_MODEL)
         self.loaded = load_model(o.model, weights=o.weights, arch=o.arch, trust=o.trust,
                                  progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total))
         self.check_cancel()
         self._timed("load_model", start)
         return self.loaded
 
-    def _fetch_weights(self) -> None:
+    def _fetch_weights(self) -> bool:
         # torchvision weights not in the cache are downloaded here, where the cancel flag
         # is honoured between chunks; load_model then reads the cached file.
         o = self.options
         if not o.weights or o.model.startswith("demo:"):
-            return
+            return False
         from pathlib import Path
 
         if Path(o.weights).expanduser().exists():
-            return
+            return False
         import torchvision
 
         if o.model not in torchvision.models.list_models():
-            return
+            return False
         from core.weights import fetch_weights, is_cached, resolve_weights
 
         try:
             enum = resolve_weights(o.model, o.weights)
         except GradExplorerError:
-            return  # load_model says what is wrong with the name, in its words
-        if enum is not None and not is_cached(enum):
-            fetch_weights(enum, progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total),
-                          cancel=self.cancel)
+            return False  # load_model says what is wrong with the name, in its words
+        if enum is None or is_cached(enum):
+            return False
+        fetch_weights(enum, progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total),
+                      cancel=self.cancel)
+        return True
 
     def load_batch(self) -> Batch:
         """Load the batch of the options (once) and the labels the target uses.
@@ -528,7 +540,7 @@ class CaptureJob:
         GradExplorerError
             From any step (``OverBudget`` unless ``options.force``).
         """
-        _ = self.device  # a device that is not there fails before anything is loaded
+        self.resolve_device()  # a device that is not there fails before anything is loaded
         self.load_model()
         self.load_batch()
         self.probe()

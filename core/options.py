@@ -17,7 +17,6 @@ model file exist?) is checked by the job's steps, not here.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
@@ -25,8 +24,6 @@ from core.errors import GradExplorerError
 
 MODES = ("full", "stats")
 AUTOCAST_DTYPES = ("bf16", "fp16")
-
-_SHAPE_RE = re.compile(r"^\s*\d+(\s*[x×,]\s*\d+)*\s*$")
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,8 @@ class BatchSpec:
         Image files or folders, or one ``.pt`` tensor file (``--input``).
     random : str or None
         ``None``: not a random batch. ``""``: two samples of the model's input shape
-        (``--random`` without a shape). ``"2x3x224x224"``: that shape (seed 0).
+        (``--random`` without a shape). ``"2x3x224x224"``: that shape (seed 0), checked
+        when the batch is made (``core.batches.random_batch``).
     demo : bool
         The demo model's own batch (``--demo-input``).
     """
@@ -58,11 +56,6 @@ class BatchSpec:
             text = str(self.random).strip()
             if text.lower().startswith("random:"):
                 text = text[len("random:"):].strip()
-            if text and not _SHAPE_RE.match(text):
-                raise GradExplorerError(
-                    f"'{self.random}' is not a batch shape;",
-                    "give the dimensions separated by x, e.g. --random 2x3x224x224.",
-                )
             object.__setattr__(self, "random", text)
         chosen = [bool(self.inputs), self.random is not None, bool(self.demo)]
         if sum(chosen) > 1:

@@ -73,6 +73,10 @@ class ViewContext:
     def sample_name(self) -> str:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
+        if self.capture is not None:  # a capture opened from a file names its samples
+            from core.capture_meta import capture_meta
+
+            return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
     def tensor(self, kind: str) -> torch.Tensor | None:
