@@ -217,23 +217,9 @@ def compare_variant(
 def options_from_session(session: Any) -> CaptureOptions:
     """The options of the window's next run (``core.session.Session``), as capture A's.
 
-    The model, batch and labels are the session's; B reuses the loaded ones unless its
-    variant changes them.
-
     Raises
     ------
     GradExplorerError
         No model, no batch, no layer selected, or labels that do not fit.
     """
-    request = session.run_request(new_generation=False)
-    return CaptureOptions(
-        model=request.loaded.spec,
-        batch=BatchSpec.from_sources(getattr(session, "batch_sources", None)),
-        labels=getattr(session, "labels_text", "") or None,
-        layers=tuple(request.layers),
-        target=request.target,
-        device=request.device,
-        mode=request.mode,
-        train=request.train,
-        input_grad=request.input_grad,
-    )
+    return session.run_request(new_generation=False).options
