@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-grad", action="store_true", help="also record the gradient w.r.t. the input")
     p.add_argument("--train", action="store_true",
                    help="run in train mode (dropout, batch statistics); eval by default")
+    p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
+                   help="run forward under torch.autocast with bf16 or fp16 on the capture device")
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -344,7 +346,7 @@ def capture_options(args) -> "CaptureOptions":
     return _options(
         args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
         mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
-        force=bool(args.force),
+        autocast=args.autocast, force=bool(args.force),
     )
 
 
@@ -375,6 +377,7 @@ def cmd_capture(args, ui: _UI) -> int:
     cap = job.capture()
 
     from core.capture_file import save_capture
+    from core.capture_summary import summarize
 
     ui.bar.update("saving")
     path = save_capture(cap, out)
@@ -382,7 +385,7 @@ def cmd_capture(args, ui: _UI) -> int:
     elapsed = time.perf_counter() - t_start
     n_calls = sum(len(rec.calls) for rec in cap.layers.values())
     size = path.stat().st_size
-    flagged = _nonfinite_layers(cap)
+    flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
         f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
@@ -407,16 +410,6 @@ def _note_estimate(ui: _UI, job, estimate) -> None:
         f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
         f"{estimate.describe()}"
     )
-
-
-def _nonfinite_layers(cap) -> list[str]:
-    from core.stats import has_nonfinite
-
-    bad = []
-    for name, rec in cap.layers.items():
-        if any(has_nonfinite(s) for c in rec.calls for s in c.stats.values()):
-            bad.append(name)
-    return bad
 
 
 # ---------------------------------------------------------------------------
@@ -612,22 +605,16 @@ def _max_abs(stats: dict) -> float:
 
 
 def _flags(stats: dict) -> str:
-    from core.stats import has_nonfinite
+    from core.gradient_flow import call_flags
 
     flags = []
     for kind, short in (("activation", "act"), ("grad_output", "grad"), ("grad_input", "grad in")):
         s = stats.get(kind)
-        if s and has_nonfinite(s):
-            parts = []
-            if s["nan_count"]:
-                parts.append(f"{s['nan_count']} NaN")
-            if s["inf_count"]:
-                parts.append(f"{s['inf_count']} Inf")
-            flags.append(f"{short}: {' '.join(parts)}")
-    if stats.get("grad_output") is None:
-        flags.append("no grad")
-    elif stats["grad_output"].get("numel") and stats["grad_output"].get("zero_fraction") == 1.0:
-        flags.append("zero grad")
+        counts = [f"{s[key]} {word}" for key, word in (("nan_count", "NaN"), ("inf_count", "Inf")) if s and s[key]]
+        if counts:
+            flags.append(f"{short}: {' '.join(counts)}")
+    words = {"no gradient": "no grad", "zero": "zero grad"}
+    flags += [words[f] for f in call_flags(stats) if f in words]
     return "; ".join(flags)
 
 

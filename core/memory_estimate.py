@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from core.module_tree import ModuleTree, TensorKey
+from core.units import format_bytes
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -112,18 +113,6 @@ class MemoryEstimate:
             parts.append(f"parameter gradients {format_bytes(self.param_grads)}")
         parts.append(f"input/output {format_bytes(self.io)}")
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
-
-
-def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``"1.5 KiB"``; binary units, 2-3 significant figures."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.0f} TiB"  # pragma: no cover
 
 
 def _input_bytes(inputs) -> int:

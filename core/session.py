@@ -5,8 +5,10 @@ layers selected for capture, the run settings (target, device, mode...) and the 
 capture. Widgets never own this state: they change it through the methods below and
 listen to its psygnal signals to update themselves.
 
-Long work (loading a model, probing it, running a capture) is done by plain functions
-here that a worker thread calls (:func:`prepare_model`, :meth:`RunRequest.run`); the
+Long work (loading a model, probing it, running a capture) is done by the same
+:class:`core.job.CaptureJob` the CLI runs, called from a worker thread
+(:func:`prepare_model`, :meth:`RunRequest.run`); :meth:`Session.capture_options` gives the
+session's settings as the :class:`core.options.CaptureOptions` the CLI would build. The
 session itself is changed only from the thread that owns it (the GUI thread).
 
 Runs are numbered: :meth:`Session.begin_run` hands out a generation number, and

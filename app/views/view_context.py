@@ -16,20 +16,12 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.heatmaps import grad_x_activation
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
     "Statistics-only capture: re-run in full mode (uncheck \"statistics only\") to see {what}."
 )
-
-#: Human names of the per-call tensors.
-TENSOR_LABELS = {
-    "grad_output": "gradient",
-    "activation": "activation",
-    "grad_x_activation": "gradient × activation",
-    "grad_input": "input gradient",
-}
-
 
 @dataclass(frozen=True)
 class ViewContext:

@@ -175,3 +175,28 @@ def test_the_window_shows_names_preprocessing_and_labels_of_a_cli_file(qtbot, wi
     assert items[1].splitlines()[:2] == ["cross_1.png", "label: cross"]
     assert panel.preprocess_label.text().startswith("Preprocessing: RGB, resize to 64x64")
     assert "2 images from" in panel.source_label.text()
+
+
+def test_cli_autocast_is_run_and_recorded(tmp_path, capsys):
+    path = tmp_path / "bf16.pt"
+    assert main(["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--autocast", "bf16",
+                 "--device", "cpu", "--out", str(path), "-q"]) == 0, capsys.readouterr().err
+    data = torch.load(path, weights_only=True)
+    assert data["meta"]["autocast"] == "bf16"
+    assert data["layers"]["fc1"]["calls"][0]["activation"].dtype == torch.bfloat16
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 0
+    assert "dtype float32  autocast bf16" in capsys.readouterr().out
+
+
+def test_a_window_run_loads_and_probes_nothing_again():
+    options = CaptureOptions("demo:seed-mlp", batch=BatchSpec(random="4x10"), device="cpu")
+    job = CaptureJob(options)
+    prepared = probe_model(job.load_model(), job.load_batch().tensor)
+    prepared.options = options
+    s = Session()
+    s.set_model(prepared)
+    s.set_batch(job.batch, options.batch.sources())
+    stages: list[str] = []
+    cap = s.begin_run().run(lambda stage, done, total: stages.append(stage))
+    assert set(stages) == {"forward", "backward"} and len(cap) == 5
