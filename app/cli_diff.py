@@ -141,6 +141,12 @@ def _describe(meta: dict) -> str:
     return "  ".join(parts)
 
 
+def _random_init(meta: dict) -> bool:
+    # Demo models are built with fixed seeds; any other model without weights is random.
+    model = str(meta.get("model") or "")
+    return not meta.get("weights") and not model.startswith("demo:") and not model.endswith((".pt", ".pth", ".pt2"))
+
+
 def _whole(diff, note: str) -> str:
     if note:
         return note
@@ -212,8 +218,11 @@ def render(result, label_a: str = "A", label_b: str = "B", sort: str = "forward"
         f"by {by}",
         f"input      {_whole(result.input, result.input_note)}",
         f"output     {_whole(result.output, result.output_note)}",
-        "",
     ]
+    if _random_init(result.meta_a) and _random_init(result.meta_b):
+        lines.append("note       both captures have random weights (no --weights): captures made by two runs "
+                     "have different weights, and differ everywhere")
+    lines.append("")
     stats_mode = result.by_statistics
     if stats_mode:
         headers = ["LAYER", "CALL", "TYPE", "SHAPE", "ACT |dL2|/L2", "ACT dMEAN", "ACT dSTD",
