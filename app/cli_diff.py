@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
 from app.cli_format import fmt_num, fmt_shape, table
@@ -111,19 +110,11 @@ def _diff(args, ui, mapping: dict[str, str]) -> int:
 
 
 def _check_csv(text: str, inputs: tuple[Path, ...]) -> Path:
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise GradExplorerError(f"--csv '{text}' is a folder;", "give a file name such as diff.csv.")
-    if path.exists():
-        for p in inputs:
-            try:
-                same = os.path.samefile(path, p)
-            except OSError:
-                same = False
-            if same:
-                raise GradExplorerError(f"--csv '{text}' is one of the captures being compared;",
-                                        "write the CSV to another file.")
-    return path
+    from core.file_write import check_output_path
+
+    # A folder, a socket, a missing folder or one of the captures themselves: refused
+    # before anything is read.
+    return check_output_path(text, inputs)
 
 
 # ---------------------------------------------------------------------------

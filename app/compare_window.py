@@ -188,7 +188,7 @@ class CompareWindow(QMainWindow):
             error_dialog.show_error(self, "Cannot export", exc)
             return None
 
-    def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def closeEvent(self, event) -> None:
         self.runner.shutdown()
         super().closeEvent(event)
 

@@ -29,11 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.plot_style import FOREGROUND, SELECTED_COLOUR, Log10Axis, colormap, image_plot, style_plot_widget
 from core.capture_data import Capture
 from core.compare import CallDiff, Comparison, HeatmapTriple, flow_comparison, heatmap_triple
 from core.errors import GradExplorerError
 from core.heatmaps import layout_of
-from app.views.plot_style import FOREGROUND, SELECTED_COLOUR, Log10Axis, colormap, image_plot, style_plot_widget
 
 #: Table columns.
 COLUMNS = ("Layer", "Call", "Type", "Act rel L2", "Grad rel L2", "Grad ‖B‖/‖A‖", "Status")
@@ -184,7 +184,8 @@ class CompareView(QWidget):
         self.curve_a = self.flow_plot.plot([], [], pen=pg.mkPen(_A_COLOUR, width=4), symbol="o", symbolSize=5,
                                            symbolBrush=_A_COLOUR, symbolPen=None, name="A")
         # B dashed over A: where they agree both stay visible.
-        self.curve_b = self.flow_plot.plot([], [], pen=pg.mkPen(_B_COLOUR, width=2, style=Qt.PenStyle.DashLine), symbol="o", symbolSize=5,
+        dashed = pg.mkPen(_B_COLOUR, width=2, style=Qt.PenStyle.DashLine)
+        self.curve_b = self.flow_plot.plot([], [], pen=dashed, symbol="o", symbolSize=5,
                                            symbolBrush=_B_COLOUR, symbolPen=None, name="B")
         legend.setParentItem(self.flow_plot.vb)
         self.ratio_curve = self.ratio_plot.plot([], [], pen=pg.mkPen(_RATIO_COLOUR, width=2), symbol="o",
@@ -280,8 +281,8 @@ class CompareView(QWidget):
                    else "<b style='color:#ff6b6b'>diverged</b>")
         by = " (by statistics)" if r.by_statistics else ""
         parts = [
-            f"<b>A</b> {r.label_a} &nbsp; <b>B</b> {r.label_b} &nbsp; rtol {r.tolerance.rtol:g}, "
-            f"atol {r.tolerance.atol:g}: {verdict}{by}",
+            (f"<b>A</b> {r.label_a} &nbsp; <b>B</b> {r.label_b} &nbsp; rtol {r.tolerance.rtol:g}, "
+             f"atol {r.tolerance.atol:g}: {verdict}{by}"),
             "first divergent activation: " + (f"<b>{fa.label}</b> call {fa.call}" if fa else "none")
             + " &nbsp; first divergent gradient: " + (f"<b>{fg.label}</b> call {fg.call}" if fg else "none"),
         ]

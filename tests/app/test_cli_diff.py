@@ -136,8 +136,8 @@ def test_models_without_a_common_layer_exit_2(tmp_path, capsys, files):
     (["diff", "{a}", "{a}", "--map", "l3.=head"], "mixes a prefix and a name"),
     (["diff", "{a}", "{missing}"], "no file"),
     (["diff", "{a}", "{junk}"], "cannot be read"),
-    (["diff", "{a}", "{a}", "--csv", "{a}"], "one of the captures"),
-    (["diff", "{a}", "{a}", "--csv", "{dir}"], "is a folder"),
+    (["diff", "{a}", "{a}", "--csv", "{a}"], "same file as the input"),
+    (["diff", "{a}", "{a}", "--csv", "{dir}"], "folder"),
 ])
 def test_usage_and_file_problems_exit_2_with_one_line(files, tmp_path, capsys, argv, needle):
     junk = tmp_path / "junk.pt"
