@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
 from app.cli_format import fmt_num, fmt_shape, table
@@ -111,19 +110,11 @@ def _diff(args, ui, mapping: dict[str, str]) -> int:
 
 
 def _check_csv(text: str, inputs: tuple[Path, ...]) -> Path:
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise GradExplorerError(f"--csv '{text}' is a folder;", "give a file name such as diff.csv.")
-    if path.exists():
-        for p in inputs:
-            try:
-                same = os.path.samefile(path, p)
-            except OSError:
-                same = False
-            if same:
-                raise GradExplorerError(f"--csv '{text}' is one of the captures being compared;",
-                                        "write the CSV to another file.")
-    return path
+    from core.file_write import check_output_path
+
+    # A folder, a socket, a missing folder or one of the captures themselves: refused
+    # before anything is read.
+    return check_output_path(text, inputs)
 
 
 # ---------------------------------------------------------------------------
@@ -139,6 +130,12 @@ def _describe(meta: dict) -> str:
         parts.append(f"autocast {meta['autocast']}")
     parts.append(f"mode {meta.get('mode', '?')}{' train' if meta.get('train') else ''}")
     return "  ".join(parts)
+
+
+def _random_init(meta: dict) -> bool:
+    # Demo models are built with fixed seeds; any other model without weights is random.
+    model = str(meta.get("model") or "")
+    return not meta.get("weights") and not model.startswith("demo:") and not model.endswith((".pt", ".pth", ".pt2"))
 
 
 def _whole(diff, note: str) -> str:
@@ -212,8 +209,11 @@ def render(result, label_a: str = "A", label_b: str = "B", sort: str = "forward"
          f"by {by}"),
         f"input      {_whole(result.input, result.input_note)}",
         f"output     {_whole(result.output, result.output_note)}",
-        "",
     ]
+    if _random_init(result.meta_a) and _random_init(result.meta_b):
+        lines.append("note       both captures have random weights (no --weights): captures made by two runs "
+                     "have different weights, and differ everywhere")
+    lines.append("")
     stats_mode = result.by_statistics
     if stats_mode:
         headers = ["LAYER", "CALL", "TYPE", "SHAPE", "ACT |dL2|/L2", "ACT dMEAN", "ACT dSTD",

@@ -161,6 +161,8 @@ class MainWindow(QMainWindow):
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
+                                     "Compare this capture with another run (bf16, weights, input...) or a file")
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
                                     QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
@@ -181,6 +183,7 @@ class MainWindow(QMainWindow):
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
         menu.addAction(self.cancel_action)
+        menu.addAction(self.compare_action)
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.filter_action)
         menu.addAction("Expand all modules", self.tree_view.expandAll)
@@ -267,9 +270,16 @@ class MainWindow(QMainWindow):
 
     def _update_actions(self) -> None:
         has_capture = self.session.capture is not None
-        for a in (self.export_capture_action, self.export_png_action, self.export_csv_action):
+        for a in (self.export_capture_action, self.export_png_action, self.export_csv_action, self.compare_action):
             a.setEnabled(has_capture)
         self.run_action.setEnabled(self.session.can_run())
+
+    def compare_with(self):
+        """Compare with…: ask for B (another run or a file) and open a compare window."""
+        from app.compare_window import compare_with
+
+        self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
+        return self.compare_window
 
     # -- exports of what the views show -------------------------------------------------------------
     def export_png(self, path: str | None = None) -> None:

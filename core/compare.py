@@ -694,17 +694,17 @@ def csv_text(result: Comparison) -> str:
 
 
 def save_csv(result: Comparison, path: str | os.PathLike) -> Path:
-    """Write ``csv_text(result)`` to ``path`` atomically.
+    """Write ``csv_text(result)`` to ``path`` atomically (``core.file_write``).
 
     Raises
     ------
-    CaptureFileError
-        The folder is missing or read-only, the disk is full...
+    FileWriteError
+        The folder is missing or read-only, the path is a folder or socket, the disk is
+        full...; an existing file is left as it was.
     """
-    from core.capture_file import atomic_save
+    from core.file_write import atomic_write_text
 
-    data = csv_text(result).encode("utf-8")
-    return atomic_save(data, path, saver=lambda obj, fh: fh.write(obj))
+    return atomic_write_text(path, csv_text(result))
 
 
 def iter_divergent(result: Comparison, kinds: Iterable[str] = KINDS) -> Iterator[tuple[CallDiff, str]]:

@@ -136,8 +136,8 @@ def test_models_without_a_common_layer_exit_2(tmp_path, capsys, files):
     (["diff", "{a}", "{a}", "--map", "l3.=head"], "mixes a prefix and a name"),
     (["diff", "{a}", "{missing}"], "no file"),
     (["diff", "{a}", "{junk}"], "cannot be read"),
-    (["diff", "{a}", "{a}", "--csv", "{a}"], "one of the captures"),
-    (["diff", "{a}", "{a}", "--csv", "{dir}"], "is a folder"),
+    (["diff", "{a}", "{a}", "--csv", "{a}"], "same file as the input"),
+    (["diff", "{a}", "{a}", "--csv", "{dir}"], "folder"),
 ])
 def test_usage_and_file_problems_exit_2_with_one_line(files, tmp_path, capsys, argv, needle):
     junk = tmp_path / "junk.pt"
@@ -164,3 +164,16 @@ def test_diff_imports_no_qt(files, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_DIVERGED, proc.stderr
     assert "QT: []" in proc.stdout
+
+
+def test_random_weights_are_noted(files, tmp_path, capsys):
+    _, out, _ = run(capsys, "diff", files["a"], files["a"], "-q")
+    assert "note       both captures have random weights" in out
+    torch.manual_seed(0)
+    model = Chain()
+    x = torch.randn(2, 4)
+    for name in ("w1", "w2"):
+        save_capture(capture(model, x, target="sum", meta={"model": "chain", "weights": "file:chain.pth"}),
+                     tmp_path / f"{name}.pt")
+    code, out, _ = run(capsys, "diff", tmp_path / "w1.pt", tmp_path / "w2.pt", "-q")
+    assert code == EXIT_SAME and "note" not in out

@@ -1,0 +1,458 @@
+"""Where two captures diverge: a table sorted by divergence, A | B | A−B heatmaps on one
+symmetric colour scale, and the gradient flow of both with their ratio.
+
+Everything drawn here is computed in ``core.compare`` (the comparison, the heatmap triple,
+the flow comparison); this view only lays it out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSpinBox,
+    QSplitter,
+    QStackedWidget,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.views.plot_style import FOREGROUND, SELECTED_COLOUR, Log10Axis, colormap, image_plot, style_plot_widget
+from core.capture_data import Capture
+from core.compare import CallDiff, Comparison, HeatmapTriple, flow_comparison, heatmap_triple
+from core.errors import GradExplorerError
+from core.heatmaps import layout_of
+
+#: Table columns.
+COLUMNS = ("Layer", "Call", "Type", "Act rel L2", "Grad rel L2", "Grad ‖B‖/‖A‖", "Status")
+_TENSORS = (("activation", "activation"), ("grad_output", "gradient"))
+_DISPLAYS = (("topk", "top-k channels of A"), ("channel", "one channel"), ("reduce", "mean over channels"))
+_FLOW_KINDS = (("grad_output", "output gradient"), ("activation", "activation"))
+_A_COLOUR = "#4c8bd6"
+_B_COLOUR = "#59c26b"
+_RATIO_COLOUR = "#c0c0c0"
+_FIRST_COLOUR = "#5a2424"
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "—"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf"
+    return "0" if v == 0 else f"{v:.3g}"
+
+
+def _fmt_ratio(v: float | None) -> str:
+    # Ratios of norms sit near 1: three digits would show 1 for 0.9997.
+    return _fmt(v) if v is None or not math.isfinite(v) or v == 0 else f"{v:.5g}"
+
+
+def _rel(c: CallDiff, kind: str) -> float | None:
+    kd = c.kinds.get(kind)
+    return None if kd is None else kd.divergence
+
+
+class CompareView(QWidget):
+    """The comparison of capture B with reference A.
+
+    Signals
+    -------
+    call_selected(str, int)
+        A's layer name and call index of the row the user picked.
+    """
+
+    title = "Compare"
+    call_selected = Signal(str, int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.a: Capture | None = None
+        self.b: Capture | None = None
+        self.result: Comparison | None = None
+        self.mapping: dict[str, str] = {}
+        self._rows: list[CallDiff] = []
+        self._current: CallDiff | None = None
+        self.triple: HeatmapTriple | None = None
+        self.ratio_log = False
+
+        self.summary_label = QLabel("No comparison yet: use Compare with… after a run, or open two captures.")
+        self.summary_label.setWordWrap(True)
+        self.summary_label.setTextFormat(Qt.TextFormat.RichText)
+        self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        # -- table ------------------------------------------------------------------
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        self.table.itemSelectionChanged.connect(self._on_row_selected)
+
+        # -- heatmaps ---------------------------------------------------------------
+        self.tensor_combo = QComboBox()
+        for key, label in _TENSORS:
+            self.tensor_combo.addItem(label, key)
+        self.display_combo = QComboBox()
+        for key, label in _DISPLAYS:
+            self.display_combo.addItem(label, key)
+        self.channel_spin = QSpinBox()
+        self.channel_spin.setPrefix("channel ")
+        self.k_spin = QSpinBox()
+        self.k_spin.setRange(1, 64)
+        self.k_spin.setValue(9)
+        self.k_spin.setPrefix("k = ")
+        self.sample_spin = QSpinBox()
+        self.sample_spin.setPrefix("sample ")
+        self.amplify_check = QCheckBox("amplify A − B")
+        self.amplify_check.setToolTip("Multiply the difference by a power of ten that fills the common scale "
+                                      "(the factor is shown above it); the scale itself stays the same.")
+        controls = QHBoxLayout()
+        for w in (QLabel("Tensor"), self.tensor_combo, QLabel("Show"), self.display_combo, self.channel_spin,
+                  self.k_spin, self.sample_spin, self.amplify_check):
+            controls.addWidget(w)
+        controls.addStretch(1)
+        self.heat_title = QLabel(" ")
+        self.heat_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.heat_widget)
+        self.plots, self.images = [], []
+        for col, title in enumerate(("A", "B", "A − B")):
+            plot, image = image_plot(self.heat_widget.ci, 0, col, title=title)
+            self.plots.append(plot)
+            self.images.append(image)
+            if col:
+                # Zooming or panning one picture moves the others: same pixels side by side.
+                plot.setXLink(self.plots[0])
+                plot.setYLink(self.plots[0])
+        # One colour bar for all three pictures: one symmetric scale.
+        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False, width=14,
+                                        pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar.setImageItem(self.images, insert_in=self.plots[-1])
+        self.colorbar.getAxis("right").setTextPen(FOREGROUND)
+        self.heat_note = QLabel()
+        self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.heat_note.setWordWrap(True)
+        self.heat_note.setStyleSheet("QLabel { color: palette(mid); font-size: 13px; padding: 24px; }")
+        self.heat_stack = QStackedWidget()
+        self.heat_stack.addWidget(self.heat_widget)
+        self.heat_stack.addWidget(self.heat_note)
+        heat_box = QWidget()
+        hv = QVBoxLayout(heat_box)
+        hv.setContentsMargins(0, 0, 0, 0)
+        hv.addLayout(controls)
+        hv.addWidget(self.heat_title)
+        hv.addWidget(self.heat_stack, 1)
+
+        # -- gradient flow ----------------------------------------------------------
+        self.flow_kind = QComboBox()
+        for key, label in _FLOW_KINDS:
+            self.flow_kind.addItem(label, key)
+        self.flow_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.flow_widget)
+        self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left")})
+        self.ratio_axis = Log10Axis("left")
+        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis})
+        for p in (self.flow_plot, self.ratio_plot):
+            p.setMenuEnabled(False)
+            p.hideButtons()
+            p.showGrid(y=True, alpha=0.15)
+            for name in ("left", "bottom"):
+                p.getAxis(name).setTextPen(FOREGROUND)
+        self.ratio_plot.setXLink(self.flow_plot)
+        self.flow_plot.setLabel("left", "L2 norm")
+        self.ratio_plot.setLabel("left", "B / A")
+        self.flow_widget.ci.layout.setRowStretchFactor(0, 3)
+        self.flow_widget.ci.layout.setRowStretchFactor(1, 2)
+        legend = self.flow_plot.addLegend(offset=(-10, 10), labelTextColor=FOREGROUND)
+        self.curve_a = self.flow_plot.plot([], [], pen=pg.mkPen(_A_COLOUR, width=4), symbol="o", symbolSize=5,
+                                           symbolBrush=_A_COLOUR, symbolPen=None, name="A")
+        # B dashed over A: where they agree both stay visible.
+        dashed = pg.mkPen(_B_COLOUR, width=2, style=Qt.PenStyle.DashLine)
+        self.curve_b = self.flow_plot.plot([], [], pen=dashed, symbol="o", symbolSize=5,
+                                           symbolBrush=_B_COLOUR, symbolPen=None, name="B")
+        legend.setParentItem(self.flow_plot.vb)
+        self.ratio_curve = self.ratio_plot.plot([], [], pen=pg.mkPen(_RATIO_COLOUR, width=2), symbol="o",
+                                                symbolSize=4, symbolBrush=_RATIO_COLOUR, symbolPen=None)
+        self.ratio_one = pg.InfiniteLine(0.0, angle=0, pen=pg.mkPen("#777777", style=Qt.PenStyle.DashLine))
+        self.ratio_plot.addItem(self.ratio_one)
+        self.marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(SELECTED_COLOUR, width=1.5))
+        self.flow_plot.addItem(self.marker)
+        flow_box = QWidget()
+        fv = QVBoxLayout(flow_box)
+        fv.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Gradient flow of"))
+        row.addWidget(self.flow_kind)
+        row.addWidget(QLabel(f"<span style='color:{_A_COLOUR}'>━ A</span>&nbsp;&nbsp;"
+                             f"<span style='color:{_B_COLOUR}'>━ B</span>&nbsp;&nbsp;"
+                             f"<span style='color:{_RATIO_COLOUR}'>━ B / A</span>"))
+        row.addStretch(1)
+        fv.addLayout(row)
+        fv.addWidget(self.flow_widget, 1)
+
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.table)
+        top.addWidget(heat_box)
+        top.setStretchFactor(0, 2)
+        top.setStretchFactor(1, 3)
+        top.setSizes([600, 800])
+        main = QSplitter(Qt.Orientation.Vertical)
+        main.addWidget(top)
+        main.addWidget(flow_box)
+        main.setStretchFactor(0, 3)
+        main.setStretchFactor(1, 2)
+        v = QVBoxLayout(self)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addWidget(self.summary_label)
+        v.addWidget(main, 1)
+
+        for w in (self.tensor_combo, self.display_combo):
+            w.currentIndexChanged.connect(self._draw_heatmaps)
+        self.amplify_check.toggled.connect(self._draw_heatmaps)
+        for s in (self.channel_spin, self.k_spin, self.sample_spin):
+            s.valueChanged.connect(self._draw_heatmaps)
+        self.flow_kind.currentIndexChanged.connect(self._draw_flow)
+        self._update_controls()
+
+    # -- public API -------------------------------------------------------------------
+    def set_comparison(self, a: Capture, b: Capture, result: Comparison,
+                       mapping: dict[str, str] | None = None) -> None:
+        """Show ``result`` (``core.compare.compare(a, b)``); selects the top row."""
+        self.a, self.b, self.result, self.mapping = a, b, result, dict(mapping or {})
+        self.summary_label.setText(self._summary_html())
+        self._fill_table()
+        self._draw_flow()
+        if self._rows:
+            self.table.selectRow(0)
+        else:
+            self._current = None
+            self._draw_heatmaps()
+
+    def select(self, layer: str, call: int = 0) -> bool:
+        """Select A's ``layer`` / ``call`` in the table; False when it is not there."""
+        for i, c in enumerate(self._rows):
+            if c.layer == layer and c.call == call:
+                self.table.selectRow(i)
+                return True
+        return False
+
+    def current(self) -> CallDiff | None:
+        return self._current
+
+    def row_calls(self) -> list[CallDiff]:
+        """The table's calls, top to bottom."""
+        return list(self._rows)
+
+    def flow_data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The plotted series (log10 of A, of B; B / A, in log10 when ``ratio_log``), for tests."""
+        _, ya = self.curve_a.getData()
+        _, yb = self.curve_b.getData()
+        _, yr = self.ratio_curve.getData()
+        return (np.asarray(ya if ya is not None else []), np.asarray(yb if yb is not None else []),
+                np.asarray(yr if yr is not None else []))
+
+    def heatmap_message(self) -> str:
+        """The note shown instead of the heatmaps, or ""."""
+        return self.heat_note.text() if self.heat_stack.currentWidget() is self.heat_note else ""
+
+    # -- summary and table ------------------------------------------------------------
+    def _summary_html(self) -> str:
+        r = self.result
+        assert r is not None
+        fa, fg = r.first_divergent_activation, r.first_divergent_gradient
+        verdict = ("<b style='color:#6ccf6c'>within tolerance</b>" if r.within
+                   else "<b style='color:#ff6b6b'>diverged</b>")
+        by = " (by statistics)" if r.by_statistics else ""
+        parts = [
+            (f"<b>A</b> {r.label_a} &nbsp; <b>B</b> {r.label_b} &nbsp; rtol {r.tolerance.rtol:g}, "
+             f"atol {r.tolerance.atol:g}: {verdict}{by}"),
+            "first divergent activation: " + (f"<b>{fa.label}</b> call {fa.call}" if fa else "none")
+            + " &nbsp; first divergent gradient: " + (f"<b>{fg.label}</b> call {fg.call}" if fg else "none"),
+        ]
+        unmatched = len(r.only_a) + len(r.only_b)
+        if unmatched:
+            parts.append(f"unmatched: {', '.join((r.only_a + r.only_b)[:6])}{' …' if unmatched > 6 else ''}")
+        return "<br>".join(parts)
+
+    def _fill_table(self) -> None:
+        r = self.result
+        assert r is not None
+        self._rows = r.by_divergence()
+        firsts = {id(r.first_divergent_activation): "first activation",
+                  id(r.first_divergent_gradient): "first gradient"}
+        self.table.blockSignals(True)
+        self.table.setRowCount(len(self._rows))
+        for i, c in enumerate(self._rows):
+            grad = c.kinds.get("grad_output")
+            ratio = None
+            if grad is not None:
+                ratio = grad.tensor.norm_ratio if grad.tensor is not None else (
+                    grad.stats.norm_ratio if grad.stats is not None else None)
+            status = c.note or ("ok" if c.within else "diverges")
+            marks = [text for key, text in firsts.items() if key == id(c)]
+            if c is r.first_divergent_activation and c is r.first_divergent_gradient:
+                marks = ["first activation and gradient"]
+            if marks:
+                status = f"◀ {marks[0]}" if not c.note else f"{c.note}; {marks[0]}"
+            cells = [c.label, str(c.call), c.type, _fmt(_rel(c, "activation")), _fmt(_rel(c, "grad_output")),
+                     _fmt_ratio(ratio), status]
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if j in (1, 3, 4, 5):
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if marks:
+                    item.setBackground(QBrush(QColor(_FIRST_COLOUR)))
+                self.table.setItem(i, j, item)
+        self.table.blockSignals(False)
+
+    def _on_row_selected(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return
+        c = self._rows[rows[0].row()]
+        self._current = c
+        self._update_controls()
+        self._draw_heatmaps()
+        self._mark_flow()
+        self.call_selected.emit(c.layer, c.call)
+
+    # -- heatmaps ---------------------------------------------------------------------
+    def _tensors(self):
+        c = self._current
+        if c is None or self.a is None or self.b is None:
+            return None, None
+        kind = self.tensor_combo.currentData()
+        ta = self.a[c.layer].calls[c.call].tensor(kind)
+        tb = self.b[c.layer_b].calls[c.call].tensor(kind)
+        return ta, tb
+
+    def _update_controls(self) -> None:
+        ta, _ = self._tensors()
+        display = self.display_combo.currentData()
+        spatial = ta is not None and ta.dim() >= 2 and layout_of(ta.shape[1:]).has_channels
+        self.display_combo.setEnabled(spatial)
+        self.channel_spin.setVisible(spatial and display == "channel")
+        self.k_spin.setVisible(spatial and display == "topk")
+        if spatial:
+            self.channel_spin.setMaximum(max(layout_of(ta.shape[1:]).channels - 1, 0))
+        self.sample_spin.setMaximum(max((ta.shape[0] if ta is not None and ta.dim() else 1) - 1, 0))
+
+    def _show_note(self, text: str) -> None:
+        self.triple = None
+        self.heat_note.setText(text)
+        self.heat_stack.setCurrentWidget(self.heat_note)
+        self.heat_title.setText(" ")
+
+    def _draw_heatmaps(self, *_) -> None:
+        self._update_controls()
+        c = self._current
+        if c is None:
+            self._show_note("Pick a row of the table to see A, B and their difference.")
+            return
+        if c.note:
+            self._show_note(f"{c.label} call {c.call}: {c.note}; there is no difference to picture.")
+            return
+        kind = self.tensor_combo.currentData()
+        ta, tb = self._tensors()
+        if ta is None or tb is None:
+            which = "Both captures hold" if ta is None and tb is None else (
+                "A holds" if ta is None else "B holds")
+            stats_only = any(cap.mode == "stats" for cap in (self.a, self.b) if cap is not None)
+            why = (f"{which} statistics only: heatmaps need full captures (the table and the flow chart "
+                   "compare the statistics).") if stats_only else (
+                f"No {self.tensor_combo.currentText()} was recorded at {c.label} call {c.call} in "
+                f"{'A' if ta is None else 'B'}.")
+            self._show_note(why)
+            return
+        s = min(self.sample_spin.value(), ta.shape[0] - 1) if ta.dim() else 0
+        sa, sb = (ta[s], tb[s]) if ta.dim() else (ta, tb)
+        display = self.display_combo.currentData()
+        try:
+            triple = heatmap_triple(sa, sb, display, channel=self.channel_spin.value(), k=self.k_spin.value())
+        except GradExplorerError as exc:
+            self._show_note(f"{exc.problem} {exc.fix}")
+            return
+        self.triple = triple
+        self.heat_stack.setCurrentWidget(self.heat_widget)
+        lo, hi = triple.levels
+        gain = self.difference_gain()
+        for image, arr in zip(self.images, (triple.a.array, triple.b.array, triple.diff.array * gain)):
+            image.setImage(arr, autoLevels=False, levels=(lo, hi))
+        self.plots[2].setTitle("A − B" if gain == 1 else f"(A − B) × {gain:g}")
+        self.colorbar.setLevels((lo, hi))
+        self.plots[0].autoRange(padding=0.02)
+        kd = c.kinds.get(kind)
+        rel = f"rel L2 {_fmt(kd.divergence)}" if kd is not None else ""
+        what = dict(_TENSORS)[kind]
+        self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; one scale ±{_fmt(hi)}")
+
+    def difference_gain(self) -> float:
+        """The factor the A − B picture is multiplied by (1 unless "amplify" is on): the
+        largest power of ten that keeps it within the common scale."""
+        t = self.triple
+        if t is None or not self.amplify_check.isChecked():
+            return 1.0
+        d = t.diff.array[np.isfinite(t.diff.array)]
+        m = float(np.abs(d).max()) if d.size else 0.0
+        if m == 0:
+            return 1.0
+        return float(10 ** max(0, math.floor(math.log10(t.levels[1] / m))))
+
+    # -- flow -------------------------------------------------------------------------
+    def _draw_flow(self, *_) -> None:
+        if self.a is None or self.b is None:
+            return
+        fc = flow_comparison(self.a, self.b, "l2", self.flow_kind.currentData(), self.mapping)
+        self._flow_names = fc.names
+        x = np.arange(len(fc.names), dtype=float)
+
+        def logs(values):
+            v = np.asarray(values, dtype=float)
+            ok = np.isfinite(v) & (v > 0)
+            return np.where(ok, np.log10(np.where(ok, v, 1.0)), np.nan)
+
+        self.curve_a.setData(x, logs(fc.a), connect="finite")
+        self.curve_b.setData(x, logs(fc.b), connect="finite")
+        ratio_logs = logs(fc.ratio)
+        finite = ratio_logs[np.isfinite(ratio_logs)]
+        # Ratios within a factor of 2 read best as plain numbers (0.99, 1.01); wider ones
+        # on a log scale.
+        self.ratio_log = bool(finite.size) and float(np.abs(finite).max()) > math.log10(2)
+        self.ratio_axis.set_log_labels(self.ratio_log)
+        self.ratio_one.setValue(0.0 if self.ratio_log else 1.0)
+        self.ratio_curve.setData(x, ratio_logs if self.ratio_log else np.asarray(fc.ratio, dtype=float),
+                                 connect="finite")
+        step = max(1, len(fc.names) // 12)
+        ticks = [(i, ".".join(fc.names[i].split(".")[-2:]) if len(fc.names[i]) > 14 else fc.names[i])
+                 for i in range(0, len(fc.names), step)]
+        for p in (self.flow_plot, self.ratio_plot):
+            p.getAxis("bottom").setTicks([ticks, [(i, "") for i in range(len(fc.names))]])
+        self.flow_plot.setXRange(-0.5, max(len(fc.names), 1) - 0.5, padding=0.01)
+        self.flow_plot.setLabel("left", "L2 norm")
+        self._mark_flow()
+
+    def _mark_flow(self) -> None:
+        names = getattr(self, "_flow_names", [])
+        c = self._current
+        if c is not None and c.layer in names:
+            self.marker.setValue(names.index(c.layer))
+            self.marker.show()
+        else:
+            self.marker.hide()

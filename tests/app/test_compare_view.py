@@ -1,0 +1,204 @@
+"""The compare view and window, headless: what is drawn is what core.compare computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from app import compare_window, dialogs, error_dialog
+from app.compare_window import CHOICES, CompareWindow, compare_with
+from app.views.compare_view import CompareView
+from core.capture import capture
+from core.capture_file import save_capture
+from core.compare import compare, flow_comparison, heatmap_triple
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.ReLU()
+        self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv2(self.act(self.conv1(x)))).flatten(1))
+
+
+@pytest.fixture
+def pair():
+    torch.manual_seed(0)
+    ma, mb = Net(), Net()
+    mb.load_state_dict(ma.state_dict())
+    with torch.no_grad():
+        mb.conv2.weight.mul_(1.1)
+    x = torch.randn(2, 3, 8, 8)
+    a, b = capture(ma, x, target="sum"), capture(mb, x, target="sum")
+    return a, b, compare(a, b)
+
+
+def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qtbot, pair):
+    a, b, result = pair
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.resize(1200, 800)
+    view.show()
+    view.set_comparison(a, b, result)
+    rows = view.row_calls()
+    assert rows[0] is result.first_divergent_activation and rows[0].layer == "conv2"
+    assert view.table.item(0, 0).text() == "conv2"
+    assert "first activation" in view.table.item(0, 6).text()
+    assert view.table.rowCount() == len(result.calls)
+    # the rest by divergence, largest first
+    rest = [c.divergence for c in rows[2:]]
+    assert rest == sorted(rest, reverse=True)
+    assert "first divergent activation: <b>conv2</b>" in view.summary_label.text()
+    # the top row is selected and its A | B | A-B pictures are core's heatmap triple
+    assert view.current() is rows[0]
+    view.display_combo.setCurrentIndex(view.display_combo.findData("channel"))
+    view.channel_spin.setValue(2)
+    view.sample_spin.setValue(1)
+    expected = heatmap_triple(a["conv2"].calls[0].activation[1], b["conv2"].calls[0].activation[1], "channel",
+                              channel=2)
+    for image, hm in zip(view.images, (expected.a, expected.b, expected.diff)):
+        np.testing.assert_array_equal(image.image, hm.array)
+        assert tuple(image.levels) == expected.levels
+    lo, hi = expected.levels
+    assert lo == -hi and tuple(view.colorbar.levels()) == (lo, hi)
+    # amplified: the difference times a power of ten that still fits the one scale
+    view.amplify_check.setChecked(True)
+    gain = view.difference_gain()
+    m = np.nanmax(np.abs(expected.diff.array))
+    assert gain >= 1 and m * gain <= hi < m * gain * 10
+    np.testing.assert_allclose(view.images[2].image, expected.diff.array * gain)
+    assert tuple(view.images[2].levels) == expected.levels
+    assert view.plots[2].titleLabel.text.endswith(f"× {gain:g}") or gain == 1
+
+
+def test_selecting_rows_and_switching_to_gradients(qtbot, pair):
+    a, b, result = pair
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.show()
+    view.set_comparison(a, b, result)
+    with qtbot.waitSignal(view.call_selected) as sig:
+        assert view.select("conv1", 0)
+    assert sig.args == ["conv1", 0]
+    # conv1's activation is identical in both: A - B is all zero
+    view.display_combo.setCurrentIndex(view.display_combo.findData("channel"))
+    assert np.all(view.images[2].image == 0)
+    view.tensor_combo.setCurrentIndex(view.tensor_combo.findData("grad_output"))
+    # but its gradient differs (conv2's weights scaled)
+    assert np.nanmax(np.abs(view.images[2].image)) > 0
+    assert "gradient" in view.heat_title.text()
+    assert not view.select("nope", 0)
+
+
+def test_flow_chart_plots_both_series_and_their_ratio(qtbot, pair):
+    a, b, result = pair
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.set_comparison(a, b, result)
+    fc = flow_comparison(a, b)
+    ya, yb, yr = view.flow_data()
+    np.testing.assert_allclose(ya, np.log10(fc.a))
+    np.testing.assert_allclose(yb, np.log10(fc.b))
+    np.testing.assert_allclose(yr, np.log10(fc.ratio) if view.ratio_log else fc.ratio)
+    assert view.ratio_log == bool(np.abs(np.log10(fc.ratio)).max() > np.log10(2))
+
+
+def test_statistics_only_pair_shows_the_table_and_says_why_no_heatmaps(qtbot):
+    torch.manual_seed(0)
+    ma, mb = Net(), Net()
+    x = torch.randn(2, 3, 8, 8)
+    a, b = capture(ma, x, mode="stats"), capture(mb, x, mode="stats")
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.set_comparison(a, b, compare(a, b))
+    assert view.table.rowCount() == 5
+    assert "statistics only" in view.heatmap_message()
+    assert "(by statistics)" in view.summary_label.text()
+    assert len(view.flow_data()[0]) == 5
+
+
+def test_window_compares_two_files_in_a_worker_and_exports_csv(qtbot, pair, tmp_path):
+    a, b, _ = pair
+    save_capture(a, tmp_path / "a.pt")
+    save_capture(b, tmp_path / "b.pt")
+    win = CompareWindow()
+    qtbot.addWidget(win)
+    with qtbot.waitSignal(win.runner.finished, timeout=30000):
+        win.compare_files(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
+    assert win.view.result is not None and win.view.row_calls()[0].layer == "conv2"
+    assert win.export_action.isEnabled()
+    path = win.export_csv(str(tmp_path / "c.csv"))
+    assert path.read_text().startswith("layer,call,type")
+
+
+def test_window_reports_a_bad_file_without_a_traceback(qtbot, tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: shown.append(exc))
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    win = CompareWindow()
+    qtbot.addWidget(win)
+    with qtbot.waitSignal(win.runner.failed, timeout=30000):
+        win.compare_files(str(tmp_path / "junk.pt"), str(tmp_path / "junk.pt"))
+    assert shown and "cannot be read" in str(shown[0])
+
+
+def test_compare_with_autocast_from_the_main_window(qtbot, demo, monkeypatch):
+    # the demo window after its run: Compare with... -> autocast bf16
+    window = demo
+    monkeypatch.setattr(dialogs, "ask_item", lambda *a, **k: CHOICES[1])
+    shown = []
+    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: shown.append(exc))
+    assert window.compare_action.isEnabled()
+    win = window.compare_with()
+    assert win is not None and window.compare_window is win
+    qtbot.addWidget(win)
+    with qtbot.waitSignal(win.runner.finished, timeout=60000):
+        pass
+    assert not shown
+    r = win.view.result
+    assert r.meta_b["autocast"] == "bf16" and r.input.max_abs == 0.0
+    assert r.label_b == "autocast bf16"
+    assert not r.within and win.view.row_calls()[0] is r.first_divergent_activation
+    win.close()
+
+
+def test_compare_with_cancelled_or_without_capture(qtbot, window, monkeypatch):
+    shown = []
+    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: shown.append(exc))
+    window.session.capture = None
+    assert compare_with(window, window.session) is None
+    assert "no capture" in str(shown[0])
+    window.session.capture = object()
+    monkeypatch.setattr(dialogs, "ask_item", lambda *a, **k: None)
+    assert compare_with(window, window.session) is None
+    assert compare_window.ask_source(window) is None
+
+
+def test_sequence_and_dict_output_models_draw(qtbot):
+    from tests.core.test_compare import DictOut, TinySeq
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.show()
+    for make, x, target, layer in ((TinySeq, torch.randint(0, 11, (3, 7)), "sum", "rnn"),
+                                   (DictOut, torch.randn(4, 5), "top1@out", "body")):
+        torch.manual_seed(0)
+        ma, mb = make(), make()
+        a, b = capture(ma, x, target=target), capture(mb, x, target=target)
+        view.set_comparison(a, b, compare(a, b))
+        assert view.select(layer, 0)
+        for kind in ("activation", "grad_output"):
+            view.tensor_combo.setCurrentIndex(view.tensor_combo.findData(kind))
+            assert view.heatmap_message() == "", view.heatmap_message()
+            sa = a[layer].calls[0].tensor(kind)[0]
+            sb = b[layer].calls[0].tensor(kind)[0]
+            expected = heatmap_triple(sa, sb, view.display_combo.currentData(), k=view.k_spin.value(),
+                                      channel=view.channel_spin.value())
+            np.testing.assert_array_equal(view.images[2].image, expected.diff.array * view.difference_gain())
