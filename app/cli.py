@@ -39,7 +39,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "graph")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the devices a capture can run on, with their memory.")
     _add_common(p)
     p.set_defaults(func=cmd_devices)
+
+    # -- graph (app/cli_graph.py) ------------------------------------------------
+    from app.cli_graph import register as register_graph
+
+    register_graph(sub, _add_model_args, _add_input_args, _add_common)
     return parser
 
 

@@ -312,7 +312,7 @@ class ModelGraph:
             } for n in self.nodes.values()],
             "edges": [{
                 "src": e.src, "dst": e.dst, "shape": list(e.shape), "dtype": e.dtype,
-                "tensor": e.tensor, "grad_l2": e.grad_l2,
+                "tensor": e.tensor, "grad_l2": _plain(e.grad_l2),
             } for e in self.edges],
             "meta": _plain({k: v for k, v in self.meta.items()}),
         }
@@ -366,7 +366,7 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
     if isinstance(obj, float) and not math.isfinite(obj):
-        return None if math.isnan(obj) else obj
+        return None  # JSON has no NaN or Inf; the node's "nonfinite" flag keeps the fact
     return obj
 
 
@@ -685,6 +685,9 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
         nid = f"out:{key}"
         recorder.add_node(GraphNode(nid, "output", key, "output", None, None, tuple(t.shape), _dtype(t)))
         recorder.consume([t], nid)
+        found = recorder.lookup(t)
+        if found is not None:
+            recorder.node_values[nid] = found[0]
     return output
 
 
@@ -718,3 +721,39 @@ def extract_graph(model: nn.Module, inputs: Any) -> ModelGraph:
         for m, mode in modes.items():
             m.training = mode
     return recorder.graph({"model": type(model).__name__})
+
+
+def first_sample(inputs: Any) -> Any:
+    """The first sample of a batch (of each tensor in a tuple or dict): graphs do not depend
+    on the batch size, and one sample keeps the probe cheap."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[:1] if inputs.dim() > 0 else inputs
+    if isinstance(inputs, Mapping):
+        return {k: first_sample(v) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(first_sample(v) for v in inputs)
+    return inputs
+
+
+def graph_for_capture(model: nn.Module, inputs: Any, cap: Any) -> ModelGraph:
+    """The graph a capture file carries: extracted from one sample of the capture's batch,
+    with the capture's statistics on the module nodes and its output-gradient norms on
+    the edges that carry a captured layer's output.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The captured model (left as it was).
+    inputs : Tensor, tuple or dict
+        The capture's batch; only its first sample runs (shapes in the graph have batch 1).
+    cap : Capture
+
+    Returns
+    -------
+    ModelGraph
+        ``to_dict()`` of it is what ``Capture.graph`` holds.
+    """
+    graph = extract_graph(model, first_sample(inputs))
+    graph.meta["probe_batch"] = 1
+    graph.attach_capture(cap)
+    return graph
