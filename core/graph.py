@@ -91,7 +91,9 @@ class GraphNode:
     @property
     def label(self) -> str:
         if self.kind == "module":
-            short = self.name.rsplit(".", 1)[-1] if self.name else "(model)"
+            parts = self.name.split(".") if self.name else ["(model)"]
+            # "0" alone says little: blocks of a Sequential read "layer1.0".
+            short = ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
             return short + (f" #{self.call + 1}" if self.call else "")
         return self.name
 

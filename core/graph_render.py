@@ -196,8 +196,12 @@ def to_svg(graph: ModelGraph, view: GraphView, layout: Layout, statistic: str = 
         out.append(f'<text x="{pad:.0f}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
     out.extend(_svg_legend(graph, view, statistic, pad, w))
     for e in view.edges:
-        pts = _clip_route(layout, e.src, e.dst)
-        d = "M " + " L ".join(f"{x + ox:.1f} {y + oy:.1f}" for x, y in pts)
+        pts = clip_route(layout, e.src, e.dst)
+        xy = [f"{x + ox:.1f} {y + oy:.1f}" for x, y in pts]
+        if layout.engine == "dot" and len(pts) > 1 and (len(pts) - 1) % 3 == 0:
+            d = f"M {xy[0]} C " + " ".join(xy[1:])  # Graphviz routes are cubic Bézier controls
+        else:
+            d = "M " + " L ".join(xy)
         tip = f"{fmt_shape(e.shape)}" + (f" |g|={e.grad_l2:.3g}" if e.grad_l2 is not None else "")
         out.append(f'<path d="{d}" fill="none" stroke="#555555" stroke-width="{widths[(e.src, e.dst)]:.2f}" '
                    f'marker-end="url(#arrow)"><title>{escape(tip)}</title></path>')
@@ -246,8 +250,9 @@ def _svg_legend(graph: ModelGraph, view: GraphView, statistic: str, x: float, wi
             f'<text x="{x + bar_w + 8:.0f}" y="35" font-size="10">{escape(COLOR_BY[statistic])} (log)</text>']
 
 
-def _clip_route(layout: Layout, src: str, dst: str) -> list[tuple[float, float]]:
-    """The edge's points, with the ends moved from the node centres to their borders."""
+def clip_route(layout: Layout, src: str, dst: str) -> list[tuple[float, float]]:
+    """The edge's points, with the ends moved from the node centres to their borders
+    (Graphviz routes already end there)."""
     pts = list(layout.routes.get((src, dst)) or [layout.pos[src], layout.pos[dst]])
     if len(pts) < 2:
         pts = [layout.pos[src], layout.pos[dst]]
