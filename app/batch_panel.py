@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 import torch
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
@@ -14,8 +14,10 @@ from PySide6.QtWidgets import (
 
 from core.batch import Batch
 from core.capture_data import Capture
+from core.class_names import class_name, top_classes
 from core.session import Session
 from app import dialogs
+from app.settings import AppSettings
 
 THUMB = 64
 
@@ -76,30 +78,6 @@ def _boxed(pix: QPixmap, size: int) -> QPixmap:
     return out
 
 
-def top_predictions(output: torch.Tensor | None, categories: list[str] | None, k: int = 5) -> list[list[tuple[str, float]]]:
-    """Per sample, the ``k`` most probable classes (softmax over logits) with probabilities.
-
-    Dense outputs (``B, C, H, W``) are averaged over positions first. Empty when the
-    output is not ``(B, C, ...)`` with more than one class.
-    """
-    if output is None or output.dim() < 2 or output.shape[1] < 2 or not output.is_floating_point():
-        return []
-    logits = output.detach().float()
-    if logits.dim() > 2:
-        logits = logits.flatten(2).mean(-1)
-    probs = torch.softmax(logits, dim=1)
-    k = min(k, probs.shape[1])
-    values, indices = probs.topk(k, dim=1)
-    out = []
-    for vs, ix in zip(values.tolist(), indices.tolist()):
-        row = []
-        for v, i in zip(vs, ix):
-            name = categories[i] if categories is not None and i < len(categories) else f"class {i}"
-            row.append((name, v))
-        out.append(row)
-    return out
-
-
 class BatchPanel(QWidget):
     """Shows the session's batch; ``load_requested(sources)`` when the user picks inputs,
     ``sample_selected(i)`` when a thumbnail is clicked."""
@@ -107,14 +85,15 @@ class BatchPanel(QWidget):
     load_requested = Signal(list)
     sample_selected = Signal(int)
 
-    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
+        self.settings = settings
         self.setAcceptDrops(True)
 
         self.images_button = QPushButton("Images…", self)
         self.images_button.setToolTip("Open image files (or drop files or a folder here)")
-        self.images_button.clicked.connect(self._on_open_images)
+        self.images_button.clicked.connect(self.open_images)
         self.more_button = QToolButton(self)
         self.more_button.setText("More")
         self.more_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
@@ -174,7 +153,8 @@ class BatchPanel(QWidget):
         self._on_model_batch_changed(session.batch)
 
     # -- user actions -----------------------------------------------------------------
-    def _on_open_images(self) -> None:
+    def open_images(self) -> None:
+        """Ask for image files and request them as the batch."""
         files = dialogs.ask_open_files(self, "Open images", dialogs.IMAGE_FILTER)
         if files:
             self.load_requested.emit(files)
@@ -194,13 +174,17 @@ class BatchPanel(QWidget):
         self.load_requested.emit([f"random:{shape}"])
 
     def _fill_recent(self) -> None:
-        from app.settings import AppSettings
-
         self.recent_menu.clear()
-        items = AppSettings().recent_inputs()
+        items = self.settings.recent_inputs()
         for item in items:
             self.recent_menu.addAction(item, lambda s=item: self.load_requested.emit(s.split("\n")))
         self.recent_menu.setEnabled(bool(items))
+
+    def show_sample(self, index: int) -> None:
+        """Make ``index`` the current thumbnail without announcing it (the model's echo)."""
+        if 0 <= index < self.list.count() and self.list.currentRow() != index:
+            with QSignalBlocker(self.list):
+                self.list.setCurrentRow(index)
 
     def _on_row_changed(self, row: int) -> None:
         if row >= 0:
@@ -256,9 +240,7 @@ class BatchPanel(QWidget):
         batch = self.session.batch
         if batch is None or batch.labels is None or i >= len(batch.labels):
             return None
-        index = int(batch.labels[i])
-        cats = self.session.categories
-        return cats[index] if cats is not None and index < len(cats) else str(index)
+        return class_name(int(batch.labels[i]), self.session.categories)
 
     def _item_text(self, i: int, predictions: list[tuple[str, float]] | None) -> str:
         batch = self.session.batch
@@ -281,24 +263,30 @@ class BatchPanel(QWidget):
             if capture is not None and capture.input is not None:
                 self._show_capture_inputs(capture)
             return
-        preds = top_predictions(capture.output, self.session.categories) if capture is not None else []
+        preds = top_classes(capture.output, self.session.categories) if capture is not None else []
         for i in range(self.list.count()):
             self.list.item(i).setText(self._item_text(i, preds[i] if i < len(preds) else None))
 
     def _show_capture_inputs(self, capture: Capture) -> None:
         """A capture opened from a file, without its batch: show its input tensor."""
+        from core.capture_meta import capture_meta
+
         self.list.clear()
-        names = capture.meta.get("sample_names") or []
-        preds = top_predictions(capture.output, capture.meta.get("categories"))
+        meta = capture_meta(capture)
+        preds = top_classes(capture.output, meta.categories)
         x = capture.input
+        source = f" from {meta.batch_source}" if meta.batch_source else ""
         self.source_label.setText(f"<b>{len(x)} samples</b> ({'×'.join(str(d) for d in x.shape[1:])}) "
-                                  f"· from the capture file")
-        self.preprocess_label.setText(f"Preprocessing: {capture.meta.get('preprocessing', 'unknown')}")
+                                  f"· from the capture file{source}")
+        self.preprocess_label.setText(f"Preprocessing: {meta.preprocessing}")
         for i in range(len(x)):
-            lines = [names[i] if i < len(names) else f"sample {i}"]
+            lines = [meta.sample_name(i)]
+            if meta.labels is not None and i < len(meta.labels):
+                lines.append(f"label: {class_name(meta.labels[i], meta.categories)}")
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
 
     def current_sample(self) -> int:
         return max(self.list.currentRow(), 0)
+

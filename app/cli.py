@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from app.cli_format import (
     ProgressBar,
@@ -32,6 +32,9 @@ from app.cli_format import (
 )
 from core.errors import GradExplorerError
 
+if TYPE_CHECKING:
+    from core.options import CaptureOptions
+
 PROG = "gradexplorer"
 EXIT_OK = 0
 EXIT_USER = 1
@@ -39,7 +42,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "graph")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "diff", "graph")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -162,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-grad", action="store_true", help="also record the gradient w.r.t. the input")
     p.add_argument("--train", action="store_true",
                    help="run in train mode (dropout, batch statistics); eval by default")
+    p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
+                   help="run forward under torch.autocast with bf16 or fp16 on the capture device")
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -201,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the devices a capture can run on, with their memory.")
     _add_common(p)
     p.set_defaults(func=cmd_devices)
+
+    # -- diff (app/cli_diff.py) --------------------------------------------------
+    from app.cli_diff import add_parser as add_diff_parser
+
+    add_diff_parser(sub, _add_common)
 
     # -- graph (app/cli_graph.py) ------------------------------------------------
     from app.cli_graph import register as register_graph
@@ -287,44 +297,28 @@ def _silence_stdout() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _load_model(args, ui: _UI):
-    from core.models import load_model
+def _options(args, **settings) -> "CaptureOptions":
+    """The capture options of a command line (model and input arguments, plus ``settings``)."""
+    from core.options import BatchSpec, CaptureOptions
 
-    ui.bar.update("loading model")
-
-    def on_download(done: int, total: int) -> None:
-        ui.bar.update("downloading weights", done, total or None, "B")
-
-    return load_model(args.model, weights=args.weights, arch=args.arch, trust=args.trust, progress=on_download)
+    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random, demo=bool(args.demo_input))
+    return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
+                          batch=batch, **settings)
 
 
-def _batch_sources(args, loaded, default_random_shape: tuple[int, ...] | None = None) -> list[str]:
-    if args.input:
-        return list(args.input)
-    if args.random is not None:
-        return [f"random:{args.random}"] if args.random else ["random"]
-    if args.demo_input:
-        return ["demo"]
-    if loaded.spec.startswith("demo:"):
-        return ["demo"]
-    if default_random_shape is not None:
-        return ["random:" + "x".join(str(d) for d in default_random_shape)]
-    raise GradExplorerError(f"No input was given for '{loaded.spec}';", _INPUT_HINT + ".")
+def _progress(ui: _UI):
+    """The job's progress, drawn on the command's progress bar."""
+    from core.job import STAGE_DOWNLOAD
 
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if stage == STAGE_DOWNLOAD:
+            ui.bar.update(stage, done, total or None, "B")
+        elif stage in ("forward", "backward"):
+            ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")
+        else:
+            ui.bar.update(stage)
 
-def _load_batch(args, loaded, ui: _UI, labels: str | None = None, default_random_shape=None):
-    from core.batches import check_batch_shape, load_batch
-
-    ui.bar.update("loading batch")
-    sources = _batch_sources(args, loaded, default_random_shape)
-    if sources == ["demo"] and not loaded.spec.startswith("demo:"):
-        raise GradExplorerError(
-            f"--demo-input needs a demo model, and '{loaded.spec}' is not one;", _INPUT_HINT.replace(
-                " or --demo-input", "") + "."
-        )
-    batch = load_batch(sources, loaded, labels)
-    check_batch_shape(batch, loaded.input_shape)  # load_batch checks too; the CLI relies on it
-    return batch
+    return on_progress
 
 
 def _check_out_path(out: str) -> Path:
@@ -346,85 +340,49 @@ def _check_out_path(out: str) -> Path:
 # ---------------------------------------------------------------------------
 
 
+def capture_options(args) -> "CaptureOptions":
+    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
+
+    Raises
+    ------
+    GradExplorerError
+        A setting that is not valid (a target that does not exist...).
+    """
+    return _options(
+        args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
+        mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
+        autocast=args.autocast, force=bool(args.force),
+    )
+
+
 def cmd_capture(args, ui: _UI) -> int:
-    from core.devices import resolve_device
-    from core.targets import parse_target
+    from core.job import CaptureJob, OverBudget
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
     out = _check_out_path(args.out)
-    target = parse_target(args.target)
-    device = resolve_device(args.device)
-    mode = "stats" if args.stats_only else "full"
+    options = capture_options(args)
+    job = CaptureJob(options, _progress(ui))
+    job.resolve_device()
+    mode = options.mode
     t_start = time.perf_counter()
 
-    loaded = _load_model(args, ui)
-    batch = _load_batch(args, loaded, ui, labels=args.labels)
-    if target.kind == "class" and loaded.categories and target.class_index >= len(loaded.categories):
-        n = len(loaded.categories)
-        raise GradExplorerError(
-            f"target class {target.class_index} is out of range: {loaded.name} has {n} classes;",
-            f"pick a class from 0 to {n - 1}.",
-        )
-
-    from core.memory_estimate import check_budget, estimate_capture_memory, format_bytes
-    from core.module_tree import ModuleTree
-    from core.selection import resolve_layers
-
-    selected = resolve_layers(loaded.module, args.layers or None)
-
+    loaded = job.load_model()
+    batch = job.load_batch()
     # One sample through the model (no gradients) tells calls and output sizes: the
     # progress bar's total and the memory estimate (core.memory_estimate, the same one the
     # GUI shows beside Run), before anything large is allocated.
-    ui.bar.update("probing")
-    tree = ModuleTree.build(loaded.module)
-    expected_calls = None
-    estimate = None
+    job.probe()
     try:
-        tree.probe(loaded.module, batch.tensor[:1])
-        expected_calls = tree.expected_calls()
-        estimate = estimate_capture_memory(tree, selected, mode, batch.tensor, args.input_grad, loaded.module)
-    except GradExplorerError:
-        pass  # the capture's own forward reports the failure with more context
-
+        estimate = job.estimate()
+    except OverBudget as exc:
+        _note_estimate(ui, job, exc.estimate)
+        raise
     if estimate is not None:
-        ui.note(
-            f"capturing {len(selected)} layers ({estimate.calls} calls) of {loaded.name} on {device}, "
-            f"{'full tensors' if mode == 'full' else 'statistics only'}: {estimate.describe()}"
-        )
-        over = check_budget(estimate, device)
-        if over is not None and not args.force:
-            # check_budget's first sentence is the problem; its advice is the GUI's.
-            problem = over.split(". ")[0].rstrip(".") + ";"
-            if mode == "full":
-                fix = (f"pass --stats-only (about {format_bytes(estimate.stats + estimate.io)}), fewer --layers "
-                       "or a smaller batch, or --force to run anyway.")
-            else:
-                fix = "use a smaller batch, or pass --force to run anyway."
-            raise GradExplorerError(problem, fix)
-
-    def on_progress(stage: str, done: int, total: int) -> None:
-        ui.bar.update(stage, done, total, "calls" if stage == "forward" else "grads")
-
-    from core.batches import describe
-    from core.capture import capture
-
-    meta = {
-        "model": loaded.spec,
-        "model_name": loaded.name,
-        "weights": loaded.weights,
-        "categories": list(loaded.categories) if loaded.categories else None,
-        "task": loaded.task,
-        "batch": describe(batch),
-        "input_names": list(batch.names),
-        "labels": batch.labels.tolist() if batch.labels is not None else None,
-    }
-    cap = capture(
-        loaded.module, batch.tensor, layers=args.layers or None, target=target, labels=batch.labels,
-        mode=mode, input_grad=args.input_grad, device=device, train=args.train,
-        progress=on_progress, meta=meta, expected_calls=expected_calls,
-    )
+        _note_estimate(ui, job, estimate)
+    cap = job.capture()
 
     from core.capture_file import save_capture
+    from core.capture_summary import summarize
 
     ui.bar.update("saving")
     path = save_capture(cap, out)
@@ -432,7 +390,7 @@ def cmd_capture(args, ui: _UI) -> int:
     elapsed = time.perf_counter() - t_start
     n_calls = sum(len(rec.calls) for rec in cap.layers.values())
     size = path.stat().st_size
-    flagged = _nonfinite_layers(cap)
+    flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
         f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
@@ -451,14 +409,12 @@ def cmd_capture(args, ui: _UI) -> int:
     return EXIT_OK
 
 
-def _nonfinite_layers(cap) -> list[str]:
-    from core.stats import has_nonfinite
-
-    bad = []
-    for name, rec in cap.layers.items():
-        if any(has_nonfinite(s) for c in rec.calls for s in c.stats.values()):
-            bad.append(name)
-    return bad
+def _note_estimate(ui: _UI, job, estimate) -> None:
+    ui.note(
+        f"capturing {len(job.selected_layers())} layers ({estimate.calls} calls) of {job.loaded.name} on "
+        f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
+        f"{estimate.describe()}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -511,12 +467,24 @@ def cmd_layers(args, ui: _UI) -> int:
 
     if args.depth is not None and args.depth < 0:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model only) or more.")
-    loaded = _load_model(args, ui)
+    from dataclasses import replace
+
+    from core.job import STAGE_PROBE, CaptureJob
+    from core.options import BatchSpec
+
+    options = _options(args)
+    job = CaptureJob(options, _progress(ui))
+    loaded = job.load_model()
     tree = ModuleTree.build(loaded.module)
     if args.probe:
-        shape = (1, *loaded.input_shape) if loaded.input_shape and all(d is not None for d in loaded.input_shape) else None
-        batch = _load_batch(args, loaded, ui, default_random_shape=shape)
-        ui.bar.update("probing")
+        shape = loaded.input_shape
+        if options.batch.is_default and not loaded.spec.startswith("demo:") and shape \
+                and all(d is not None for d in shape):
+            # Without an input, one random sample of the model's shape.
+            random = BatchSpec(random="x".join(str(d) for d in (1, *shape)))
+            job = CaptureJob(replace(options, batch=random), _progress(ui), loaded=loaded)
+        batch = job.load_batch()
+        ui.bar.update(STAGE_PROBE)
         tree.probe(loaded.module, batch.tensor)
     elif args.input or args.random is not None or args.demo_input:
         raise GradExplorerError("an input only matters with --probe;", "add --probe, or leave out the input.")
@@ -563,10 +531,10 @@ def cmd_layers(args, ui: _UI) -> int:
 
 def cmd_inspect(args, ui: _UI) -> int:
     from core.capture_file import load_capture
+    from core.capture_meta import capture_meta
 
     path = Path(args.file).expanduser()
     cap = load_capture(path)
-    meta = cap.meta
     names = list(cap.layers)
     if args.layer:
         chosen = [n for n in names if n == args.layer or fnmatch.fnmatchcase(n, args.layer)]
@@ -580,18 +548,26 @@ def cmd_inspect(args, ui: _UI) -> int:
 
     yes_no = {True: "yes", False: "no"}
     n_calls = sum(len(cap.layers[n].calls) for n in names)
+    meta = capture_meta(cap)
+    autocast = f"  autocast {meta.autocast}" if meta.autocast else ""
     header = [
         ("file", f"{path} ({human_size(path.stat().st_size)})"),
-        ("model", f"{meta.get('model')}  weights {meta.get('weights') or 'random init'}"),
-        ("target", f"{meta.get('target')}  device {meta.get('device')}  dtype {meta.get('dtype')}  "
-                   f"mode {meta.get('mode')}  train {yes_no.get(meta.get('train'), meta.get('train'))}"),
-        ("created", f"{meta.get('created')}  torch {meta.get('torch_version')}"),
+        ("model", f"{meta.model}  weights {meta.weights or 'random init'}"),
+        ("target", f"{meta.target}  device {meta.device}  dtype {meta.dtype}{autocast}  "
+                   f"mode {meta.mode}  train {yes_no.get(meta.train, meta.train)}"),
+        ("created", f"{meta.created}  torch {meta.torch_version}"),
         ("input", f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}"),
         ("layers", f"{len(names)} ({n_calls} calls)"),
     ]
-    if meta.get("batch"):
-        header.insert(4, ("batch", str(meta["batch"])))
+    if meta.batch:
+        header.insert(4, ("batch", meta.batch))
+    if meta.sample_names:
+        shown = ", ".join(meta.sample_names[:6]) + (" ..." if len(meta.sample_names) > 6 else "")
+        header.insert(5, ("samples", shown))
+    if meta.labels is not None:
+        header.insert(6, ("labels", ", ".join(_label_text(i, meta.categories) for i in meta.labels[:6])
+                          + (" ..." if len(meta.labels) > 6 else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
     print()
@@ -623,27 +599,27 @@ def cmd_inspect(args, ui: _UI) -> int:
     return EXIT_OK
 
 
+def _label_text(index: int, categories) -> str:
+    if categories and 0 <= index < len(categories):
+        return f"{index} ({categories[index]})"
+    return str(index)
+
+
 def _max_abs(stats: dict) -> float:
     return max(abs(stats["min"]), abs(stats["max"]))
 
 
 def _flags(stats: dict) -> str:
-    from core.stats import has_nonfinite
+    from core.gradient_flow import call_flags
 
     flags = []
     for kind, short in (("activation", "act"), ("grad_output", "grad"), ("grad_input", "grad in")):
         s = stats.get(kind)
-        if s and has_nonfinite(s):
-            parts = []
-            if s["nan_count"]:
-                parts.append(f"{s['nan_count']} NaN")
-            if s["inf_count"]:
-                parts.append(f"{s['inf_count']} Inf")
-            flags.append(f"{short}: {' '.join(parts)}")
-    if stats.get("grad_output") is None:
-        flags.append("no grad")
-    elif stats["grad_output"].get("numel") and stats["grad_output"].get("zero_fraction") == 1.0:
-        flags.append("zero grad")
+        counts = [f"{s[key]} {word}" for key, word in (("nan_count", "NaN"), ("inf_count", "Inf")) if s and s[key]]
+        if counts:
+            flags.append(f"{short}: {' '.join(counts)}")
+    words = {"no gradient": "no grad", "zero": "zero grad"}
+    flags += [words[f] for f in call_flags(stats) if f in words]
     return "; ".join(flags)
 
 

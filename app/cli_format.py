@@ -11,24 +11,10 @@ import sys
 import time
 from typing import Sequence, TextIO
 
+# The CLI's name for core's one byte formatter.
+from core.units import format_bytes as human_size
+
 __all__ = ["human_size", "fmt_num", "fmt_shape", "fmt_seconds", "table", "can_encode", "ProgressBar"]
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_size(n: int | float | None) -> str:
-    """``12345678`` -> ``"11.8 MiB"``; binary units, three significant digits; ``None`` -> ``"?"``."""
-    if n is None:
-        return "?"
-    n = float(n)
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit in _UNITS[1:]:
-        n /= 1024.0
-        if n < 1024 or unit == _UNITS[-1]:
-            return f"{n:.1f} {unit}" if n < 100 else f"{n:.0f} {unit}"
-    raise AssertionError("unreachable")
-
 
 def fmt_num(x: float | int | None, digits: int = 3) -> str:
     """A compact number for tables: ``0.000123`` -> ``"1.23e-04"``, ``None`` -> ``"-"``."""

@@ -52,8 +52,8 @@ def _suffix(out: str) -> str:
 
 def build_graph(args, ui):
     """The graph the command line asks for (model and/or capture), with statistics."""
-    from app.cli import _load_batch, _load_model
-    from core.graph import ModelGraph, extract_graph
+    from app.cli import _options, _progress
+    from core.graph import ModelGraph, extract_graph, first_sample
 
     cap = None
     if args.capture:
@@ -65,28 +65,31 @@ def build_graph(args, ui):
         if cap is None:
             raise GradExplorerError("graph needs a model or a capture file;",
                                     "give --model NAME (with an input) or --capture CAP.pt.")
-        data = getattr(cap, "graph", None) or cap.meta.get("graph")
+        data = getattr(cap, "graph", None)
         if not data:
             raise GradExplorerError(f"the capture '{args.capture}' carries no graph (written by an older "
                                     "gradexplorer);", "give --model too, so that the graph can be extracted.")
         graph = ModelGraph.from_dict(data, source=f"the graph in '{args.capture}'")
         graph.attach_capture(cap)
         return graph
-    loaded = _load_model(args, ui)
-    shape = (1, *loaded.input_shape) if loaded.input_shape else None
-    batch = _load_batch(args, loaded, ui, default_random_shape=shape)
+    from core.job import CaptureJob
+
+    if not (args.input or args.random is not None or args.demo_input) and not str(args.model).startswith("demo:"):
+        args.random = ""  # a random batch of the model's input shape: the graph needs no real data
+    job = CaptureJob(_options(args, target=args.target), _progress(ui))
+    loaded = job.load_model()
+    batch = job.load_batch()
     if args.grads:
         from core.graph_grads import graph_gradients
 
         ui.bar.update("forward and backward")
-        graph = graph_gradients(loaded.module, batch.tensor, target=args.target, labels=batch.labels)
+        graph = graph_gradients(loaded.module, batch.tensor, target=args.target, labels=job.labels)
     else:
         ui.bar.update("probing")
-        graph = extract_graph(loaded.module, batch.tensor[:1])
+        graph = extract_graph(loaded.module, first_sample(batch.tensor))
     graph.meta["model"] = loaded.name
-    if cap is not None:
-        if graph.attach_capture(cap) == 0:
-            ui.note(f"note: no layer of '{args.capture}' is in this model's graph; nodes are not coloured.")
+    if cap is not None and graph.attach_capture(cap) == 0:
+        ui.note(f"note: no layer of '{args.capture}' is in this model's graph; nodes are not coloured.")
     return graph
 
 

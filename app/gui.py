@@ -120,7 +120,7 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
         window.show_error("A setting cannot be used", exc)
     if labels:
         s.set_labels(labels)
-    window.run_panel._on_model_settings_changed("")
+    window.run_panel.sync_from_session()
 
     if model is None:
         model, run = "demo:shapes", True

@@ -13,6 +13,8 @@ from PySide6.QtWidgets import (
 )
 
 from core.session import Session
+from core.units import format_bytes
+from app.settings import AppSettings
 from app import dialogs
 
 TASK_TITLES = {
@@ -45,9 +47,10 @@ class ModelPanel(QWidget):
     load_requested = Signal(object)
     cancel_requested = Signal()
 
-    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
+        self.settings = settings
         self._catalog: dict[str, object] = {}
         self._local_weights: str | None = None
 
@@ -119,7 +122,6 @@ class ModelPanel(QWidget):
 
     def _fill(self, catalog: list) -> None:
         from core.demos import list_demos
-        from app.settings import AppSettings
 
         current = self.selected_spec()
         self.list.clear()
@@ -138,7 +140,7 @@ class ModelPanel(QWidget):
             item = QTreeWidgetItem(demos, [spec, "built in"])
             item.setData(0, SPEC_ROLE, spec)
             item.setToolTip(0, text)
-        recent = [r for r in AppSettings().recent_models() if not r.startswith("demo:")]
+        recent = [r for r in self.settings.recent_models() if not r.startswith("demo:")]
         if recent:
             g = group("Recent")
             for spec in recent:
@@ -301,6 +303,10 @@ class ModelPanel(QWidget):
             return
         self.load_requested.emit(ModelRequest(text, None, None, True))
 
+    def focus_search(self) -> None:
+        """Put the cursor in the model search box."""
+        self.search.setFocus()
+
     # -- busy state ------------------------------------------------------------------------------
     def set_busy(self, busy: bool, message: str = "") -> None:
         self.progress.setVisible(busy)
@@ -317,7 +323,7 @@ class ModelPanel(QWidget):
         if total > 0:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
-            self.progress.setFormat(f"{stage} {done / 2**20:.1f} / {total / 2**20:.1f} MiB")
+            self.progress.setFormat(f"{stage} {format_bytes(done)} / {format_bytes(total)}")
         else:
             self.progress.setRange(0, 0)
             self.progress.setFormat(stage)

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.capture_data import Capture
+from core.capture_summary import summarize
 from core.module_tree import ModuleTree
 from core.session import Session
 
@@ -62,54 +63,6 @@ def format_count(n: int) -> str:
 
 def format_shape(shape: tuple) -> str:
     return "×".join(str(d) for d in shape) if shape else "scalar"
-
-
-def grad_norms(capture: Capture | None) -> dict[str, float]:
-    """Per captured layer, the L2 norm of the gradient at its output over all its calls."""
-    norms: dict[str, float] = {}
-    if capture is None:
-        return norms
-    for name, layer in capture.layers.items():
-        total = 0.0
-        seen = False
-        for call in layer.calls:
-            stats = call.stats.get("grad_output") if call.stats else None
-            if stats is None:
-                continue
-            value = float(stats.get("l2", 0.0))
-            seen = True
-            total = math.inf if not math.isfinite(value) else total + value * value
-        if seen:
-            norms[name] = math.sqrt(total) if math.isfinite(total) else math.inf
-    return norms
-
-
-def capture_flags(capture: Capture | None) -> dict[str, str]:
-    """Problem flags per layer: from ``core.gradient_flow`` when it is there, else the
-    cases that need no neighbours (NaN/Inf and all-zero gradients)."""
-    if capture is None:
-        return {}
-    try:
-        from core.gradient_flow import layer_flags
-    except ImportError:
-        layer_flags = None
-    if layer_flags is not None:
-        out: dict[str, str] = {}
-        for name, value in (layer_flags(capture) or {}).items():
-            if value:
-                out[str(name)] = value if isinstance(value, str) else ", ".join(map(str, value))
-        return out
-    from core.stats import has_nonfinite
-
-    flags: dict[str, str] = {}
-    for name, layer in capture.layers.items():
-        stats = [c.stats.get("grad_output") for c in layer.calls if c.stats]
-        stats = [s for s in stats if s is not None]
-        if any(has_nonfinite(s) for s in stats):
-            flags[name] = "NaN/Inf"
-        elif stats and all(float(s.get("l2", 0.0)) == 0.0 for s in stats):
-            flags[name] = "zero"
-    return flags
 
 
 class ModuleTreeModel(QAbstractItemModel):
@@ -224,8 +177,9 @@ class ModuleTreeModel(QAbstractItemModel):
         return self.createIndex(row, col, i)
 
     def _on_model_capture_changed(self, capture: Capture | None) -> None:
-        self._norms = grad_norms(capture)
-        self._flags = capture_flags(capture)
+        summary = summarize(capture) if capture is not None else None
+        self._norms = summary.grad_norms if summary is not None else {}
+        self._flags = summary.flagged() if summary is not None else {}
         finite = [v for v in self._norms.values() if v > 0 and math.isfinite(v)]
         self._bar = {}
         if finite:
@@ -678,10 +632,11 @@ class ModuleTreeView(QTreeView):
         menu.addAction("Check none", s.select_none)
         menu.addSeparator()
         menu.addAction("Expand all", self.expandAll)
-        menu.addAction("Collapse all", self._collapse)
+        menu.addAction("Collapse all", self.collapse_to_top)
         return menu
 
-    def _collapse(self) -> None:
+    def collapse_to_top(self) -> None:
+        """Collapse every row but the model's own."""
         self.collapseAll()
         root = self.proxy.index(0, 0)
         if root.isValid():

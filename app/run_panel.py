@@ -200,12 +200,9 @@ class RunPanel(QWidget):
             return "class:0"
         if text.lstrip("-").isdigit():
             return f"class:{int(text)}"
-        categories = self.session.categories or []
-        lowered = [c.lower() for c in categories]
-        if text.lower() in lowered:
-            return f"class:{lowered.index(text.lower())}"
-        raise GradExplorerError(f"'{text}' is not one of the model's classes.",
-                                "Pick a class from the completion list, or type its index.")
+        from core.batches import parse_labels
+
+        return f"class:{int(parse_labels(text, 1, self.session.categories)[0])}"
 
     def apply_target(self) -> None:
         """Write the target widgets to the session (raises GradExplorerError when invalid)."""
@@ -241,6 +238,10 @@ class RunPanel(QWidget):
         self.run_requested.emit()
 
     # -- session -> widgets -----------------------------------------------------------
+    def sync_from_session(self) -> None:
+        """Show the session's run settings in the widgets (after they were set from outside)."""
+        self._on_model_settings_changed("")
+
     def _on_model_settings_changed(self, _name: str) -> None:
         s = self.session
         blockers = [QSignalBlocker(w) for w in (self.device_combo, self.target_combo, self.train_radio,
@@ -405,6 +406,12 @@ class RunPanel(QWidget):
         selected = [n for n in s.selected_in_order() if n in tree.nodes]
         return estimate_capture_memory(tree, selected, s.mode, x, s.input_grad, s.model.module)
 
+    def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
+        """The estimate for the current settings and, when it is over the memory budget,
+        the warning to show (``None`` when it fits or cannot be told)."""
+        self.update_estimate()
+        return self.estimate, self.budget_message
+
     def update_estimate(self) -> MemoryEstimate | None:
         """Recompute the estimate and the budget warning now (also the debounced slot)."""
         from core.memory_estimate import check_budget
@@ -421,7 +428,7 @@ class RunPanel(QWidget):
             return None
         device = self.session.device if self.session.device != "auto" else "cpu"
         try:
-            message = check_budget(estimate, device)
+            message = check_budget(estimate, device, budget=self.session.memory_budget)
         except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
             message = None
         self._show_estimate(estimate, estimate.describe().split(" (")[0], estimate.describe(), message)

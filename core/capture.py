@@ -28,6 +28,7 @@ import datetime as _dt
 import time
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
@@ -156,6 +157,8 @@ class _Recorder:
         self.last_report = 0.0
         # Outputs seen in forward: (name, call index, tensor, version, copied).
         self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
+        # (name, call index) in the order the calls returned: core.compare's forward order.
+        self.call_order: list[list] = []
         # (id, version) of an output -> (tensor, its stats, what was kept of it).
         self.activations: dict[tuple[int, int], tuple] = {}
         self.mutated = mutated
@@ -236,6 +239,7 @@ class _Recorder:
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
         index = len(self.records[name].calls) - 1
+        self.call_order.append([name, index])
         value_key = (id(y), y._version)
         seen = self.activations.get(value_key)
         if seen is not None and seen[0] is y:
@@ -402,6 +406,7 @@ def capture(
     meta: dict | None = None,
     expected_calls: int | None = None,
     hist_exact_limit: int | None = None,
+    autocast: str | None = None,
 ) -> Capture:
     """Run one forward and backward pass and record gradients at the selected modules.
 
@@ -439,6 +444,10 @@ def capture(
         Module calls per forward (from ``core.module_tree.probe``), for progress.
     hist_exact_limit : int, optional
         Histogram subsampling threshold (``core.stats``); default ``core.stats.HIST_EXACT_LIMIT``.
+    autocast : {None, "bf16", "fp16"}
+        Run forward under ``torch.autocast`` with this dtype on the capture device
+        (activations and their gradients are then of that dtype; parameter gradients stay
+        in the parameters' dtype).
 
     Returns
     -------
@@ -450,19 +459,58 @@ def capture(
         Bad layers or target; ``CaptureError`` when forward or backward fails (naming the
         module and the layers that ran) or memory runs out; ``CaptureCancelled``.
     """
+    settings = _CaptureSettings(
+        layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad, device=device,
+        train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
+        hist_exact_limit=hist_exact_limit, autocast=autocast,
+    )
     try:
-        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
-                             train, progress, cancel, meta, expected_calls, hist_exact_limit,
-                             _MUTATED_OUTPUTS.get(model))
+        return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
     except _CopyNeeded:
-        return _capture_once(model, inputs, layers, target, labels, mode, input_grad, device,
-                             train, progress, cancel, meta, expected_calls, hist_exact_limit, {})
+        return _capture_once(model, inputs, settings, {})
 
 
-def _capture_once(model, inputs, layers, target, labels, mode, input_grad, device, train,
-                  progress, cancel, meta, expected_calls, hist_exact_limit, mutated: dict | None) -> Capture:
+@dataclass(frozen=True)
+class _CaptureSettings:
+    """``capture``'s keyword arguments, handed to each attempt as one object."""
+
+    layers: LayerSpec
+    target: "Target | str"
+    labels: torch.Tensor | None
+    mode: str
+    input_grad: bool
+    device: "str | torch.device | None"
+    train: bool
+    progress: ProgressCallback | None
+    cancel: "CancelFlag | None"
+    meta: dict | None
+    expected_calls: int | None
+    hist_exact_limit: int | None
+    autocast: str | None
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _autocast(device: torch.device, autocast: str | None):
+    """Forward under ``torch.autocast`` with the dtype named (or no autocast)."""
+    from contextlib import nullcontext
+
+    if autocast is None:
+        return nullcontext()
+    if autocast not in _AUTOCAST_DTYPES:
+        raise GradExplorerError(f"unknown autocast dtype '{autocast}';", "use bf16 or fp16.")
+    return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[autocast])
+
+
+def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSettings,
+                  mutated: dict | None) -> Capture:
     from core.stats import HIST_EXACT_LIMIT
 
+    layers, target, labels, mode = settings.layers, settings.target, settings.labels, settings.mode
+    input_grad, device, train, meta = settings.input_grad, settings.device, settings.train, settings.meta
+    progress, cancel, expected_calls = settings.progress, settings.cancel, settings.expected_calls
+    hist_exact_limit = settings.hist_exact_limit
     if mode not in MODES:
         raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
     if not isinstance(inputs, torch.Tensor):
@@ -503,7 +551,7 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
         if want_x_grad and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast(dev, settings.autocast):
                 output = model(x)
         except GradExplorerError:
             raise
@@ -572,9 +620,11 @@ def _capture_once(model, inputs, layers, target, labels, mode, input_grad, devic
             "dtype": str(x.dtype).replace("torch.", ""),
             "mode": mode,
             "train": bool(train),
+            "autocast": settings.autocast,
             "torch_version": str(torch.__version__),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "layer_order": order,
+            "call_order": recorder.call_order,
             "not_called": not_called,
             "seconds": round(time.perf_counter() - t0, 4),
         })

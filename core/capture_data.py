@@ -76,6 +76,11 @@ class Capture:
         Gradient of the target with respect to the input batch, when asked for.
     layers : dict
         Qualified name -> ``LayerRecord``, in the order of each module's first call.
+    graph : dict or None
+        The model's dataflow graph, when one was recorded (reserved in capture format
+        version 2; ``None`` when absent).
+    nonfinite_onset : dict or None
+        Where NaN/Inf first appeared, when known (reserved in format version 2).
     """
 
     meta: dict
@@ -83,6 +88,8 @@ class Capture:
     output: torch.Tensor | None
     input_grad: torch.Tensor | None
     layers: dict[str, LayerRecord]
+    graph: dict | None = None
+    nonfinite_onset: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
         return self.layers[name]
@@ -125,4 +132,5 @@ class Capture:
             layers[name] = LayerRecord(
                 rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
             )
-        return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers)
+        return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers,
+                       self.graph, self.nonfinite_onset)

@@ -18,10 +18,15 @@ from typing import Callable
 import torch
 
 from core.capture_data import CallRecord, Capture, LayerRecord
+from core.capture_meta import upgrade_meta
 from core.errors import CaptureFileError
 
 FORMAT = "gradexplorer.capture"
-VERSION = 1
+VERSION = 2
+# Version 1: the window's and the CLI's metadata keys differed (core.capture_meta reads
+# both). Version 2: one metadata schema (core.capture_meta), and the top-level "graph"
+# and "nonfinite_onset" entries (None when absent).
+READABLE_VERSIONS = (1, 2)
 
 
 def _plain(obj):
@@ -79,6 +84,8 @@ def capture_to_dict(cap: Capture) -> dict:
         "input_grad": cap.input_grad,
         "output": cap.output,
         "layers": layers,
+        "graph": _plain(cap.graph),
+        "nonfinite_onset": _plain(cap.nonfinite_onset),
     }
 
 
@@ -98,7 +105,11 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
             "Open a .pt file that gradexplorer exported (its 'format' entry is 'gradexplorer.capture').",
         )
     version = data.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version < min(READABLE_VERSIONS):
+        raise CaptureFileError(
+            f"{source} has an unknown capture format version ({version}).", "Export the capture again.",
+        )
+    if not isinstance(version, int) or version not in READABLE_VERSIONS:
         raise CaptureFileError(
             f"{source} was written by a newer gradexplorer (capture format version {version}; "
             f"this one reads up to {VERSION}).",
@@ -123,7 +134,9 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
                 rec["type"], calls, dict(rec.get("param_grads", {})),
                 {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
             )
-        return Capture(dict(data["meta"]), data.get("input"), data.get("output"), data.get("input_grad"), layers)
+        meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
+        return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,
+                       data.get("graph"), data.get("nonfinite_onset"))
     except (KeyError, TypeError, AttributeError) as exc:
         raise CaptureFileError(
             f"{source} is a damaged capture file (missing or malformed entry: {exc}).",

@@ -8,7 +8,6 @@ the input size and min-max scaled per sample (Selvaraju et al., 2017). ViT token
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -17,31 +16,33 @@ import torch.nn.functional as F
 from PIL import Image
 
 from core.errors import GradExplorerError
+from core.token_grid import token_grid
 
 _FIX = "Choose a convolutional layer (B, C, H, W) or a ViT block with (B, 1+N, C) tokens."
 
 
-def _square_side(n: int) -> int | None:
-    if n < 1:
-        return None
-    side = math.isqrt(n)
-    return side if side * side == n else None
+def cam_grid(shape: Sequence[int]) -> tuple[int, int, bool] | None:
+    """The spatial grid Grad-CAM weighs for an activation of this shape.
 
+    Parameters
+    ----------
+    shape : sequence of int
+        Activation shape including the batch dimension.
 
-def _grid(shape: Sequence[int]) -> tuple[int, int, bool] | None:
-    """``(h, w, drops_class_token)`` for a supported activation shape, else ``None``."""
+    Returns
+    -------
+    (int, int, bool) or None
+        ``(height, width, drops_class_token)``: a conv map's own ``H × W``, or the
+        square grid of ViT tokens (``core.token_grid``); ``None`` when there is none.
+    """
+    shape = tuple(int(s) for s in shape)
     if len(shape) == 4:
-        h, w = int(shape[2]), int(shape[3])
+        h, w = shape[2], shape[3]
         return (h, w, False) if h >= 1 and w >= 1 else None
     if len(shape) == 3:
-        tokens = int(shape[1])
-        # A class token first is the common ViT layout, so it wins when both readings fit.
-        side = _square_side(tokens - 1)
-        if side is not None:
-            return side, side, True
-        side = _square_side(tokens)
-        if side is not None:
-            return side, side, False
+        grid = token_grid(shape[1])
+        if grid is not None:
+            return grid.side, grid.side, grid.class_token
     return None
 
 
@@ -59,7 +60,7 @@ def cam_supported(shape: Sequence[int]) -> bool:
         True for conv maps ``(B, C, H, W)`` and token maps ``(B, T, C)`` whose token
         count ``T`` or ``T - 1`` (a class token first) is a perfect square.
     """
-    return _grid(tuple(shape)) is not None
+    return cam_grid(shape) is not None
 
 
 def _to_channels_first(t: torch.Tensor, grid: tuple[int, int, bool]) -> torch.Tensor:
@@ -108,7 +109,7 @@ def grad_cam(
     """
     where = f"'{layer}'" if layer else "this layer"
     shape = tuple(activation.shape)
-    grid = _grid(shape)
+    grid = cam_grid(shape)
     if grid is None:
         described = ", ".join(["B", *map(str, shape[1:])])
         raise GradExplorerError(

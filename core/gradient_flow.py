@@ -121,6 +121,36 @@ def flow_series(capture: Capture, metric: str = "l2", kind: str = "grad_output")
     return names, [aggregate(_layer_stats(capture[n], kind), metric) for n in names]
 
 
+def call_flags(stats: dict) -> list[str]:
+    """The flags of one call, from its statistics (``CallRecord.stats``).
+
+    The per-call part of the rules in the module docstring: ``"no gradient"`` (no output
+    gradient), ``"nan/inf"`` (in the activation, the output gradient or the input
+    gradient; NaN/Inf in the forward may leave the gradients finite) and ``"zero"``
+    (an output gradient that is all exact zeros, or empty). ``layer_flags`` builds on it.
+
+    Parameters
+    ----------
+    stats : dict
+        ``{"activation": ..., "grad_output": ..., "grad_input": ...}``, values
+        ``core.stats.tensor_stats`` dicts or ``None``.
+
+    Returns
+    -------
+    list of str
+        In ``FLAGS`` order.
+    """
+    out: list[str] = []
+    grad = stats.get("grad_output")
+    if not grad:
+        out.append("no gradient")
+    if any(has_nonfinite(stats.get(kind)) for kind in ("activation", "grad_output", "grad_input")):
+        out.append("nan/inf")
+    if grad and (grad["numel"] == 0 or (grad["zero_fraction"] >= 1.0 and not has_nonfinite(grad))):
+        out.append("zero")
+    return out
+
+
 def layer_flags(
     capture: Capture,
     *,
@@ -150,24 +180,17 @@ def layer_flags(
     flags: dict[str, list[str]] = {n: [] for n in names}
     rms: list[float] = []
     for name in names:
-        rec = capture[name]
-        stats = [c.stats.get("grad_output") for c in rec.calls]
-        present = [s for s in stats if s]
-        # NaN/Inf in the forward (a NaN input, an overflow) may leave the gradients finite.
-        activation_bad = any(has_nonfinite(c.stats.get("activation")) for c in rec.calls)
+        calls = [call_flags(c.stats) for c in capture[name].calls]
+        present = [s for c in capture[name].calls if (s := c.stats.get("grad_output"))]
         if not present:
             flags[name].append("no gradient")
-            if activation_bad:
-                flags[name].append("nan/inf")
+        if any("nan/inf" in f for f in calls):
+            flags[name].append("nan/inf")
+        if not present:
             rms.append(math.nan)
             continue
-        if activation_bad or any(has_nonfinite(s) for s in present):
-            flags[name].append("nan/inf")
         value = _rms(present)
-        all_zero = all(
-            s["numel"] == 0 or (s["zero_fraction"] >= 1.0 and not has_nonfinite(s)) for s in present
-        )
-        if all_zero:
+        if all("zero" in f for f in calls if "no gradient" not in f):
             flags[name].append("zero")
             value = 0.0
         rms.append(value)

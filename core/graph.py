@@ -755,7 +755,11 @@ def graph_for_capture(model: nn.Module, inputs: Any, cap: Any) -> ModelGraph:
     ModelGraph
         ``to_dict()`` of it is what ``Capture.graph`` holds.
     """
-    graph = extract_graph(model, first_sample(inputs))
+    device = next((p.device for p in model.parameters()), None)
+    sample = first_sample(inputs)
+    if device is not None and isinstance(sample, torch.Tensor):
+        sample = sample.to(device)
+    graph = extract_graph(model, sample)
     graph.meta["probe_batch"] = 1
     graph.attach_capture(cap)
     return graph

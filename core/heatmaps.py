@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from core.errors import GradExplorerError
+from core.token_grid import token_grid
 
 #: What a heatmap can show.
 TENSOR_KINDS = ("grad_output", "activation", "grad_x_activation")
@@ -75,13 +76,6 @@ class Layout:
         return self.kind == "spatial"
 
 
-def _square_side(n: int) -> int | None:
-    if n < 1:
-        return None
-    side = math.isqrt(n)
-    return side if side * side == n else None
-
-
 def _wrap_width(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
@@ -107,14 +101,9 @@ def layout_of(sample_shape: Sequence[int]) -> Layout:
         return Layout("vector", channels=n, height=max(1, math.ceil(n / w)), width=w, source="vector")
     if len(shape) == 2:
         n, c = shape
-        # A class token first is the common ViT layout, so it wins when both readings fit
-        # (the same rule as core.gradcam).
-        side = _square_side(n - 1)
-        if side is not None:
-            return Layout("spatial", c, side, side, "tokens", class_token=True)
-        side = _square_side(n)
-        if side is not None:
-            return Layout("spatial", c, side, side, "tokens")
+        grid = token_grid(n)
+        if grid is not None:
+            return Layout("spatial", c, grid.side, grid.side, "tokens", class_token=grid.class_token)
         return Layout("matrix", channels=c, height=n, width=c, source="tokens")
     if len(shape) == 3:
         c, h, w = shape

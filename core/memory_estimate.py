@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from core.module_tree import ModuleTree
+from core.module_tree import ModuleTree, TensorKey
+from core.units import format_bytes
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -113,18 +115,6 @@ class MemoryEstimate:
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
 
 
-def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``"1.5 KiB"``; binary units, 2-3 significant figures."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.0f} TiB"  # pragma: no cover
-
-
 def _input_bytes(inputs) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.numel() * inputs.element_size()
@@ -176,139 +166,196 @@ def estimate_capture_memory(
     if not tree.probed or not tree.call_io:
         raise ValueError("estimate_capture_memory needs a probed ModuleTree (tree.probe(model, x)).")
     chosen = set(selected)
-    modules = dict(model.named_modules()) if model is not None else {}
-
-    def trainable(name: str, recurse: bool) -> bool:
-        m = modules.get(name)
-        if m is None:
-            return model is None
-        return any(p.requires_grad for p in m.parameters(recurse=recurse))
-
-    has_params = model is None or any(p.requires_grad for p in model.parameters())
-    own_trainable = {name: trainable(name, False) for name in tree.nodes}
+    params = _Trainable(model)
     root = tree.call_io[0]
-    x_key = root.input_key
     x_bytes = _input_bytes(inputs) if inputs is not None else root.input_bytes
     # Activations and gradients grow with the batch: scale a probe of another batch size.
     scale = x_bytes / root.input_bytes if root.input_bytes else 1.0
-    want_x_grad = input_grad or not has_params
-    # Which activations capture keeps without a copy (see module docstring).
 
-    events = []
-    for i, call in enumerate(tree.call_io):
-        events.append((call.start, 0, i))
-        events.append((call.end, 1, i))
-    events.sort()
-
-    flags: dict[tuple, bool] = {}
-    if x_key is not None:
-        flags[x_key] = want_x_grad
-    size: dict[tuple, int] = {}
-    parent: dict[tuple, tuple] = {}
-    latest: dict[int, tuple] = {}
-    consumed: set[tuple] = set()
-    grad_keys: dict[tuple, str] = {}
-    input_flag: dict[int, bool] = {}
-    seen_grad = False
-    est = MemoryEstimate(mode=mode, layers=len(chosen))
-    shared_acts: set[tuple] = set()
-    n_stats = 0
-
-    for _tick, kind, i in events:
-        call = tree.call_io[i]
-        if kind == 0:
-            key = call.input_key
-            flag = False
-            if key is not None:
-                size.setdefault(key, call.input_bytes)
-                if key not in flags:
-                    last = latest.get(key[0])
-                    if last is not None and last[1] < key[1]:
-                        # Changed in place outside any module (``+=``): same gradient.
-                        parent[key] = last
-                        flags[key] = flags.get(last, seen_grad)
-                    else:
-                        flags[key] = seen_grad
-                flag = flags[key]
-                if call.name:
-                    consumed.add(key)
-                if latest.get(key[0], key) <= key:
-                    latest[key[0]] = key
-                seen_grad |= flag
-            input_flag[i] = flag
-            if own_trainable.get(call.name, False):
-                seen_grad = True
-            continue
-        # The call returned.
-        key = call.output_key
-        if key is not None:
-            size.setdefault(key, call.output_bytes)
-            flags.setdefault(key, seen_grad or trainable(call.name, True))
-            if latest.get(key[0], key) <= key:
-                latest[key[0]] = key
-        if call.name not in chosen:
-            continue
-        est.calls += 1
-        if key is not None:
-            if key not in shared_acts:
-                # Capture keeps one summary and one copy (or none) per tensor value, however
-                # many calls return it.
-                shared_acts.add(key)
-                n_stats += 1
-                if mode == "full":
-                    est.activations += call.output_bytes
-            if flags[key]:
-                grad_keys.setdefault(key, "out")
-        if call.input_key is not None and input_flag[i]:
-            grad_keys.setdefault(call.input_key, "in")
-
-    def find(key: tuple) -> tuple:
-        while key in parent:
-            key = parent[key]
-        return key
-
-    n_stats += len(grad_keys)  # one statistics dict per hooked tensor value
-    group_consumed: set[tuple] = {find(k) for k in consumed}
-    root_out = root.output_key
-    groups: dict[tuple, tuple[int, str]] = {}
-    for key, kind in grad_keys.items():
-        group = find(key)
-        if group not in group_consumed and key != root_out and key != x_key:
-            continue  # a branch whose gradient is a view of one counted elsewhere
-        bytes_, first_kind = groups.get(group, (0, kind))
-        groups[group] = (max(bytes_, size.get(key, 0)), first_kind)
+    walk = _CallWalk(tree, chosen, params, want_x_grad=input_grad or not params.any)
+    walk.run()
+    est = MemoryEstimate(mode=mode, layers=len(chosen), calls=walk.calls)
+    param_bytes, param_count = params.selected_bytes(chosen)
     if mode == "full":
-        for bytes_, kind in groups.values():
-            if kind == "out":
-                est.grad_outputs += bytes_
-            else:
-                est.grad_inputs += bytes_
-
-    param_bytes = 0
-    for name in chosen:
-        m = modules.get(name)
-        if m is None:
-            continue
-        for p in m.parameters(recurse=False):
-            if p.requires_grad:
-                n_stats += 1
-                param_bytes += p.numel() * p.element_size()
-    if mode == "full":
+        est.activations = walk.activation_bytes
+        est.grad_outputs, est.grad_inputs = _gradient_bytes(walk, root.output_key)
         est.param_grads = param_bytes
-
-    x_grad_shared = x_key is not None and x_key in grad_keys and mode == "full"
     for name in ("activations", "grad_outputs", "grad_inputs"):
         setattr(est, name, round(getattr(est, name) * scale))
+
+    x_key = root.input_key
+    x_grad_shared = x_key is not None and x_key in walk.grad_keys and mode == "full"
     est.io = x_bytes + round(root.output_bytes * scale)
     if input_grad and not x_grad_shared:
         est.io += x_bytes
-    est.stats = n_stats * STATS_BYTES
+    # One statistics dict per kept activation, per hooked tensor value, per parameter.
+    est.stats = (walk.activation_count + len(walk.grad_keys) + param_count) * STATS_BYTES
 
     leaf_outputs = sum(c.output_bytes for c in tree.call_io if c.name and tree.nodes[c.name].is_leaf)
-    all_params = 0 if model is None else sum(
-        p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    est.transient = round(leaf_outputs * scale) + all_params + x_bytes
+    est.transient = round(leaf_outputs * scale) + params.all_bytes() + x_bytes
     return est
+
+
+class _Trainable:
+    """Which modules of the model have trainable parameters, and their bytes."""
+
+    def __init__(self, model: nn.Module | None):
+        self.model = model
+        self.modules = dict(model.named_modules()) if model is not None else {}
+        #: Whether any parameter is trainable (without a model: assume so).
+        self.any = model is None or any(p.requires_grad for p in model.parameters())
+
+    def has(self, name: str, recurse: bool) -> bool:
+        m = self.modules.get(name)
+        if m is None:
+            return self.model is None
+        return any(p.requires_grad for p in m.parameters(recurse=recurse))
+
+    def selected_bytes(self, chosen: set[str]) -> tuple[int, int]:
+        """Bytes and count of the trainable parameters held by the ``chosen`` modules."""
+        total = count = 0
+        for name in chosen:
+            m = self.modules.get(name)
+            if m is None:
+                continue
+            for p in m.parameters(recurse=False):
+                if p.requires_grad:
+                    count += 1
+                    total += p.numel() * p.element_size()
+        return total, count
+
+    def all_bytes(self) -> int:
+        if self.model is None:
+            return 0
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+
+class _Event(NamedTuple):
+    """A call's start or return, in the probe's time order."""
+
+    tick: int
+    returned: bool
+    index: int
+
+
+class _CallWalk:
+    """Walk the probe's calls in time order, tracking which tensor values get gradients.
+
+    After ``run``: ``grad_keys`` maps each hooked tensor value to ``"out"`` or ``"in"``
+    (whether it was first met as a selected call's output or input); ``parent`` links a
+    value changed in place outside any module to the value before (they share one
+    gradient); ``consumed`` holds the values some module took as input.
+    """
+
+    def __init__(self, tree: ModuleTree, chosen: set[str], params: _Trainable, *, want_x_grad: bool):
+        self.tree = tree
+        self.chosen = chosen
+        self.params = params
+        self.own_trainable = {name: params.has(name, False) for name in tree.nodes}
+        self.flags: dict[TensorKey, bool] = {}  # whether a value's gradient is computed
+        x_key = tree.call_io[0].input_key
+        if x_key is not None:
+            self.flags[x_key] = want_x_grad
+        self.size: dict[TensorKey, int] = {}
+        self.parent: dict[TensorKey, TensorKey] = {}
+        self.latest: dict[int, TensorKey] = {}  # serial -> latest version seen
+        self.consumed: set[TensorKey] = set()
+        self.grad_keys: dict[TensorKey, str] = {}
+        self.input_flag: dict[int, bool] = {}
+        self.seen_grad = False  # a trainable parameter or grad-requiring input came before
+        self.shared_acts: set[TensorKey] = set()
+        self.calls = 0
+        self.activation_bytes = 0
+        self.activation_count = 0
+
+    def run(self) -> None:
+        events = []
+        for i, call in enumerate(self.tree.call_io):
+            events.append(_Event(call.start, False, i))
+            events.append(_Event(call.end, True, i))
+        for event in sorted(events):
+            if event.returned:
+                self._returned(event.index)
+            else:
+                self._started(event.index)
+
+    def _see(self, key: TensorKey) -> None:
+        if self.latest.get(key.serial, key) <= key:
+            self.latest[key.serial] = key
+
+    def _started(self, i: int) -> None:
+        call = self.tree.call_io[i]
+        key = call.input_key
+        flag = False
+        if key is not None:
+            self.size.setdefault(key, call.input_bytes)
+            if key not in self.flags:
+                last = self.latest.get(key.serial)
+                if last is not None and last.version < key.version:
+                    # Changed in place outside any module (``+=``): same gradient.
+                    self.parent[key] = last
+                    self.flags[key] = self.flags.get(last, self.seen_grad)
+                else:
+                    self.flags[key] = self.seen_grad
+            flag = self.flags[key]
+            if call.name:
+                self.consumed.add(key)
+            self._see(key)
+            self.seen_grad |= flag
+        self.input_flag[i] = flag
+        if self.own_trainable.get(call.name, False):
+            self.seen_grad = True
+
+    def _returned(self, i: int) -> None:
+        call = self.tree.call_io[i]
+        key = call.output_key
+        if key is not None:
+            self.size.setdefault(key, call.output_bytes)
+            self.flags.setdefault(key, self.seen_grad or self.params.has(call.name, True))
+            self._see(key)
+        if call.name not in self.chosen:
+            return
+        self.calls += 1
+        if key is not None:
+            if key not in self.shared_acts:
+                # Capture keeps one summary and one copy (or none) per tensor value, however
+                # many calls return it.
+                self.shared_acts.add(key)
+                self.activation_count += 1
+                self.activation_bytes += call.output_bytes
+            if self.flags[key]:
+                self.grad_keys.setdefault(key, "out")
+        if call.input_key is not None and self.input_flag[i]:
+            self.grad_keys.setdefault(call.input_key, "in")
+
+    def group_of(self, key: TensorKey) -> TensorKey:
+        """The value before any in-place changes outside modules: one gradient for all."""
+        while key in self.parent:
+            key = self.parent[key]
+        return key
+
+
+class _GradGroup(NamedTuple):
+    """Tensor values that share one gradient tensor: its bytes and how it is counted."""
+
+    bytes: int
+    kind: str
+
+
+def _gradient_bytes(walk: _CallWalk, root_out: TensorKey | None) -> tuple[int, int]:
+    # Bytes of output gradients and of input gradients, one per group of shared values.
+    x_key = walk.tree.call_io[0].input_key
+    group_consumed = {walk.group_of(k) for k in walk.consumed}
+    groups: dict[TensorKey, _GradGroup] = {}
+    for key, kind in walk.grad_keys.items():
+        group = walk.group_of(key)
+        if group not in group_consumed and key != root_out and key != x_key:
+            continue  # a branch whose gradient is a view of one counted elsewhere
+        held = groups.get(group, _GradGroup(0, kind))
+        groups[group] = _GradGroup(max(held.bytes, walk.size.get(key, 0)), held.kind)
+    outputs = sum(g.bytes for g in groups.values() if g.kind == "out")
+    inputs = sum(g.bytes for g in groups.values() if g.kind != "out")
+    return outputs, inputs
 
 
 def measure_capture_memory(capture) -> int:
@@ -406,7 +453,8 @@ def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu") -> str | None:
+def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu",
+                 budget: int | None = None) -> str | None:
     """A warning when the capture would not fit, or None when it does.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
@@ -417,6 +465,9 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
     estimate : MemoryEstimate
     device : str or torch.device
         Where the capture runs.
+    budget : int, optional
+        Bytes the capture may use, in RAM and on the device (``CaptureOptions.memory_budget``);
+        default: ``BUDGET_SHARE`` of what is free on each.
 
     Returns
     -------
@@ -424,7 +475,8 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         The problem and what to do about it, in one or two sentences.
     """
     device = torch.device(device)
-    ram = budget_bytes("cpu")
+    ram = budget if budget is not None else budget_bytes("cpu")
+    share = "the memory budget you set" if budget is not None else "half of the free RAM"
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
     if ram is not None and need_ram > ram:
         held = estimate.total
@@ -434,11 +486,12 @@ def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu")
         else:
             fix = "Use a smaller batch, or a GPU."
         return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} (half of the free RAM). {fix}")
+                f"{format_bytes(ram)} ({share}). {fix}")
     if device.type == "cuda":
-        gpu = budget_bytes(device)
+        gpu = budget if budget is not None else budget_bytes(device)
         if gpu is not None and estimate.transient > gpu:
             return (f"The forward and backward pass need about {format_bytes(estimate.transient)} on "
-                    f"{device} but the budget is {format_bytes(gpu)} (half of its free memory). "
+                    f"{device} but the budget is {format_bytes(gpu)} "
+                    f"({'the memory budget you set' if budget is not None else 'half of its free memory'}). "
                     "Use a smaller batch, or run on the CPU.")
     return None

@@ -87,9 +87,9 @@ class CallIO(NamedTuple):
     """
 
     name: str
-    input_key: tuple[int, int] | None
+    input_key: "TensorKey | None"
     input_bytes: int
-    output_key: tuple[int, int] | None
+    output_key: "TensorKey | None"
     output_bytes: int
     start: int
     end: int
@@ -198,75 +198,121 @@ class ModuleTree:
             node.output_shapes = []
             node.inplace = False
             node.output_bytes = 0
+        recorder = _ProbeRecorder(self.nodes)
         handles = []
-        running: list[str] = []
-        order: list[str] = []
-        call_io: list[list] = []
-        open_io: list[int] = []
-        # Tensor identity that survives id() reuse: id -> (weak reference, serial number).
-        serials: dict[int, tuple] = {}
-        counter = itertools.count()
-        ticks = itertools.count()
-
-        def key_of(t: torch.Tensor) -> tuple[int, int]:
-            entry = serials.get(id(t))
-            if entry is None or entry[0]() is not t:
-                entry = (weakref.ref(t), next(counter))
-                serials[id(t)] = entry
-            return (entry[1], t._version)
-
-        def pre(name):
-            def hook(module, args):
-                running.append(name)
-                self.nodes[name].calls += 1
-                if self.nodes[name].calls == 1:
-                    order.append(name)
-                x = next((a for a in args if isinstance(a, torch.Tensor)), None)
-                open_io.append(len(call_io))
-                call_io.append([name, None if x is None else key_of(x),
-                                0 if x is None else x.numel() * x.element_size(), None, 0,
-                                next(ticks), -1])
-            return hook
-
-        def post(name):
-            def hook(module, args, output):
-                running.pop()
-                io = call_io[open_io.pop()]
-                io[6] = next(ticks)
-                node = self.nodes[name]
-                _, y = primary_tensor(output)
-                if y is None:
-                    return
-                io[3], io[4] = key_of(y), y.numel() * y.element_size()
-                node.output_shapes.append(tuple(y.shape))
-                node.output_dtype = str(y.dtype).replace("torch.", "")
-                node.output_bytes += y.numel() * y.element_size()
-                if any(a is y for a in args if isinstance(a, torch.Tensor)):
-                    node.inplace = True
-            return hook
-
         t0 = time.perf_counter()
         try:
             for name, module in model.named_modules():
                 if name in self.nodes:
-                    handles.append(module.register_forward_pre_hook(pre(name)))
-                    handles.append(module.register_forward_hook(post(name)))
+                    handles.append(module.register_forward_pre_hook(recorder.pre_hook(name)))
+                    handles.append(module.register_forward_hook(recorder.post_hook(name)))
             model.eval()
             try:
                 model(x)
             except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
-                where = f" in module '{running[-1]}'" if running else ""
-                raise CaptureError(
-                    f"The model's forward failed{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                    "Check that the batch has the shape the model expects.",
-                ) from exc
+                raise recorder.forward_failed(exc) from exc
         finally:
             for h in handles:
                 h.remove()
             for m, mode in modes.items():
                 m.training = mode
         self.probed = True
-        self.call_order = order
-        self.call_io = [CallIO(*io) for io in call_io]
+        self.call_order = recorder.order
+        self.call_io = [call.frozen() for call in recorder.calls]
         self.probe_seconds = time.perf_counter() - t0
         return self
+
+
+class TensorKey(NamedTuple):
+    """A tensor *value*: a serial number per tensor object, and its version counter.
+
+    Keys of one tensor order by version, so ``a <= b`` means ``b`` is ``a`` or a later
+    in-place change of it.
+    """
+
+    serial: int
+    version: int
+
+
+@dataclass
+class _OpenCall:
+    """A ``CallIO`` being filled in: the output and return tick arrive after the start."""
+
+    name: str
+    input_key: TensorKey | None
+    input_bytes: int
+    start: int
+    output_key: TensorKey | None = None
+    output_bytes: int = 0
+    end: int = -1
+
+    def frozen(self) -> CallIO:
+        return CallIO(self.name, self.input_key, self.input_bytes, self.output_key,
+                      self.output_bytes, self.start, self.end)
+
+
+class _ProbeRecorder:
+    """The forward pre-hooks and hooks of one probe, and what they saw."""
+
+    def __init__(self, nodes: dict[str, ModuleNode]):
+        self.nodes = nodes
+        self.running: list[str] = []
+        self.order: list[str] = []
+        self.calls: list[_OpenCall] = []
+        self._open: list[_OpenCall] = []
+        # Tensor identity that survives id() reuse: id -> (weak reference, serial number).
+        self._serials: dict[int, tuple[weakref.ref, int]] = {}
+        self._counter = itertools.count()
+        self._ticks = itertools.count()
+
+    def key_of(self, t: torch.Tensor) -> TensorKey:
+        entry = self._serials.get(id(t))
+        if entry is None or entry[0]() is not t:
+            entry = (weakref.ref(t), next(self._counter))
+            self._serials[id(t)] = entry
+        return TensorKey(entry[1], t._version)
+
+    def pre_hook(self, name: str):
+        node = self.nodes[name]
+
+        def hook(module, args):
+            self.running.append(name)
+            node.calls += 1
+            if node.calls == 1:
+                self.order.append(name)
+            x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            call = _OpenCall(
+                name=name,
+                input_key=None if x is None else self.key_of(x),
+                input_bytes=0 if x is None else x.numel() * x.element_size(),
+                start=next(self._ticks),
+            )
+            self._open.append(call)
+            self.calls.append(call)
+        return hook
+
+    def post_hook(self, name: str):
+        node = self.nodes[name]
+
+        def hook(module, args, output):
+            self.running.pop()
+            call = self._open.pop()
+            call.end = next(self._ticks)
+            _, y = primary_tensor(output)
+            if y is None:
+                return
+            call.output_key, call.output_bytes = self.key_of(y), y.numel() * y.element_size()
+            node.output_shapes.append(tuple(y.shape))
+            node.output_dtype = str(y.dtype).replace("torch.", "")
+            node.output_bytes += y.numel() * y.element_size()
+            if any(a is y for a in args if isinstance(a, torch.Tensor)):
+                node.inplace = True
+        return hook
+
+    def forward_failed(self, exc: Exception) -> CaptureError:
+        where = f" in module '{self.running[-1]}'" if self.running else ""
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return CaptureError(
+            f"The model's forward failed{where}: {type(exc).__name__}: {first}",
+            "Check that the batch has the shape the model expects.",
+        )

@@ -5,8 +5,10 @@ layers selected for capture, the run settings (target, device, mode...) and the 
 capture. Widgets never own this state: they change it through the methods below and
 listen to its psygnal signals to update themselves.
 
-Long work (loading a model, probing it, running a capture) is done by plain functions
-here that a worker thread calls (:func:`prepare_model`, :meth:`RunRequest.run`); the
+Long work (loading a model, probing it, running a capture) is done by the same
+:class:`core.job.CaptureJob` the CLI runs, called from a worker thread
+(:func:`prepare_model`, :meth:`RunRequest.run`); :meth:`Session.capture_options` gives the
+session's settings as the :class:`core.options.CaptureOptions` the CLI would build. The
 session itself is changed only from the thread that owns it (the GUI thread).
 
 Runs are numbered: :meth:`Session.begin_run` hands out a generation number, and
@@ -17,21 +19,23 @@ in between, so a stale result arriving late never replaces a fresh one.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 from psygnal import Signal
 
 from core.batch import Batch
+from core.capture import CancelFlag, ProgressCallback
 from core.capture_data import Capture
 from core.errors import CaptureError, GradExplorerError
+from core.job import CaptureJob, PreparedModel, probe_model
 from core.loaded_model import LoadedModel
 from core.module_tree import ModuleNode, ModuleTree
+from core.options import MODES, BatchSpec, CaptureOptions
 
-MODES = ("full", "stats")
-
-ProgressCallback = Callable[[str, int, int], None]
+__all__ = ["MODES", "PreparedModel", "RunRequest", "Session", "prepare_model", "probe_failed_message",
+           "tree_from_names"]
 
 
 # ---------------------------------------------------------------------------
@@ -39,31 +43,11 @@ ProgressCallback = Callable[[str, int, int], None]
 # ---------------------------------------------------------------------------
 
 
-@dataclass
-class PreparedModel:
-    """A model ready to be shown: its tree (probed when a batch fits) and output keys.
-
-    Attributes
-    ----------
-    loaded : LoadedModel
-    tree : ModuleTree
-        Probed with one sample when ``probe_error`` is ``None``.
-    output_keys : list of str
-        Elements of a dict/tuple model output a target can pick (empty for a tensor).
-    probe_error : GradExplorerError or None
-        Why the probe forward failed (the tree then has no calls or shapes).
-    """
-
-    loaded: LoadedModel
-    tree: ModuleTree
-    output_keys: list[str] = field(default_factory=list)
-    probe_error: GradExplorerError | None = None
-
-
 def prepare_model(loaded: LoadedModel, sample: torch.Tensor | None = None) -> PreparedModel:
     """Build the module tree of ``loaded`` and probe it with one forward.
 
-    Runs the model (call it from a worker thread, never the GUI thread).
+    The job's probe step (``core.job.probe_model``); runs the model (call it from a
+    worker thread, never the GUI thread).
 
     Parameters
     ----------
@@ -77,35 +61,7 @@ def prepare_model(loaded: LoadedModel, sample: torch.Tensor | None = None) -> Pr
     PreparedModel
         A failed probe does not raise: it is reported in ``probe_error``.
     """
-    from core.targets import output_keys
-
-    tree = ModuleTree.build(loaded.module)
-    x = None
-    if sample is not None and sample.dim() > 0 and len(sample) > 0:
-        x = sample[:1]
-    elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
-        x = torch.zeros((1, *loaded.input_shape))
-    keys: list[str] = []
-    error = None
-    if x is not None:
-        seen: list[Any] = []
-
-        def grab(module, args, output):
-            seen.append(output)
-
-        handle = loaded.module.register_forward_hook(grab)
-        try:
-            tree.probe(loaded.module, x)
-        except GradExplorerError as exc:
-            error = exc
-        finally:
-            handle.remove()
-        if seen:
-            try:
-                keys = output_keys(seen[0])
-            except Exception:  # noqa: BLE001 - keys are a convenience; the run will say more
-                keys = []
-    return PreparedModel(loaded, tree, keys, error)
+    return probe_model(loaded, sample)
 
 
 def tree_from_names(names: Iterable[str], types: dict[str, str] | None = None,
@@ -145,37 +101,65 @@ def tree_from_names(names: Iterable[str], types: dict[str, str] | None = None,
 class RunRequest:
     """Everything one capture needs, copied from the session when the run starts.
 
-    The worker thread calls :meth:`run`; the session can change meanwhile without
-    affecting the run.
+    The worker thread calls :meth:`run`, which runs a :class:`~core.job.CaptureJob` of
+    ``options`` on the session's model, batch and probed tree (nothing is loaded again);
+    the session can change meanwhile without affecting the run.
+
+    Attributes
+    ----------
+    options : CaptureOptions
+        What the run does (the same object the CLI builds from its arguments).
+    loaded, batch, tree :
+        The session's model, batch and module tree at the start of the run.
+    labels : Tensor or None
+        The labels the target uses (checked when the request was made).
+    generation : int
+    lock : context manager, optional
+        Shared by the session's runs and probes (hooks of two runs must not meet).
     """
 
+    options: CaptureOptions
     loaded: LoadedModel
     batch: Batch
-    layers: list[str]
-    target: str
+    tree: ModuleTree | None
     labels: torch.Tensor | None
-    mode: str
-    input_grad: bool
-    device: str
-    train: bool
-    expected_calls: int | None
     generation: int
     lock: Any = None
 
-    def meta(self) -> dict:
-        """The metadata stored in the capture (plain values only: it goes into the file)."""
-        m = self.loaded
-        return {
-            "model": m.spec,
-            "model_name": m.name,
-            "weights": m.weights,
-            "categories": list(m.categories) if m.categories is not None else None,
-            "batch_source": self.batch.source,
-            "sample_names": list(self.batch.names),
-            "preprocessing": self.batch.preprocessing,
-        }
+    @property
+    def layers(self) -> list[str]:
+        return list(self.options.layers)
 
-    def run(self, progress: ProgressCallback | None = None, cancel: Any = None) -> Capture:
+    @property
+    def device(self) -> str:
+        return self.options.device
+
+    @property
+    def target(self) -> str:
+        return self.options.target
+
+    @property
+    def mode(self) -> str:
+        return self.options.mode
+
+    @property
+    def expected_calls(self) -> int | None:
+        """Module calls per forward, from the session's probed tree (None when unknown)."""
+        return self.tree.expected_calls() if self.tree is not None and self.tree.probed else None
+
+    def job(self, progress: ProgressCallback | None = None, cancel: CancelFlag | None = None) -> CaptureJob:
+        """The job that runs this request (on the session's model, batch and tree)."""
+        # Two captures on one model at once would see each other's hooks: a cancelled
+        # run still unwinding finishes before the next one starts.
+        lock = self.lock if self.lock is not None else threading.Lock()
+        return CaptureJob(self.options, progress, cancel, loaded=self.loaded, batch=self.batch,
+                          tree=self.tree, lock=lock)
+
+    def meta(self) -> dict:
+        """The model, batch and option metadata the capture will carry (``core.capture_meta``)."""
+        return self.job().metadata()
+
+    def run(self, progress: ProgressCallback | None = None, cancel: CancelFlag | None = None) -> Capture:
         """Run the capture (forward and backward): call from a worker thread.
 
         Raises
@@ -183,27 +167,7 @@ class RunRequest:
         GradExplorerError
             Including ``CaptureCancelled`` when ``cancel`` is set.
         """
-        from core.capture import capture
-
-        # Two captures on one model at once would see each other's hooks: a cancelled
-        # run still unwinding finishes before the next one starts.
-        lock = self.lock if self.lock is not None else threading.Lock()
-        with lock:
-            return capture(
-                self.loaded.module,
-                self.batch.tensor,
-                layers=list(self.layers),
-                target=self.target,
-                labels=self.labels,
-                mode=self.mode,
-                input_grad=self.input_grad,
-                device=self.device,
-                train=self.train,
-                progress=progress,
-                cancel=cancel,
-                meta=self.meta(),
-                expected_calls=self.expected_calls,
-            )
+        return self.job(progress, cancel).run()
 
 
 # ---------------------------------------------------------------------------
@@ -255,6 +219,10 @@ class Session:
         self.mode = "full"
         self.train = False
         self.input_grad = False
+        self.autocast: str | None = None
+        self.memory_budget: int | None = None
+        # How the model was loaded (spec, weights, arch, trust), when a job loaded it.
+        self.model_options: CaptureOptions | None = None
         self.capture: Capture | None = None
         self.capture_path: str | None = None
         self.generation = 0
@@ -273,6 +241,7 @@ class Session:
         old_spec = self.model.spec if self.model is not None else None
         old_selection = self.selection
         self.generation += 1
+        self.model_options = prepared.options if prepared is not None else None
         if prepared is None:
             self.model, self.tree, self.output_keys, self.probe_error = None, None, [], None
         else:
@@ -435,6 +404,38 @@ class Session:
     def target_spec(self) -> str:
         return f"{self.target}@{self.output_key}" if self.output_key else self.target
 
+    def capture_options(self, force: bool = False) -> CaptureOptions:
+        """The session's settings as the options the CLI would build for the same capture.
+
+        Parameters
+        ----------
+        force : bool
+            Run even over the memory budget. The window asks the user before it runs
+            (``MainWindow._memory_fits``), so its runs pass ``True``.
+
+        Raises
+        ------
+        GradExplorerError
+            No model is loaded, or a setting is not valid.
+        """
+        if self.model is None:
+            raise GradExplorerError("No model is loaded.", "Choose a model in the Model panel first.")
+        source = self.model_options
+        if source is not None and source.model == self.model.spec:
+            weights, arch, trust = source.weights, source.arch, source.trust
+        else:
+            weights = self.model.weights
+            if weights is not None and weights.startswith("file:"):
+                weights = weights[len("file:"):]
+            arch, trust = None, False
+        return CaptureOptions(
+            model=self.model.spec, weights=weights, arch=arch, trust=trust,
+            batch=BatchSpec.from_sources(self.batch_sources), labels=self.labels_text or None,
+            layers=tuple(self.selected_in_order()), target=self.target_spec(), device=self.device,
+            mode=self.mode, train=self.train, input_grad=self.input_grad, autocast=self.autocast,
+            memory_budget=self.memory_budget, force=force,
+        )
+
     def run_request(self, new_generation: bool = True) -> RunRequest:
         """Copy what the next run needs, starting a new generation (unless told not to).
 
@@ -447,28 +448,18 @@ class Session:
             raise GradExplorerError("No model is loaded.", "Choose a model in the Model panel first.")
         if self.batch is None:
             raise GradExplorerError("There is no input batch.", "Open images, a .pt tensor, or make a random batch.")
-        layers = self.selected_in_order()
-        if not layers:
+        if not self.selection:
             raise GradExplorerError("No layers are selected.", "Tick at least one layer in the module tree.")
-        labels = self.batch.labels
-        if self.labels_text:
-            from core.batches import parse_labels
-
-            labels = parse_labels(self.labels_text, len(self.batch), self.model.categories)
-        if self.target == "cross_entropy" and labels is None:
-            raise GradExplorerError(
-                "The cross-entropy target needs labels, and this batch has none.",
-                "Type the labels (class indices or names, comma separated) next to the target.",
-            )
+        options = self.capture_options(force=True)
+        request = RunRequest(options=options, loaded=self.model, batch=self.batch, tree=self.tree,
+                             labels=None, generation=self.generation, lock=self._run_lock)
+        job = request.job()
+        job.load_batch()  # the labels: parsed, and required by cross_entropy
+        request.labels = job.labels
         if new_generation:
             self.generation += 1
-        expected = self.tree.expected_calls() if self.tree is not None else None
-        return RunRequest(
-            loaded=self.model, batch=self.batch, layers=layers, target=self.target_spec(),
-            labels=labels, mode=self.mode, input_grad=self.input_grad, device=self.device,
-            train=self.train, expected_calls=expected, generation=self.generation,
-            lock=self._run_lock,
-        )
+            request.generation = self.generation
+        return request
 
     def begin_run(self) -> RunRequest:
         """Start a run: :meth:`run_request` and announce it (``run_started``)."""

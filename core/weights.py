@@ -355,34 +355,9 @@ def fetch_weights(
         except OSError as exc:
             raise _unavailable(weights, f"the cache folder is not writable ({exc})") from exc
         try:
-            digest = hashlib.sha256()
-            done = 0
             with os.fdopen(fd, "wb") as out:
-                if progress is not None:
-                    progress(0, total)
-                while True:
-                    if cancel is not None and cancel.is_set():
-                        raise CaptureCancelled()
-                    try:
-                        chunk = response.read(_CHUNK)
-                    except (OSError, ValueError) as exc:  # includes http.client errors, timeouts
-                        raise _unavailable(weights, f"the download broke off ({exc})") from exc
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress is not None:
-                        progress(done, total)
-            if total and done != total:
-                raise _unavailable(weights, f"the download stopped at {done} of {total} bytes")
-            expected = _HASH_PREFIX.search(target.name)
-            if expected and not digest.hexdigest().startswith(expected.group(1)):
-                raise _unavailable(
-                    weights,
-                    f"the downloaded file is damaged (SHA-256 does not start with "
-                    f"{expected.group(1)})",
-                )
+                done, digest = _copy_chunks(weights, response, out, total, progress, cancel)
+            _check_download(weights, target, done, total, digest)
             os.replace(partial, target)
         except BaseException:
             try:
@@ -391,6 +366,47 @@ def fetch_weights(
                 pass
             raise
     return target
+
+
+def _copy_chunks(
+    weights: WeightsEnum,
+    response,
+    out,
+    total: int,
+    progress: Callable[[int, int], None] | None,
+    cancel: threading.Event | None,
+) -> tuple[int, str]:
+    # Bytes copied and their SHA-256, reporting progress and checking cancel per chunk.
+    digest = hashlib.sha256()
+    done = 0
+    if progress is not None:
+        progress(0, total)
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise CaptureCancelled()
+        try:
+            chunk = response.read(_CHUNK)
+        except (OSError, ValueError) as exc:  # includes http.client errors, timeouts
+            raise _unavailable(weights, f"the download broke off ({exc})") from exc
+        if not chunk:
+            return done, digest.hexdigest()
+        out.write(chunk)
+        digest.update(chunk)
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
+
+
+def _check_download(weights: WeightsEnum, target: Path, done: int, total: int, digest: str) -> None:
+    # Complete, and the hash prefix torch.hub puts in the file name matches.
+    if total and done != total:
+        raise _unavailable(weights, f"the download stopped at {done} of {total} bytes")
+    expected = _HASH_PREFIX.search(target.name)
+    if expected and not digest.startswith(expected.group(1)):
+        raise _unavailable(
+            weights,
+            f"the downloaded file is damaged (SHA-256 does not start with {expected.group(1)})",
+        )
 
 
 def _url_reason(exc: BaseException) -> str:

@@ -8,7 +8,6 @@ its layer). Only the visible tab draws; the others redraw when shown.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,8 @@ from PySide6.QtWidgets import (
 
 from core.batch import Batch
 from core.capture_data import Capture
-from core.gradcam import cam_supported
+from core.view_state import ViewState, calls_of, clamp
+from app.views.export import png_bytes, write_export
 from app.views.flow_view import GradientFlowView
 from app.views.gradcam_view import GradCamView
 from app.views.heatmap_view import HeatmapView
@@ -45,59 +45,35 @@ __all__ = [
     "SaliencyView",
     "StatsTableView",
     "ViewContext",
+    "ViewState",
 ]
 
 
-def default_layer(capture: Capture) -> str | None:
-    """The layer to show first: the last one with a spatial map (at least 2×2, so Grad-CAM
-    shows a place) whose gradient was captured, else the first captured layer."""
-    best = None
-    for name in capture.layer_order:
-        calls = capture[name].calls
-        if not calls or not calls[0].stats.get("grad_output") or not cam_supported(calls[0].shape):
-            continue
-        shape = calls[0].shape
-        area = shape[2] * shape[3] if len(shape) == 4 else shape[1] - 1
-        if area >= 4:
-            best = name
-    return best or (capture.layer_order[0] if len(capture) else None)
-
-
-def _atomic_grab(widget: QWidget, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        if not widget.grab().save(tmp, "PNG"):
-            raise OSError(f"could not write the picture to {path}")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 class CaptureViews(QWidget):
-    """All views of one capture, with a shared layer / call / sample selection.
+    """All views of one capture, following one ``ViewState`` (layer, call, sample and
+    the heatmap's channel, tensor and reduction).
+
+    The state is passed in (the window shares it with the module tree and the batch
+    panel) or made here for a views widget on its own. The selector bar writes to it;
+    every view redraws from it.
 
     Signals
     -------
     layer_clicked(str)
-        A bar of the gradient-flow chart was clicked (the widget also selects it).
+        A bar of the gradient-flow chart was clicked (the state already selects it).
     selection_changed(str, int, int)
-        Layer, call and sample after any change (from the API or the widget's controls).
+        Layer, call and sample after any change (from the state or the controls).
     """
 
     layer_clicked = Signal(str)
     selection_changed = Signal(str, int, int)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, state: ViewState | None = None) -> None:
         super().__init__(parent)
+        self.state = state if state is not None else ViewState()
         self._capture: Capture | None = None
         self._batch: Batch | None = None
-        self._layer: str | None = None
-        self._call = 0
-        self._sample = 0
+        self._fitting = False
 
         self.layer_label = QLabel("no capture")
         self.layer_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -114,7 +90,7 @@ class CaptureViews(QWidget):
         bar.addWidget(self.sample_spin)
         bar.addWidget(self.sample_name)
 
-        self.heatmap_view = HeatmapView()
+        self.heatmap_view = HeatmapView(state=self.state)
         self.gradcam_view = GradCamView()
         self.histogram_view = HistogramView()
         self.stats_view = StatsTableView()
@@ -143,6 +119,10 @@ class CaptureViews(QWidget):
         self.call_combo.currentIndexChanged.connect(self._on_call_combo_changed)
         self.sample_spin.valueChanged.connect(self._on_sample_spin_changed)
         self.tabs.currentChanged.connect(self._on_tab_changed)
+        events = self.state.events
+        events.layer.connect(self._on_model_layer_changed)
+        events.call.connect(self._on_model_selection_changed)
+        events.sample.connect(self._on_model_selection_changed)
         self._sync_controls()
         self._push_context()
 
@@ -152,50 +132,37 @@ class CaptureViews(QWidget):
         return [self.heatmap_view, self.gradcam_view, self.histogram_view, self.stats_view, self.saliency_view]
 
     def set_capture(self, capture: Capture | None, batch: Batch | None = None) -> None:
-        """Show a capture (None clears). Keeps the selected layer if the capture has it."""
+        """Show a capture (None clears). Keeps the selected layer if the capture has it,
+        else opens on ``core.capture_summary``'s default layer."""
         self._capture = capture
         self._batch = batch
-        layer = self._layer
-        if capture is None:
-            layer = None
-        elif layer not in capture:
-            layer = default_layer(capture)
-        self._layer = layer
-        self._call = self._clamped_call(self._call)
-        self._sample = self._clamped_sample(self._sample)
         self.flow_view.set_capture(capture)
-        self.flow_view.set_selected(layer)
-        self._sync_controls()
-        self._push_context()
-        if layer is not None:
-            self.selection_changed.emit(layer, self._call, self._sample)
+        # Other observers of the state (the module tree, the batch list) hear the new
+        # selection; these views redraw once, below.
+        self._fitting = True
+        try:
+            self.state.fit(capture, self._batch_size())
+        finally:
+            self._fitting = False
+        self.flow_view.set_selected(self.state.layer)
+        self._changed()
 
     def capture(self) -> Capture | None:
         return self._capture
 
     def selection(self) -> tuple[str | None, int, int]:
-        return self._layer, self._call, self._sample
+        return self.state.layer, self.state.call, self.state.sample
 
     def set_layer(self, name: str | None) -> None:
-        """Select a layer (a name not in the capture shows a note in the views)."""
-        if name == self._layer:
-            return
-        self._layer = name
-        self._call = self._clamped_call(0)
-        self.flow_view.set_selected(name)
-        self._changed()
+        """Select a layer, its first call (a name not in the capture shows a note)."""
+        if name != self.state.layer:
+            self.state.select(name, 0)
 
     def set_call(self, index: int) -> None:
-        index = self._clamped_call(index)
-        if index != self._call:
-            self._call = index
-            self._changed()
+        self.state.call = clamp(index, calls_of(self._capture, self.state.layer))
 
     def set_sample(self, index: int) -> None:
-        index = self._clamped_sample(index)
-        if index != self._sample:
-            self._sample = index
-            self._changed()
+        self.state.sample = clamp(index, self._batch_size())
 
     def current_view(self) -> QWidget:
         return self.tabs.currentWidget()
@@ -220,47 +187,40 @@ class CaptureViews(QWidget):
             view = self.tabs.currentWidget()
             view.ensure_drawn()
             widget = view.export_widget() if not view.message() else view
-        return _atomic_grab(widget, path)
+        return write_export(png_bytes(widget), path)
 
     def export_csv(self, path: str | os.PathLike) -> Path:
         """Save the statistics table of the selection as CSV, atomically."""
         return self.stats_view.export_csv(path)
 
     # -- internals --------------------------------------------------------------------
-    def _n_calls(self) -> int:
-        if self._capture is None or self._layer not in self._capture:
-            return 0
-        return len(self._capture[self._layer].calls)
-
-    def _clamped_call(self, index: int) -> int:
-        n = self._n_calls()
-        return min(max(int(index), 0), max(n - 1, 0))
-
     def _batch_size(self) -> int:
         return ViewContext(self._capture, self._batch).batch_size
 
-    def _clamped_sample(self, index: int) -> int:
-        return min(max(int(index), 0), max(self._batch_size() - 1, 0))
+    def _context(self) -> ViewContext:
+        st = self.state
+        return ViewContext(self._capture, self._batch, st.layer, st.call, st.sample)
 
     def _changed(self) -> None:
         self._sync_controls()
         self._push_context()
-        if self._layer is not None:
-            self.selection_changed.emit(self._layer, self._call, self._sample)
+        if self.state.layer is not None:
+            self.selection_changed.emit(*self.selection())
 
     def _push_context(self) -> None:
-        ctx = ViewContext(self._capture, self._batch, self._layer, self._call, self._sample)
+        ctx = self._context()
         for view in self.views():
             view.set_context(ctx)
 
     def _sync_controls(self) -> None:
         """Selection -> controls, signals blocked (never writes back)."""
-        n = self._n_calls()
+        st = self.state
+        n = calls_of(self._capture, st.layer)
         self.call_combo.blockSignals(True)
         self.call_combo.clear()
         for i in range(n):
             self.call_combo.addItem(f"call {i + 1} of {n}", i)
-        self.call_combo.setCurrentIndex(self._call if n else -1)
+        self.call_combo.setCurrentIndex(st.call if n else -1)
         self.call_combo.blockSignals(False)
         self.call_combo.setVisible(n > 1)
         self.call_label.setVisible(n > 1)
@@ -268,22 +228,37 @@ class CaptureViews(QWidget):
         b = self._batch_size()
         self.sample_spin.blockSignals(True)
         self.sample_spin.setRange(0, max(b - 1, 0))
-        self.sample_spin.setValue(self._sample)
+        self.sample_spin.setValue(st.sample)
         self.sample_spin.blockSignals(False)
         self.sample_spin.setEnabled(b > 1)
-        ctx = ViewContext(self._capture, self._batch, self._layer, self._call, self._sample)
+        ctx = self._context()
         self.sample_name.setText(f"of {b}: {ctx.sample_name()}" if b else "")
 
         if self._capture is None:
             self.layer_label.setText("No capture")
-        elif self._layer is None:
+        elif st.layer is None:
             self.layer_label.setText("No layer selected")
         else:
             rec = ctx.record
             kind = f" <span style='color:gray'>({rec.type})</span>" if rec else " (not captured)"
             mode = " · <i>statistics only</i>" if ctx.stats_only else ""
-            self.layer_label.setText(f"<b>{self._layer}</b>{kind}{mode}")
+            self.layer_label.setText(f"<b>{st.layer}</b>{kind}{mode}")
 
+    # -- state -> widgets ---------------------------------------------------------------
+    def _on_model_layer_changed(self, name: str | None) -> None:
+        if self._fitting:
+            return
+        # A layer with fewer calls than the call index asked for shows its last call.
+        with self.state.events.call.blocked():
+            self.state.call = clamp(self.state.call, calls_of(self._capture, name))
+        self.flow_view.set_selected(name)
+        self._changed()
+
+    def _on_model_selection_changed(self, _value: int) -> None:
+        if not self._fitting:
+            self._changed()
+
+    # -- widgets -> state ---------------------------------------------------------------
     def _on_flow_layer_clicked(self, name: str) -> None:
         self.set_layer(name)
         self.layer_clicked.emit(name)

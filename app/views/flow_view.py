@@ -11,7 +11,8 @@ from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from core.capture_data import Capture
-from core.gradient_flow import FLAGS, METRIC_LABELS, flow_series, layer_flags
+from core.capture_summary import summarize
+from core.gradient_flow import FLAGS, METRIC_LABELS, flow_series
 from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, Log10Axis, style_plot_widget
 
 _KINDS = (("grad_output", "output gradient"), ("grad_input", "input gradient"),
@@ -84,7 +85,7 @@ class GradientFlowView(QWidget):
     # -- public API -------------------------------------------------------------------
     def set_capture(self, capture: Capture | None) -> None:
         self._capture = capture
-        self._flags = layer_flags(capture) if capture is not None else {}
+        self._flags = summarize(capture).flags if capture is not None else {}
         self._rebuild()
 
     def set_selected(self, name: str | None) -> None:

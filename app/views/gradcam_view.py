@@ -8,8 +8,9 @@ from PIL import Image
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
+from core.class_names import class_name
 from core.errors import GradExplorerError
-from core.gradcam import cam_supported, grad_cam, overlay, turbo
+from core.gradcam import cam_grid, cam_supported, grad_cam, overlay, turbo
 from core.heatmaps import display_image
 from app.views.plot_style import image_plot, style_plot_widget
 from app.views.view_context import CaptureView
@@ -103,7 +104,7 @@ class GradCamView(CaptureView):
         self._cam = cam[0].cpu().numpy()
         self._picture = picture
         target = ctx.capture.meta.get("target", "")
-        grid = "×".join(map(str, self._grid(shape)))
+        grid = "×".join(map(str, cam_grid(shape)[:2]))
         flat = ("<br><span style='color:#d08000'>The CAM is zero everywhere: no channel of this layer "
                 "votes for the target (all channel weights × activations are ≤ 0, or the gradient is zero)."
                 "</span>" if not np.any(self._cam > 0) else "")
@@ -115,23 +116,12 @@ class GradCamView(CaptureView):
         self._draw()
         self.show_content()
 
-    @staticmethod
-    def _grid(shape) -> tuple[int, int]:
-        if len(shape) == 4:
-            return int(shape[2]), int(shape[3])
-        n = int(shape[1])
-        side = int(round((n - 1) ** 0.5))
-        return (side, side) if side * side == n - 1 else (int(round(n ** 0.5)),) * 2
-
     def _predicted(self, s: int) -> str:
         cap = self.context.capture
         out = cap.output
         if out is None or out.dim() != 2 or s >= out.shape[0]:
             return ""
-        idx = int(out[s].argmax())
-        cats = cap.meta.get("categories") or []
-        name = cats[idx] if 0 <= idx < len(cats) else f"class {idx}"
-        return f" (predicted: {name})"
+        return f" (predicted: {class_name(int(out[s].argmax()), cap.meta.get('categories'))})"
 
     def _picture_for(self, s: int) -> tuple[Image.Image | None, str]:
         """The picture to overlay, and where it came from, in words."""

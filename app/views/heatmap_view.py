@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSignalBlocker, Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from core.view_state import ViewState
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import TENSOR_LABELS, CaptureView
 
@@ -38,10 +39,12 @@ class HeatmapView(CaptureView):
 
     title = "Heatmap"
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, state: ViewState | None = None) -> None:
         super().__init__(parent)
+        self.state = state if state is not None else ViewState()
         self._heatmap: Heatmap | None = None
         self._signed = False
+        self._applying = False
 
         content = QWidget(self)
         self.tensor_combo = QComboBox()
@@ -114,40 +117,45 @@ class HeatmapView(CaptureView):
         v.addWidget(self.hover_label)
         self.set_content(content)
 
-        self.tensor_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.tensor_combo.currentIndexChanged.connect(self._on_tensor_combo_changed)
         self.display_combo.currentIndexChanged.connect(self._on_controls_changed)
-        self.reduce_combo.currentIndexChanged.connect(self._on_controls_changed)
+        self.reduce_combo.currentIndexChanged.connect(self._on_reduce_combo_changed)
         self.k_spin.valueChanged.connect(self._on_controls_changed)
         self.time_spin.valueChanged.connect(self._on_controls_changed)
         self.time_mean.toggled.connect(self._on_controls_changed)
         self.channel_slider.valueChanged.connect(self._on_channel_slider_changed)
         self.channel_spin.valueChanged.connect(self._on_channel_spin_changed)
+        events = self.state.events
+        events.tensor.connect(self._on_model_tensor_changed)
+        events.reduction.connect(self._on_model_reduction_changed)
+        events.channel.connect(self._on_model_channel_changed)
+        self._on_model_tensor_changed(self.state.tensor)
+        self._on_model_reduction_changed(self.state.reduction)
+        self._on_model_channel_changed(self.state.channel)
         self._sync_visibility(None)
 
     # -- public API -------------------------------------------------------------------
     def set_tensor(self, kind: str) -> None:
-        self.tensor_combo.setCurrentIndex(_TENSORS.index(kind))
+        self.state.tensor = _TENSORS[_TENSORS.index(kind)]
 
     def set_display(self, display: str, *, channel: int | None = None, k: int | None = None,
                     reduce: str | None = None) -> None:
         """Choose what to show (``channel``, ``topk``, ``reduce``) and its parameter."""
-        blockers = [self.display_combo, self.channel_spin, self.channel_slider, self.k_spin, self.reduce_combo]
-        for w in blockers:
-            w.blockSignals(True)
+        index = [d for d, _ in _DISPLAYS].index(display)
+        if reduce is not None:
+            [r for r, _ in _REDUCTIONS].index(reduce)  # an unknown reduction raises here
+        self._applying = True  # one redraw for all of it, at the end
         try:
-            self.display_combo.setCurrentIndex([d for d, _ in _DISPLAYS].index(display))
-            if k is not None:
-                self.k_spin.setValue(k)
+            with QSignalBlocker(self.display_combo), QSignalBlocker(self.k_spin):
+                self.display_combo.setCurrentIndex(index)
+                if k is not None:
+                    self.k_spin.setValue(k)
             if reduce is not None:
-                self.reduce_combo.setCurrentIndex([r for r, _ in _REDUCTIONS].index(reduce))
+                self.state.reduction = reduce
             if channel is not None:
-                self.channel_spin.setMaximum(max(self.channel_spin.maximum(), channel))
-                self.channel_slider.setMaximum(max(self.channel_slider.maximum(), channel))
-                self.channel_spin.setValue(channel)
-                self.channel_slider.setValue(channel)
+                self.state.channel = int(channel)
         finally:
-            for w in blockers:
-                w.blockSignals(False)
+            self._applying = False
         self._redraw()
 
     def current_heatmap(self) -> Heatmap | None:
@@ -171,7 +179,7 @@ class HeatmapView(CaptureView):
         self._redraw()
 
     def _kind(self) -> str:
-        return self.tensor_combo.currentData()
+        return self.state.tensor if self.state.tensor in _TENSORS else _TENSORS[0]
 
     def _sync_visibility(self, lay) -> None:
         display = self.display_combo.currentData()
@@ -244,12 +252,12 @@ class HeatmapView(CaptureView):
             self.time_spin.setRange(0, lay.time_steps - 1)
             self.time_spin.blockSignals(False)
         display = self.display_combo.currentData()
-        reduce = self.reduce_combo.currentData()
+        reduce = self.state.reduction
         time_index = None if (lay.source != "video" or self.time_mean.isChecked()) else self.time_spin.value()
         rank_by = ctx.sample_tensor("grad_output") if display == "topk" else None
         if rank_by is None:
             rank_by = t
-        hm = heatmap(t, display, channel=min(self.channel_spin.value(), max(lay.channels - 1, 0)),
+        hm = heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
                      k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index)
         self._heatmap = hm
 
@@ -284,23 +292,47 @@ class HeatmapView(CaptureView):
         self.hover_label.setText(" ")
         self.show_content()
 
-    # -- events -----------------------------------------------------------------------
+    # -- widgets -> state -----------------------------------------------------------------
     def _on_controls_changed(self, *_):
         self._redraw()
 
+    def _on_tensor_combo_changed(self, _index: int) -> None:
+        self.state.tensor = self.tensor_combo.currentData()
+
+    def _on_reduce_combo_changed(self, _index: int) -> None:
+        self.state.reduction = self.reduce_combo.currentData()
+
     def _on_channel_slider_changed(self, value: int) -> None:
-        if self.channel_spin.value() != value:
-            self.channel_spin.blockSignals(True)
-            self.channel_spin.setValue(value)
-            self.channel_spin.blockSignals(False)
-        self._redraw()
+        self.state.channel = value
 
     def _on_channel_spin_changed(self, value: int) -> None:
-        if self.channel_slider.value() != value:
-            self.channel_slider.blockSignals(True)
-            self.channel_slider.setValue(value)
-            self.channel_slider.blockSignals(False)
-        self._redraw()
+        self.state.channel = value
+
+    # -- state -> widgets (signals blocked, never writes back) --------------------------------
+    def _on_model_tensor_changed(self, kind: str) -> None:
+        i = self.tensor_combo.findData(kind)
+        if i >= 0:
+            with QSignalBlocker(self.tensor_combo):
+                self.tensor_combo.setCurrentIndex(i)
+        self._redraw_unless_applying()
+
+    def _on_model_reduction_changed(self, reduction: str) -> None:
+        with QSignalBlocker(self.reduce_combo):
+            self.reduce_combo.setCurrentIndex(self.reduce_combo.findData(reduction))
+        self._redraw_unless_applying()
+
+    def _on_model_channel_changed(self, channel: int) -> None:
+        for w in (self.channel_spin, self.channel_slider):
+            with QSignalBlocker(w):
+                # A channel beyond this layer's range is kept in the state for the next
+                # layer; the controls show the last channel here.
+                w.setMaximum(max(w.maximum(), channel))
+                w.setValue(channel)
+        self._redraw_unless_applying()
+
+    def _redraw_unless_applying(self) -> None:
+        if not self._applying:
+            self.set_context(self.context)  # redraw now if visible, else when shown
 
     def hover_text(self, row: int, col: int) -> str:
         """What the hover label says for pixel ``(row, col)`` of the shown array."""

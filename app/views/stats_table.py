@@ -6,12 +6,12 @@ import csv
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
+from app.views.export import write_export
 from app.views.view_context import TENSOR_LABELS, CaptureView
 
 #: (header, stats key) of the columns after the tensor's name.
@@ -90,17 +90,7 @@ class StatsTableView(CaptureView):
 
     def export_csv(self, path: str | os.PathLike) -> Path:
         """Write ``csv_text()`` to ``path`` atomically (a temporary file, then a rename)."""
-        path = Path(path)
-        text = self.csv_text()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_export(self.csv_text().encode("utf-8"), path)
 
     def export_widget(self) -> QWidget:
         return self

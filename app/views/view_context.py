@@ -16,20 +16,12 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.heatmaps import grad_x_activation
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
     "Statistics-only capture: re-run in full mode (uncheck \"statistics only\") to see {what}."
 )
-
-#: Human names of the per-call tensors.
-TENSOR_LABELS = {
-    "grad_output": "gradient",
-    "activation": "activation",
-    "grad_x_activation": "gradient × activation",
-    "grad_input": "input gradient",
-}
-
 
 @dataclass(frozen=True)
 class ViewContext:
@@ -73,6 +65,10 @@ class ViewContext:
     def sample_name(self) -> str:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
+        if self.capture is not None:  # a capture opened from a file names its samples
+            from core.capture_meta import capture_meta
+
+            return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
     def tensor(self, kind: str) -> torch.Tensor | None:

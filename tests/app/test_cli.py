@@ -130,7 +130,7 @@ def test_capture_seed_mlp_matches_autograd(tmp_path, capsys):
     assert "forward" in err and "saving" in err  # the progress stages, not on a TTY: plain lines
 
     data = torch.load(out_file, weights_only=True)
-    assert data["format"] == "gradexplorer.capture" and data["version"] == 1
+    assert data["format"] == "gradexplorer.capture" and data["version"] == 2  # format version 2: one metadata schema (was 1)
     assert list(data["layers"]) == ["fc1", "relu1", "fc2", "relu2", "fc3"]
     assert data["meta"]["layer_order"] == ["fc1", "relu1", "fc2", "relu2", "fc3"]
     assert data["meta"]["model"] == "demo:seed-mlp" and data["meta"]["mode"] == "full"

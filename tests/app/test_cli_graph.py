@@ -135,7 +135,20 @@ def test_capture_colours_nodes_and_a_version1_file_without_graph(tmp_path, capsy
     want = saved["layers"]["head"]["calls"][0]["stats"]["grad_output"]["l2"]
     assert stats["m:head:0"]["grad_l2"] == pytest.approx(want)
     assert stats["m:b:0"] is None  # containers are not captured by default (leaves only)
-    # A capture file without a graph, and no model: one clear sentence.
+    # The capture file carries the graph (plain containers, weights_only): no model needed.
+    assert saved["graph"]["format"] == "gradexplorer.graph"
+    out2 = tmp_path / "from_capture.json"
+    code, _, err = run(capsys, "graph", "--capture", cap_file, "--out", out2)
+    assert code == 0, err
+    carried = json.loads(out2.read_text())
+    assert {n["id"] for n in carried["nodes"]} == set(stats)
+    assert {(e["src"], e["dst"]) for e in carried["edges"]} == {(e["src"], e["dst"]) for e in data["edges"]}
+    head = next(n for n in carried["nodes"] if n["id"] == "m:head:0")
+    assert head["stats"]["grad_l2"] == pytest.approx(want)
+    head_edge = next(e for e in carried["edges"] if e["src"] == "m:head:0")
+    assert head_edge["grad_l2"] == pytest.approx(want)  # the captured output's gradient
+    # A capture file without a graph (version 1, or a model whose graph failed), and no
+    # model: one clear sentence.
     saved.pop("graph", None)
     torch.save(saved, cap_file)
     code, _, err = run(capsys, "graph", "-q", "--capture", cap_file, "--out", tmp_path / "h.json")

@@ -11,7 +11,8 @@ from PySide6.QtCore import Qt
 from core.devices import DeviceInfo
 from core.errors import BatchError, GradExplorerError, TrustRequired
 from app import dialogs, error_dialog
-from app.main_window import MainWindow, default_layer
+from app.main_window import MainWindow
+from core.capture_summary import default_layer
 from app.settings import AppSettings
 from tests.conftest import assert_no_hooks, snapshot, assert_unchanged
 

@@ -11,7 +11,8 @@ from PIL import Image
 from PySide6.QtCore import QPoint, QPointF, Qt
 from torch import nn
 
-from app.views import CaptureViews, GradientFlowView, default_layer
+from app.views import CaptureViews, GradientFlowView
+from core.capture_summary import default_layer
 from core.batch import Batch
 from core.capture import capture
 from core.gradcam import grad_cam
@@ -429,7 +430,7 @@ def test_saliency_hint_without_input_gradient(qtbot):
 # -- selection --------------------------------------------------------------------------------------
 
 def test_selection_controls_and_signals(qtbot, views, cnn):
-    assert views.selection()[0] == default_layer(cnn[0]) == "conv2"
+    assert views.selection()[0] == default_layer(cnn[0])[0] == "conv2"
     with qtbot.waitSignal(views.selection_changed) as blocker:
         views.set_layer("relu")
     assert blocker.args == ["relu", 0, 0]

@@ -1,0 +1,32 @@
+"""Writing the views' exports (PNG plots, CSV statistics) to disk.
+
+Every export goes through core's one atomic writer, so a full disk, a read-only folder
+or a missing folder is reported as the user's problem with its fix, and an interrupted
+write never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+from PySide6.QtWidgets import QWidget
+
+from core.capture_file import atomic_save  # core.file_write's writer once it lands
+
+
+def write_export(data: bytes, path: str | os.PathLike) -> Path:
+    """Write ``data`` to ``path`` atomically (raises ``GradExplorerError`` subclasses)."""
+    return atomic_save(data, path, saver=lambda payload, fh: fh.write(payload))
+
+
+def png_bytes(widget: QWidget) -> bytes:
+    """The widget as it is drawn now, encoded as PNG."""
+    array = QByteArray()
+    buffer = QBuffer(array)
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    if not widget.grab().save(buffer, "PNG"):
+        raise OSError("the plot could not be encoded as PNG")
+    buffer.close()
+    return bytes(array.data())

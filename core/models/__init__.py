@@ -1,0 +1,173 @@
+"""Turn what the user typed (a torchvision name, a demo, a file, a factory) into a LoadedModel.
+
+Nothing here runs code from a file or a factory unless the caller passes ``trust=True``:
+checkpoints are read with ``weights_only=True`` first, and only a file that cannot be read
+that way (a pickled ``nn.Module``, a ``torch.export`` archive) or a Python factory asks for
+trust.
+
+The package is split by what the user points at:
+
+- ``torchvision_models``: torchvision names and weights, building, preprocessing;
+- ``state_dicts``: finding a state dict in a checkpoint and fitting it to a model;
+- ``pickles``: pickled modules and ``torch.export`` archives (trusted only);
+- ``factories``: ``module:function`` and ``file.py:function``;
+- ``files``: telling a file's kind from its name and contents.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torchvision
+
+from core.errors import ModelLoadError, TrustRequired
+from core.loaded_model import LoadedModel
+from core.models.factories import load_factory, parse_factory
+from core.models.files import (
+    check_file,
+    is_export_archive,
+    is_torchscript,
+    looks_like_path,
+    torchscript_error,
+    zip_members,
+)
+from core.models.pickles import load_export, pickled_module, read_checkpoint
+from core.models.state_dicts import find_state_dict
+from core.models.torchvision_models import load_torchvision, load_with_arch, torchvision_name
+
+__all__ = ["load_model", "LoadedModel", "ModelLoadError", "TrustRequired"]
+
+
+def load_model(
+    spec: str,
+    *,
+    weights: str | None = None,
+    arch: str | None = None,
+    trust: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> LoadedModel:
+    """Build or load the model the user asked for, in eval mode.
+
+    Parameters
+    ----------
+    spec : str
+        One of:
+
+        - a torchvision model name (``"resnet18"``, ``"fcn_resnet50"``, ``"r3d_18"``...);
+        - ``"demo:seed-mlp"`` or ``"demo:shapes"``;
+        - a checkpoint file: a state dict (``.pth``/``.pt``, needs ``arch``), a pickled
+          ``nn.Module`` (needs ``trust``), or a ``torch.export`` archive (``.pt2``, needs
+          ``trust``). TorchScript archives are refused: their modules cannot be hooked;
+        - a factory, ``"package.module:function"`` or ``"path/to/file.py:function"``, called
+          with no arguments (needs ``trust``).
+    weights : str, optional
+        For torchvision names: ``None`` (random initialisation), ``"DEFAULT"``, a weights
+        enum member (``"IMAGENET1K_V1"`` or ``"ResNet18_Weights.IMAGENET1K_V1"``), or the path
+        of a local state-dict file. For factories: the path of a state-dict file to load
+        into the factory's model.
+    arch : str, optional
+        The torchvision architecture of a checkpoint file that holds weights only.
+    trust : bool
+        Allow running code: unpickling Python objects from ``spec`` or calling a factory.
+        torchvision's cached weight files are never unpickled, whatever ``trust`` says.
+    progress : callable, optional
+        ``progress(done_bytes, total_bytes)`` while pretrained weights download.
+
+    Returns
+    -------
+    LoadedModel
+        The module in eval mode, with categories, preprocessing, input shape and task where
+        they are known. Random torchvision models borrow the preprocessing of their default
+        weights (torchvision's classification recipe when they have none).
+
+    Raises
+    ------
+    ModelLoadError
+        Unknown name (with suggestions), missing/empty/damaged file, weights that do not fit,
+        a TorchScript archive, a factory that fails or returns something else.
+    TrustRequired
+        Loading needs ``trust=True`` (pickled module, ``.pt2``, factory).
+    WeightsUnavailable
+        Pretrained weights are not cached and cannot be downloaded.
+    """
+    text = spec.strip()
+    if not text:
+        raise ModelLoadError(
+            "No model was given.",
+            "Give a torchvision name (resnet18), demo:shapes, a checkpoint file or "
+            "module:function.",
+        )
+    if text.startswith("demo:"):
+        _refuse_extras(text, weights=weights, arch=arch)
+        from core.demos import load_demo  # demos import model code this module does not need
+
+        return load_demo(text)
+
+    name = torchvision_name(text)
+    if name is not None:
+        _refuse_extras(text, arch=arch)
+        return load_torchvision(name, weights=weights, trust=trust, progress=progress)
+
+    factory = parse_factory(text)
+    if factory is not None:
+        _refuse_extras(text, arch=arch)
+        return load_factory(text, factory, trust=trust, weights=weights)
+
+    if looks_like_path(text):
+        _refuse_extras(text, weights=weights)
+        return _load_file(Path(text).expanduser(), spec=text, arch=arch, trust=trust)
+
+    raise _unknown_spec(text)
+
+
+def _unknown_spec(text: str) -> ModelLoadError:
+    names = torchvision.models.list_models()
+    suggestions = difflib.get_close_matches(
+        text.lower(), [*names, "demo:shapes", "demo:seed-mlp"], n=3, cutoff=0.6
+    )
+    return ModelLoadError(
+        f"'{text}' is not a torchvision model, a demo, a checkpoint file or a "
+        "module:function factory.",
+        f"Did you mean {' or '.join(suggestions)}?"
+        if suggestions
+        else "Choose a name from torchvision.models.list_models(), demo:shapes, or a file.",
+    )
+
+
+def _refuse_extras(spec: str, *, weights: str | None = None, arch: str | None = None) -> None:
+    # Silently ignoring an option the user typed would show them a model they did not ask for.
+    if weights is not None:
+        raise ModelLoadError(
+            f"Weights cannot be chosen for '{spec}'.",
+            "Pass weights only with a torchvision model name or a factory.",
+        )
+    if arch is not None:
+        raise ModelLoadError(
+            f"An architecture cannot be chosen for '{spec}'.",
+            "Pass arch only with a checkpoint file that holds weights only.",
+        )
+
+
+def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> LoadedModel:
+    check_file(path, "model file")
+    members = zip_members(path)
+    if members is not None and is_torchscript(members):
+        raise torchscript_error(path)
+    if is_export_archive(path, members):
+        return load_export(path, spec=spec, trust=trust)
+
+    obj = read_checkpoint(path, trust=trust)
+    if isinstance(obj, torch.jit.ScriptModule):
+        raise torchscript_error(path)
+    state = find_state_dict(obj)
+    if state is None:
+        return pickled_module(obj, path, spec=spec, arch=arch)
+    if arch is None:
+        raise ModelLoadError(
+            f"'{path}' holds weights only (a state dict), not the model's architecture.",
+            "Pass the architecture name too, e.g. arch='resnet18' (--arch resnet18).",
+        )
+    return load_with_arch(path, state, spec=spec, arch=arch)

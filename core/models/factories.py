@@ -1,0 +1,164 @@
+"""Factories: ``package.module:function`` or ``path/to/file.py:function``, called with no
+arguments to build the model. Calling one runs the user's code, so it needs trust."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from torch import nn
+
+from core.errors import ModelLoadError, TrustRequired
+from core.loaded_model import LoadedModel
+from core.models.files import check_file
+from core.models.pickles import read_checkpoint
+from core.models.state_dicts import find_state_dict, load_state_into
+
+_FACTORY = re.compile(r"^(?P<target>.+):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
+class FactorySpec(NamedTuple):
+    """A factory the user named: where it lives and the attribute path inside."""
+
+    target: str
+    """A dotted module name or the path of a ``.py`` file."""
+    attr: str
+    """The attribute path after the colon, e.g. ``"make_model"`` or ``"Net.build"``."""
+
+
+def parse_factory(text: str) -> FactorySpec | None:
+    """``text`` as a factory, or None when it is not written as one."""
+    match = _FACTORY.match(text)
+    if match is None:
+        return None
+    target = match["target"]
+    if target.endswith(".py") or _DOTTED.match(target):
+        return FactorySpec(target, match["attr"])
+    return None
+
+
+def load_factory(
+    spec: str, factory: FactorySpec, *, trust: bool, weights: str | None
+) -> LoadedModel:
+    """Import the factory, call it, and load ``weights`` (a state-dict file) into its model.
+
+    Raises
+    ------
+    TrustRequired
+        ``trust`` is false.
+    ModelLoadError
+        The file or attribute does not exist, importing or calling it fails, it returns
+        something other than a model, or the weights do not fit.
+    """
+    file = Path(factory.target).expanduser() if factory.target.endswith(".py") else None
+    if file is not None and not file.is_file():
+        raise ModelLoadError(f"The Python file '{file}' does not exist.", "Check the path.")
+    if not trust:
+        raise TrustRequired(
+            f"'{spec}' is Python code: building the model runs it.",
+            "Pass --trust if you trust this code.",
+        )
+    with _import_path(file.parent if file is not None else None):
+        function = _resolve(spec, factory, file)
+        result = _call(spec, function)
+    if isinstance(result, LoadedModel):
+        result.module.eval()
+        return result
+    if not isinstance(result, nn.Module):
+        kind = type(result)
+        raise ModelLoadError(
+            f"The factory '{spec}' returned a {kind.__module__}.{kind.__qualname__}, "
+            "not a torch.nn.Module.",
+            "Make it return the model (an nn.Module instance).",
+        )
+    label = None
+    if weights is not None:
+        label = _load_weights(result, Path(weights).expanduser(), spec, trust=trust)
+    return LoadedModel(
+        module=result.eval(),
+        spec=spec,
+        name=factory.attr,
+        weights=label,
+        task="other",
+        notes=["built by a trusted factory"],
+    )
+
+
+def _resolve(spec: str, factory: FactorySpec, file: Path | None) -> object:
+    target, attr = factory
+    try:
+        namespace = _import_file(file) if file is not None else importlib.import_module(target)
+    except Exception as exc:  # the user's module may raise anything while importing
+        raise ModelLoadError(
+            f"Importing '{target}' failed: {type(exc).__name__}: {exc}",
+            "Fix the error in that code, or make it importable (its folder on PYTHONPATH).",
+        ) from exc
+    found: object = namespace
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise ModelLoadError(
+                f"'{target}' has no attribute '{attr}'.", "Check the name after the colon."
+            )
+        found = getattr(found, part)
+    if not callable(found):
+        raise ModelLoadError(
+            f"'{spec}' is a {type(found).__name__}, not a callable.",
+            "Point at a function or class that builds the model.",
+        )
+    return found
+
+
+def _call(spec: str, function: object) -> object:
+    try:
+        return function()  # type: ignore[operator]
+    except Exception as exc:  # the user's factory may raise anything
+        raise ModelLoadError(
+            f"The factory '{spec}' raised {type(exc).__name__}: {exc}",
+            "Fix the factory so that calling it with no arguments returns an nn.Module.",
+        ) from exc
+
+
+def _load_weights(module: nn.Module, path: Path, spec: str, *, trust: bool) -> str:
+    check_file(path, "weights file")
+    state = find_state_dict(read_checkpoint(path, trust=trust))
+    if state is None:
+        raise ModelLoadError(
+            f"'{path}' does not hold a state dict.",
+            "Save it with torch.save(model.state_dict(), path).",
+        )
+    load_state_into(module, state, path, spec)
+    return f"file:{path}"
+
+
+@contextlib.contextmanager
+def _import_path(folder: Path | None) -> Iterator[None]:
+    # A factory file usually imports its neighbours; make them importable while it runs.
+    entry = str(folder.resolve()) if folder is not None else None
+    added = entry is not None and entry not in sys.path
+    if added:
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(entry)
+
+
+def _import_file(file: Path) -> object:
+    module_name = "_gradexplorer_factory_" + re.sub(r"\W", "_", file.stem)
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered so that dataclasses, pickling and relative lookups inside it work.
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module

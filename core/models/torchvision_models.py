@@ -1,0 +1,361 @@
+"""torchvision architectures: names, weights, building, and their preprocessing."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.models import WeightsEnum
+
+from core.batches.images import DEFAULT_PREPROCESS_DESCRIPTION, default_preprocess
+from core.errors import ModelLoadError
+from core.loaded_model import LoadedModel
+from core.models.files import check_file, looks_like_path
+from core.models.pickles import read_checkpoint
+from core.models.state_dicts import (
+    find_state_dict,
+    fit_report,
+    load_state_into,
+    strip_wrapper_prefix,
+)
+from core.weights import (
+    fetch_weights,
+    is_cached,
+    load_cached_state_dict,
+    load_state_dict_file,
+    model_task,
+    model_weights_enum,
+    resolve_weights,
+    short_reason,
+    weights_file,
+    weights_name,
+)
+
+# These builders warn (FutureWarning about init_weights) unless told how to initialise, and
+# grow auxiliary heads the pretrained versions drop; random models should match pretrained ones.
+_LEGACY_INIT = {"googlenet", "inception_v3", "quantized_googlenet", "quantized_inception_v3"}
+_UPSTREAM_DEPRECATIONS = ("torch.ao.quantization is deprecated", "TypedStorage is deprecated")
+_VIDEO_FRAMES = 16
+_FALLBACK_SIZE = 224
+# WeightsEnum.get_state_dict is patched while a builder runs (see _safe_state_dicts).
+_BUILD_LOCK = threading.RLock()
+
+
+class Preprocessing(NamedTuple):
+    """How inputs of a torchvision model are prepared, and the shape of one sample."""
+
+    transform: Callable[[object], torch.Tensor]
+    description: str
+    input_shape: tuple[int, ...]
+
+
+def torchvision_name(text: str) -> str | None:
+    """The torchvision model name ``text`` stands for (any case), or None."""
+    lowered = {name.lower(): name for name in torchvision.models.list_models()}
+    return lowered.get(text.strip().lower())
+
+
+def unknown_architecture(arch: str) -> ModelLoadError:
+    """The refusal of an ``--arch`` that torchvision does not know, with close names."""
+    names = torchvision.models.list_models()
+    close = difflib.get_close_matches(arch.strip().lower(), names, n=3, cutoff=0.6)
+    return ModelLoadError(
+        f"'{arch}' is not a torchvision architecture.",
+        f"Did you mean {' or '.join(close)}?"
+        if close
+        else "Choose a name from torchvision.models.list_models().",
+    )
+
+
+def load_torchvision(
+    name: str,
+    *,
+    weights: str | None,
+    trust: bool,
+    progress: Callable[[int, int], None] | None,
+) -> LoadedModel:
+    """Build torchvision's ``name`` with the weights the user chose (see ``load_model``)."""
+    notes: list[str] = []
+    weights_path: Path | None = None
+    # Not on disk first: a stray file called "DEFAULT" must not shadow the enum name.
+    if weights is not None and looks_like_path(weights, check_disk=False):
+        weights_path = Path(weights).expanduser()
+        check_file(weights_path, "weights file")
+        chosen = _enum_for_file(model_weights_enum(name), weights_path)
+    else:
+        chosen = resolve_weights(name, weights)
+
+    if chosen is not None:
+        if weights_path is None and not is_cached(chosen):
+            fetch_weights(chosen, progress=progress)
+        module = build(name, chosen, weights_path)
+        label = weights_name(chosen)
+        if weights_path is not None:
+            notes.append(f"{label} read from {weights_path}")
+    else:
+        module = build(name, None, None)
+        label = None
+        if weights_path is not None:
+            module, refit_notes = fit_torchvision(name, module, weights_path, trust=trust)
+            label = f"file:{weights_path}"
+            notes.extend(refit_notes)
+    return _described(
+        name, module, spec=name, name_shown=name, weights=chosen, label=label, notes=notes
+    )
+
+
+def load_with_arch(
+    path: Path, state: Mapping[str, torch.Tensor], *, spec: str, arch: str
+) -> LoadedModel:
+    """Build the torchvision architecture ``arch`` and load the state dict of ``path``."""
+    name = torchvision_name(arch)
+    if name is None:
+        raise unknown_architecture(arch)
+    module, notes = fit_torchvision(name, build(name, None, None), path, trust=False, state=state)
+    return _described(
+        name, module, spec=spec, name_shown=f"{name} ({path.name})", weights=None,
+        label=f"file:{path}", notes=notes, assumed=True,
+    )
+
+
+def _described(
+    name: str,
+    module: nn.Module,
+    *,
+    spec: str,
+    name_shown: str,
+    weights: WeightsEnum | None,
+    label: str | None,
+    notes: list[str],
+    assumed: bool = False,
+) -> LoadedModel:
+    # A model without chosen weights borrows the preprocessing of its default weights.
+    described = weights if weights is not None else getattr(model_weights_enum(name), "DEFAULT", None)
+    task = model_task(name)
+    prep = preprocessing(described, task)
+    if weights is None and described is not None:
+        verb = "assumed from" if assumed else "borrowed from"
+        notes.append(f"preprocessing {verb} {weights_name(described)}")
+    if not assumed:
+        notes.extend(_task_notes(task, weights, prep.input_shape))
+    return LoadedModel(
+        module=module.eval(),
+        spec=spec,
+        name=name_shown,
+        weights=label,
+        categories=list(weights.meta["categories"]) if weights is not None else None,
+        preprocess=prep.transform,
+        preprocess_description=prep.description,
+        input_shape=prep.input_shape,
+        task=task,
+        notes=notes,
+    )
+
+
+def _enum_for_file(enum_cls: type[WeightsEnum] | None, path: Path) -> WeightsEnum | None:
+    # A copy of torchvision's own file (the fix WeightsUnavailable suggests) is loaded as
+    # those weights, so the builder's own adjustments (aux heads, key renames) still apply.
+    if enum_cls is None:
+        return None
+    for member in enum_cls:
+        if os.path.basename(member.url) == path.name:
+            return member
+    return None
+
+
+def _builder_kwargs(name: str, builder: Callable, weights: WeightsEnum | None) -> dict:
+    params = inspect.signature(builder).parameters
+    kwargs: dict[str, object] = {}
+    if "progress" in params:
+        kwargs["progress"] = False
+    if "weights_backbone" in params:
+        # Detection and segmentation builders otherwise fetch an ImageNet backbone even for
+        # a random model, through torch.hub's unsafe loader.
+        kwargs["weights_backbone"] = None
+    if "quantize" in params:
+        # Quantized weights only fit a quantized model; a random one stays float (hookable).
+        kwargs["quantize"] = weights is not None
+    if weights is None and name in _LEGACY_INIT:
+        kwargs.update(init_weights=True, aux_logits=False)
+    return kwargs
+
+
+def build(
+    name: str,
+    weights: WeightsEnum | None,
+    weights_path: Path | None,
+    **extra: object,
+) -> nn.Module:
+    """Call torchvision's builder of ``name``; weight files are read with ``weights_only``.
+
+    Raises
+    ------
+    ModelLoadError
+        The weights file does not fit the architecture.
+    """
+    builder = torchvision.models.get_model_builder(name)
+    kwargs = {**_builder_kwargs(name, builder, weights), **extra}
+    with _safe_state_dicts(weights, weights_path), warnings.catch_warnings():
+        # Quantized builders go through torch.ao.quantization and quantized storages, both
+        # deprecated upstream; nothing the user can act on.
+        for message in _UPSTREAM_DEPRECATIONS:
+            warnings.filterwarnings("ignore", message=message)
+        try:
+            model = builder(weights=weights, **kwargs)
+        except RuntimeError as exc:
+            if "loading state_dict" not in str(exc):
+                raise
+            source = weights_path or (weights_file(weights) if weights is not None else name)
+            raise ModelLoadError(
+                f"The weights file '{source}' does not fit {name}: {short_reason(exc)}",
+                "Delete the file and download it again, or use the weights it was made for.",
+            ) from exc
+    return model
+
+
+@contextlib.contextmanager
+def _safe_state_dicts(weights: WeightsEnum | None, path: Path | None) -> Iterator[None]:
+    """Make torchvision builders read weight files with ``weights_only=True``.
+
+    Every builder loads through ``weights.get_state_dict``, which calls torch.hub's loader
+    (``weights_only=False``). Building with ``weights=None`` and loading ourselves would lose
+    what builders do around the load (DenseNet key renames, GoogLeNet aux heads,
+    quantization, ``transform_input``), so the method is swapped for the duration of the
+    build instead. The lock keeps two builds from restoring each other's patch.
+    """
+
+    def get_state_dict(self: WeightsEnum, *args: object, **kwargs: object) -> dict:
+        if path is not None and self is weights:
+            return load_state_dict_file(path)
+        return load_cached_state_dict(self)
+
+    with _BUILD_LOCK:
+        original = WeightsEnum.__dict__["get_state_dict"]
+        WeightsEnum.get_state_dict = get_state_dict
+        try:
+            yield
+        finally:
+            WeightsEnum.get_state_dict = original
+
+
+def preprocessing(weights: WeightsEnum | None, task: str) -> Preprocessing:
+    """The preprocessing of ``weights`` (the fallback recipe without), and the input shape.
+
+    Parameters
+    ----------
+    weights : WeightsEnum or None
+        The weights whose ``transforms()`` describe the inputs; ``None`` for the fallback,
+        torchvision's classification recipe (``core.batches.images.default_preprocess``).
+    task : str
+        The model's task (``core.weights.model_task``): video models take clips.
+
+    Returns
+    -------
+    Preprocessing
+    """
+    if weights is None:
+        transform = default_preprocess()
+        description = DEFAULT_PREPROCESS_DESCRIPTION
+    else:
+        transform = weights.transforms()
+        description = _one_line(repr(transform))
+    # Segmentation presets only resize (to 520): the shape is heavy but it is what the
+    # weights were trained at; detection and optical flow presets have no size at all.
+    size = getattr(transform, "crop_size", None) or getattr(transform, "resize_size", None)
+    if size:
+        height, width = (list(size) * 2)[:2]
+    else:
+        height = width = _FALLBACK_SIZE
+    if task == "video":
+        shape: tuple[int, ...] = (3, _VIDEO_FRAMES, height, width)
+    else:
+        shape = (3, height, width)
+    return Preprocessing(transform, description, shape)
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 2:
+        return "".join(lines)
+    return lines[0] + ", ".join(lines[1:-1]) + lines[-1]
+
+
+def _task_notes(task: str, weights: WeightsEnum | None, shape: tuple[int, ...]) -> list[str]:
+    notes = []
+    if task == "segmentation":
+        notes.append(f"input {shape[1]}x{shape[2]} follows the weights' resize; any size works")
+    elif task == "video":
+        notes.append(f"input is one clip, channels x frames x height x width = {shape}")
+    elif task == "detection":
+        notes.append("the model resizes images itself and returns a list of dicts")
+    elif task == "optical_flow":
+        notes.append("the model takes two images (frame pairs) and returns a list of flows")
+    elif task == "quantized":
+        if weights is not None:
+            notes.append("quantized model: integer ops have no gradients")
+        else:
+            notes.append("random init builds the float (unquantized) version of the model")
+    return notes
+
+
+def fit_torchvision(
+    name: str,
+    module: nn.Module,
+    path: Path,
+    *,
+    trust: bool,
+    state: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[nn.Module, list[str]]:
+    """Load the state dict of ``path`` into torchvision's ``name``.
+
+    A fine-tuned classifier (only the last layer's class count differs) is rebuilt with the
+    file's number of classes.
+
+    Returns
+    -------
+    (nn.Module, list of str)
+        The model holding the weights (maybe a rebuilt one), and notes for the user.
+    """
+    if state is None:
+        state = find_state_dict(read_checkpoint(path, trust=trust))
+        if state is None:
+            raise ModelLoadError(
+                f"'{path}' does not hold a state dict.",
+                "Save it with torch.save(model.state_dict(), path).",
+            )
+    own = module.state_dict()
+    state = strip_wrapper_prefix(state, own)
+    notes: list[str] = []
+    refit = _num_classes_to_fit(state, own)
+    if refit is not None:
+        try:
+            candidate = build(name, None, None, num_classes=refit)
+        except (TypeError, ValueError):
+            candidate = None
+        if candidate is not None and fit_report(state, candidate.state_dict()).fits:
+            module = candidate
+            notes.append(f"built with num_classes={refit} to fit {path.name}")
+    load_state_into(module, state, path, name)
+    return module, notes
+
+
+def _num_classes_to_fit(
+    state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]
+) -> int | None:
+    report = fit_report(state, own)
+    if report.missing or report.unexpected or not report.mismatched:
+        return None
+    sizes = {state[k].shape[0] for k in report.mismatched}
+    if len(sizes) != 1 or any(state[k].shape[1:] != own[k].shape[1:] for k in report.mismatched):
+        return None
+    return sizes.pop()

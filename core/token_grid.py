@@ -1,0 +1,70 @@
+"""The token-grid rule: when a sequence of tokens is a square picture of patches.
+
+A vision transformer turns an ``H × W`` picture into ``N = (H/p)·(W/p)`` patch tokens,
+often with a class token first, so its activations are ``(B, 1+N, C)`` or ``(B, N, C)``.
+The views show such tokens as a ``√N × √N`` map and Grad-CAM weighs them like a conv
+map. A token count that is not a perfect square (or a perfect square minus one) is read
+as a plain sequence. A class token first is the common ViT layout, so it wins when both
+readings fit (``T = 17`` is 1 + 4×4, not 17 tokens).
+
+This is the only place the rule is written; ``core.heatmaps`` and ``core.gradcam`` call it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+
+class TokenGrid(NamedTuple):
+    """How ``T`` tokens fold into a square grid.
+
+    Attributes
+    ----------
+    side : int
+        Height and width of the grid.
+    class_token : bool
+        Whether the first token is a class token to drop before folding.
+    """
+
+    side: int
+    class_token: bool
+
+
+def square_side(n: int) -> int | None:
+    """``isqrt(n)`` when ``n`` is a positive perfect square, else ``None``.
+
+    Parameters
+    ----------
+    n : int
+
+    Returns
+    -------
+    int or None
+    """
+    if n < 1:
+        return None
+    side = math.isqrt(n)
+    return side if side * side == n else None
+
+
+def token_grid(tokens: int) -> TokenGrid | None:
+    """The square grid that ``tokens`` tokens form, if any (see the module docstring).
+
+    Parameters
+    ----------
+    tokens : int
+        Sequence length ``T`` of a ``(B, T, C)`` activation.
+
+    Returns
+    -------
+    TokenGrid or None
+        ``None`` when neither ``T - 1`` nor ``T`` is a perfect square.
+    """
+    side = square_side(int(tokens) - 1)
+    if side is not None:
+        return TokenGrid(side, True)
+    side = square_side(int(tokens))
+    if side is not None:
+        return TokenGrid(side, False)
+    return None
