@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    opens gradexplorer on its built-in demo
-#   make test   runs the whole test suite (headless)
+#   make test   runs the code checks (ruff, mypy on core/, import-linter), then the whole
+#               test suite (headless); `make lint` runs the checks alone
 # Both create or refresh the virtual environment in .venv first.
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test lint bench venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,11 +25,14 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/gradexplorer
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/python scripts/check_code.py
+
+test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .import_linter_cache

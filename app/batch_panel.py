@@ -3,21 +3,29 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 
 from __future__ import annotations
 
-
 import torch
 from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
-    QToolButton, QVBoxLayout, QWidget, QMenu,
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
+from app import dialogs
+from app.settings import AppSettings
 from core.batch import Batch
 from core.capture_data import Capture
 from core.class_names import class_name, top_classes
 from core.session import Session
-from app import dialogs
-from app.settings import AppSettings
 
 THUMB = 64
 
@@ -286,7 +294,3 @@ class BatchPanel(QWidget):
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
-
-    def current_sample(self) -> int:
-        return max(self.list.currentRow(), 0)
-

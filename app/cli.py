@@ -12,14 +12,15 @@ Exit codes: 0 success; 1 a problem with the user's input (one line on stderr,
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import difflib
+import fnmatch
 import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from app.cli_format import (
     ProgressBar,
@@ -52,7 +53,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: D102 - argparse hook
+    def error(self, message: str):
         # argparse prints the usage and exits; the CLI's contract is one line on stderr.
         raise UsageError(f"{message}; see '{self.prog} --help'.")
 
@@ -297,7 +298,7 @@ def _silence_stdout() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _options(args, **settings) -> "CaptureOptions":
+def _options(args, **settings) -> CaptureOptions:
     """The capture options of a command line (model and input arguments, plus ``settings``)."""
     from core.options import BatchSpec, CaptureOptions
 
@@ -321,18 +322,12 @@ def _progress(ui: _UI):
     return on_progress
 
 
-def _check_out_path(out: str) -> Path:
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise GradExplorerError(f"--out '{out}' is a folder;", "give a file name such as capture.pt.")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise GradExplorerError(f"the folder '{folder}' of --out does not exist;",
-                                "create it first or choose another path.")
-    if not os.access(folder, os.W_OK):
-        raise GradExplorerError(f"the folder '{folder}' of --out is not writable;",
-                                "choose a folder you can write to.")
-    return path
+def _check_out_path(args) -> Path:
+    """``--out``, refused before anything runs when it cannot be written or is one of the
+    files the capture reads (core.file_write.check_output_path)."""
+    from core.file_write import check_output_path
+
+    return check_output_path(args.out, [args.model, args.weights, args.labels, *(args.input or ())])
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +335,7 @@ def _check_out_path(out: str) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def capture_options(args) -> "CaptureOptions":
+def capture_options(args) -> CaptureOptions:
     """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
 
     Raises
@@ -359,7 +354,7 @@ def cmd_capture(args, ui: _UI) -> int:
     from core.job import CaptureJob, OverBudget
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
-    out = _check_out_path(args.out)
+    out = _check_out_path(args)
     options = capture_options(args)
     job = CaptureJob(options, _progress(ui))
     job.resolve_device()
@@ -379,6 +374,9 @@ def cmd_capture(args, ui: _UI) -> int:
         raise
     if estimate is not None:
         _note_estimate(ui, job, estimate)
+        from core.file_write import check_free_space
+
+        check_free_space(out, estimate.total)  # a full disk is said now, not after the capture
     cap = job.capture()
 
     from core.capture_file import save_capture
@@ -393,17 +391,18 @@ def cmd_capture(args, ui: _UI) -> int:
     flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
-        f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
-        f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}",
-        f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
-        f" (total {fmt_seconds(elapsed)})",
+        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+         f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
+        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+         f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
     if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}" + (" ..." if len(flagged) > 5 else ""))
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}"
+                     + (" ..." if len(flagged) > 5 else ""))
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
@@ -553,11 +552,11 @@ def cmd_inspect(args, ui: _UI) -> int:
     header = [
         ("file", f"{path} ({human_size(path.stat().st_size)})"),
         ("model", f"{meta.model}  weights {meta.weights or 'random init'}"),
-        ("target", f"{meta.target}  device {meta.device}  dtype {meta.dtype}{autocast}  "
-                   f"mode {meta.mode}  train {yes_no.get(meta.train, meta.train)}"),
+        ("target", (f"{meta.target}  device {meta.device}  dtype {meta.dtype}{autocast}  "
+                    f"mode {meta.mode}  train {yes_no.get(meta.train, meta.train)}")),
         ("created", f"{meta.created}  torch {meta.torch_version}"),
-        ("input", f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
-                  f"  input grad {'yes' if cap.input_grad is not None else 'no'}"),
+        ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
+                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
         ("layers", f"{len(names)} ({n_calls} calls)"),
     ]
     if meta.batch:

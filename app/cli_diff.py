@@ -206,10 +206,10 @@ def render(result, label_a: str = "A", label_b: str = "B", sort: str = "forward"
     lines = [
         f"A          {label_a}  {_describe(result.meta_a)}",
         f"B          {label_b}  {_describe(result.meta_b)}",
-        f"tolerance  rtol {fmt_num(tol.rtol)}  atol {fmt_num(tol.atol)}  (|B-A| <= atol + rtol*|A|, "
-        f"{'per statistic' if result.by_statistics else 'element by element'})",
-        f"matched    {len(result.calls)} calls of {n_layers} layers, {len(result.params)} parameter gradients, "
-        f"by {by}",
+        (f"tolerance  rtol {fmt_num(tol.rtol)}  atol {fmt_num(tol.atol)}  (|B-A| <= atol + rtol*|A|, "
+         f"{'per statistic' if result.by_statistics else 'element by element'})"),
+        (f"matched    {len(result.calls)} calls of {n_layers} layers, {len(result.params)} parameter gradients, "
+         f"by {by}"),
         f"input      {_whole(result.input, result.input_note)}",
         f"output     {_whole(result.output, result.output_note)}",
         "",
@@ -274,7 +274,8 @@ def _first_line(title: str, c, kind: str) -> str:
         detail = kd.note
     elif kd.tensor is not None:
         t = kd.tensor
-        detail = f"rel L2 {fmt_num(t.rel_l2)}, max |B-A| {fmt_num(t.max_abs)}, {t.outside} of {t.numel} elements outside"
+        detail = (f"rel L2 {fmt_num(t.rel_l2)}, max |B-A| {fmt_num(t.max_abs)}, "
+                  f"{t.outside} of {t.numel} elements outside")
     else:
         d = kd.stats.differences
         detail = (f"|dL2|/L2 {fmt_num(kd.stats.rel_norm_diff)}, mean {fmt_num(d['mean'])}, "

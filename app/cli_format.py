@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 # The CLI's name for core's one byte formatter.
 from core.units import format_bytes as human_size

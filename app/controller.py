@@ -16,18 +16,18 @@ from typing import Protocol
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from app import dialogs, error_dialog
+from app.model_panel import ModelRequest
+from app.run_worker import TaskRunner
+from app.settings import AppSettings
 from core.batch import Batch
 from core.capture_data import Capture
-from core.capture_summary import summarize
+from core.capture_summary import input_shape_of, summarize
 from core.errors import CaptureCancelled, GradExplorerError, TrustRequired
 from core.gradcam import cam_supported
 from core.memory_estimate import MemoryEstimate
 from core.session import PreparedModel, Session, probe_failed_message
 from core.view_state import ViewState, clamp
-from app import dialogs, error_dialog
-from app.model_panel import ModelRequest
-from app.run_worker import TaskRunner
-from app.settings import AppSettings
 
 
 class RunSettings(Protocol):
@@ -377,7 +377,7 @@ class WindowController(QObject):
         if first is not None and not self._shown_first_capture:
             # The first look at a model: where it looks (Grad-CAM), when the layer has a map.
             name, call = first
-            if cam_supported(tuple(capture[name].calls[call].shape)):
+            if cam_supported(tuple(capture[name].calls[call].shape), input_shape_of(capture)):
                 self.view_requested.emit("Grad-CAM")
         self._shown_first_capture = True
 

@@ -14,7 +14,8 @@ from app.main_window import MainWindow
 SCREENSHOT_TIMEOUT_MS = 300_000
 
 STYLE_SHEET = """
-QGroupBox { font-weight: 600; border: 1px solid #d6dae1; border-radius: 6px; margin-top: 10px; padding: 6px 6px 4px 6px; background: #ffffff; }
+QGroupBox { font-weight: 600; border: 1px solid #d6dae1; border-radius: 6px; margin-top: 10px;
+            padding: 6px 6px 4px 6px; background: #ffffff; }
 QGroupBox::title { subcontrol-origin: margin; left: 10px; padding: 0 4px; color: #374151; }
 QTabWidget::pane { border: 1px solid #d6dae1; border-radius: 6px; background: #ffffff; top: -1px; }
 QTabBar::tab { padding: 6px 14px; border: 1px solid #d6dae1; border-bottom: none; background: #eef1f5;

@@ -13,13 +13,17 @@ from pathlib import Path
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QGroupBox, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget, QVBoxLayout,
+    QGroupBox,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
     QWidget,
 )
 
-from core.capture_data import Capture
-from core.session import Session
-from core.view_state import ViewState
 from app import dialogs
 from app.batch_panel import BatchPanel
 from app.controller import WindowController
@@ -28,6 +32,9 @@ from app.module_tree import ModuleTreePanel
 from app.run_panel import RunPanel
 from app.settings import AppSettings
 from app.views import CaptureViews
+from core.capture_data import Capture
+from core.session import Session
+from core.view_state import ViewState
 
 DEFAULT_SIZE = QSize(1500, 950)
 
@@ -142,15 +149,17 @@ class MainWindow(QMainWindow):
         self.open_images_action = action("Open &images…", self.batch_panel.open_images, "Ctrl+I")
         self.open_capture_action = action("&Open capture…", lambda: c.open_capture(), QKeySequence.StandardKey.Open,
                                           "Open a .pt capture and browse it without the model")
-        self.export_capture_action = action("&Export capture…", lambda: c.export_capture(), QKeySequence.StandardKey.Save,
-                                            "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
+        self.export_capture_action = action(
+            "&Export capture…", lambda: c.export_capture(), QKeySequence.StandardKey.Save,
+            "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
         self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(), QKeySequence.StandardKey.Find)
+        self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
+                                    QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
 
         menu = self.menuBar().addMenu("&File")

@@ -8,14 +8,22 @@ from dataclasses import dataclass
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QTreeWidget,
-    QTreeWidgetItem, QVBoxLayout, QWidget,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
 )
 
+from app import dialogs
+from app.settings import AppSettings
 from core.session import Session
 from core.units import format_bytes
-from app.settings import AppSettings
-from app import dialogs
 
 TASK_TITLES = {
     "classification": "Classification",

@@ -16,13 +16,31 @@ import math
 from typing import Any
 
 from PySide6.QtCore import (
-    QAbstractItemModel, QItemSelectionModel, QModelIndex, QObject, QRect,
-    QSize, QSortFilterProxyModel, Qt, Signal,
+    QAbstractItemModel,
+    QItemSelectionModel,
+    QModelIndex,
+    QObject,
+    QRect,
+    QSize,
+    QSortFilterProxyModel,
+    Qt,
+    Signal,
 )
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QFontMetrics, QGuiApplication, QPainter, QPalette
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QHeaderView, QLineEdit, QMenu, QStyle, QStyledItemDelegate,
-    QStyleOptionViewItem, QToolButton, QTreeView, QVBoxLayout, QWidget, QLabel,
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QToolButton,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
 )
 
 from core.capture_data import Capture
@@ -196,11 +214,6 @@ class ModuleTreeModel(QAbstractItemModel):
             self._emit_changed(list(range(len(self._names))), 0, len(COLUMNS) - 1)
 
     # -- lookups -------------------------------------------------------------------
-    def name_of(self, index: QModelIndex) -> str | None:
-        if not index.isValid():
-            return None
-        return self._names[index.internalId()]
-
     def index_of(self, name: str, column: int = 0) -> QModelIndex:
         i = self._ids.get(name)
         if i is None:
@@ -210,9 +223,6 @@ class ModuleTreeModel(QAbstractItemModel):
     @property
     def tree(self) -> ModuleTree | None:
         return self._tree
-
-    def check_state_of(self, name: str) -> Qt.CheckState:
-        return self._state[self._ids[name]]
 
     def flag_of(self, name: str) -> str | None:
         return self._flags.get(name)
@@ -232,7 +242,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(row, column, kids[row])
 
-    def parent(self, index: QModelIndex | None = None) -> Any:  # noqa: D401 - Qt override
+    def parent(self, index: QModelIndex | None = None) -> Any:
         if index is None:
             return QObject.parent(self)
         if not index.isValid():
@@ -511,7 +521,8 @@ class BarDelegate(QStyledItemDelegate):
             width = max(width, 2)
         painter.fillRect(QRect(r.left(), r.top(), width, r.height()), color)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
-        painter.setPen(option.palette.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text))
+        role = QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
+        painter.setPen(option.palette.color(role))
         painter.drawText(r.adjusted(0, 0, -2, 0), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, text)
         painter.restore()
 

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QButtonGroup, QCheckBox, QComboBox, QCompleter, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-    QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget,
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QCompleter,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from core.devices import DeviceInfo
@@ -362,17 +373,14 @@ class RunPanel(QWidget):
             self._probe_runner.failed.connect(self._on_probe_failed)
         s = self.session
         module, x = s.model.module, s.batch.tensor[:1]
-        lock = getattr(s, "_run_lock", None)  # a probe's hooks must not meet a capture's
+        lock = s.run_lock  # a probe's hooks must not meet a capture's
 
         def task(progress, cancel):
             from core.module_tree import ModuleTree
 
             tree = ModuleTree.build(module)
-            if lock is None:
+            with lock:
                 tree.probe(module, x)
-            else:
-                with lock:
-                    tree.probe(module, x)
             return module, sample_bytes, tree
 
         self._probe_runner.start(task)

@@ -89,10 +89,3 @@ class AppSettings:
 
     def set_geometry(self, data: QByteArray) -> None:
         self.set_value("window/geometry", data)
-
-    def window_state(self) -> QByteArray | None:
-        value = self.value("window/state", QByteArray, None)
-        return value if value is not None and not value.isEmpty() else None
-
-    def set_window_state(self, data: QByteArray) -> None:
-        self.set_value("window/state", data)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def wait_for_signal(signal, start: Callable[[], object] | None = None, timeout_s: float = 600.0) -> tuple:

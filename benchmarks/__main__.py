@@ -34,7 +34,7 @@ class Table:
         print(f"  {what}: {case}: {figure}", file=sys.stderr, flush=True)
 
     def print(self) -> None:
-        widths = [max(len(r[i]) for r in self.rows + [self.header]) for i in range(4)]
+        widths = [max(len(r[i]) for r in [*self.rows, self.header]) for i in range(4)]
         line = "  ".join("-" * w for w in widths)
         print(line)
         print("  ".join(h.ljust(w) for h, w in zip(self.header, widths)))

@@ -144,12 +144,12 @@ def measure_redraw(model: str = "resnet50", batch: int = 8, size: int = 224, lay
         itself), ``arrive_ms`` (the capture reaching the window until painted),
         ``leaves``, ``model``, ``batch``, ``size``.
     """
+    from app.main_window import MainWindow
     from core.batches import random_batch
     from core.capture import capture
     from core.devices import DeviceInfo
     from core.models import load_model
     from core.session import prepare_model
-    from app.main_window import MainWindow
 
     settings_dir = tempfile.TemporaryDirectory()
     old_settings = os.environ.get("GRADEXPLORER_SETTINGS")

@@ -38,7 +38,7 @@ def _build_model(name: str) -> torch.nn.Module:
                         return torchvision.models.get_model(name, weights=None, **kw)
                 except TypeError:
                     continue  # no weights_backbone argument
-                except Exception:  # noqa: BLE001
+                except Exception:
                     if device == "cpu":
                         raise
                     break
@@ -81,8 +81,8 @@ def measure_qt(name: str) -> dict | None:
         from PySide6.QtWidgets import QApplication, QTreeView
 
         from app.module_tree import ModuleTreeModel
-        from core.session import Session, prepare_model
         from core.models import load_model
+        from core.session import Session, prepare_model
     except ImportError:
         return None
     app = QApplication.instance() or QApplication([])

@@ -88,9 +88,9 @@ def _app():
 
 
 def _window():
-    from core.devices import DeviceInfo
     from app import dialogs
     from app.main_window import MainWindow
+    from core.devices import DeviceInfo
 
     # The budget question would be a modal dialog: answer it (and say so in the figures).
     asked: list[str] = []
@@ -241,7 +241,8 @@ def _print(r: dict) -> None:
     t = r.get("tree")
     if t:
         print(f"{t['model']} ({t['modules']} modules): ModuleTree.build {t['build_s'] * 1000:.0f} ms (worker), "
-              f"show in the window {t['show_s'] * 1000:.0f} ms, expand all {t['expand_all_s'] * 1000:.0f} ms (UI thread)")
+              f"show in the window {t['show_s'] * 1000:.0f} ms, "
+              f"expand all {t['expand_all_s'] * 1000:.0f} ms (UI thread)")
         print(f"  its load through the window ({t['load_s']:.1f} s): {gaps(t['load_stall'])}")
 
 

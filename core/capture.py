@@ -27,17 +27,18 @@ from __future__ import annotations
 import datetime as _dt
 import time
 import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from core.capture_data import CallRecord, Capture, LayerRecord
+from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
 from core.selection import LayerSpec, resolve_layers
-from core.device_stats import DeferredStats
 from core.targets import Target, parse_target, select_output, target_scalar
 
 MODES = ("full", "stats")
@@ -48,7 +49,7 @@ ProgressCallback = Callable[[str, int, int], None]
 # in the last full capture. Outputs known to stay unmodified are kept without a copy on the
 # CPU (checked by their version counter at the end of forward; a surprise triggers a rerun
 # with copies). A clone of every activation would otherwise cost as much as the statistics.
-_MUTATED_OUTPUTS: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_MUTATED_OUTPUTS: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 class _CopyNeeded(Exception):
@@ -234,7 +235,7 @@ class _Recorder:
             seen_input = self.activations.get((id(y), y._version))
             replaced = y.clone()
             if seen_input is not None and seen_input[0] is y:
-                self.activations[(id(replaced), replaced._version)] = (replaced,) + seen_input[1:]
+                self.activations[(id(replaced), replaced._version)] = (replaced, *seen_input[1:])
             y = replaced
         call.shape = tuple(y.shape)
         call.dtype = str(y.dtype).replace("torch.", "")
@@ -395,11 +396,11 @@ def capture(
     inputs: torch.Tensor,
     *,
     layers: LayerSpec = None,
-    target: "Target | str" = "top1",
+    target: Target | str = "top1",
     labels: torch.Tensor | None = None,
     mode: str = "full",
     input_grad: bool = False,
-    device: "str | torch.device | None" = None,
+    device: str | torch.device | None = None,
     train: bool = False,
     progress: ProgressCallback | None = None,
     cancel: CancelFlag | None = None,
@@ -475,14 +476,14 @@ class _CaptureSettings:
     """``capture``'s keyword arguments, handed to each attempt as one object."""
 
     layers: LayerSpec
-    target: "Target | str"
+    target: Target | str
     labels: torch.Tensor | None
     mode: str
     input_grad: bool
-    device: "str | torch.device | None"
+    device: str | torch.device | None
     train: bool
     progress: ProgressCallback | None
-    cancel: "CancelFlag | None"
+    cancel: CancelFlag | None
     meta: dict | None
     expected_calls: int | None
     hist_exact_limit: int | None
@@ -541,7 +542,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 params.append(p)
         try:
             x = inputs.to(dev)
-        except Exception as exc:  # noqa: BLE001 - any failure to move is a device problem
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             raise CaptureError(f"The batch cannot be moved to {dev}: {exc}", "Choose another device.") from exc
@@ -555,7 +556,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 output = model(x)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             where = recorder.forward_failed_at()
@@ -582,7 +583,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             grads = torch.autograd.grad(scalar, grad_inputs, allow_unused=True)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if _is_oom(exc):
                 raise _oom_error(dev, exc) from exc
             raise CaptureError(

@@ -7,8 +7,8 @@ present; tensors are ``None`` in statistics-only mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
@@ -117,9 +117,9 @@ class Capture:
             for i, call in enumerate(layer.calls):
                 yield name, i, call
 
-    def to(self, device: "str | torch.device") -> "Capture":
+    def to(self, device: str | torch.device) -> Capture:
         """A copy with every tensor moved to ``device``."""
-        def mv(t):
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
             return t.to(device) if isinstance(t, torch.Tensor) else t
 
         layers = {}

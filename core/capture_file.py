@@ -2,24 +2,24 @@
 
 Only plain containers, tensors, strings, numbers, booleans and None are written, so
 ``torch.load(path, weights_only=True)`` opens a file anywhere, without gradexplorer.
-Writes are atomic: a temporary file in the same folder, flushed and fsynced, then
-renamed over the target; on any failure the temporary file is removed and an existing
-file of that name is left as it was.
+Writes go through :mod:`core.file_write`: atomic (a temporary file in the same folder,
+flushed and fsynced, then renamed over the target; on any failure the temporary file is
+removed and an existing file of that name is left as it was), and never over a special file.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import torch
 
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.capture_meta import upgrade_meta
 from core.errors import CaptureFileError
+from core.file_write import atomic_write
 
 FORMAT = "gradexplorer.capture"
 VERSION = 2
@@ -144,63 +144,29 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         ) from None
 
 
-def atomic_save(obj: object, path: "str | os.PathLike", saver: Callable[[object, object], None] | None = None) -> Path:
-    """Write ``obj`` to ``path`` through a temporary file and a rename.
+def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None) -> Path:
+    """Write ``obj`` with ``saver(obj, file)`` (default ``torch.save``) through
+    :func:`core.file_write.atomic_write`: never a half-written file, never a special file
+    replaced.
 
     Raises
     ------
     CaptureFileError
-        Folder missing or read-only, disk full, or any other write failure; no partial
-        file is left behind.
+        Folder missing or read-only, disk full, a folder or special file as ``path``, or any
+        other write failure; no partial file is left behind.
+    core.file_write.SaveInterrupted
+        Ctrl+C or SIGTERM during the save; nothing was saved.
     """
-    path = Path(path).expanduser()
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise CaptureFileError(f"The folder '{folder}' does not exist.", "Choose an existing folder.")
-    tmp_name = None
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "wb") as fh:
-            (saver or torch.save)(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-        tmp_name = None
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise CaptureFileError(
-                f"Cannot write to '{folder}': permission denied.", "Choose a folder you can write to."
-            ) from None
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CaptureFileError(
-                f"The disk is full while writing '{path.name}'; nothing was written.",
-                "Free some space, choose another disk, or export statistics only.",
-            ) from None
-        raise CaptureFileError(f"Cannot write '{path}': {exc.strerror or exc}.", "Choose another file name or folder.") from None
-    except RuntimeError as exc:
-        # torch.save wraps OS errors from its zip writer into RuntimeError.
-        text = str(exc)
-        if "No space left" in text or "file write failed" in text:
-            raise CaptureFileError(
-                f"The disk is full while writing '{path.name}'; nothing was written.",
-                "Free some space, choose another disk, or export statistics only.",
-            ) from None
-        raise CaptureFileError(f"Cannot write '{path}': {text.splitlines()[0]}", "Choose another file name or folder.") from None
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
-    return path
+    save: Callable[[Any, Any], object] = saver or torch.save
+    return atomic_write(path, lambda fh: save(obj, fh), error=CaptureFileError)
 
 
-def save_capture(cap: Capture, path: "str | os.PathLike") -> Path:
+def save_capture(cap: Capture, path: str | os.PathLike) -> Path:
     """Export a capture to ``path`` (atomically). See README.md for the format."""
     return atomic_save(capture_to_dict(cap), path)
 
 
-def load_capture(path: "str | os.PathLike") -> Capture:
+def load_capture(path: str | os.PathLike) -> Capture:
     """Open a capture file written by ``save_capture``.
 
     Raises

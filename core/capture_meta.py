@@ -119,8 +119,8 @@ class CaptureMeta:
         return f"sample {index}"
 
 
-def build_meta(loaded: "LoadedModel", batch: "Batch", labels: torch.Tensor | None,
-               options: "CaptureOptions") -> dict:
+def build_meta(loaded: LoadedModel, batch: Batch, labels: torch.Tensor | None,
+               options: CaptureOptions) -> dict:
     """The model, batch and option part of a capture's metadata (version 2 schema).
 
     Parameters
@@ -226,7 +226,7 @@ def _tuple(value: Any) -> tuple | None:
     return None if value is None else tuple(value)
 
 
-def capture_meta(cap: "Capture | dict") -> CaptureMeta:
+def capture_meta(cap: Capture | dict) -> CaptureMeta:
     """The typed metadata of a capture (or of a ``meta`` dict).
 
     Works on captures read from files of either version (``core.capture_file`` upgrades

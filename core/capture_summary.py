@@ -13,6 +13,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+import torch
+
 from core.capture_data import Capture
 from core.gradcam import cam_supported
 from core.gradient_flow import layer_flags
@@ -65,12 +67,32 @@ def _grad_norm(capture: Capture, name: str) -> float | None:
     return math.sqrt(sum(v * v for v in values))
 
 
+def input_shape_of(capture: Capture | None, batch=None) -> tuple[int, ...] | None:
+    """The shape of the model input (batch first): the capture's, else the batch's.
+
+    Parameters
+    ----------
+    capture : Capture or None
+    batch : core.batch.Batch, optional
+
+    Returns
+    -------
+    tuple of int or None
+        ``None`` when the input is not one tensor (several inputs) or is unknown.
+    """
+    for x in (getattr(capture, "input", None), getattr(batch, "tensor", None)):
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return tuple(int(d) for d in x.shape)
+    return None
+
+
 def default_layer(capture: Capture) -> tuple[str, int] | None:
     """The layer (and call) the views open on: where Grad-CAM is usually taken, else the
     first captured layer.
 
     That is the last spatial map (a conv output of at least 2×2, or ViT tokens on a
-    square grid) in forward order. Layers are ordered by their first call, so a block's
+    square grid that lines up with the input picture) in forward order; a sequence
+    model has none. Layers are ordered by their first call, so a block's
     shared activation (ResNet's ``layer4.1.relu``, called two or three times) comes before
     the block's last conv; its last call is the block's output (after the residual add),
     and it is preferred when it sits in the same block (not the model's top level) and
@@ -86,8 +108,10 @@ def default_layer(capture: Capture) -> tuple[str, int] | None:
         ``None`` for a capture without any called layer.
     """
 
+    input_shape = input_shape_of(capture)
+
     def spatial(shape: tuple) -> bool:
-        if not cam_supported(shape):
+        if not cam_supported(shape, input_shape):
             return False
         return len(shape) != 4 or (shape[2] > 1 and shape[3] > 1)
 

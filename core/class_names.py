@@ -7,7 +7,7 @@ Name → index (what the user types as a label or a target class) is
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -32,9 +32,9 @@ import csv
 import io
 import math
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -693,7 +693,7 @@ def csv_text(result: Comparison) -> str:
     return buf.getvalue()
 
 
-def save_csv(result: Comparison, path: "str | os.PathLike") -> Path:
+def save_csv(result: Comparison, path: str | os.PathLike) -> Path:
     """Write ``csv_text(result)`` to ``path`` atomically.
 
     Raises
@@ -773,7 +773,7 @@ def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str 
     # that are the point of the picture.
     d = (a_sample.detach().double() - b_sample.detach().double()).float()
     rank = rank_by if rank_by is not None else a32
-    kw = dict(channel=channel, k=k, reduce=reduce, rank_by=rank, time_index=time_index)
+    kw = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
     ha = heatmap(a32, display, **kw)
     hb = heatmap(b32, display, **kw)
     hd = heatmap(d, display, **kw)

@@ -3,13 +3,14 @@
 ``demo:shapes`` is what gradexplorer opens on first launch: a small CNN trained on
 the procedural pictures of :mod:`core.shapes`, shipped with its weights and a few
 sample pictures under ``resources/demo_shapes`` (made by
-``scripts/make_shapes_demo.py``). It is built to exercise the cases that break
-naive gradient tools: in-place ReLUs, a residual ``+=``, and a ReLU module called
-twice per forward.
+``scripts/make_shapes_demo.py``; a wheel ships them as the package ``core.resources``).
+It is built to exercise the cases that break naive gradient tools: in-place ReLUs, a
+residual ``+=``, and a ReLU module called twice per forward.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from pathlib import Path
 
@@ -22,7 +23,22 @@ from core.batch import Batch
 from core.errors import BatchError, GradExplorerError, ModelLoadError
 from core.loaded_model import LoadedModel
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+
+def _resources_dir() -> Path:
+    """The folder of the data shipped with gradexplorer (the repository's ``resources/``).
+
+    Installed from a wheel, it is the package ``core.resources`` (setup.py packages it);
+    run from a checkout without an install, it is the checkout's top-level folder.
+    """
+    try:
+        shipped = importlib.resources.files("core.resources")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "resources"
+    # A wheel installs plain files, so the package is a folder on disk.
+    return Path(str(shipped))
+
+
+RESOURCES = _resources_dir()
 SHAPES_DIR = RESOURCES / "demo_shapes"
 SHAPES_CHECKPOINT = SHAPES_DIR / "shapes_cnn.pt"
 SHAPES_SAMPLES = SHAPES_DIR / "samples"
@@ -158,7 +174,7 @@ def shapes_preprocess(image: Image.Image) -> torch.Tensor:
     """
     image = image.convert("RGB")
     if image.size != (SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE):
-        image = image.resize((SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE), Image.BILINEAR)
+        image = image.resize((SHAPES_INPUT_SIZE, SHAPES_INPUT_SIZE), Image.Resampling.BILINEAR)
     return shapes.normalize(shapes.to_tensor(image))
 
 

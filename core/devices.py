@@ -45,6 +45,7 @@ def list_devices() -> list[DeviceInfo]:
         starts a CUDA context on it.
     """
     devices = []
+    total: int | None
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             name = f"cuda:{index}"

@@ -8,7 +8,7 @@ the input size and min-max scaled per sample (Selvaraju et al., 2017). ViT token
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -16,18 +16,22 @@ import torch.nn.functional as F
 from PIL import Image
 
 from core.errors import GradExplorerError
-from core.token_grid import token_grid
+from core.token_grid import aligned_token_grid, is_image_input, token_grid
 
 _FIX = "Choose a convolutional layer (B, C, H, W) or a ViT block with (B, 1+N, C) tokens."
 
 
-def cam_grid(shape: Sequence[int]) -> tuple[int, int, bool] | None:
+def cam_grid(shape: Sequence[int], input_shape: Sequence[int] | None = None) -> tuple[int, int, bool] | None:
     """The spatial grid Grad-CAM weighs for an activation of this shape.
 
     Parameters
     ----------
     shape : sequence of int
         Activation shape including the batch dimension.
+    input_shape : sequence of int, optional
+        The model input's shape (batch first). When given, a grid must line up with an
+        image input: conv maps need a picture input, tokens the patch grid of one
+        (``core.token_grid.aligned_token_grid``). Unknown: any grid counts.
 
     Returns
     -------
@@ -38,15 +42,17 @@ def cam_grid(shape: Sequence[int]) -> tuple[int, int, bool] | None:
     shape = tuple(int(s) for s in shape)
     if len(shape) == 4:
         h, w = shape[2], shape[3]
+        if input_shape is not None and not is_image_input(input_shape):
+            return None
         return (h, w, False) if h >= 1 and w >= 1 else None
     if len(shape) == 3:
-        grid = token_grid(shape[1])
+        grid = aligned_token_grid(shape[1], input_shape)
         if grid is not None:
             return grid.side, grid.side, grid.class_token
     return None
 
 
-def cam_supported(shape: Sequence[int]) -> bool:
+def cam_supported(shape: Sequence[int], input_shape: Sequence[int] | None = None) -> bool:
     """Whether Grad-CAM can be computed for an activation of this shape.
 
     Parameters
@@ -60,7 +66,45 @@ def cam_supported(shape: Sequence[int]) -> bool:
         True for conv maps ``(B, C, H, W)`` and token maps ``(B, T, C)`` whose token
         count ``T`` or ``T - 1`` (a class token first) is a perfect square.
     """
-    return cam_grid(shape) is not None
+    return cam_grid(shape, input_shape) is not None
+
+
+def cam_unavailable_reason(shape: Sequence[int], input_shape: Sequence[int] | None = None,
+                           layer: str | None = None) -> str | None:
+    """Why Grad-CAM is not offered for an activation of this shape, in the user's words.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Activation shape including the batch dimension.
+    input_shape : sequence of int, optional
+        The model input's shape, as for ``cam_grid``.
+    layer : str, optional
+        The layer's name, for the message.
+
+    Returns
+    -------
+    str or None
+        ``None`` when Grad-CAM can be computed.
+    """
+    if cam_grid(shape, input_shape) is not None:
+        return None
+    shape = tuple(int(s) for s in shape)
+    where = f"'{layer}'" if layer else "this layer"
+    dims = ", ".join(["B", *map(str, shape[1:])])
+    if input_shape is not None and len(shape) in (3, 4) and not is_image_input(input_shape):
+        inp = ", ".join(["B", *map(str, tuple(input_shape)[1:])])
+        return (f"Grad-CAM shows where in a picture the target looks, but this model's input ({inp}) is a "
+                f"sequence, not a picture: {where} outputs ({dims}), positions of a sequence with no place "
+                f"in an image. The Heatmap tab shows it as tokens × channels and the Saliency tab per token.")
+    if len(shape) == 3 and token_grid(shape[1]) is not None and input_shape is not None:
+        h, w = int(input_shape[2]), int(input_shape[3])
+        side = token_grid(shape[1]).side
+        return (f"{where} outputs {shape[1]} tokens ({dims}); a {side}×{side} grid of them does not divide "
+                f"the {h}×{w} input into patches, so they are not its patches and Grad-CAM has no place "
+                f"to show. Choose a convolutional layer or a ViT block whose tokens match the image.")
+    return (f"Grad-CAM needs a spatial layer: a conv map (B, C, H, W) or ViT tokens (B, 1+N, C); "
+            f"{where} outputs ({dims}). Select a convolutional layer or a transformer block.")
 
 
 def _to_channels_first(t: torch.Tensor, grid: tuple[int, int, bool]) -> torch.Tensor:
@@ -207,7 +251,7 @@ def overlay(image: Image.Image, cam: torch.Tensor | np.ndarray, opacity: float =
     picture = image.convert("RGB")
     width, height = picture.size
     if cam.shape != (height, width):
-        cam = np.asarray(Image.fromarray(cam).resize((width, height), Image.BILINEAR))
+        cam = np.asarray(Image.fromarray(cam).resize((width, height), Image.Resampling.BILINEAR))
     heat = turbo(cam).astype(np.float32)
     base = np.asarray(picture, dtype=np.float32)
     blended = (1.0 - opacity) * base + opacity * heat

@@ -20,14 +20,14 @@ transparent.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from core.errors import GradExplorerError
-from core.token_grid import token_grid
+from core.token_grid import aligned_token_grid
 
 #: What a heatmap can show.
 TENSOR_KINDS = ("grad_output", "activation", "grad_x_activation")
@@ -80,13 +80,17 @@ def _wrap_width(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
 
-def layout_of(sample_shape: Sequence[int]) -> Layout:
+def layout_of(sample_shape: Sequence[int], input_shape: Sequence[int] | None = None) -> Layout:
     """How a tensor of one sample (no batch dimension) is shown.
 
     Parameters
     ----------
     sample_shape : sequence of int
         Shape of one sample, e.g. ``(64, 16, 16)`` or ``(197, 768)``.
+    input_shape : sequence of int, optional
+        The model input's shape (batch first). Tokens ``(T, C)`` fold into a square
+        grid only when it lines up with an image input (``core.token_grid``); for a
+        sequence input they stay a tokens × channels matrix. Unknown: the plain rule.
 
     Returns
     -------
@@ -101,7 +105,7 @@ def layout_of(sample_shape: Sequence[int]) -> Layout:
         return Layout("vector", channels=n, height=max(1, math.ceil(n / w)), width=w, source="vector")
     if len(shape) == 2:
         n, c = shape
-        grid = token_grid(n)
+        grid = aligned_token_grid(n, input_shape)
         if grid is not None:
             return Layout("spatial", c, grid.side, grid.side, "tokens", class_token=grid.class_token)
         return Layout("matrix", channels=c, height=n, width=c, source="tokens")
@@ -115,7 +119,7 @@ def layout_of(sample_shape: Sequence[int]) -> Layout:
     return Layout("spatial", c, shape[-2], shape[-1], "folded")
 
 
-def describe_layout(shape: Sequence[int], batched: bool = True) -> str:
+def describe_layout(shape: Sequence[int], batched: bool = True, input_shape: Sequence[int] | None = None) -> str:
     """One line saying how a captured tensor is shown.
 
     Parameters
@@ -124,6 +128,8 @@ def describe_layout(shape: Sequence[int], batched: bool = True) -> str:
         The tensor's shape, with the batch dimension first unless ``batched`` is False.
     batched : bool
         Whether ``shape[0]`` is the batch.
+    input_shape : sequence of int, optional
+        The model input's shape, as for ``layout_of``.
 
     Returns
     -------
@@ -133,13 +139,14 @@ def describe_layout(shape: Sequence[int], batched: bool = True) -> str:
     shape = tuple(int(s) for s in shape)
     sample = shape[1:] if batched and shape else shape
     dims = ", ".join((["B"] if batched else []) + [str(s) for s in sample])
-    lay = layout_of(sample)
+    lay = layout_of(sample, input_shape)
     if lay.kind == "scalar":
         return f"scalar per sample ({dims})"
     if lay.kind == "vector":
         return f"vector ({dims}): {lay.channels} values, wrapped into {lay.height}×{lay.width}"
     if lay.kind == "matrix":
-        return f"tokens ({dims}): {lay.height} tokens × {lay.channels} channels (not a square grid)"
+        why = "a sequence" if input_shape is not None and len(input_shape) in (2, 3) else "not a square grid"
+        return f"tokens ({dims}): {lay.height} tokens × {lay.channels} channels ({why})"
     grid = f"{lay.height}×{lay.width}"
     if lay.source == "tokens":
         cls = "class token + " if lay.class_token else ""
@@ -317,6 +324,7 @@ def heatmap(
     reduce: str = "mean",
     rank_by: torch.Tensor | None = None,
     time_index: int | None = None,
+    input_shape: Sequence[int] | None = None,
 ) -> Heatmap:
     """A 2-D picture of one sample's activation, gradient or gradient × activation.
 
@@ -340,6 +348,8 @@ def heatmap(
         norm of this tensor (the views pass the gradient). Defaults to the tensor itself.
     time_index : int, optional
         For video maps ``(C, T, H, W)``: the time step; ``None`` averages over time.
+    input_shape : sequence of int, optional
+        The model input's shape, as for ``layout_of``.
 
     Returns
     -------
@@ -356,7 +366,7 @@ def heatmap(
     t = tensor_sample.detach()
     if t.is_complex():
         t = t.abs()
-    lay = layout_of(t.shape)
+    lay = layout_of(t.shape, input_shape)
     if lay.kind == "scalar":
         return Heatmap(_numpy2d(t.reshape(1, 1)), lay, "all", tile_height=1, tile_width=1)
     if lay.kind == "vector":

@@ -63,7 +63,7 @@ class OverBudget(GradExplorerError):
         ``core.memory_estimate.check_budget``'s warning (the window shows it as is).
     """
 
-    def __init__(self, problem: str, fix: str, estimate: "MemoryEstimate", message: str):
+    def __init__(self, problem: str, fix: str, estimate: MemoryEstimate, message: str):
         super().__init__(problem, fix)
         self.estimate = estimate
         self.message = message
@@ -437,7 +437,7 @@ class CaptureJob:
             return False
         return tree.call_io[0].input_bytes == x[:1].numel() * x.element_size()
 
-    def estimate(self) -> "MemoryEstimate | None":
+    def estimate(self) -> MemoryEstimate | None:
         """Estimate the memory the capture needs and check it against the budget.
 
         The budget is ``options.memory_budget``, or half the free memory of the device

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
+from PIL import Image
 from torch import nn
 
 
@@ -47,7 +48,7 @@ class LoadedModel:
     name: str
     weights: str | None = None
     categories: list[str] | None = None
-    preprocess: Callable[[object], torch.Tensor] | None = None
+    preprocess: Callable[[Image.Image], torch.Tensor] | None = None
     preprocess_description: str = "none"
     input_shape: tuple[int, ...] | None = None
     task: str = "other"

@@ -131,7 +131,7 @@ def estimate_capture_memory(
     tree: ModuleTree,
     selected: list[str],
     mode: str = "full",
-    inputs: "torch.Tensor | tuple | None" = None,
+    inputs: torch.Tensor | tuple | None = None,
     input_grad: bool = False,
     model: nn.Module | None = None,
 ) -> MemoryEstimate:
@@ -439,7 +439,7 @@ def largest_tensor_bytes(capture) -> int:
     return largest
 
 
-def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
+def budget_bytes(device: str | torch.device = "cpu") -> int | None:
     """The memory a capture may use on ``device``: ``BUDGET_SHARE`` of what is free now.
 
     Returns
@@ -453,7 +453,7 @@ def budget_bytes(device: "str | torch.device" = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: "str | torch.device" = "cpu",
+def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
                  budget: int | None = None) -> str | None:
     """A warning when the capture would not fit, or None when it does.
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -87,9 +88,9 @@ class CallIO(NamedTuple):
     """
 
     name: str
-    input_key: "TensorKey | None"
+    input_key: TensorKey | None
     input_bytes: int
-    output_key: "TensorKey | None"
+    output_key: TensorKey | None
     output_bytes: int
     start: int
     end: int
@@ -111,7 +112,7 @@ class ModuleTree:
         self.call_io: list[CallIO] = []
 
     @classmethod
-    def build(cls, model: nn.Module) -> "ModuleTree":
+    def build(cls, model: nn.Module) -> ModuleTree:
         """The tree of ``model``'s modules, without running it."""
         nodes: dict[str, ModuleNode] = {}
         seen_params: set[int] = set()
@@ -183,7 +184,7 @@ class ModuleTree:
         return sum(n.calls or 0 for n in self.nodes.values())
 
     @torch.no_grad()
-    def probe(self, model: nn.Module, x: torch.Tensor) -> "ModuleTree":
+    def probe(self, model: nn.Module, x: torch.Tensor) -> ModuleTree:
         """Run one forward under ``no_grad`` (eval mode) to learn calls, shapes and in-place
         modules. Hooks are removed and the mode restored afterwards.
 
@@ -209,7 +210,7 @@ class ModuleTree:
             model.eval()
             try:
                 model(x)
-            except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+            except Exception as exc:
                 raise recorder.forward_failed(exc) from exc
         finally:
             for h in handles:

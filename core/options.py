@@ -17,8 +17,8 @@ model file exist?) is checked by the job's steps, not here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Sequence
 
 from core.errors import GradExplorerError
 
@@ -65,7 +65,7 @@ class BatchSpec:
             )
 
     @classmethod
-    def from_sources(cls, sources: Sequence[str] | None) -> "BatchSpec":
+    def from_sources(cls, sources: Sequence[str] | None) -> BatchSpec:
         """The spec of a list of ``core.batches.load_batch`` sources (what the window keeps).
 
         ``["demo"]`` is the demo batch, ``["random"]`` / ``["random:2x10"]`` a random one,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from typing import Callable, Iterable, Union
+from collections.abc import Callable, Iterable
 
 from torch import nn
 
 from core.errors import GradExplorerError
 
 LayerPredicate = Callable[[str, nn.Module], bool]
-LayerSpec = Union[None, str, Iterable[str], LayerPredicate]
+LayerSpec = None | str | Iterable[str] | LayerPredicate
 
 
 def is_leaf(module: nn.Module) -> bool:

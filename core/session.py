@@ -19,8 +19,9 @@ in between, so a stale result arriving late never replaces a fresh one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from psygnal import Signal
@@ -536,7 +537,8 @@ class Session:
             and all(n in self.tree for n in cap.layer_order)
         if not same_model:
             types = {name: rec.type for name, rec in cap.layers.items()}
-            tree = tree_from_names(cap.layer_order, types, str(cap.meta.get("model_name") or cap.meta.get("model") or "model"))
+            root_name = str(cap.meta.get("model_name") or cap.meta.get("model") or "model")
+            tree = tree_from_names(cap.layer_order, types, root_name)
             for name, rec in cap.layers.items():
                 node = tree[name]
                 node.calls = len(rec.calls)
@@ -551,6 +553,11 @@ class Session:
         self.capture = cap
         self.capture_path = str(path) if path is not None else None
         self.capture_changed.emit(cap)
+
+    @property
+    def run_lock(self) -> threading.Lock:
+        """Held while hooks are on the model (runs and probes): two must never meet."""
+        return self._run_lock
 
     # -- facts for the GUI -------------------------------------------------------------
     @property

@@ -66,7 +66,7 @@ def _cross(cx: float, cy: float, r: float, phi: float) -> list[tuple[float, floa
     return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in outline]
 
 
-def _shape_outline(name: str, cx: float, cy: float, r: float, phi: float):
+def _shape_outline(name: str, cx: float, cy: float, r: float, phi: float) -> list[tuple[float, float]]:
     if name == "square":
         return _regular_polygon(cx, cy, r, 4, phi)
     if name == "triangle":

@@ -34,7 +34,7 @@ SCALAR_KEYS = (
     "inf_count",
 )
 #: Every key of a statistics dict.
-STAT_KEYS = SCALAR_KEYS + ("hist", "hist_range", "hist_exact")
+STAT_KEYS = (*SCALAR_KEYS, "hist", "hist_range", "hist_exact")
 
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73,
            79, 83, 89, 97, 101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163,

@@ -9,8 +9,9 @@ as they are (pre-softmax). Dense outputs (``B, C, *positions``) sum over positio
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,7 @@ class Target:
         return f"{s}@{self.output_key}" if self.output_key is not None else s
 
 
-def parse_target(spec: "str | Target", output_key: str | None = None) -> Target:
+def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
     """Read a target from its text form.
 
     Parameters
@@ -75,7 +76,7 @@ def parse_target(spec: "str | Target", output_key: str | None = None) -> Target:
     name = text.strip().lower().replace("-", "_")
     if name in ("crossentropy", "ce", "loss"):
         name = "cross_entropy"
-    if name.startswith("class:") or name.startswith("class="):
+    if name.startswith(("class:", "class=")):
         raw = name[6:]
         try:
             index = int(raw)
@@ -157,7 +158,7 @@ def select_output(output: Any, key: str | None = None) -> torch.Tensor:
 def output_keys(output: Any) -> list[str]:
     """The element names a target may pick from an output (empty for a plain tensor)."""
     if isinstance(output, Mapping):
-        return [str(k) for k in output.keys()]
+        return [str(k) for k in output]
     if isinstance(output, (tuple, list)):
         fields = getattr(output, "_fields", None)
         return list(fields) if fields else [str(i) for i in range(len(output))]
@@ -165,7 +166,7 @@ def output_keys(output: Any) -> list[str]:
 
 
 def target_scalar(
-    output: Any, target: "Target | str", labels: torch.Tensor | None = None
+    output: Any, target: Target | str, labels: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Reduce a model's output to the scalar that backward starts from.
 
@@ -205,6 +206,7 @@ def target_scalar(
     if target.kind == "top1":
         return y.max(dim=1).values.sum()
     if target.kind == "class":
+        assert target.class_index is not None  # parse_target sets it for every "class" target
         if target.class_index >= classes:
             raise GradExplorerError(
                 f"Target class {target.class_index} is out of range: the model has {classes} "

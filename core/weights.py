@@ -7,15 +7,15 @@ the cache would run code. Everything here reads weight files with ``weights_only
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from urllib.error import URLError
 from urllib.request import Request, urlopen
 
@@ -360,10 +360,8 @@ def fetch_weights(
             _check_download(weights, target, done, total, digest)
             os.replace(partial, target)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)
-            except FileNotFoundError:
-                pass
             raise
     return target
 

@@ -82,7 +82,8 @@ def main(argv=None) -> int:
         done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True)
         if done.returncode != 0:
             ok = False
-            print(f"{name:<16} FAILED: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+            reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode
+            print(f"{name:<16} FAILED: {reason}")
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         for run in r["runs"]:

@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     ok = True
     for spec in args.models.split(","):
-        name, b, timing = (spec.split(":") + ["", ""])[:3]
+        name, b, timing = ([*spec.split(":"), "", ""])[:3]
         ok &= check_model(name, int(b or 1), 3 if args.quick else 10,
                           timing_batch=int(timing) if timing else args.timing_batch)
     print(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in {time.perf_counter() - t0:.0f} s")

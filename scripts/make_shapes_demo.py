@@ -45,9 +45,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import demos, shapes  # noqa: E402
-from core.capture import capture  # noqa: E402
-from core.gradcam import grad_cam  # noqa: E402
+from core import demos, shapes
+from core.capture import capture
+from core.gradcam import grad_cam
 
 TRAIN_SEED = 1000
 VAL_SEED = 2

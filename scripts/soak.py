@@ -114,10 +114,10 @@ def core_soak(captures: int = 500, seed: int = 0, quiet: bool = False) -> dict:
     x = torch.randn(2, 3, 64, 64)
     bad = torch.randn(2, 1, 64, 64)  # wrong channel count: forward fails in conv1
     variants = [
-        dict(mode="full"),
-        dict(mode="stats"),
-        dict(mode="full", layers=["layer4.*"], input_grad=True),
-        dict(mode="stats", layers=["*relu", "*.bn*"]),
+        {"mode": "full"},
+        {"mode": "stats"},
+        {"mode": "full", "layers": ["layer4.*"], "input_grad": True},
+        {"mode": "stats", "layers": ["*relu", "*.bn*"]},
         "cancel",
         "fail",
     ]
@@ -171,7 +171,6 @@ def gui_soak(runs: int = 100, quiet: bool = False) -> dict:
     from app import error_dialog
     from app.main_window import MainWindow
     from app.settings import AppSettings
-
     from app.signal_wait import wait_for_signal
 
     app = QApplication.instance() or QApplication([])
@@ -235,7 +234,7 @@ def main(argv=None) -> int:
         figures.append(core_soak(args.captures, quiet=args.json))
     if args.gui:
         figures.append(gui_soak(args.gui, quiet=args.json))
-    ok = all([_print(f) for f in figures])
+    ok = all(_print(f) for f in figures)
     if args.json:
         print(json.dumps(figures))
     return 0 if ok else 1

@@ -8,8 +8,8 @@ tests/ground_truth.py, and print one line: layers captured, module calls, the ma
 relative error over every activation, output/input gradient and parameter gradient, and
 the time of a full capture of every leaf (statistics-only where a full one would not fit
 in memory). Big nets are compared in groups of layers that fit in memory (a full capture
-of every leaf of efficientnet_b6 at 528 px, plus its reference, needs over 24 GiB). Not part of CI (it takes a long while on a CPU); the summary goes in
-the closing note of the issue that changes capture.
+of every leaf of efficientnet_b6 at 528 px, plus its reference, needs over 24 GiB). Not part of
+CI (it takes a long while on a CPU); the summary goes in the closing note of the issue that changes capture.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.capture import capture  # noqa: E402
-from core.models import load_model  # noqa: E402
-from core.module_tree import ModuleTree  # noqa: E402
-from core.selection import leaf_names  # noqa: E402
-from tests.ground_truth import compare, reference  # noqa: E402
+from core.capture import capture
+from core.models import load_model
+from core.module_tree import ModuleTree
+from core.selection import leaf_names
+from tests.ground_truth import compare, reference
 
 
 def classification_models() -> list[str]:
@@ -118,7 +118,8 @@ def main(argv=None) -> int:
             continue
         worst = max(worst, r["err"])
         ok += 1
-        print(f"{r['model']:<28} {r['input']:<16} {r['layers']:>6} {r['calls']:>6} {r['err']:>12.2e} {r['seconds']:>9.2f} {r['mode']}"
+        print(f"{r['model']:<28} {r['input']:<16} {r['layers']:>6} {r['calls']:>6} {r['err']:>12.2e} "
+              f"{r['seconds']:>9.2f} {r['mode']}"
               + (f" ({r['groups']} groups compared)" if r["groups"] > 1 else ""),
               flush=True)
         gc.collect()

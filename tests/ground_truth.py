@@ -54,7 +54,7 @@ def reference(model: nn.Module, x: torch.Tensor, names: list[str], target="top1"
             open_calls.setdefault(name, []).append(rec)
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
                 rec["input"] = args[0]
-                return (args[0].clone(),) + tuple(args[1:])
+                return (args[0].clone(), *tuple(args[1:]))
             return None
         return hook
 

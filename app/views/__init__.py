@@ -23,9 +23,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.batch import Batch
-from core.capture_data import Capture
-from core.view_state import ViewState, calls_of, clamp
 from app.views.export import png_bytes, write_export
 from app.views.flow_view import GradientFlowView
 from app.views.gradcam_view import GradCamView
@@ -34,6 +31,9 @@ from app.views.histogram_view import HistogramView
 from app.views.saliency_view import SaliencyView
 from app.views.stats_table import StatsTableView
 from app.views.view_context import CaptureView, ViewContext
+from core.batch import Batch
+from core.capture_data import Capture
+from core.view_state import ViewState, calls_of, clamp
 
 __all__ = [
     "CaptureViews",

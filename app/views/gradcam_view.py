@@ -8,12 +8,12 @@ from PIL import Image
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
-from core.class_names import class_name
-from core.errors import GradExplorerError
-from core.gradcam import cam_grid, cam_supported, grad_cam, overlay, turbo
-from core.heatmaps import display_image
 from app.views.plot_style import image_plot, style_plot_widget
 from app.views.view_context import CaptureView
+from core.class_names import class_name
+from core.errors import GradExplorerError
+from core.gradcam import cam_grid, cam_unavailable_reason, grad_cam, overlay, turbo
+from core.heatmaps import display_image
 
 
 class GradCamView(CaptureView):
@@ -80,13 +80,10 @@ class GradCamView(CaptureView):
         ctx = self.context
         call = ctx.call_record
         shape = tuple(call.shape)
-        if not cam_supported(shape):
-            dims = ", ".join(["B", *map(str, shape[1:])])
+        why = cam_unavailable_reason(shape, ctx.input_shape, ctx.layer)
+        if why is not None:
             self.image.clear()
-            self.show_message(
-                f"Grad-CAM needs a spatial layer: a conv map (B, C, H, W) or ViT tokens (B, 1+N, C); "
-                f"'{ctx.layer}' outputs ({dims}).\nSelect a convolutional layer or a transformer block."
-            )
+            self.show_message(why)
             return
         if call.activation is None or call.grad_output is None:
             self.image.clear()
@@ -104,7 +101,7 @@ class GradCamView(CaptureView):
         self._cam = cam[0].cpu().numpy()
         self._picture = picture
         target = ctx.capture.meta.get("target", "")
-        grid = "×".join(map(str, cam_grid(shape)[:2]))
+        grid = "×".join(map(str, cam_grid(shape, ctx.input_shape)[:2]))
         flat = ("<br><span style='color:#d08000'>The CAM is zero everywhere: no channel of this layer "
                 "votes for the target (all channel weights × activations are ≤ 0, or the gradient is zero)."
                 "</span>" if not np.any(self._cam > 0) else "")

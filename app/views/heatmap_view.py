@@ -18,13 +18,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
-from core.view_state import ViewState
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import TENSOR_LABELS, CaptureView
+from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from core.view_state import ViewState
 
 _TENSORS = ("grad_output", "activation", "grad_x_activation")
-_DISPLAYS = (("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"))
+_DISPLAYS = (
+    ("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"),
+)
 _REDUCTIONS = (("mean", "mean"), ("mean_abs", "mean |x|"), ("l2", "L2 norm"))
 
 
@@ -236,8 +238,11 @@ class HeatmapView(CaptureView):
             return
         self.plot_note.hide()
         self.plot_widget.show()
-        lay = layout_of(t.shape)
+        lay = layout_of(t.shape, ctx.input_shape)
         self._sync_visibility(lay)
+        tokens = lay.kind == "matrix"  # a sequence: rows are tokens, columns channels
+        self.plot.setLabel("left", "token" if tokens else None)
+        self.plot.setLabel("bottom", "channel" if tokens else None)
         if lay.has_channels:
             top = lay.channels - 1
             for w in (self.channel_slider, self.channel_spin):
@@ -258,7 +263,8 @@ class HeatmapView(CaptureView):
         if rank_by is None:
             rank_by = t
         hm = heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
-                     k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index)
+                     k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index,
+                     input_shape=ctx.input_shape)
         self._heatmap = hm
 
         magnitude = hm.display == "reduce" and reduce in ("mean_abs", "l2")
@@ -287,7 +293,7 @@ class HeatmapView(CaptureView):
         call = f" · call {ctx.call + 1} of {n_calls}" if n_calls > 1 else ""
         self.layout_label.setText(
             f"<b>{ctx.layer}</b>{call} · {what} · {ctx.sample_name()} · {detail}<br>"
-            f"<span style='color:gray'>{describe_layout(ctx.call_record.shape)}</span>"
+            f"<span style='color:gray'>{describe_layout(ctx.call_record.shape, input_shape=ctx.input_shape)}</span>"
         )
         self.hover_label.setText(" ")
         self.show_content()

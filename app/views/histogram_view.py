@@ -9,9 +9,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from core.stats import tensor_stats
 from app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
 from app.views.view_context import TENSOR_LABELS, CaptureView
+from core.stats import tensor_stats
 
 _SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
 
@@ -144,9 +144,11 @@ class HistogramView(CaptureView):
             result = (None if t is None else tensor_stats(t, hist_exact_limit=None)), ctx.sample_name()
         elif key == "grad_x_activation":
             t = ctx.tensor(key)
-            result = (None if t is None else tensor_stats(t)), f"the whole batch ({ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''})"
+            samples = f"{ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}"
+            result = (None if t is None else tensor_stats(t)), f"the whole batch ({samples})"
         else:
-            result = call.stats.get(key), f"the whole batch ({ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}, captured statistics)"
+            samples = f"{ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}"
+            result = call.stats.get(key), f"the whole batch ({samples}, captured statistics)"
         if len(self._cache) > 64:
             self._cache.clear()
         self._cache[cache_key] = result
@@ -204,7 +206,7 @@ class HistogramView(CaptureView):
             f"<span style='color:{colour}'>{nonfinite}</span>{approx}"
         )
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self.note.setPos(self.plot.vb.width() - 8, 4)
 

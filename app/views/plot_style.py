@@ -73,7 +73,7 @@ class Log10Axis(pg.AxisItem):
         self.picture = None
         self.update()
 
-    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph override)
+    def tickStrings(self, values, scale, spacing):
         if not self.log_labels:
             return super().tickStrings(values, scale, spacing)
         out = []

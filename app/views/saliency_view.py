@@ -1,4 +1,5 @@
-"""Input-gradient saliency: |d target / d input|, max over channels, next to the input."""
+"""Input-gradient saliency: |d target / d input|, max over channels, next to the input;
+for a sequence input, a bar per token (``core.saliency``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from core.heatmaps import display_image, saliency_map, symmetric_levels
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from app.views.view_context import STATS_ONLY_NOTE, CaptureView
+from core.heatmaps import display_image, saliency_map, symmetric_levels
+from core.saliency import is_sequence_input, token_saliency
 
 
 class SaliencyView(CaptureView):
-    """The selected sample's input picture and its input-gradient saliency map."""
+    """The selected sample's input picture and its input-gradient saliency map, or for a
+    sequence input the saliency of each token as a bar chart."""
 
     title = "Saliency"
 
@@ -25,7 +28,8 @@ class SaliencyView(CaptureView):
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.input_plot, self.input_image = image_plot(self.plot_widget.ci, 0, 0, title="input")
-        self.map_plot, self.map_image = image_plot(self.plot_widget.ci, 0, 1, title="|input gradient|, max over channels")
+        self.map_plot, self.map_image = image_plot(
+            self.plot_widget.ci, 0, 1, title="|input gradient|, max over channels")
         for plot in (self.input_plot, self.map_plot):
             plot.hideAxis("left")
             plot.hideAxis("bottom")
@@ -35,10 +39,19 @@ class SaliencyView(CaptureView):
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap(False), interactive=False,
                                         width=16, pen=FOREGROUND, colorMapMenu=False)
         self.colorbar.setImageItem(self.map_image, insert_in=self.map_plot)
+        self.token_widget = pg.PlotWidget()
+        style_plot_widget(self.token_widget)
+        self.token_plot = self.token_widget.getPlotItem()
+        self.token_plot.setLabel("bottom", "token")
+        self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)")
+        self.token_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#3b82c4", pen=None)
+        self.token_plot.addItem(self.token_bars)
+        self.token_widget.hide()
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
         v.addWidget(self.info_label)
         v.addWidget(self.plot_widget, 1)
+        v.addWidget(self.token_widget, 1)
         self.set_content(content)
 
     def current_map(self) -> np.ndarray | None:
@@ -46,7 +59,7 @@ class SaliencyView(CaptureView):
         return self._map
 
     def export_widget(self) -> QWidget:
-        return self.plot_widget
+        return self.token_widget if self.token_widget.isVisibleTo(self) else self.plot_widget
 
     def refresh(self) -> None:
         self._map = None
@@ -55,6 +68,11 @@ class SaliencyView(CaptureView):
         if cap is None:
             self.show_message("No capture yet: choose a model and a batch, then Run (Ctrl+R).")
             return
+        if is_sequence_input(ctx.input_shape):
+            self._show_tokens()
+            return
+        self.token_widget.hide()
+        self.plot_widget.show()
         if cap.input_grad is None:
             if ctx.stats_only:
                 self.show_message(STATS_ONLY_NOTE.format(what="the input-gradient saliency map"))
@@ -85,5 +103,30 @@ class SaliencyView(CaptureView):
             f"Input-gradient saliency of {ctx.sample_name()} for target <i>{cap.meta.get('target', '')}</i> · "
             f"input shape ({', '.join(map(str, g.shape))}) · brighter = the target changes more when that "
             f"input value changes"
+        )
+        self.show_content()
+
+    def _show_tokens(self) -> None:
+        ctx = self.context
+        if ctx.stats_only:
+            self.show_message(STATS_ONLY_NOTE.format(what="the saliency of each token"))
+            return
+        sal = token_saliency(ctx.capture, ctx.sample)
+        if sal is None:
+            self.show_message("No gradient reached the tokens of this sequence input: capture the first "
+                              "layer (the embedding) or enable \"input gradient\" and run again.")
+            return
+        self._map = sal.values[None, :]
+        n = len(sal.values)
+        self.token_bars.setOpts(x=np.arange(n), height=sal.values, width=0.8)
+        top = float(np.nanmax(sal.values)) if n and np.isfinite(sal.values).any() else 1.0
+        self.token_plot.setRange(xRange=(-0.5, n - 0.5), yRange=(0, top if top > 0 else 1.0), padding=0.02)
+        self.plot_widget.hide()
+        self.token_widget.show()
+        strongest = int(np.nanargmax(sal.values)) if n and np.isfinite(sal.values).any() else None
+        peak = f" · largest at token {strongest}" if strongest is not None else ""
+        self.info_label.setText(
+            f"Saliency of each token of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
+            f" · input shape ({', '.join(map(str, ctx.input_shape))}) · {sal.source}{peak}"
         )
         self.show_content()

@@ -122,7 +122,7 @@ class StatsTableView(CaptureView):
         self._rows = rows
         self.table.setRowCount(len(rows))
         self.table.setVerticalHeaderLabels([label for label, _ in rows])
-        for r, (label, s) in enumerate(rows):
+        for r, (_label, s) in enumerate(rows):
             for c, (_, key) in enumerate(COLUMNS):
                 text = "not captured" if s is None and c == 0 else ("" if s is None else _cell(key, s[key]))
                 item = QTableWidgetItem(text)

@@ -15,8 +15,9 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from core.batch import Batch
 from core.capture_data import CallRecord, Capture, LayerRecord
+from core.capture_summary import input_shape_of
 from core.heatmaps import grad_x_activation
-from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # the views' name for it
+from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
@@ -49,6 +50,12 @@ class ViewContext:
     @property
     def stats_only(self) -> bool:
         return self.capture is not None and self.capture.mode == "stats"
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """The model input's shape (batch first), when one tensor was fed; it tells a
+        sequence from a picture (``core.token_grid``)."""
+        return input_shape_of(self.capture, self.batch)
 
     @property
     def batch_size(self) -> int:
@@ -151,7 +158,7 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+    def showEvent(self, event) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 

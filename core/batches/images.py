@@ -281,7 +281,7 @@ class _ImageSample:
     notes: list[str]
 
     @classmethod
-    def read(cls, path: Path, preprocess: Callable[[object], torch.Tensor]) -> "_ImageSample":
+    def read(cls, path: Path, preprocess: Callable[[object], torch.Tensor]) -> _ImageSample:
         rgb, notes = _read_image(path)
         try:
             sample = preprocess(rgb)

@@ -58,7 +58,7 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
             # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # damaged and unsafe files raise many different types
+    except Exception as exc:  # noqa: BLE001 - damaged and unsafe files raise many different types
         safe_error = exc
     unsafe = unsafe_globals(path, safe_error)
     if not unsafe:
@@ -86,7 +86,7 @@ def unsafe_globals(path: Path, error: Exception) -> list[str]:
     """The Python globals a file would import when unpickled, without unpickling it."""
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # only zip checkpoints are supported; the error message names the rest
+    except Exception:  # noqa: BLE001 - only zip checkpoints are supported; the error message names the rest
         # Legacy torch.save files get this far and the error names the global; plain pickle
         # files stop earlier (on an opcode the safe unpickler lacks), so read their opcodes.
         found = re.findall(r"GLOBAL ([\w.]+)", str(error)) or pickle_globals(path)
@@ -115,7 +115,7 @@ def pickle_globals(path: Path) -> list[str]:
                     pushed.append(memo.get(arg))
                 elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
                     pushed.append(arg)
-    except Exception:  # not a pickle, or a damaged one: report what was seen
+    except Exception:  # noqa: BLE001 - not a pickle, or a damaged one: report what was seen
         pass
     return found
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
+from app import dialogs
 from core.devices import DeviceInfo
 from core.errors import GradExplorerError
-from app import dialogs
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]

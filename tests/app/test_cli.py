@@ -104,7 +104,7 @@ def reference_grads(model: torch.nn.Module, x: torch.Tensor, names: list[str]):
             h.remove()
     scalar = y.max(dim=1).values.sum()  # top1
     flat = [t for n in names for t in kept[n]]
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     grads = torch.autograd.grad(scalar, flat + params)
     out, i = {}, 0
     for n in names:
@@ -130,7 +130,8 @@ def test_capture_seed_mlp_matches_autograd(tmp_path, capsys):
     assert "forward" in err and "saving" in err  # the progress stages, not on a TTY: plain lines
 
     data = torch.load(out_file, weights_only=True)
-    assert data["format"] == "gradexplorer.capture" and data["version"] == 2  # format version 2: one metadata schema (was 1)
+    # format version 2: one metadata schema (was 1)
+    assert data["format"] == "gradexplorer.capture" and data["version"] == 2
     assert list(data["layers"]) == ["fc1", "relu1", "fc2", "relu2", "fc3"]
     assert data["meta"]["layer_order"] == ["fc1", "relu1", "fc2", "relu2", "fc3"]
     assert data["meta"]["model"] == "demo:seed-mlp" and data["meta"]["mode"] == "full"
@@ -196,7 +197,7 @@ def test_capture_torchvision_resnet18_by_name(tmp_path, capsys):
     assert code == 0, err
     assert err == ""  # --quiet
     data = torch.load(out_file, weights_only=True)
-    assert list(data["layers"])[0] == "layer4.0"
+    assert next(iter(data["layers"])) == "layer4.0"
     assert "layer4.1.bn2" in data["layers"]
     assert data["meta"]["model"] == "resnet18"
     assert data["layers"]["layer4.0.conv1"]["calls"][0]["activation"].shape == (1, 512, 2, 2)
@@ -211,7 +212,7 @@ def test_capture_stats_only(tmp_path, capsys):
     assert code == 0, err
     data = torch.load(out_file, weights_only=True)
     assert data["meta"]["mode"] == "stats"
-    for name, layer in data["layers"].items():
+    for layer in data["layers"].values():
         for call in layer["calls"]:
             assert call["activation"] is None and call["grad_output"] is None
             act = call["stats"]["activation"]
@@ -301,7 +302,8 @@ def test_unreadable_image(tmp_path, capsys):
 def test_wrong_shape_tensor_names_the_expected_shape(tmp_path, capsys):
     wrong = tmp_path / "input.pt"
     torch.save(torch.zeros(4, 9), wrong)
-    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--input", wrong, "--out", tmp_path / "x.pt", "-q")
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--input", wrong,
+                         "--out", tmp_path / "x.pt", "-q")
     assert_user_error(code, err, "(B, 10)", "(4, 9)")
 
 
@@ -329,7 +331,8 @@ def test_target_class_out_of_range(tmp_path, capsys):
 def test_bad_target_and_device_fail_before_loading(tmp_path, capsys):
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--target", "top5", "--out", tmp_path / "x.pt")
     assert_user_error(code, err, "top5", "class:N")  # one line: nothing was loaded yet
-    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--device", "cuda:7", "--out", tmp_path / "x.pt")
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--device", "cuda:7",
+                         "--out", tmp_path / "x.pt")
     assert_user_error(code, err, "cuda:7", "cpu")
 
 
@@ -531,11 +534,11 @@ def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
         "--device", "cpu", "--stats-only", "--trust", "--labels", "281",
     ])
     assert code == 0
-    assert fake_gui == [dict(
-        model="resnet18", weights="DEFAULT", inputs=["cat.jpg", "dog.jpg"], layers=["layer4.*"],
-        target="class:281", device="cpu", run=True, screenshot=str(shot), trust=True, arch=None,
-        stats_only=True, labels="281",
-    )]
+    assert fake_gui == [{
+        "model": "resnet18", "weights": "DEFAULT", "inputs": ["cat.jpg", "dog.jpg"], "layers": ["layer4.*"],
+        "target": "class:281", "device": "cpu", "run": True, "screenshot": str(shot), "trust": True, "arch": None,
+        "stats_only": True, "labels": "281",
+    }]
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):

@@ -113,7 +113,7 @@ def test_csv_export(files, capsys, tmp_path):
     assert code == EXIT_DIVERGED
     assert "wrote" in err
     rows = list(csv.DictReader((tmp_path / "d.csv").open()))
-    l2 = [r for r in rows if r["layer"] == "l2" and r["kind"] == "activation"][0]
+    l2 = next(r for r in rows if r["layer"] == "l2" and r["kind"] == "activation")
     assert l2["within"] == "no" and float(l2["rel_l2"]) > 0
     assert {r["kind"] for r in rows} >= {"activation", "grad_output", "param:weight"}
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from core.devices import DeviceInfo
-from core.errors import BatchError, GradExplorerError, TrustRequired
 from app import dialogs, error_dialog
 from app.main_window import MainWindow
-from core.capture_summary import default_layer
 from app.settings import AppSettings
-from tests.conftest import assert_no_hooks, snapshot, assert_unchanged
+from core.capture_summary import default_layer
+from core.devices import DeviceInfo
+from core.errors import BatchError, GradExplorerError, TrustRequired
+from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
@@ -43,8 +43,6 @@ def test_demo_loads_and_runs_through_the_worker(demo):
 
 def test_heatmap_shows_the_captured_tensor_shape(qtbot, demo):
     views = demo.views
-    if not hasattr(views, "current_image_array"):
-        pytest.skip("the capture views are not there yet")
     demo.tree_view.select_layer("features.2.conv")
     views.show_view("Heatmap")
     views.heatmap_view.set_display("channel", channel=0)

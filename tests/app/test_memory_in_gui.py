@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import core.memory_estimate
-from core.devices import DeviceInfo
 from app import dialogs
 from app.main_window import MainWindow
+from core.devices import DeviceInfo
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]

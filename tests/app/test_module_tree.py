@@ -10,14 +10,19 @@ from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QStyle, QStyleOptionViewItem
 from torch import nn
 
+from app.module_tree import (
+    BADGES_ROLE,
+    BAR_ROLE,
+    COL_GRAD,
+    COL_SHAPE,
+    NAME_ROLE,
+    ModuleTreeModel,
+    ModuleTreePanel,
+)
 from core.batch import Batch
 from core.loaded_model import LoadedModel
-from core.session import PreparedModel, Session, prepare_model
 from core.module_tree import ModuleTree
-from app.module_tree import (
-    BADGES_ROLE, BAR_ROLE, COL_GRAD, COL_SHAPE, ModuleTreeModel, ModuleTreePanel,
-    NAME_ROLE,
-)
+from core.session import PreparedModel, Session, prepare_model
 
 CHECKED, UNCHECKED, PARTIAL = Qt.CheckState.Checked, Qt.CheckState.Unchecked, Qt.CheckState.PartiallyChecked
 
@@ -206,7 +211,9 @@ def test_layer_activated_and_select_layer(qtbot, session):
 
 def _big_model(blocks: int) -> nn.Module:
     def block():
-        return nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.ReLU(), nn.Sequential(nn.Identity(), nn.Identity()))
+        return nn.Sequential(
+            nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.ReLU(), nn.Sequential(nn.Identity(), nn.Identity())
+        )
 
     return nn.Sequential(*[block() for _ in range(blocks)])
 

@@ -12,9 +12,9 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from torch import nn
 
 from app.views import CaptureViews, GradientFlowView
-from core.capture_summary import default_layer
 from core.batch import Batch
 from core.capture import capture
+from core.capture_summary import default_layer
 from core.gradcam import grad_cam
 from core.gradient_flow import flow_series
 
@@ -301,7 +301,7 @@ def test_flow_scene_click_handler(qtbot):
         def button(self):
             return Qt.MouseButton.LeftButton
 
-        def scenePos(self):  # noqa: N802 (mimics Qt)
+        def scenePos(self):
             return self._pos
 
         def accept(self):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from core.errors import GradExplorerError
 from tests.app.conftest import TIMEOUT
 

@@ -226,7 +226,7 @@ def test_different_sizes_after_preprocessing_are_refused(tmp_path):
 
 
 def test_missing_path_is_named(tmp_path):
-    with pytest.raises(BatchError, match="gone.png' does not exist"):
+    with pytest.raises(BatchError, match=r"gone\.png' does not exist"):
         load_images([tmp_path / "gone.png"])
 
 
@@ -335,7 +335,7 @@ def test_pickled_object_is_refused_and_never_runs(tmp_path):
 def test_damaged_and_empty_pt_files_are_refused(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"hello, not a checkpoint")
     (tmp_path / "empty.pt").touch()
-    with pytest.raises(BatchError, match="junk.pt' is not a readable PyTorch file"):
+    with pytest.raises(BatchError, match=r"junk\.pt' is not a readable PyTorch file"):
         load_tensor_file(tmp_path / "junk.pt")
     with pytest.raises(BatchError, match=r"empty.pt' is not a readable PyTorch file \(the file is empty\)"):
         load_tensor_file(tmp_path / "empty.pt")

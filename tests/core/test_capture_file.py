@@ -36,7 +36,7 @@ def test_export_opens_with_plain_torch_load_and_round_trips(tmp_path):
     assert torch.equal(data["input_grad"], cap.input_grad)
     back = load_capture(path)
     assert back.layer_order == cap.layer_order
-    for (n, i, a), (_, _, b) in zip(back.iter_calls(), cap.iter_calls()):
+    for (_, _, a), (_, _, b) in zip(back.iter_calls(), cap.iter_calls()):
         for kind in ("activation", "grad_output", "grad_input"):
             x, y = getattr(a, kind), getattr(b, kind)
             assert (x is None and y is None) or torch.equal(x, y)
@@ -66,7 +66,7 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
         load_capture(newer)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"\x00garbage")
-    with pytest.raises(CaptureFileError, match="junk.pt"):
+    with pytest.raises(CaptureFileError, match=r"junk\.pt"):
         load_capture(junk)
     with pytest.raises(CaptureFileError, match="no file"):
         load_capture(tmp_path / "missing.pt")
@@ -99,13 +99,13 @@ def test_read_only_folder(tmp_path):
 
 
 def test_read_only_folder_even_as_root(tmp_path, monkeypatch):
-    """Simulated: mkstemp refused with EROFS (what a read-only mount says, even to root)."""
-    import tempfile
+    """Simulated: the temporary file refused with EROFS (what a read-only mount says, even to root)."""
+    import core.file_write
 
     def refuse(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(core.file_write, "_open_temp", refuse)
     with pytest.raises(CaptureFileError, match="permission denied"):
         save_capture(small_capture(), tmp_path / "c.pt")
 

@@ -58,7 +58,7 @@ def reference_row(t: torch.Tensor, hist_limit: int | None) -> tuple[list[float],
     counts = torch.histc(sample.float(), HIST_BINS, hlo, hhi) if sample.numel() else torch.zeros(HIST_BINS)
     row = [lo, hi, float(finite.sum()), float((finite * finite).sum()), float(finite.abs().sum()),
            float((finite != 0).sum()), float(torch.isnan(x).sum()), float(torch.isinf(x).sum()),
-           float(counts.sum())] + counts.tolist()
+           float(counts.sum()), *counts.tolist()]
     return row, n, step == 1
 
 

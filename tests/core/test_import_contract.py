@@ -43,3 +43,24 @@ def test_core_modules_import_no_qt():
     assert expected <= set(result["imported"])
     assert len(expected) >= 10  # the walk found the package's modules
     assert result["qt"] == [], f"core imported Qt modules: {result['qt']}"
+
+
+def test_every_cli_module_is_under_the_no_qt_contract():
+    """import-linter (run by `make test`) checks the modules that its contract names; a new
+    `app/cli_*.py` must be named there too (import-linter's wildcards match whole names only)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    cli_contract = next(c for c in contracts if "command line" in c["name"])
+    cli_modules = {f"app.{p.stem}" for p in (ROOT / "app").glob("cli*.py")}
+    assert "app.cli" in cli_modules and "app.cli_format" in cli_modules
+    missing = sorted(cli_modules - set(cli_contract["source_modules"]))
+    assert not missing, (
+        f"add {missing} to source_modules of the contract '{cli_contract['name']}' in pyproject.toml"
+    )
+    assert set(FORBIDDEN) <= set(cli_contract["forbidden_modules"])
+    core_contract = next(c for c in contracts if c["source_modules"] == ["core"])
+    assert {"app", *FORBIDDEN} <= set(core_contract["forbidden_modules"])

@@ -328,7 +328,7 @@ def exported(tmp_path):
 
 
 def test_export_archive_needs_trust(exported):
-    with pytest.raises(TrustRequired, match="torch.export"):
+    with pytest.raises(TrustRequired, match=r"torch\.export"):
         load_model(str(exported))
 
 
@@ -374,7 +374,7 @@ def test_truncated_checkpoint(tmp_path, squeeze_state):
     path = tmp_path / "cut.pth"
     torch.save(squeeze_state, path)
     path.write_bytes(path.read_bytes()[:5000])
-    with pytest.raises(ModelLoadError, match="cut.pth"):
+    with pytest.raises(ModelLoadError, match=r"cut\.pth"):
         load_model(str(path), arch="squeezenet1_0")
 
 

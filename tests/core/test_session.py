@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -220,7 +220,8 @@ def test_tree_from_names_nests():
 
 
 def test_session_module_imports_no_qt():
-    code = "import sys, core.session; print(any(m.split('.')[0] in ('PySide6', 'PyQt5', 'PyQt6', 'pyqtgraph', 'superqt', 'qtpy') for m in sys.modules))"
+    code = ("import sys, core.session; print(any(m.split('.')[0] in "
+            "('PySide6', 'PyQt5', 'PyQt6', 'pyqtgraph', 'superqt', 'qtpy') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__('pathlib').Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False", out.stderr

@@ -86,7 +86,7 @@ def test_make_dataset_is_deterministic_and_matches_draw_sample():
     assert images.shape == (20, 3, 64, 64) and images.dtype == torch.float32
     assert labels.shape == (20,) and labels.dtype == torch.int64
     assert masks.shape == (20, 64, 64) and masks.dtype == torch.bool
-    assert 0.0 <= images.min() and images.max() <= 1.0
+    assert images.min() >= 0.0 and images.max() <= 1.0
     again = shapes.make_dataset(20, seed=9)
     assert torch.equal(images, again[0]) and torch.equal(labels, again[1]) and torch.equal(masks, again[2])
 

@@ -110,3 +110,31 @@ def test_class_names_and_top_classes():
     assert [n for n, _ in top[0]] == ["b", "c"]
     assert math.isclose(top[0][0][1], float(p[1]), rel_tol=1e-6)
     assert top_classes(torch.zeros(2, 1), None) == []
+
+
+@pytest.mark.parametrize("tokens, input_shape, grid", [
+    (197, (1, 3, 224, 224), TokenGrid(14, True)),   # vit_b_16
+    (197, None, TokenGrid(14, True)),               # input unknown: the plain rule
+    (10, (2, 10), None), (10, (2, 10, 32), None),   # sequences are never grids
+    (16, (2, 16, 8), None),
+    (10, (1, 3, 64, 64), None),                     # 3x3 does not divide 64 px
+    (17, (1, 3, 64, 64), TokenGrid(4, True)),
+])
+def test_aligned_token_grid(tokens, input_shape, grid):
+    from core.token_grid import aligned_token_grid
+
+    assert aligned_token_grid(tokens, input_shape) == grid
+
+
+def test_grad_cam_is_offered_only_on_grids_of_a_picture():
+    from core.gradcam import cam_supported, cam_unavailable_reason
+    from core.heatmaps import layout_of
+
+    assert cam_supported((2, 10, 32)) and not cam_supported((2, 10, 32), (2, 10, 32))
+    assert cam_unavailable_reason((2, 10, 32), (2, 10, 32), "blk").startswith("Grad-CAM shows where")
+    assert "3×3 grid of them does not divide the 64×64 input" in cam_unavailable_reason((1, 10, 8), (1, 3, 64, 64))
+    assert cam_unavailable_reason((1, 197, 8), (1, 3, 224, 224)) is None
+    assert cam_unavailable_reason((1, 8, 7, 7), (1, 3, 224, 224)) is None
+    assert not cam_supported((2, 8, 5, 5), (2, 10))  # a conv map of a sequence has no picture
+    assert layout_of((10, 32), (2, 10, 32)).kind == "matrix"
+    assert layout_of((10, 32)).kind == "spatial"  # unknown input: as before

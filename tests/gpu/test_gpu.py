@@ -212,8 +212,7 @@ def test_gpu_copies_are_queued_into_pinned_memory_within_the_budget(monkeypatch)
 
 
 def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
-    from core import capture as capture_module
-    from core import devices
+    from core import capture as capture_module, devices
 
     monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 16 << 30)
     assert capture_module._pinned_budget() == 4 << 30
