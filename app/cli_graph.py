@@ -94,11 +94,10 @@ def build_graph(args, ui):
 
 
 def cmd_graph(args, ui) -> int:
-    from app.cli import _check_out_path
-    from core.capture_file import atomic_save
+    from core.file_write import atomic_write_bytes, check_output_path
 
     suffix = _suffix(args.out)
-    out = _check_out_path(args.out)
+    out = check_output_path(args.out, [args.model, args.weights, args.capture, *(args.input or ())])
     if args.depth is not None and args.depth < 0:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model as one box) or more.")
     graph = build_graph(args, ui)
@@ -123,6 +122,6 @@ def cmd_graph(args, ui) -> int:
                 from app.graph_picture import svg_to_png
 
                 data = svg_to_png(svg)
-    atomic_save(data, out, saver=lambda obj, fh: fh.write(obj))
+    atomic_write_bytes(out, data)
     ui.note(f"wrote {out} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
     return 0

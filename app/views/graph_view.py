@@ -14,6 +14,7 @@ which the panel talks to through signals:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any, Iterable
@@ -29,7 +30,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.run_worker import TaskRunner
-from core.graph import ModelGraph, extract_graph
+from core.errors import GradExplorerError
+from core.graph import ModelGraph, extract_graph, first_sample
 from core.graph_layout import Layout, layout_view, node_label
 from core.graph_render import (
     COLOR_BY, clip_route, color_scale, colormap, edge_widths, node_colors, node_tooltip, text_color,
@@ -229,6 +231,7 @@ class GraphPanel(QWidget):
         self._anchor: tuple[str, QPointF] | None = None
         self._requested_at = 0.0
         self._view = None
+        self._pending: tuple | None = None
         self.font_main = QFont()
         self.font_main.setPointSizeF(8.5)
         self.font_small = QFont()
@@ -269,10 +272,31 @@ class GraphPanel(QWidget):
         self.export_button.clicked.connect(lambda: self.export())
 
     # -- input ----------------------------------------------------------------------
-    def extract(self, model: Any, inputs: Any) -> int:
-        """Extract the graph of ``model`` on ``inputs`` in a worker (a forward), then draw it."""
+    def extract(self, model: Any, inputs: Any, lock: Any = None) -> int:
+        """Extract the graph of ``model`` on ``inputs`` in a worker (a forward), then draw it.
+
+        ``lock`` (the session's run lock) is held while the probe's hooks are on the model,
+        so that a capture running at the same time never sees them."""
         self.status.setText("Finding the graph (one forward)…")
-        return self.extractions.start(lambda progress, cancel: extract_graph(model, inputs))
+
+        def task(progress, cancel):
+            with lock if lock is not None else contextlib.nullcontext():
+                return extract_graph(model, inputs)
+
+        self._pending = None
+        return self.extractions.start(task)
+
+    def request_extract(self, model: Any, inputs: Any, lock: Any = None) -> None:
+        """:meth:`extract` now when the panel is shown, else when it is first shown (a
+        forward costs time that a user who never opens the graph should not pay)."""
+        self._pending = (model, inputs, lock)
+        if self.isVisible():
+            self.extract(model, inputs, lock)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._pending is not None:
+            self.extract(*self._pending)
 
     def set_graph(self, graph: ModelGraph | None, capture: Any = None) -> None:
         """Show ``graph`` collapsed to its default depth (about 60 nodes)."""
@@ -282,6 +306,7 @@ class GraphPanel(QWidget):
         self.canvas.scene().clear()
         self.items = {}
         if graph is None:
+            self._pending = None
             self.status.setText("No graph.")
             return
         if capture is not None:
@@ -290,10 +315,17 @@ class GraphPanel(QWidget):
         self.graph_changed.emit()
         self.relayout()
 
-    def set_capture(self, capture: Any) -> None:
-        """Colour by a new capture's statistics (the graph it carries when none is shown)."""
-        if self.graph is None and getattr(capture, "graph", None):
-            self.set_graph(ModelGraph.from_dict(capture.graph), capture)
+    def set_capture(self, capture: Any, carried: bool = False) -> None:
+        """Colour by a new capture's statistics. With ``carried`` (a capture opened without
+        its model), or when no graph is shown, draw the graph the capture file carries."""
+        data = getattr(capture, "graph", None)
+        if data and (carried or self.graph is None):
+            try:
+                graph = ModelGraph.from_dict(data, source="the capture's graph")
+            except GradExplorerError as exc:
+                self.status.setText(f"Graph: {exc.problem}")
+                return
+            self.set_graph(graph, capture)
             return
         if self.graph is not None and capture is not None:
             self.graph.attach_capture(capture)
@@ -537,7 +569,7 @@ class GraphPanel(QWidget):
             path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
             if not path:
                 return None
-        from core.capture_file import atomic_save
+        from core.file_write import atomic_write_bytes
         from core.graph_render import to_svg
 
         svg = to_svg(self.graph, self._view, self.layout, self.statistic,
@@ -548,10 +580,71 @@ class GraphPanel(QWidget):
             data = svg_to_png(svg)
         else:
             data = svg.encode()
-        atomic_save(data, path, saver=lambda obj, fh: fh.write(obj))
+        try:
+            atomic_write_bytes(path, data)
+        except GradExplorerError as exc:
+            self.status.setText(f"Not exported: {exc.problem} {exc.fix}")
+            self.failed.emit(str(exc.problem))
+            return None
         self.status.setText(f"Exported {path}")
         return path
 
     def shutdown(self) -> None:
         self.layouts.shutdown()
         self.extractions.shutdown()
+
+
+def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controller: Any, tree_view: Any) -> None:
+    """Connect the graph panel to the window's session, view state, controller and tree.
+
+    * a click on a module node selects that layer and call (the views and the tree follow
+      the view state); a layer chosen elsewhere selects its node (or the collapsed
+      container that holds it);
+    * ticks from the graph's context menu go to the session's selection, and the graph
+      shows the session's ticks;
+    * a new model or batch extracts the graph in a worker (holding the session's run lock);
+      a capture colours it; a capture opened without its model draws the graph it carries.
+    """
+
+    def on_layer_selected(name: str, call: int) -> None:
+        cap = session.capture
+        if cap is not None and name in cap.layers:
+            view_state.select(name, min(call, max(len(cap[name].calls) - 1, 0)))
+        else:
+            controller.select_layer(name)  # says "not captured" when there is a capture
+            tree_view.select_layer(name)
+
+    def follow_state(*_args) -> None:
+        if view_state.layer:
+            panel.select_layer(view_state.layer, view_state.call)
+
+    def extract(*_args) -> None:
+        model, batch = session.model, session.batch
+        if model is None:
+            panel.set_graph(None)
+            return
+        if batch is not None and len(batch):
+            sample = first_sample(batch.tensor)
+        elif model.input_shape and all(isinstance(d, int) for d in model.input_shape):
+            import torch
+
+            sample = torch.zeros((1, *model.input_shape))
+        else:
+            panel.set_graph(None)
+            panel.status.setText("No graph yet: load an input batch.")
+            return
+        panel.request_extract(model.module, sample, lock=getattr(session, "_run_lock", None))
+
+    def on_capture(capture: Any, _batch: Any = None) -> None:
+        if capture is not None:
+            panel.set_capture(capture, carried=session.model is None)
+
+    panel.layer_selected.connect(on_layer_selected)
+    view_state.events.layer.connect(follow_state)
+    view_state.events.call.connect(follow_state)
+    panel.layer_check_requested.connect(session.set_checked)
+    session.selection_changed.connect(lambda names: panel.set_checked_layers(names))
+    session.model_changed.connect(extract)
+    session.batch_changed.connect(extract)
+    controller.capture_shown.connect(on_capture)
+    panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))

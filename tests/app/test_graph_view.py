@@ -161,3 +161,38 @@ def test_capture_without_model_draws_the_graph_it_carries(qtbot):
         p.set_capture(cap)
     assert p.graph.nodes["m:2:0"].stats["grad_l2"] == pytest.approx(cap["2"].calls[0].stats["grad_output"]["l2"])
     p.shutdown()
+
+
+def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbot, demo):
+    w = demo
+    panel = w.graph_panel
+    with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+        w.module_tabs.setCurrentWidget(panel)
+    assert panel.graph is not None and panel.graph.meta["model"]
+    # Coloured by the run that the demo fixture made.
+    assert any(n.stats for n in panel.graph if n.kind == "module")
+    cap = w.session.capture
+    name = next(n for n in cap.layers if panel.graph.module_node(n) is not None
+                and panel.graph.representative(panel.graph.module_node(n).id, panel.expanded) in panel.items
+                and n != w.view_state.layer)
+    node_id = panel.graph.module_node(name).id
+    if node_id not in panel.items:  # inside a collapsed container: open it first
+        container = panel.graph.representative(node_id, panel.expanded)
+        with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+            panel.toggle(container)
+    with qtbot.waitSignal(panel.layer_selected, timeout=5000):
+        _click(qtbot, panel, node_id)
+    assert w.view_state.layer == name and w.tree_view.current_name() == name
+    # The other way round: the tree picks a layer, the graph follows.
+    other = next(n for n in cap.layers if n != name)
+    w.tree_view.select_layer(other)
+    qtbot.waitUntil(lambda: w.view_state.layer == other, timeout=5000)
+    assert panel.selected == panel.graph.representative(panel.graph.module_node(other).id, panel.expanded)
+    # Ticks from the graph reach the session, and the graph shows the session's ticks.
+    leaf_node = next(n for n in panel.items if panel.graph.nodes[n].kind == "module"
+                     and not panel.graph.is_container(n) and panel.graph.nodes[n].name)
+    leaf = panel.graph.nodes[leaf_node].name
+    panel.layer_check_requested.emit(leaf, False)
+    assert leaf not in w.session.selection and not panel.items[leaf_node].checked
+    panel.layer_check_requested.emit(leaf, True)
+    assert leaf in w.session.selection and panel.items[leaf_node].checked
