@@ -145,12 +145,14 @@ def main(argv=None) -> int:
     print(f"graph       {len(graph.nodes)} nodes ({sum(1 for n in graph if n.kind == 'module')} module calls, "
           f"{sum(1 for n in graph if n.kind == 'op')} ops), {len(graph.edges)} edges")
     w = window(graph, args.engine, args.frames)
-    print(f"default     {w['default_nodes']} nodes: layout + first paint {1000 * w['default_layout_and_paint_s']:.0f} ms "
+    print(f"default     {w['default_nodes']} nodes: layout + first paint "
+          f"{1000 * w['default_layout_and_paint_s']:.0f} ms "
           f"({w['default_engine']}; the window's first paint ever), {1000 * w['default_again_s']:.0f} ms warm")
     print(f"full        {w['full_nodes']} nodes: layout {1000 * w['full_layout_s']:.0f} ms ({w['full_engine']}, worker "
           f"thread), layout + scene + first paint {1000 * w['full_layout_and_draw_s']:.0f} ms; longest UI-thread gap "
           f"meanwhile {w['ui_longest_gap_during_layout_ms']} ms")
-    print(f"pan/zoom    full expansion: pan {w['pan_frame_ms_median']:.1f} ms median / {w['pan_frame_ms_max']:.1f} max, "
+    print(f"pan/zoom    full expansion: pan {w['pan_frame_ms_median']:.1f} ms median / "
+          f"{w['pan_frame_ms_max']:.1f} max, "
           f"zoom {w['zoom_frame_ms_median']:.1f} ms median / {w['zoom_frame_ms_max']:.1f} max per frame")
     return 0
 

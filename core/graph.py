@@ -27,8 +27,9 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -316,11 +317,11 @@ class ModelGraph:
                 "src": e.src, "dst": e.dst, "shape": list(e.shape), "dtype": e.dtype,
                 "tensor": e.tensor, "grad_l2": _plain(e.grad_l2),
             } for e in self.edges],
-            "meta": _plain({k: v for k, v in self.meta.items()}),
+            "meta": _plain(dict(self.meta)),
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping, source: str = "the graph") -> "ModelGraph":
+    def from_dict(cls, data: Mapping, source: str = "the graph") -> ModelGraph:
         """Read :meth:`to_dict`'s output back.
 
         Raises
@@ -467,7 +468,7 @@ _ARITHMETIC = {"add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod
 
 
 class _Frame:
-    __slots__ = ("node_id", "leaf")
+    __slots__ = ("leaf", "node_id")
 
     def __init__(self, node_id: str, leaf: bool):
         self.node_id = node_id
@@ -550,6 +551,7 @@ class GraphRecorder:
             frame = self.stack.pop()
             node = self.nodes[frame.node_id]
             outs = tensors_in(output, [])
+            first: torch.Tensor | None = None
             if outs:
                 _, first = primary_tensor(output)
                 first = first if first is not None else outs[0]
@@ -559,7 +561,7 @@ class GraphRecorder:
                     vid = self.produce(t, node.id)
                     if first is t:
                         self.node_values[node.id] = vid
-            elif outs:
+            elif first is not None:
                 found = self.lookup(first)
                 if found is not None:
                     self.node_values[node.id] = found[0]
@@ -611,7 +613,7 @@ class _OpMode(TorchFunctionMode):
         super().__init__()
         self.recorder = recorder
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         rec = self.recorder
@@ -668,7 +670,7 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
                 output = call_model(model, inputs)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's forward can raise anything
+        except Exception as exc:
             where = ""
             if recorder.stack:
                 name = recorder.nodes[recorder.stack[-1].node_id].name

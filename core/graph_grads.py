@@ -13,7 +13,8 @@ the input, so the user's ``.grad`` is untouched; hooks are removed in ``finally`
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,7 +60,7 @@ def graph_gradients(
     model: nn.Module,
     inputs: Any,
     *,
-    target: "Target | str" = "top1",
+    target: Target | str = "top1",
     labels: torch.Tensor | None = None,
     train: bool = False,
     on_edge_grad: Callable[[int, torch.Tensor], None] | None = None,
@@ -105,7 +106,7 @@ def graph_gradients(
         if not t.requires_grad:
             return
 
-        def hook(g: torch.Tensor, vid=vid) -> None:
+        def hook(g: torch.Tensor, vid: int = vid) -> None:
             if on_edge_grad is not None:
                 on_edge_grad(vid, g)
             if vid not in grads:
@@ -140,7 +141,7 @@ def graph_gradients(
             torch.autograd.grad(scalar, leaves, allow_unused=True)
         except GradExplorerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's backward can raise anything
+        except Exception as exc:
             raise CaptureError(f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                                "This model may use operations without gradients.") from exc
     finally:

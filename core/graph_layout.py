@@ -22,8 +22,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from core.errors import GradExplorerError
 from core.graph import GraphView, ModelGraph
@@ -71,7 +71,7 @@ class Layout:
         ys1 = [y + self.size[n][1] / 2 for n, (_, y) in self.pos.items()]
         return (min(xs0), min(ys0), max(xs1), max(ys1))
 
-    def shifted(self, dx: float, dy: float) -> "Layout":
+    def shifted(self, dx: float, dy: float) -> Layout:
         """The same layout moved by (dx, dy) (to keep a clicked node in place)."""
         return Layout({n: (x + dx, y + dy) for n, (x, y) in self.pos.items()}, dict(self.size),
                       {k: [(x + dx, y + dy) for x, y in pts] for k, pts in self.routes.items()},
@@ -205,7 +205,7 @@ def _grandalf(nodes: list[str], edges: list[tuple[str, str]], sizes: dict) -> La
     from grandalf.layouts import SugiyamaLayout
 
     class _View:
-        def __init__(self, w, h):
+        def __init__(self, w: float, h: float) -> None:
             self.w, self.h, self.xy = w, h, (0.0, 0.0)
 
     vs = {n: Vertex(n) for n in nodes}
@@ -244,9 +244,7 @@ def _simple(nodes: list[str], edges: list[tuple[str, str]], sizes: dict) -> Layo
     for sweep in range(8):
         down = sweep % 2 == 0
         for k in (keys[1:] if down else keys[-2::-1]):
-            nbrs = pred if down else succ
-
-            def bary(n: str) -> float:
+            def bary(n: str, nbrs: dict = pred if down else succ) -> float:
                 ps = nbrs[n]
                 return sum(order[p] for p in ps) / len(ps) if ps else order[n]
 
@@ -267,9 +265,9 @@ def _longest_path_layers(nodes: Iterable[str], succ: dict, pred: dict) -> dict[s
     """Layer of each node: 1 + the largest layer of its predecessors (Kahn order; a cycle,
     which a forward cannot make, is broken by taking the remaining nodes in order)."""
     indeg = {n: len(pred[n]) for n in succ}
-    layer = {n: 0 for n in succ}
+    layer = dict.fromkeys(succ, 0)
     ready = [n for n in succ if indeg[n] == 0]
-    done = set()
+    done: set[str] = set()
     remaining = list(succ)
     while len(done) < len(succ):
         if not ready:
@@ -289,7 +287,7 @@ def _longest_path_layers(nodes: Iterable[str], succ: dict, pred: dict) -> dict[s
 def _compact_rows(layout: Layout) -> Layout:
     """Rows of an equal-slot layout, re-spaced by real widths in their order."""
     rows: dict[float, list[str]] = {}
-    for n, (x, y) in layout.pos.items():
+    for n, (_x, y) in layout.pos.items():
         rows.setdefault(y, []).append(n)
     for y, row in rows.items():
         row.sort(key=lambda n: layout.pos[n][0])

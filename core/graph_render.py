@@ -8,12 +8,12 @@ functions), so the headless pictures and the window agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 from xml.sax.saxutils import escape
 
 from core.errors import GradExplorerError
-from core.graph import ModelGraph, GraphView
+from core.graph import GraphView, ModelGraph
 from core.graph_layout import Layout, node_label
 
 #: Statistics a node can be coloured by, with their labels.
@@ -157,7 +157,8 @@ def to_dot(graph: ModelGraph, view: GraphView, statistic: str = "grad_l2") -> st
     """Graphviz source of a view (collapsed containers are boxes with a double border)."""
     colors = node_colors(graph, view.nodes, statistic)
     widths = edge_widths(view)
-    lines = ["digraph model {", '  rankdir=TB; node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
+    lines = ["digraph model {",
+             '  rankdir=TB; node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=8, color="#555555"];']
     for n in view.nodes:
         node = graph.nodes[n]
@@ -187,11 +188,11 @@ def to_svg(graph: ModelGraph, view: GraphView, layout: Layout, statistic: str = 
     legend_h = 40.0
     w, h = x1 - x0 + 2 * pad, y1 - y0 + 2 * pad + legend_h
     ox, oy = pad - x0, pad - y0 + legend_h
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
-           f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="Helvetica, Arial, sans-serif">',
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
+            f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="Helvetica, Arial, sans-serif">'),
            f'<rect width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="5" markerHeight="5" '
-           'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555555"/></marker></defs>']
+           ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="5" markerHeight="5" '
+            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555555"/></marker></defs>')]
     if title:
         out.append(f'<text x="{pad:.0f}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
     out.extend(_svg_legend(graph, view, statistic, pad, w))

@@ -17,16 +17,36 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import (
-    QAction, QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen, QPolygonF,
+    QAction,
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetricsF,
+    QPainter,
+    QPainterPath,
+    QPen,
+    QPolygonF,
 )
 from PySide6.QtWidgets import (
-    QComboBox, QGraphicsItem, QGraphicsPathItem, QGraphicsRectItem, QGraphicsScene,
-    QGraphicsSimpleTextItem, QGraphicsView, QHBoxLayout, QLabel, QLineEdit, QMenu, QPushButton,
-    QVBoxLayout, QWidget,
+    QComboBox,
+    QGraphicsItem,
+    QGraphicsPathItem,
+    QGraphicsRectItem,
+    QGraphicsScene,
+    QGraphicsSimpleTextItem,
+    QGraphicsView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.run_worker import TaskRunner
@@ -34,7 +54,14 @@ from core.errors import GradExplorerError
 from core.graph import ModelGraph, extract_graph, first_sample
 from core.graph_layout import Layout, layout_view, node_label
 from core.graph_render import (
-    COLOR_BY, clip_route, color_scale, colormap, edge_widths, node_colors, node_tooltip, text_color,
+    COLOR_BY,
+    clip_route,
+    color_scale,
+    colormap,
+    edge_widths,
+    node_colors,
+    node_tooltip,
+    text_color,
 )
 
 #: Colour of selection, search hits and ticked layers.
@@ -46,7 +73,7 @@ CHECK_COLOR = QColor("#2ca02c")
 class GraphNodeItem(QGraphicsItem):
     """One visible node: a box (modules, inputs, outputs) or an ellipse (ops)."""
 
-    def __init__(self, panel: "GraphPanel", node_id: str, rect: QRectF, fill: str, label: str,
+    def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, fill: str, label: str,
                  kind: str, container: bool):
         super().__init__()
         self.panel = panel
@@ -64,7 +91,7 @@ class GraphNodeItem(QGraphicsItem):
         self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.setZValue(2)
 
-    def boundingRect(self) -> QRectF:  # noqa: N802 - Qt override
+    def boundingRect(self) -> QRectF:
         return self.rect.adjusted(-4, -4, 4, 4)
 
     def paint(self, painter: QPainter, option, widget=None) -> None:
@@ -97,22 +124,22 @@ class GraphNodeItem(QGraphicsItem):
             r = QRectF(self.rect.left(), self.rect.top() + i * h, self.rect.width(), h)
             painter.drawText(r, Qt.AlignmentFlag.AlignCenter, line)
 
-    def hoverEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def hoverEnterEvent(self, event) -> None:
         self.setToolTip(self.panel.tooltip(self.node_id))
         super().hoverEnterEvent(event)
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def mousePressEvent(self, event) -> None:
         if event.button() == Qt.MouseButton.LeftButton:
             self.panel.on_node_clicked(self.node_id)
             event.accept()
             return
         super().mousePressEvent(event)
 
-    def mouseDoubleClickEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def mouseDoubleClickEvent(self, event) -> None:
         self.panel.toggle(self.node_id)
         event.accept()
 
-    def contextMenuEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def contextMenuEvent(self, event) -> None:
         self.panel.node_menu(self.node_id, event.screenPos())
         event.accept()
 
@@ -120,7 +147,7 @@ class GraphNodeItem(QGraphicsItem):
 class GraphFrameItem(QGraphicsRectItem):
     """The outline of an expanded container; double-click it to collapse the container."""
 
-    def __init__(self, panel: "GraphPanel", node_id: str, rect: QRectF, title: str):
+    def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, title: str):
         super().__init__(rect)
         self.panel = panel
         self.node_id = node_id
@@ -132,7 +159,7 @@ class GraphFrameItem(QGraphicsRectItem):
         text.setFont(panel.font_small)
         text.setPos(rect.left() + 4, rect.top() + 2)
 
-    def mouseDoubleClickEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def mouseDoubleClickEvent(self, event) -> None:
         self.panel.toggle(self.node_id)
         event.accept()
 
@@ -175,7 +202,7 @@ class GraphCanvas(QGraphicsView):
         self.setOptimizationFlag(QGraphicsView.OptimizationFlag.DontSavePainterState, True)
         self.setBackgroundBrush(QColor("white"))
 
-    def wheelEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def wheelEvent(self, event) -> None:
         factor = 1.0015 ** event.angleDelta().y()
         self.zoom(factor)
 
@@ -293,7 +320,7 @@ class GraphPanel(QWidget):
         if self.isVisible():
             self.extract(model, inputs, lock)
 
-    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+    def showEvent(self, event) -> None:
         super().showEvent(event)
         if self._pending is not None:
             self.extract(*self._pending)

@@ -10,7 +10,6 @@ import textwrap
 import pytest
 import torch
 
-from app import cli
 from core.graph import ModelGraph
 from tests.app.test_cli import QT_MODULES, ROOT, assert_user_error, run, subprocess_env
 
