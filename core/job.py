@@ -23,9 +23,10 @@ never a GUI thread.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -48,8 +49,16 @@ STAGE_PROBE = "probing"
 INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
 __all__ = [
-    "CancelFlag", "CaptureJob", "OverBudget", "PreparedModel", "ProgressCallback", "probe_model",
-    "STAGE_DOWNLOAD", "STAGE_LOAD_BATCH", "STAGE_LOAD_MODEL", "STAGE_PROBE",
+    "STAGE_DOWNLOAD",
+    "STAGE_LOAD_BATCH",
+    "STAGE_LOAD_MODEL",
+    "STAGE_PROBE",
+    "CancelFlag",
+    "CaptureJob",
+    "OverBudget",
+    "PreparedModel",
+    "ProgressCallback",
+    "probe_model",
 ]
 
 
@@ -301,8 +310,9 @@ class CaptureJob:
             return False  # load_model says what is wrong with the name, in its words
         if enum is None or is_cached(enum):
             return False
-        fetch_weights(enum, progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total),
-                      cancel=self.cancel)
+        # fetch_weights only asks the flag is_set(), the one cancel protocol.
+        cancel = cast("threading.Event | None", self.cancel)
+        fetch_weights(enum, progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total), cancel=cancel)
         return True
 
     def load_batch(self) -> Batch:
@@ -383,10 +393,11 @@ class CaptureJob:
 
         loaded = self.load_model()
         target = parse_target(self.options.target)
-        if target.kind == "class" and loaded.categories and target.class_index >= len(loaded.categories):
+        index = target.class_index
+        if target.kind == "class" and loaded.categories and index is not None and index >= len(loaded.categories):
             n = len(loaded.categories)
             raise GradExplorerError(
-                f"target class {target.class_index} is out of range: {loaded.name} has {n} classes;",
+                f"target class {index} is out of range: {loaded.name} has {n} classes;",
                 f"pick a class from 0 to {n - 1}.",
             )
 
@@ -462,7 +473,8 @@ class CaptureJob:
             if tree is not None:
                 o = self.options
                 module = self.load_model().module
-                self.memory = estimate_capture_memory(tree, selected, o.mode, self.batch.tensor, o.input_grad, module)
+                x = self.load_batch().tensor
+                self.memory = estimate_capture_memory(tree, selected, o.mode, x, o.input_grad, module)
                 self.over_budget = check_budget(self.memory, self.device, budget=o.memory_budget)
             self._estimated = True
         if self.over_budget is not None and self.memory is not None and not self.options.force:

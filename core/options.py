@@ -191,13 +191,12 @@ class CaptureOptions:
                 f"unknown autocast dtype '{self.autocast}';",
                 "use bf16 or fp16, or leave autocast off for the model's own dtype.",
             )
-        if self.memory_budget is not None:
-            if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) \
-                    or self.memory_budget <= 0:
-                raise GradExplorerError(
-                    f"the memory budget {self.memory_budget!r} is not a positive number of bytes;",
-                    "give a size in bytes, or leave it out for half the free memory of the device.",
-                )
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+            raise GradExplorerError(
+                f"the memory budget {budget!r} is not a positive number of bytes;",
+                "give a size in bytes, or leave it out for half the free memory of the device.",
+            )
         if any(not pattern.strip() for pattern in self.layers):
             raise GradExplorerError("an empty layer pattern was given;",
                                     "give module names or globs such as 'layer4.*' (see gradexplorer layers).")

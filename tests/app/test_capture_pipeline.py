@@ -5,6 +5,7 @@ for the same options, and each front end reads the other's files (both format ve
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,8 @@ def assert_same(a, b, where: str = "") -> None:
         assert type(a) is type(b) and len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and a != a:
-        assert isinstance(b, float) and b != b, where  # NaN statistics
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where  # NaN statistics
     else:
         assert a == b, (where, a, b)
 

@@ -10,7 +10,14 @@ import torch
 
 from core.batch import Batch
 from core.errors import CaptureCancelled, GradExplorerError
-from core.job import STAGE_DOWNLOAD, STAGE_LOAD_BATCH, STAGE_LOAD_MODEL, STAGE_PROBE, CaptureJob, OverBudget
+from core.job import (
+    STAGE_DOWNLOAD,
+    STAGE_LOAD_BATCH,
+    STAGE_LOAD_MODEL,
+    STAGE_PROBE,
+    CaptureJob,
+    OverBudget,
+)
 from core.loaded_model import LoadedModel
 from core.options import BatchSpec, CaptureOptions
 from tests.ground_truth import compare, reference
