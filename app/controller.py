@@ -423,10 +423,16 @@ class WindowController(QObject):
         path = path or dialogs.ask_save_file(self.dialog_parent, "Export capture", suggested, dialogs.CAPTURE_FILTER)
         if not path:
             return None
+        # The files the session read: exporting over one of them would destroy it.
+        options = self.session.model_options
+        read = [options.model, options.weights, options.labels] if options is not None else []
+        read += list(self.session.batch_sources)
 
         def task(progress, cancel):
             from core.capture_file import save_capture
+            from core.file_write import check_output_path
 
+            check_output_path(path, read)
             return ("save", save_capture(cap, path), path)
 
         self.status.emit(f"Saving {path}…", 0)

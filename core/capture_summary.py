@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.batch import Batch
 from core.capture_data import Capture
 from core.gradcam import cam_supported
 from core.gradient_flow import layer_flags
@@ -67,7 +68,7 @@ def _grad_norm(capture: Capture, name: str) -> float | None:
     return math.sqrt(sum(v * v for v in values))
 
 
-def input_shape_of(capture: Capture | None, batch=None) -> tuple[int, ...] | None:
+def input_shape_of(capture: Capture | None, batch: Batch | None = None) -> tuple[int, ...] | None:
     """The shape of the model input (batch first): the capture's, else the batch's.
 
     Parameters

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from core.errors import GradExplorerError
+from core.units import format_bytes
 
 __all__ = [
     "BinaryWriter",
@@ -93,12 +94,6 @@ class SaveInterrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str = "SIGINT") -> None:
         super().__init__(_INTERRUPTED)
         self.signal_name = signal_name
-
-
-def _format_bytes(n: float) -> str:
-    from core.memory_estimate import format_bytes
-
-    return format_bytes(n)
 
 
 # -- where to write ------------------------------------------------------------------------
@@ -251,8 +246,8 @@ def _free_bytes(folder: Path) -> int | None:
 
 
 def _disk_full(path: Path, error: type[GradExplorerError], needed: int | None, free: int | None) -> GradExplorerError:
-    need = f" needs at least {_format_bytes(needed)}" if needed else " needs more room"
-    room = f" and {_format_bytes(free)} was free" if free is not None else ""
+    need = f" needs at least {format_bytes(needed)}" if needed else " needs more room"
+    room = f" and {format_bytes(free)} was free" if free is not None else ""
     return error(
         f"The disk is full: writing '{path.name}'{need}{room}; nothing was written.",
         "Free some space or choose another disk; a statistics-only capture is far smaller.",
@@ -613,7 +608,7 @@ def check_free_space(out: str | os.PathLike[str], needed: int, *,
     free = _free_bytes(plan.target.parent)
     if free is not None and needed > free:
         raise error(
-            f"Not enough disk space: '{path.name}' needs about {_format_bytes(needed)} and the disk of "
-            f"'{plan.target.parent}' has {_format_bytes(free)} free.",
+            f"Not enough disk space: '{path.name}' needs about {format_bytes(needed)} and the disk of "
+            f"'{plan.target.parent}' has {format_bytes(free)} free.",
             "Free some space or choose another disk; a statistics-only capture is far smaller.",
         )

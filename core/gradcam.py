@@ -97,9 +97,10 @@ def cam_unavailable_reason(shape: Sequence[int], input_shape: Sequence[int] | No
         return (f"Grad-CAM shows where in a picture the target looks, but this model's input ({inp}) is a "
                 f"sequence, not a picture: {where} outputs ({dims}), positions of a sequence with no place "
                 f"in an image. The Heatmap tab shows it as tokens × channels and the Saliency tab per token.")
-    if len(shape) == 3 and token_grid(shape[1]) is not None and input_shape is not None:
+    grid = token_grid(shape[1]) if len(shape) == 3 else None
+    if grid is not None and input_shape is not None:
         h, w = int(input_shape[2]), int(input_shape[3])
-        side = token_grid(shape[1]).side
+        side = grid.side
         return (f"{where} outputs {shape[1]} tokens ({dims}); a {side}×{side} grid of them does not divide "
                 f"the {h}×{w} input into patches, so they are not its patches and Grad-CAM has no place "
                 f"to show. Choose a convolutional layer or a ViT block whose tokens match the image.")

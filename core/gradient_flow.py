@@ -50,7 +50,7 @@ FLAGS = ("no gradient", "nan/inf", "zero", "vanishing", "exploding")
 def _layer_stats(rec: LayerRecord, kind: str) -> list[dict]:
     if kind == "param":
         return [s for s in rec.param_stats.values() if s]
-    return [c.stats.get(kind) for c in rec.calls if c.stats.get(kind)]
+    return [s for c in rec.calls if (s := c.stats.get(kind))]
 
 
 def aggregate(stats_list: list[dict], metric: str) -> float:
@@ -197,15 +197,16 @@ def layer_flags(
 
     logs = [math.log10(v) if v > 0 and math.isfinite(v) else None for v in rms]
     for i, name in enumerate(names):
-        if logs[i] is None:
+        own = logs[i]
+        if own is None:
             continue
-        window = [logs[j] for j in range(max(0, i - neighbours), min(len(names), i + neighbours + 1))
-                  if j != i and logs[j] is not None]
+        window = [v for j in range(max(0, i - neighbours), min(len(names), i + neighbours + 1))
+                  if j != i and (v := logs[j]) is not None]
         if len(window) < 2:
             continue
         median = statistics.median(window)
-        if logs[i] < median + math.log10(vanishing):
+        if own < median + math.log10(vanishing):
             flags[name].append("vanishing")
-        elif logs[i] > median + math.log10(exploding):
+        elif own > median + math.log10(exploding):
             flags[name].append("exploding")
     return flags

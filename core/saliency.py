@@ -10,6 +10,7 @@ the gradient there is used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ class TokenSaliency:
     source: str
 
 
-def is_sequence_input(input_shape) -> bool:
+def is_sequence_input(input_shape: Sequence[int] | None) -> bool:
     """Whether a model input of this shape (batch first) is a sequence: ``(B, T)`` or
     ``(B, T, D)``."""
     return input_shape is not None and len(input_shape) in (2, 3)

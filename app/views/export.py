@@ -13,12 +13,13 @@ from pathlib import Path
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice
 from PySide6.QtWidgets import QWidget
 
-from core.capture_file import atomic_save  # core.file_write's writer once it lands
+from core.file_write import atomic_write_bytes
 
 
 def write_export(data: bytes, path: str | os.PathLike) -> Path:
-    """Write ``data`` to ``path`` atomically (raises ``GradExplorerError`` subclasses)."""
-    return atomic_save(data, path, saver=lambda payload, fh: fh.write(payload))
+    """Write ``data`` to ``path`` atomically (raises ``GradExplorerError`` subclasses:
+    never over a special file, a symlink written at its target, disk full said so)."""
+    return atomic_write_bytes(path, data)
 
 
 def png_bytes(widget: QWidget) -> bytes:

@@ -374,3 +374,22 @@ def test_export_to_a_read_only_folder_or_a_full_disk_leaves_no_file(qtbot, demo,
     assert list(folder.iterdir()) == []  # no half-written file, no temporary left
     monkeypatch.setattr(core.capture_file.os, "fsync", real_fsync)
     _assert_intact_and_runs(qtbot, demo, before)
+
+
+def test_export_over_an_input_file_is_refused_and_the_input_kept(qtbot, demo, shown_errors, monkeypatch, tmp_path):
+    x = tmp_path / "x.pt"
+    torch.save(torch.randn(2, 3, 64, 64), x)
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs([str(x)])
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    before = x.read_bytes()
+    link = tmp_path / "link.pt"
+    link.symlink_to(x)
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a: str(link))
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT) as done:
+        demo.export_capture_action.trigger()
+    assert done.args == ["failed"]
+    problem, fix = _message(shown_errors[-1][1])
+    assert "same file as the input" in problem and "another output" in fix
+    assert x.read_bytes() == before and link.is_symlink()
