@@ -43,7 +43,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "devices", "diff", "graph")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff", "graph")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="capture a whole dataset (--input FOLDER or .pt), N samples per batch, and merge "
+                        "the statistics exactly (needs --stats-only; works under torchrun)")
+    p.add_argument("--max-samples", type=int, metavar="M", help="with --batch-size: use at most M samples")
     _add_common(p)
     p.set_defaults(func=cmd_capture)
 
@@ -195,12 +199,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_layers)
 
     # -- inspect -----------------------------------------------------------------
-    p = sub.add_parser("inspect", help="summarise a capture file",
-                       description="Show the metadata and per-layer statistics of a capture file.")
-    p.add_argument("file", metavar="FILE.pt")
+    p = sub.add_parser("inspect", help="summarise a capture file or a watch log",
+                       description="Show the metadata and per-layer statistics of a capture file, or "
+                                   "summarise a watch log (.gxw): steps, NaN/Inf onset, vanishing or "
+                                   "exploding layers.")
+    p.add_argument("file", metavar="FILE.pt|RUN.gxw")
     p.add_argument("--layer", metavar="NAME", help="details of one layer (a name or glob pattern)")
+    p.add_argument("--csv", metavar="FILE", help="watch logs: also export every row to this CSV file")
     _add_common(p)
     p.set_defaults(func=cmd_inspect)
+
+    # -- timeline ----------------------------------------------------------------
+    p = sub.add_parser("timeline", help="open the timeline of a watch log or a dataset capture",
+                       description="Layers x steps of a watch log (.gxw, followed live while it grows) or of a "
+                                   "dataset capture's per-batch series, in a window.")
+    p.add_argument("file", metavar="RUN.gxw|DATASET.pt")
+    p.add_argument("--layer", metavar="NAME", help="the layer whose histograms to show first")
+    p.add_argument("--screenshot", metavar="PNG", help="save the window once drawn, then quit")
+    _add_common(p)
+    p.set_defaults(func=cmd_timeline)
 
     # -- devices -----------------------------------------------------------------
     p = sub.add_parser("devices", help="list the devices a capture can run on",
@@ -352,6 +369,11 @@ def capture_options(args) -> CaptureOptions:
 
 def cmd_capture(args, ui: _UI) -> int:
     from core.job import CaptureJob, OverBudget
+
+    if getattr(args, "batch_size", None) is not None:
+        from app.cli_dataset import cmd_capture_dataset
+
+        return cmd_capture_dataset(args, ui)
 
     # Cheap checks first: a typo in --out or --target should not cost a model load.
     out = _check_out_path(args)
@@ -528,11 +550,24 @@ def cmd_layers(args, ui: _UI) -> int:
 # ---------------------------------------------------------------------------
 
 
+def cmd_timeline(args, ui: _UI) -> int:
+    from app.timeline_window import launch_timeline
+
+    return launch_timeline(args.file, args.screenshot, args.layer)
+
+
 def cmd_inspect(args, ui: _UI) -> int:
+    from app.cli_watch import check_csv_target, cmd_inspect_log, is_watch_log
     from core.capture_file import load_capture
     from core.capture_meta import capture_meta
 
     path = Path(args.file).expanduser()
+    if getattr(args, "csv", None):
+        check_csv_target(args.csv)
+    if path.suffix == ".gxw" or is_watch_log(path):
+        return cmd_inspect_log(path, getattr(args, "csv", None))
+    if getattr(args, "csv", None):
+        raise GradExplorerError("--csv exports watch logs (.gxw);", "leave out --csv for a capture file.")
     cap = load_capture(path)
     names = list(cap.layers)
     if args.layer:

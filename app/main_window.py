@@ -62,6 +62,7 @@ class MainWindow(QMainWindow):
             devices = list_devices()
         self.devices = devices
         self.view_state = ViewState()
+        self.timeline_windows: list = []
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
@@ -158,6 +159,8 @@ class MainWindow(QMainWindow):
         self.export_capture_action = action(
             "&Export capture…", lambda: c.export_capture(), QKeySequence.StandardKey.Save,
             "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
+        self.open_timeline_action = action("Open &timeline…", lambda: self.open_timeline(), "Ctrl+T",
+                                           "Open a watch log (.gxw) or a dataset capture: layers x steps")
         self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
@@ -175,6 +178,7 @@ class MainWindow(QMainWindow):
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         menu.addSeparator()
         menu.addAction(self.open_capture_action)
+        menu.addAction(self.open_timeline_action)
         menu.addAction(self.export_capture_action)
         menu.addAction(self.export_png_action)
         menu.addAction(self.export_csv_action)
@@ -310,9 +314,23 @@ class MainWindow(QMainWindow):
                           "<b>gradexplorer</b><br>See the gradients inside a PyTorch model: per-layer capture, "
                           "heatmaps, histograms, gradient flow and Grad-CAM.")
 
+    def open_timeline(self, path: str | None = None):
+        """Open a watch log or dataset capture in a timeline window of its own."""
+        from app.timeline_window import TIMELINE_FILTER, TimelineWindow
+
+        path = path or dialogs.ask_open_file(self, "Open timeline", TIMELINE_FILTER)
+        if not path:
+            return None
+        window = TimelineWindow(path, self)
+        self.timeline_windows.append(window)
+        window.show()
+        return window
+
     def shutdown(self) -> None:
         """Cancel every worker and wait for them (on close, and at the end of tests)."""
         self.graph_panel.shutdown()
+        for window in self.timeline_windows:
+            window.view.shutdown()
         self.controller.shutdown()
 
     def closeEvent(self, event: QCloseEvent) -> None:

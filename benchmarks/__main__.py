@@ -140,13 +140,24 @@ def soak(table: Table, quick: bool) -> None:
                   "< 5%, 0 left")
 
 
+def watch_overhead(table: Table, quick: bool) -> None:
+    from benchmarks.watch_overhead import measure
+
+    size = 112 if quick else 224
+    for r in measure(size=size, batch=16, steps=100, quick=quick):
+        target = {"watch every 1, all layers": "<= 1.3x", "watch every 10, all layers": "<= 1.05x",
+                  "watch every 100, all layers": "<= 1.01x"}.get(r["config"], "")
+        table.add("watch overhead", f"resnet18 train batch 16 at {size} px, CPU: {r['config']}",
+                  f"{r['ratio']:.3f}x ({r['ms']:.0f} vs {r['bare_ms']:.0f} ms/step)", target)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller inputs, shorter soak")
-    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,redraw,soak")
+    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,redraw,soak,watch")
     args = ap.parse_args(argv)
     parts = {"overhead": overhead, "ui": ui_stall, "tree": tree_build, "memory": memory,
-             "cancel": cancel, "redraw": redraw, "soak": soak}
+             "cancel": cancel, "redraw": redraw, "soak": soak, "watch": watch_overhead}
     chosen = [p for p in args.only.split(",") if p] or list(parts)
     t0 = time.perf_counter()
     print(f"gradexplorer benchmarks: torch {torch.__version__}, {torch.get_num_threads()} CPU threads"

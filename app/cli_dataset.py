@@ -1,0 +1,180 @@
+"""``gradexplorer capture --batch-size N``: statistics over a whole dataset (core.dataset_capture).
+
+Also under ``torchrun --nproc-per-node K -m app capture ...``: the process group is
+detected from torchrun's environment, each rank captures its share of the batches on its
+own device, and rank 0 merges (a collective) and writes the file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+
+import torch
+
+from app.cli_format import fmt_seconds, human_size
+from core.errors import GradExplorerError
+
+EXIT_OK = 0
+
+
+def _dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise GradExplorerError("WORLD_SIZE, RANK or LOCAL_RANK is not a number;",
+                                "start the command with torchrun, or unset these variables.") from None
+    return rank, world, local
+
+
+def _check_args(args) -> None:
+    if args.batch_size < 1:
+        raise GradExplorerError(f"--batch-size {args.batch_size} is not a positive number;",
+                                "give the number of samples per batch, e.g. --batch-size 32.")
+    if args.max_samples is not None and args.max_samples < 1:
+        raise GradExplorerError(f"--max-samples {args.max_samples} is not a positive number;",
+                                "give how many samples to use at most, or leave it out for all.")
+    if not args.stats_only:
+        raise GradExplorerError("a capture over a dataset (--batch-size) keeps statistics only;",
+                                "add --stats-only.")
+    if not args.input:
+        raise GradExplorerError("a capture over a dataset (--batch-size) needs --input;",
+                                "give a folder of images or one .pt tensor file with --input.")
+    if args.input_grad:
+        raise GradExplorerError("--input-grad is not available with --batch-size;", "leave out --input-grad.")
+    if args.train:
+        raise GradExplorerError("--train is not available with --batch-size (batch statistics would differ "
+                                "from one batch size to another);", "leave out --train.")
+
+
+def cmd_capture_dataset(args, ui) -> int:
+    """Run the dataset capture the arguments describe (see the module docstring)."""
+    from app.cli import _check_out_path, _progress, capture_options
+    from core.dataset_capture import (
+        batch_count,
+        capture_dataset,
+        dataset_files,
+        eta_text,
+        gather_to_rank0,
+        iter_image_batches,
+        iter_tensor_batches,
+        shard,
+        to_capture,
+    )
+    from core.job import CaptureJob
+    from core.selection import resolve_layers
+
+    _check_args(args)
+    rank, world, local_rank = _dist_env()
+    out = _check_out_path(args) if rank == 0 else None
+    options = capture_options(args)  # checks --target and the other settings' spelling
+    job = CaptureJob(options, _progress(ui))
+    target = options.target
+    device = job.resolve_device()
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", local_rank)  # one GPU per rank
+        torch.cuda.set_device(device)
+    if rank != 0:
+        ui.quiet = True
+        ui.bar.enabled = False
+    t_start = time.perf_counter()
+
+    import torch.distributed as dist
+
+    own_group = False
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        own_group = True
+    try:
+        loaded = job.load_model()
+        selected = resolve_layers(loaded.module, args.layers or None)
+        sources = list(args.input)
+        if len(sources) == 1 and sources[0].lower().endswith((".pt", ".pth")) and os.path.isfile(sources[0]):
+            from core.batches import load_tensor_file
+
+            ui.bar.update("loading tensor")
+            tb = load_tensor_file(sources[0])
+            n = len(tb.tensor) if args.max_samples is None else min(len(tb.tensor), args.max_samples)
+            tensor, labels = tb.tensor[:n], (tb.labels[:n] if tb.labels is not None else None)
+            total = batch_count(n, args.batch_size)
+            mine = shard(range(total), rank, world)
+            batches = iter_tensor_batches(tensor, labels, args.batch_size, mine)
+        else:
+            files = dataset_files(sources, args.max_samples)
+            n = len(files)
+            total = batch_count(n, args.batch_size)
+            mine = shard(range(total), rank, world)
+            batches = iter_image_batches(files, args.batch_size, loaded, mine)
+        ui.note(f"capturing {len(selected)} layers of {loaded.name} over {n} samples "
+                f"({total} batches of {args.batch_size}) on {device}"
+                + (f", {world} processes" if world > 1 else "") + ", statistics only")
+        started = time.monotonic()
+
+        def on_progress(done: int, _total: int, _samples: int) -> None:
+            # Rank 0 shows its own share; the ranks move at about the same pace.
+            share = len(mine)
+            text = eta_text(done, share, started).split(", ETA ")
+            ui.bar.update("batches", done, share, "batches" + (f"  ETA {text[1]}" if len(text) > 1 else ""))
+
+        stats = capture_dataset(loaded.module, batches, layers=args.layers or None, target=target, device=device,
+                                total_batches=len(mine), progress=on_progress)
+        if world > 1:
+            ui.bar.update("merging ranks")
+            merged = gather_to_rank0(stats)
+        else:
+            merged = stats
+        if rank != 0 or merged is None:
+            return EXIT_OK
+        # The version 2 metadata keys (core.capture_meta), as far as a dataset has them.
+        meta = {
+            "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
+            "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
+            "batch": f"{n} samples from {', '.join(sources)} in batches of {args.batch_size}",
+            "batch_source": ", ".join(sources), "sample_names": None, "preprocessing": None, "labels": None,
+            "input_grad": False, "autocast": None,
+            "target": str(target), "device": str(device), "dtype": None, "train": False, "world_size": world,
+            "torch_version": str(torch.__version__),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "layer_order": list(selected), "call_order": None, "timing": None,
+            "seconds": round(time.perf_counter() - t_start, 4),
+        }
+        cap = to_capture(merged, loaded.module, selected, meta)
+        from core.capture_file import save_capture
+
+        ui.bar.update("saving")
+        assert out is not None
+        path = save_capture(cap, out)
+        ui.bar.close()
+        _print_summary(cap, merged, path, time.perf_counter() - t_start)
+        return EXIT_OK
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _print_summary(cap, stats, path, elapsed: float) -> None:
+    from core.stats import has_nonfinite
+
+    flagged = [n for n, rec in cap.layers.items()
+               if any(has_nonfinite(s) for c in rec.calls for s in c.stats.values() if s)]
+    snr = sorted(((v["snr"], k) for k, v in cap.meta["dataset"]["snr"].items() if v["snr"] == v["snr"]))
+    lines = [
+        f"model     {cap.meta.get('model_name')}" + (f"  weights {cap.meta['weights']}" if cap.meta.get("weights")
+                                                      else "  (random init)"),
+        f"dataset   {stats.samples} samples in {stats.batches} batches  target {cap.meta.get('target')}"
+        f"  device {cap.meta.get('device')}" + (f"  {cap.meta['world_size']} processes"
+                                               if cap.meta.get("world_size", 1) > 1 else ""),
+        f"captured  {len(cap.layers)} layers in {fmt_seconds(elapsed)}",
+    ]
+    if snr:
+        low = ", ".join(f"{k} {v:.3g}" for v, k in snr[:3])
+        lines.append(f"grad SNR  lowest: {low}")
+    if flagged:
+        more = " ..." if len(flagged) > 5 else ""
+        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}{more}")
+    lines.append(f"wrote     {human_size(path.stat().st_size)} to {path.resolve()}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,509 @@
+"""Timeline of a watch log (or a dataset capture's per-batch series): layers × steps.
+
+A heatmap of one statistic (log colour), the first NaN/Inf marked (a line at its step and
+a marker on its first layer), a click on a cell shows that layer's histograms over steps
+(TensorBoard's distribution view, on the fixed signed log2 bins), line plots of the layers
+chosen in the list, PNG and CSV export. While a log grows, the view follows it: a timer
+asks a worker thread for the steps after the last one shown, and the UI thread only draws.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QTimer, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, colormap, style_plot_widget
+from core.stats_merge import HIST_BINS, MAG_LOW, ZERO_BIN
+from core.timeline import Onset, Timeline, log_colour
+
+KIND_LABELS = {
+    "grad_output": "output gradient",
+    "activation": "activation",
+    "grad_norm": "per-sample gradient norm",
+    "grad": "parameter gradient",
+    "weight": "weight",
+}
+STAT_LABELS = {
+    "l2": "L2 norm", "mean_abs": "mean |x|", "max_abs": "max |x|", "std": "std", "mean": "mean",
+    "nonfinite": "NaN + Inf count", "zero_fraction": "zero fraction", "update_ratio": "update ratio |Δw|/|w|",
+}
+#: The series fields of dataset captures (core.dataset_capture.SERIES_FIELDS).
+CAPTURE_STATS = ("l2", "mean", "std", "max_abs", "nonfinite")
+
+
+#: Colour of cells with no finite value (NaN/Inf everywhere, or no value at that step).
+_NAN_RGBA = (255, 43, 214, 150)
+
+
+class _Bridge(QObject):
+    done = Signal(int, object, object)  # generation, result, error
+
+
+class _Job(QRunnable):
+    def __init__(self, bridge: _Bridge, generation: int, fn: Callable[[], Any]) -> None:
+        super().__init__()
+        self.bridge, self.generation, self.fn = bridge, generation, fn
+
+    def run(self) -> None:
+        try:
+            result, error = self.fn(), None
+        except Exception as exc:  # noqa: BLE001 - shown in the view, never raised into Qt
+            result, error = None, exc
+        self.bridge.done.emit(self.generation, result, error)
+
+
+def bin_label(index: int) -> str:
+    """A short label of a signed log2 bin: ``0``, ``2^-3``, ``-2^5``, ``<-2^63``..."""
+    if index == ZERO_BIN:
+        return "0"
+    negative = index < ZERO_BIN
+    j = (ZERO_BIN - 1 - index) if negative else (index - ZERO_BIN - 1)
+    sign = "-" if negative else ""
+    if j == 0:
+        return f"{sign}tiny"
+    if j == HIST_BINS // 2 - 1:
+        return f"{sign}huge"
+    return f"{sign}2^{j - 1 + MAG_LOW}"
+
+
+class TimelineView(QWidget):
+    """Layers × steps of a watch log or dataset capture; see the module docstring.
+
+    Signals
+    -------
+    updated : emitted after new data was drawn (for tests and scripts).
+    failed : emitted with a message when reading fails.
+    """
+
+    updated = Signal()
+    failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None, poll_ms: int = 1000) -> None:
+        super().__init__(parent)
+        self.source: str | None = None
+        self.source_kind = ""  # "log" or "capture"
+        self.timeline: Timeline | None = None
+        self.onset: Onset | None = None
+        self.selected: list[str] = []
+        self._capture: Any = None
+        self._generation = 0
+        self._busy = False
+        self._pool = QThreadPool(self)
+        self._pool.setMaxThreadCount(1)
+        self._bridge = _Bridge()
+        self._bridge.done.connect(self._on_done)
+        self._handlers: dict[int, Callable[[Any], None]] = {}
+
+        self.kind_combo = QComboBox()
+        for key, label in KIND_LABELS.items():
+            self.kind_combo.addItem(label, key)
+        self.stat_combo = QComboBox()
+        self.follow_box = QCheckBox("Follow (live)")
+        self.follow_box.setChecked(True)
+        self.png_button = QPushButton("Export PNG…")
+        self.csv_button = QPushButton("Export CSV…")
+        self.status = QLabel("No log open.")
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        bar = QHBoxLayout()
+        for w in (QLabel("Rows"), self.kind_combo, QLabel("Statistic"), self.stat_combo, self.follow_box):
+            bar.addWidget(w)
+        bar.addStretch(1)
+        bar.addWidget(self.png_button)
+        bar.addWidget(self.csv_button)
+
+        # heatmap
+        self.heat_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.heat_widget)
+        self.heat_plot = self.heat_widget.addPlot(row=0, col=0)
+        self.heat_plot.invertY(True)
+        self.heat_plot.setMenuEnabled(False)
+        self.heat_plot.hideButtons()
+        self.heat_image = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.heat_image)
+        # Cells with no finite value (every element NaN/Inf): an overlay of their own colour,
+        # so that they do not read as "small" on the log scale.
+        self.nan_image = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.nan_image)
+        self.colour_bar = pg.ColorBarItem(colorMap=colormap(False), label="log10 |value|", interactive=False)
+        self.colour_bar.setImageItem(self.heat_image, insert_in=self.heat_plot)
+        self.onset_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2))
+        self.onset_marker = pg.ScatterPlotItem(symbol="x", size=14, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2),
+                                               brush=None)
+        self.onset_text = pg.TextItem(color=FLAG_COLOURS["nan/inf"], anchor=(0, 1))
+        self.select_box = pg.QtWidgets.QGraphicsRectItem(0, 0, 1, 1)
+        self.select_box.setPen(pg.mkPen(SELECTED_COLOUR, width=2))
+        for item in (self.onset_line, self.onset_marker, self.onset_text, self.select_box):
+            item.setVisible(False)
+            self.heat_plot.addItem(item)
+        self.heat_plot.scene().sigMouseClicked.connect(self._on_heat_click)
+
+        # histograms over steps, and lines
+        self.hist_widget = pg.GraphicsLayoutWidget()
+        style_plot_widget(self.hist_widget)
+        self.hist_plot = self.hist_widget.addPlot(row=0, col=0, title="histograms over steps")
+        self.hist_plot.setMenuEnabled(False)
+        self.hist_image = pg.ImageItem(axisOrder="row-major")
+        self.hist_image.setColorMap(colormap(False))
+        self.hist_plot.addItem(self.hist_image)
+        self.line_plot = self.hist_widget.addPlot(row=1, col=0, title="chosen layers")
+        self.line_plot.addLegend(offset=(5, 5))
+        self.line_plot.setMenuEnabled(False)
+        for plot in (self.heat_plot, self.hist_plot, self.line_plot):
+            for name in ("left", "bottom"):
+                plot.getAxis(name).setTextPen(FOREGROUND)
+                plot.getAxis(name).setPen(FOREGROUND)
+
+        self.layer_list = QListWidget()
+        self.layer_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.layer_list.setMaximumWidth(260)
+
+        lower = QSplitter(Qt.Orientation.Horizontal)
+        lower.addWidget(self.layer_list)
+        lower.addWidget(self.hist_widget)
+        lower.setStretchFactor(1, 1)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.heat_widget)
+        split.addWidget(lower)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(bar)
+        layout.addWidget(split, 1)
+        layout.addWidget(self.status)
+
+        self._fill_stats()
+        self.kind_combo.currentIndexChanged.connect(self._on_choice_changed)
+        self.stat_combo.currentIndexChanged.connect(self._on_choice_changed)
+        self.layer_list.itemSelectionChanged.connect(self._on_list_selection)
+        self.png_button.clicked.connect(lambda: self.export_png())
+        self.csv_button.clicked.connect(lambda: self.export_csv())
+        self.timer = QTimer(self)
+        self.timer.setInterval(poll_ms)
+        self.timer.timeout.connect(self._poll)
+
+    # -- opening -----------------------------------------------------------------------
+    def open_log(self, path: str) -> None:
+        """Show a watch log, and follow it while it grows."""
+        self.source, self.source_kind = os.fspath(path), "log"
+        self._capture = None
+        self._fill_stats()
+        self._reload()
+        self.timer.start()
+
+    def open_capture(self, path: str) -> None:
+        """Show a dataset capture's per-batch series (loaded in the worker)."""
+        from core.capture_file import load_capture
+
+        self.timer.stop()
+        self.source, self.source_kind = os.fspath(path), "capture"
+        self._fill_stats()
+        self.status.setText(f"Loading {path} …")
+
+        def load():
+            return load_capture(path)
+
+        def loaded(cap):
+            self._capture = cap
+            self._reload()
+
+        self._submit(load, loaded)
+
+    def shutdown(self) -> None:
+        """Stop following and wait for the worker (before the widget goes away)."""
+        self.timer.stop()
+        self._generation += 1
+        self._pool.waitForDone(5000)
+
+    # -- reading (worker) -----------------------------------------------------------------
+    def _submit(self, fn: Callable[[], Any], handler: Callable[[Any], None]) -> None:
+        self._generation += 1
+        self._busy = True
+        self._handlers = {self._generation: handler}
+        self._pool.start(_Job(self._bridge, self._generation, fn))
+
+    def _on_done(self, generation: int, result: Any, error: Any) -> None:
+        handler = self._handlers.pop(generation, None)
+        if generation == self._generation:
+            self._busy = False
+        if handler is None:
+            return  # a stale result: the choice changed meanwhile
+        if error is not None:
+            text = getattr(error, "problem", None) or f"{type(error).__name__}: {error}"
+            self.status.setText(f"Cannot read {self.source}: {text}")
+            self.failed.emit(str(text))
+            return
+        handler(result)
+
+    def _reload(self) -> None:
+        kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
+        self.timeline = None
+        if self.source_kind == "capture":
+            from core.timeline import timeline_from_capture
+
+            cap = self._capture
+            if cap is None:
+                return
+            self._submit(lambda: (timeline_from_capture(cap, kind, stat), None), self._on_full)
+            return
+        path = self.source
+
+        def read():
+            from core.timeline import nonfinite_onset, read_timeline
+
+            return read_timeline(path, kind, stat), nonfinite_onset(path)
+
+        self._submit(read, self._on_full)
+
+    def _poll(self) -> None:
+        if not self.follow_box.isChecked() or self._busy or self.source_kind != "log" or self.timeline is None:
+            return
+        path, kind, stat = self.source, self.kind_combo.currentData(), self.stat_combo.currentData()
+        last = int(self.timeline.steps[-1]) if self.timeline.steps.size else -1
+
+        def read():
+            from core.timeline import nonfinite_onset, read_timeline
+
+            return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
+
+        def got(result):
+            new, onset = result
+            if self.timeline is None or new.steps.size == 0:
+                return
+            self.timeline = self.timeline.extend(new)
+            self.onset = onset
+            self._draw()
+
+        self._submit(read, got)
+
+    def _on_full(self, result) -> None:
+        self.timeline, self.onset = result
+        self._fill_layer_list()
+        self._draw()
+
+    # -- choices --------------------------------------------------------------------------------
+    def _fill_stats(self) -> None:
+        keep = self.stat_combo.currentData()
+        stats = CAPTURE_STATS if self.source_kind == "capture" else tuple(STAT_LABELS)
+        self.stat_combo.blockSignals(True)
+        self.stat_combo.clear()
+        for key in stats:
+            self.stat_combo.addItem(STAT_LABELS[key], key)
+        self.stat_combo.setCurrentIndex(max(self.stat_combo.findData(keep), 0))
+        self.stat_combo.blockSignals(False)
+
+    def _on_choice_changed(self) -> None:
+        if self.source is not None:
+            self._reload()
+
+    def _fill_layer_list(self) -> None:
+        t = self.timeline
+        self.layer_list.blockSignals(True)
+        self.layer_list.clear()
+        if t is not None:
+            self.layer_list.addItems(t.rows)
+            keep = [r for r in self.selected if r in t.rows] or t.rows[:1]
+            self.selected = keep
+            for i, r in enumerate(t.rows):
+                self.layer_list.item(i).setSelected(r in keep)
+        self.layer_list.blockSignals(False)
+
+    def _on_list_selection(self) -> None:
+        self.selected = [it.text() for it in self.layer_list.selectedItems()]
+        self._draw_selection()
+
+    def _on_heat_click(self, event) -> None:
+        t = self.timeline
+        if t is None or not t.rows:
+            return
+        pos = self.heat_plot.vb.mapSceneToView(event.scenePos())
+        row, col = int(math.floor(pos.y())), int(math.floor(pos.x()))
+        if 0 <= row < len(t.rows) and 0 <= col < t.steps.size:
+            add = bool(event.modifiers() & Qt.KeyboardModifier.ControlModifier)
+            self.select_layer(t.rows[row], add=add)
+
+    def select_layer(self, name: str, add: bool = False) -> None:
+        """Show ``name``'s histograms over steps, and add it to (or make it) the line plot."""
+        t = self.timeline
+        if t is None or name not in t.rows:
+            return
+        self.selected = (self.selected + [name]) if add and name not in self.selected else [name]
+        self.layer_list.blockSignals(True)
+        for i, r in enumerate(t.rows):
+            self.layer_list.item(i).setSelected(r in self.selected)
+        self.layer_list.blockSignals(False)
+        self._draw_selection()
+
+    # -- drawing (UI thread, arrays only) ------------------------------------------------------
+    def _draw(self) -> None:
+        t = self.timeline
+        if t is None:
+            return
+        if self.layer_list.count() != len(t.rows):
+            self._fill_layer_list()
+        img = log_colour(t.values) if t.values.size else np.zeros((1, 1))
+        finite = img[np.isfinite(img)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        if hi <= lo:
+            hi = lo + 1.0
+        self.heat_image.setImage(np.nan_to_num(img, nan=lo - 1.0), autoLevels=False)
+        rect = (0, 0, max(t.steps.size, 1), max(len(t.rows), 1))
+        self.heat_image.setRect(*rect)
+        overlay = np.zeros(img.shape + (4,), dtype=np.uint8)
+        if t.values.size:
+            nonfinite = np.isnan(t.values) | np.isinf(t.values)
+            overlay[nonfinite] = _NAN_RGBA
+        self.nan_image.setImage(overlay, autoLevels=False, levels=(0, 255))
+        self.nan_image.setRect(*rect)
+        self.colour_bar.setLevels((lo, hi))
+        left = self.heat_plot.getAxis("left")
+        left.setTicks([[(i + 0.5, r) for i, r in enumerate(t.rows)]])
+        every = max(1, t.steps.size // 12)
+        self.heat_plot.getAxis("bottom").setTicks(
+            [[(j + 0.5, str(int(s))) for j, s in enumerate(t.steps) if j % every == 0]])
+        self.heat_plot.setLabel("bottom", "batch" if self.source_kind == "capture" else "step")
+        self._draw_onset()
+        self._draw_selection()
+        where = os.path.basename(self.source or "")
+        span = f"{int(t.steps[0])} .. {int(t.steps[-1])}" if t.steps.size else "none yet"
+        onset = (f"; NaN/Inf from step {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
+                 if self.onset else "")
+        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} steps ({span}){onset}"
+                            + ("; magenta cells: no finite value" if np.isnan(t.values).any() else ""))
+        self.updated.emit()
+
+    def _draw_onset(self) -> None:
+        t, onset = self.timeline, self.onset
+        show = t is not None and onset is not None and t.steps.size > 0
+        if show:
+            assert t is not None and onset is not None
+            cols = np.flatnonzero(t.steps == onset.step)
+            show = cols.size > 0
+        for item in (self.onset_line, self.onset_marker, self.onset_text):
+            item.setVisible(bool(show))
+        if not show:
+            return
+        assert t is not None and onset is not None
+        col = int(cols[0])
+        self.onset_line.setPos(col)
+        rows = [i for i, r in enumerate(t.rows) if r.split("#")[0] == onset.layer]
+        if rows:
+            self.onset_marker.setData([col + 0.5], [rows[0] + 0.5])
+        else:
+            self.onset_marker.setData([], [])
+        self.onset_text.setText(f"NaN/Inf from step {onset.step}: {onset.layer}")
+        self.onset_text.setPos(col, 0)
+
+    def _draw_selection(self) -> None:
+        t = self.timeline
+        self.line_plot.clear()
+        if t is None or not self.selected:
+            self.select_box.setVisible(False)
+            return
+        first = self.selected[0]
+        row = t.rows.index(first) if first in t.rows else 0
+        self.select_box.setRect(0, row, max(t.steps.size, 1), 1)
+        self.select_box.setVisible(True)
+        positive = bool(np.all(t.values[np.isfinite(t.values)] > 0)) if np.isfinite(t.values).any() else False
+        self.line_plot.setLogMode(y=positive)
+        for i, name in enumerate(self.selected):
+            if name not in t.rows:
+                continue
+            v = t.values[t.rows.index(name)]
+            ok = np.isfinite(v) & ((v > 0) if positive else True)
+            self.line_plot.plot(t.steps[ok].astype(float), v[ok], name=name,
+                                pen=pg.mkPen(pg.intColor(i, hues=max(len(self.selected), 3)), width=2))
+        self.line_plot.setLabel("left", STAT_LABELS.get(t.stat, t.stat))
+        self._draw_histograms(first)
+
+    def _draw_histograms(self, label: str) -> None:
+        self.hist_image.clear()
+        if self.source_kind != "log":
+            self.hist_plot.setTitle("histograms over steps: only watch logs keep them per step")
+            return
+        layer, _, call = label.partition("#")
+        kind, path = self.kind_combo.currentData(), self.source
+
+        def read():
+            from core.timeline import layer_histograms
+
+            return layer_histograms(path, layer, int(call or 0), kind)
+
+        def got(result):
+            steps, counts = result
+            self.show_histograms(label, steps, counts)
+
+        # A separate small job: the generation number drops it if the choice changes.
+        self._submit(read, got)
+
+    def show_histograms(self, label: str, steps: np.ndarray, counts: np.ndarray) -> None:
+        """Draw ``counts`` (steps × bins) as bins (rows, cropped to those used) × steps."""
+        if counts.size == 0:
+            self.hist_plot.setTitle(f"{label}: no histograms")
+            return
+        used = np.flatnonzero(counts.sum(axis=0))
+        lo, hi = int(used[0]), int(used[-1]) + 1
+        img = np.log10(1.0 + counts[:, lo:hi].T.astype(np.float64))
+        self.hist_image.setImage(img, autoLevels=True)
+        self.hist_image.setRect(0, lo, steps.size, hi - lo)
+        every = max(1, (hi - lo) // 6)
+        ticks = [(b + 0.5, bin_label(b)) for b in range(lo, hi) if (b - lo) % every == 0]
+        self.hist_plot.getAxis("left").setTicks([ticks])
+        step_every = max(1, steps.size // 10)
+        self.hist_plot.getAxis("bottom").setTicks(
+            [[(j + 0.5, str(int(s))) for j, s in enumerate(steps) if j % step_every == 0]])
+        self.hist_plot.setTitle(f"{label}: {KIND_LABELS.get(self.kind_combo.currentData(), '')} histograms over steps "
+                                "(signed log2 bins, colour log10(1 + count))")
+
+    # -- export ---------------------------------------------------------------------------------
+    def export_png(self, path: str | None = None) -> str | None:
+        """Save the view as it is drawn (asks for a file when ``path`` is None)."""
+        if path is None:
+            from app import dialogs
+
+            path = dialogs.ask_save_file(self, "Export timeline as PNG", "timeline.png", "PNG images (*.png)")
+            if not path:
+                return None
+        if not self.grab().save(path, "PNG"):
+            self.status.setText(f"Cannot write {path}.")
+            return None
+        return path
+
+    def export_csv(self, path: str | None = None) -> str | None:
+        """Save the matrix shown, layers × steps, with the loss (asks when ``path`` is None)."""
+        from core.errors import GradExplorerError
+        from core.timeline import timeline_csv
+
+        if self.timeline is None:
+            return None
+        if path is None:
+            from app import dialogs
+
+            path = dialogs.ask_save_file(self, "Export timeline as CSV", "timeline.csv", "CSV files (*.csv)")
+            if not path:
+                return None
+        try:
+            timeline_csv(self.timeline, path)
+        except GradExplorerError as exc:
+            self.status.setText(f"{exc.problem} {exc.fix}")
+            return None
+        return path

@@ -1,0 +1,209 @@
+"""Watch overhead: a training step watched by ``core.watch`` vs the same step unwatched.
+
+    python -m benchmarks.watch_overhead [--size 224] [--batch 16] [--steps 100] [--device cpu]
+
+resnet18 (random init) training with SGD + momentum on a fixed random batch. Every row is
+the ratio of the mean step time of a block of training steps under one configuration to
+the mean step time of an unwatched block run just before it (the same process, the same
+model: pairs cancel most of the drift of a loaded machine; the median over pairs is
+printed). Configurations:
+
+* ``watch every N`` for N = 1, 10, 100, every leaf layer and every parameter (the
+  default), and ``layers="layer4.*"`` (as in the README example);
+* a W&B-style hook (``wandb.watch(log="all", log_freq=1)``'s work, written here: on each
+  parameter's gradient a tensor hook that flattens, copies to the CPU, filters NaN/Inf,
+  reads min and max with ``.item()`` and takes a 64-bin ``histc``; the same for each
+  parameter at every forward);
+* a TensorBoard-style ``add_histogram`` of every parameter and gradient at every step
+  (written here: to NumPy, ``np.histogram`` on TensorBoard's default exponential bucket
+  edges, min/max/sum/sum of squares, appended to a file).
+
+Blocks of ``--steps`` steps (every N = 100 needs 100 steps to contain one watched step).
+Figures only: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _tb_bucket_edges() -> np.ndarray:
+    """TensorBoard's default histogram buckets: ±1e-12 growing by 10% to 1e20."""
+    v = 1e-12
+    pos = []
+    while v < 1e20:
+        pos.append(v)
+        v *= 1.1
+    pos.append(float("inf"))
+    neg = [-x for x in reversed(pos)]
+    return np.array(neg + [0.0] + pos)
+
+
+class TensorBoardStyle:
+    """``writer.add_histogram(name, tensor, step)`` for every parameter and gradient."""
+
+    def __init__(self, model: torch.nn.Module, path: str) -> None:
+        self.model = model
+        self.fh = open(path, "ab")  # noqa: SIM115 - kept open across steps, as a SummaryWriter is
+        self.edges = _tb_bucket_edges()
+        self.step = 0
+
+    def _add(self, name: str, t: torch.Tensor) -> None:
+        values = t.detach().cpu().numpy().astype(np.float64).reshape(-1)
+        counts, _ = np.histogram(values, bins=self.edges)
+        head = struct.pack("<qdddd", values.size, values.min(), values.max(), values.sum(),
+                           float(np.dot(values, values)))
+        self.fh.write(name.encode() + head + counts.astype("<f8").tobytes())
+
+    def after_step(self) -> None:
+        for name, p in self.model.named_parameters():
+            self._add(name, p)
+            if p.grad is not None:
+                self._add(name + "/grad", p.grad)
+        self.fh.flush()
+        self.step += 1
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class WandbStyle:
+    """What ``wandb.watch(model, log="all", log_freq=1)`` does per step (wandb_torch.py)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.logged: list = []
+        self.handles = [p.register_hook(lambda g, _n=n: self._log(_n, g))
+                        for n, p in model.named_parameters() if p.requires_grad]
+        self.handles.append(model.register_forward_hook(self._params))
+
+    def _log(self, name: str, tensor: torch.Tensor) -> None:
+        flat = tensor.detach().reshape(-1).float().cpu().clone()
+        if flat.isnan().any():
+            flat = flat[~flat.isnan()]
+        if flat.isinf().any():
+            flat = flat[~flat.isinf()]
+        if flat.numel() == 0:
+            return
+        tmin, tmax = flat.min().item(), flat.max().item()
+        hist = flat.histc(bins=64, min=tmin, max=tmax)
+        self.logged.append((name, hist.tolist(), tmin, tmax))
+
+    def _params(self, module, inputs, output) -> None:
+        for name, p in self.model.named_parameters():
+            self._log("parameters/" + name, p)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def measure(size: int = 224, batch: int = 16, steps: int = 100, pairs: int = 1, device: str = "cpu",
+            quick: bool = False) -> list[dict]:
+    """Ratios of each configuration to the unwatched step (see the module docstring)."""
+    import torchvision
+
+    from core.watch import watch
+
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    model = torchvision.models.resnet18().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    x = torch.randn(batch, 3, size, size, device=dev)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step() -> torch.Tensor:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    def block(n: int, after=None) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            loss = step()
+            if after is not None:
+                after(loss)
+        sync()
+        return (time.perf_counter() - start) / n
+
+    folder = tempfile.mkdtemp(prefix="gx-watch-bench-")
+    block(2)  # warm-up
+    results = []
+
+    def run_pairs(label: str, n: int, make):
+        ratios, bare_times, times = [], [], []
+        for i in range(pairs):
+            bare = block(n)
+            ctx, after, close = make(i)
+            try:
+                t = block(n, after)
+            finally:
+                close()
+            ratios.append(t / bare)
+            bare_times.append(bare)
+            times.append(t)
+        r = {"config": label, "steps": n, "ratio": statistics.median(ratios),
+             "bare_ms": statistics.median(bare_times) * 1000, "ms": statistics.median(times) * 1000}
+        results.append(r)
+        print(f"  {label}: {r['ratio']:.3f}x ({r['ms']:.0f} ms vs {r['bare_ms']:.0f} ms per step, "
+              f"{n} steps)", flush=True)
+        return r
+
+    def watched(every: int, layers):
+        def make(i):
+            w = watch(model, out=os.path.join(folder, f"w{every}_{layers}_{i}.gxw"), every=every, layers=layers)
+            w.__enter__()
+            return w, (lambda loss: w.step(loss=loss)), w.close
+        return make
+
+    short = max(10, steps // 10)
+    for every, layers in ((1, None), (10, None), (100, None), (1, "layer4.*"), (10, "layer4.*")):
+        n = short if every == 1 else (max(steps, every) if every == 100 else max(short, every))
+        if quick and every == 100:
+            continue
+        run_pairs(f"watch every {every}, {'all layers' if layers is None else layers}", n, watched(every, layers))
+
+    def wandb_make(i):
+        w = WandbStyle(model)
+        return w, None, w.close
+
+    run_pairs("W&B-style hooks (log='all', every step)", short, wandb_make)
+
+    def tb_make(i):
+        tb = TensorBoardStyle(model, os.path.join(folder, f"tb{i}.bin"))
+        return tb, (lambda loss: tb.after_step()), tb.close
+
+    run_pairs("TensorBoard-style add_histogram (every step)", short, tb_make)
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--pairs", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    print(f"resnet18 batch {args.batch} at {args.size} px on {args.device}, torch threads {torch.get_num_threads()}")
+    measure(args.size, args.batch, args.steps, args.pairs, args.device)
+
+
+if __name__ == "__main__":
+    main()

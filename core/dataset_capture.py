@@ -1,0 +1,386 @@
+"""Statistics over a whole dataset: every batch captured, merged exactly, bounded memory.
+
+``gradexplorer capture --input FOLDER --batch-size N --stats-only --out FILE.pt`` runs
+:func:`capture_dataset` over the folder's images, ``N`` at a time. Each batch gets one
+forward and one ``torch.autograd.grad`` (the user's ``.grad`` is untouched), with
+``core.layer_recorder`` hooks on the selected modules; its statistics are merged into
+running totals (``core.stats_merge``: exact counts and histograms, Chan's mean and std),
+so memory does not grow with the dataset, except for the per-batch series
+(:data:`SERIES_FIELDS`, a few numbers per layer and batch).
+
+Under ``torchrun`` each rank takes the batches whose index ``b`` has ``b % world ==
+rank``; :func:`gather_to_rank0` merges the ranks' totals with a collective (gloo on the
+CPU, NCCL on GPUs) and rank 0 writes the file. The batches are the same as one process
+would make, so the merged statistics equal the single-process ones up to the order of
+float64 additions, and the series are identical.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.capture import CancelFlag, _model_state_preserved
+from core.capture_data import CallRecord, Capture, LayerRecord
+from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.layer_recorder import LayerRecorder, RowKey
+from core.selection import LayerSpec, resolve_layers
+from core.stats_merge import GradientMoments, MergeStats, hist_edges
+from core.targets import parse_target, target_scalar
+
+#: Per batch and row, the numbers kept in the series (float64).
+SERIES_FIELDS = ("mean", "std", "l2", "max_abs", "nonfinite")
+
+DatasetProgress = Callable[[int, int, int], None]  # (batches done, total batches, samples done)
+
+
+def _row_name(key: RowKey) -> str:
+    layer, call, kind = key
+    return f"{layer}#{call}:{kind}"
+
+
+def _series_values(s: MergeStats) -> list[float]:
+    summ = s.summary()
+    max_abs = max(abs(summ["min"]), abs(summ["max"])) if s.count else math.nan
+    return [summ["mean"], summ["std"], summ["l2"], max_abs, float(s.nan_count + s.inf_count)]
+
+
+class DatasetStats:
+    """Running totals of a dataset capture (one rank's, or merged).
+
+    Attributes
+    ----------
+    rows : dict
+        ``(layer, call, kind) -> MergeStats``; kinds as in the watch log (``activation``,
+        ``grad_output``, ``grad_norm``, and ``grad`` per parameter, ``layer`` being the
+        parameter's qualified name, call 0).
+    moments : dict
+        Parameter name -> ``GradientMoments`` across batches (gradient signal-to-noise).
+    series : dict
+        Batch index -> ``(samples, {row name: [mean, std, l2, max_abs, nonfinite]})``.
+    samples, batches : int
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[RowKey, MergeStats] = {}
+        self.moments: dict[str, GradientMoments] = {}
+        self.series: dict[int, tuple[int, dict[str, list[float]]]] = {}
+        self.samples = 0
+        self.batches = 0
+
+    def add_batch(self, index: int, samples: int, rows: dict[RowKey, MergeStats],
+                  param_grads: dict[str, torch.Tensor], snr: bool = True) -> None:
+        """Merge one batch's statistics (and its parameter gradients) into the totals."""
+        batch_rows = dict(rows)
+        for pname, g in param_grads.items():
+            batch_rows[(pname, 0, "grad")] = MergeStats.of_tensor(g)
+            if snr:
+                self.moments.setdefault(pname, GradientMoments()).add(g)
+        for key, s in batch_rows.items():
+            self.rows[key] = self.rows[key].merge(s) if key in self.rows else s
+        self.series[index] = (samples, {_row_name(k): _series_values(v) for k, v in batch_rows.items()})
+        self.samples += samples
+        self.batches += 1
+
+    def merge(self, other: DatasetStats) -> DatasetStats:
+        """Totals over both (their batch indices must not overlap)."""
+        out = DatasetStats()
+        for key in list(self.rows) + [k for k in other.rows if k not in self.rows]:
+            a, b = self.rows.get(key), other.rows.get(key)
+            out.rows[key] = a.merge(b) if a is not None and b is not None else (a or b)  # type: ignore[assignment]
+        for name in list(self.moments) + [k for k in other.moments if k not in self.moments]:
+            a_m, b_m = self.moments.get(name), other.moments.get(name)
+            out.moments[name] = a_m.merge(b_m) if a_m is not None and b_m is not None else (a_m or b_m)  # type: ignore[assignment]
+        out.series = {**self.series, **other.series}
+        out.samples = self.samples + other.samples
+        out.batches = self.batches + other.batches
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain types and CPU tensors (for ``gather_object`` and files)."""
+        return {
+            "rows": [[list(k), v.to_dict()] for k, v in self.rows.items()],
+            "moments": {k: v.to_dict() for k, v in self.moments.items()},
+            "series": {int(i): [n, vals] for i, (n, vals) in self.series.items()},
+            "samples": self.samples, "batches": self.batches,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DatasetStats:
+        """Inverse of :meth:`to_dict`."""
+        out = cls()
+        out.rows = {(k[0], int(k[1]), k[2]): MergeStats.from_dict(v) for k, v in d["rows"]}
+        out.moments = {k: GradientMoments.from_dict(v) for k, v in d["moments"].items()}
+        out.series = {int(i): (int(v[0]), dict(v[1])) for i, v in d["series"].items()}
+        out.samples, out.batches = int(d["samples"]), int(d["batches"])
+        return out
+
+    def snr(self) -> dict[str, dict]:
+        """Parameter name -> ``GradientMoments.summary()`` (batches, mean_norm, var_sum, snr)."""
+        return {k: v.summary() for k, v in self.moments.items()}
+
+
+def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    out: dict[str, nn.Parameter] = {}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out[name] = p
+    return out
+
+
+def capture_dataset(
+    model: nn.Module,
+    batches: Iterable[tuple[int, torch.Tensor, torch.Tensor | None]],
+    *,
+    layers: LayerSpec = None,
+    target: str = "top1",
+    device: str | torch.device | None = None,
+    snr: bool = True,
+    total_batches: int | None = None,
+    progress: DatasetProgress | None = None,
+    cancel: CancelFlag | None = None,
+) -> DatasetStats:
+    """Capture statistics over many batches and merge them.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Run in eval mode; left as it was (modes, device, ``.grad``, no hooks).
+    batches : iterable of (index, inputs, labels or None)
+        The batches, each with its index in the whole dataset (for the series and for
+        sharding).
+    layers : None, str, iterable of str, or callable
+        Modules to record (``core.selection``); their parameters' gradients are recorded,
+        all trainable parameters when ``None``.
+    target : str
+        The scalar to differentiate (``core.targets``).
+    device : str or torch.device, optional
+        Where to run; ``None`` where the model is.
+    snr : bool
+        Keep each parameter gradient's element-wise mean and variance across batches
+        (twice the parameters in float64 memory).
+    total_batches : int, optional
+        For progress.
+    progress : callable, optional
+        ``progress(batches_done, total_batches, samples_done)`` after each batch.
+    cancel : object with ``is_set()``, optional
+        Checked between batches and at every hooked call: ``CaptureCancelled``.
+
+    Returns
+    -------
+    DatasetStats
+
+    Raises
+    ------
+    GradExplorerError
+        Bad layers or target; ``CaptureError`` when forward or backward fails.
+    """
+    tgt = parse_target(target)
+    selected = resolve_layers(model, layers)
+    params = _trainable(model)
+    if layers is not None:
+        chosen = {n for n in params if any(n.startswith(layer + ".") for layer in selected)}
+        params = {n: p for n, p in params.items() if n in chosen}
+    run_device = None
+    if device is not None:
+        from core.devices import resolve_device
+
+        run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    stats = DatasetStats()
+    recorder = LayerRecorder(model, selected, cancel=cancel)
+    done = 0
+    with _model_state_preserved(model, False, run_device):
+        dev = run_device or next((p.device for p in model.parameters()), torch.device("cpu"))
+        all_params = _trainable(model)
+        for index, inputs, labels in batches:
+            if cancel is not None and cancel.is_set():
+                raise CaptureCancelled()
+            x = inputs.to(dev)
+            if not all_params and x.is_floating_point():
+                x = x.detach().requires_grad_(True)
+            recorder.install()
+            try:
+                try:
+                    with torch.enable_grad():
+                        output = model(x)
+                except (GradExplorerError, CaptureCancelled):
+                    raise
+                except Exception as exc:
+                    raise CaptureError(
+                        f"The model's forward failed on batch {index}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                        "Check that every input has the shape the model expects.") from exc
+                scalar = target_scalar(output, tgt, labels)
+                wrt: list[torch.Tensor] = list(all_params.values()) or [x]
+                grads = torch.autograd.grad(scalar, wrt, allow_unused=True)
+            finally:
+                recorder.remove()
+            grad_of = dict(zip(all_params, grads)) if all_params else {}
+            param_grads = {n: grad_of[n].detach() for n in params if grad_of.get(n) is not None}
+            stats.add_batch(index, int(inputs.shape[0]), recorder.rows, param_grads, snr=snr)
+            recorder.rows = {}
+            del output, scalar, grads, grad_of, param_grads
+            done += 1
+            if progress is not None:
+                progress(done, total_batches or 0, stats.samples)
+    return stats
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+
+def shard(indices: Sequence[int], rank: int, world: int) -> list[int]:
+    """The batch indices rank ``rank`` of ``world`` takes: every ``world``-th from ``rank``."""
+    return [i for i in indices if i % world == rank]
+
+
+def dataset_files(inputs: Sequence[str], max_samples: int | None = None) -> list[Path]:
+    """The image files of folders and files, in a stable order, at most ``max_samples``.
+
+    Raises
+    ------
+    GradExplorerError
+        A path is missing or a folder holds no image (``core.batches``'s messages).
+    """
+    from core.batches.images import _expand_image_paths
+
+    files = _expand_image_paths(list(inputs))
+    return files[:max_samples] if max_samples is not None else files
+
+
+def iter_image_batches(files: Sequence[Path], batch_size: int, loaded: Any, indices: Iterable[int]
+                       ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """Load and yield batches ``indices`` of ``files`` (``batch_size`` files each), one at a
+    time: only one batch of images is in memory."""
+    from core.batches import load_batch
+
+    for b in indices:
+        chunk = [str(p) for p in files[b * batch_size:(b + 1) * batch_size]]
+        batch = load_batch(chunk, loaded)
+        yield b, batch.tensor, batch.labels
+
+
+def iter_tensor_batches(tensor: torch.Tensor, labels: torch.Tensor | None, batch_size: int,
+                        indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """Batches ``indices`` of a tensor already in memory (a ``.pt`` input)."""
+    for b in indices:
+        sl = slice(b * batch_size, (b + 1) * batch_size)
+        yield b, tensor[sl], None if labels is None else labels[sl]
+
+
+def batch_count(samples: int, batch_size: int) -> int:
+    """Number of batches of ``batch_size`` (the last one may be smaller)."""
+    return (samples + batch_size - 1) // batch_size
+
+
+# -- torch.distributed ------------------------------------------------------------------------
+
+
+def gather_to_rank0(stats: DatasetStats) -> DatasetStats | None:
+    """Merge every rank's totals on rank 0 (a collective: every rank must call it).
+
+    Returns the merged totals on rank 0, ``None`` on the others.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: list | None = [None] * world if rank == 0 else None
+    dist.gather_object(stats.to_dict(), gathered, dst=0)
+    if rank != 0:
+        return None
+    assert gathered is not None
+    merged = DatasetStats()
+    for part in gathered:
+        merged = merged.merge(DatasetStats.from_dict(part))
+    return merged
+
+
+# -- the capture file -----------------------------------------------------------------------
+
+
+def _stats_entry(s: MergeStats) -> dict:
+    """A statistics dict with ``core.stats.tensor_stats``'s keys, plus the exact merge.
+
+    ``hist`` holds the signed log2 bins' counts (``hist_kind`` says so; ``hist_edges`` in
+    the file's ``meta["dataset"]``), ``merged`` the ``MergeStats`` fields.
+    """
+    summ = s.summary()
+    merged = s.to_dict()
+    merged["hist"] = torch.from_numpy(merged["hist"].copy())
+    return {
+        "numel": summ["numel"], "min": summ["min"], "max": summ["max"], "mean": summ["mean"],
+        "std": summ["std"], "mean_abs": summ["mean_abs"], "l2": summ["l2"],
+        "zero_fraction": summ["zero_fraction"], "nan_count": summ["nan_count"], "inf_count": summ["inf_count"],
+        "hist": torch.from_numpy(s.hist.astype(np.float32)), "hist_range": (summ["min"], summ["max"]),
+        "hist_exact": True, "hist_kind": "log2", "merged": merged,
+    }
+
+
+def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], meta: dict) -> Capture:
+    """A statistics-only ``Capture`` of the merged totals (``core.capture_file`` saves it).
+
+    Per layer and call, ``stats`` holds the merged activation and output-gradient
+    statistics and ``grad_norm`` (per-sample norms); ``param_stats`` the parameter
+    gradients'. ``meta["dataset"]`` holds samples, batches, the gradient SNR per parameter,
+    the histogram edges and the per-batch series.
+    """
+    calls_of: dict[str, int] = {}
+    for layer, call, kind in stats.rows:
+        if kind != "grad":
+            calls_of[layer] = max(calls_of.get(layer, 0), call + 1)
+    out_layers: dict[str, LayerRecord] = {}
+    for name in layers:
+        module = model.get_submodule(name)
+        rec = LayerRecord(type(module).__name__)
+        for call in range(calls_of.get(name, 0)):
+            entry = {kind: (_stats_entry(stats.rows[(name, call, kind)]) if (name, call, kind) in stats.rows else None)
+                     for kind in ("activation", "grad_output", "grad_norm")}
+            entry["grad_input"] = None
+            rec.calls.append(CallRecord(stats=entry))
+        for pname, _p in module.named_parameters(recurse=False):
+            s = stats.rows.get((f"{name}.{pname}", 0, "grad"))
+            rec.param_stats[pname] = _stats_entry(s) if s is not None else None
+            rec.param_grads[pname] = None
+        out_layers[name] = rec
+    indices = sorted(stats.series)
+    names = sorted({n for i in indices for n in stats.series[i][1]})
+    series = {
+        "batch": indices,
+        "samples": [stats.series[i][0] for i in indices],
+        "fields": list(SERIES_FIELDS),
+        "rows": {n: torch.tensor([stats.series[i][1].get(n, [math.nan] * len(SERIES_FIELDS)) for i in indices],
+                                 dtype=torch.float64) for n in names},
+    }
+    full_meta = dict(meta)
+    full_meta.update({
+        "mode": "stats",
+        "not_called": [n for n in layers if calls_of.get(n, 0) == 0],
+        "dataset": {
+            "samples": stats.samples, "batches": stats.batches,
+            "hist_kind": "signed log2 magnitude, one bin per power of two (core.stats_merge)",
+            "hist_edges": torch.from_numpy(hist_edges()),
+            "snr": stats.snr(),
+            "series": series,
+        },
+    })
+    return Capture(full_meta, None, None, None, out_layers)
+
+
+def eta_text(done: int, total: int, started: float, now: float | None = None) -> str:
+    """``"12/40 batches, ETA 1m05s"`` from the rate so far."""
+    now = time.monotonic() if now is None else now
+    if done <= 0 or total <= 0:
+        return f"{done}/{total or '?'} batches"
+    left = (now - started) / done * (total - done)
+    minutes, seconds = divmod(int(round(left)), 60)
+    eta = f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+    return f"{done}/{total} batches, ETA {eta}"

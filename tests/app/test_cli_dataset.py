@@ -1,0 +1,113 @@
+"""``gradexplorer capture --batch-size``: a folder of images, merged statistics, torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import cli
+from app.cli import main
+from core.capture_file import load_capture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for i in range(7):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def entries(path: Path) -> dict:
+    cap = load_capture(path)
+    out = {}
+    for name, rec in cap.layers.items():
+        for i, call in enumerate(rec.calls):
+            for kind, s in call.stats.items():
+                if s is not None:
+                    out[(name, i, kind)] = s["merged"]
+        for pname, s in rec.param_stats.items():
+            if s is not None:
+                out[(name, pname, "param")] = s["merged"]
+    return {"entries": out, "meta": cap.meta}
+
+
+def test_folder_capture(tmp_path, capsys, image_folder):
+    out = tmp_path / "ds.pt"
+    code, stdout, err = run(capsys, "capture", "--model", "demo:shapes", "--input", image_folder,
+                            "--batch-size", "3", "--stats-only", "--out", out)
+    assert code == 0, err
+    assert "7 samples in 3 batches" in stdout
+    assert "batches" in err  # progress
+    got = entries(out)
+    ds = got["meta"]["dataset"]
+    assert ds["samples"] == 7 and ds["series"]["samples"] == [3, 3, 1]
+    assert got["meta"]["mode"] == "stats"
+    act = got["entries"][("features.0.conv", 0, "activation")]
+    assert act["numel"] % 7 == 0 and act["hist"].sum() == act["count"] == act["numel"]
+
+    code, stdout, err = run(capsys, "capture", "--model", "demo:shapes", "--input", image_folder,
+                            "--batch-size", "2", "--max-samples", "3", "--stats-only", "--out", tmp_path / "few.pt")
+    assert code == 0, err
+    assert load_capture(tmp_path / "few.pt").meta["dataset"]["samples"] == 3
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--batch-size", "3"], "add --stats-only"),
+    (["--batch-size", "0", "--stats-only"], "positive"),
+    (["--batch-size", "2", "--max-samples", "0", "--stats-only"], "positive"),
+])
+def test_bad_arguments(tmp_path, capsys, image_folder, argv, needle):
+    code, _out, err = run(capsys, "capture", "--model", "demo:shapes", "--input", image_folder, *argv,
+                          "--out", tmp_path / "x.pt")
+    assert code == cli.EXIT_USER
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_equal_one(tmp_path, image_folder):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    common = ["--model", "demo:shapes", "--input", str(image_folder), "--batch-size", "2", "--stats-only", "-q"]
+    single = subprocess.run([sys.executable, "-m", "app", "capture", *common, "--out", str(tmp_path / "one.pt")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr
+    dist = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "app", "capture", *common, "--out", str(tmp_path / "two.pt")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    one, two = entries(tmp_path / "one.pt"), entries(tmp_path / "two.pt")
+    assert two["meta"]["world_size"] == 2
+    assert one["entries"].keys() == two["entries"].keys() and one["entries"]
+    for key, a in one["entries"].items():
+        b = two["entries"][key]
+        for field in ("numel", "count", "nan_count", "inf_count", "zero_count", "min", "max"):
+            assert a[field] == b[field], (key, field)
+        assert (a["hist"] == b["hist"]).all(), key
+        assert b["mean"] == pytest.approx(a["mean"], rel=1e-12, abs=1e-15), key
+        assert b["m2"] == pytest.approx(a["m2"], rel=1e-10, abs=1e-20), key
+    s1, s2 = one["meta"]["dataset"]["series"], two["meta"]["dataset"]["series"]
+    assert s1["batch"] == s2["batch"] == [0, 1, 2, 3]
+    for name, values in s1["rows"].items():
+        assert (values == s2["rows"][name]).all() or np.allclose(values.numpy(), s2["rows"][name].numpy(),
+                                                                 rtol=1e-12, equal_nan=True), name
+    snr1, snr2 = one["meta"]["dataset"]["snr"], two["meta"]["dataset"]["snr"]
+    for name, v in snr1.items():
+        assert snr2[name]["snr"] == pytest.approx(v["snr"], rel=1e-9), name

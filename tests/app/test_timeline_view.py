@@ -1,0 +1,196 @@
+"""The timeline view: heatmap, onset, click for histograms, lines, live following, export."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPointF, Qt
+
+from core.timeline import log_colour, read_timeline
+from tests.core.test_timeline import grad_of, write_log
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 60_000
+
+
+@pytest.fixture
+def view(qtbot):
+    from app.views.timeline_view import TimelineView
+
+    v = TimelineView(poll_ms=100)
+    qtbot.addWidget(v)
+    v.resize(1200, 800)
+    v.show()
+    yield v
+    v.shutdown()
+
+
+def open_and_wait(qtbot, view, path):
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.open_log(str(path))
+
+
+def test_heatmap_shows_the_log(qtbot, view, tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    open_and_wait(qtbot, view, path)
+    t = view.timeline
+    assert t.rows == ["a", "b", "c#0", "c#1", "d"] and list(t.steps) == list(range(10))
+    img = view.heat_image.image
+    assert img.shape == (5, 10)
+    expected = log_colour(read_timeline(path).values)
+    np.testing.assert_allclose(img[np.isfinite(expected)], expected[np.isfinite(expected)])
+    # the onset: a line at step 6 and a marker on layer c
+    assert view.onset_line.isVisible() and view.onset_line.value() == 6
+    xs, ys = view.onset_marker.getData()
+    assert list(xs) == [6.5] and list(ys) == [2.5]
+    assert "NaN/Inf from step 6 in c" in view.status.text()
+    assert [view.layer_list.item(i).text() for i in range(view.layer_list.count())] == t.rows
+
+
+def test_click_a_cell_for_histograms_and_lines(qtbot, view, tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    open_and_wait(qtbot, view, path)
+    scene_pos = view.heat_plot.vb.mapViewToScene(QPointF(3.5, 1.5))  # step 3, layer b
+    widget_pos = view.heat_widget.mapFromScene(scene_pos)
+    qtbot.mouseClick(view.heat_widget.viewport(), Qt.MouseButton.LeftButton, pos=widget_pos)
+    qtbot.waitUntil(lambda: view.selected == ["b"], timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: view.hist_image.image is not None, timeout=TIMEOUT)
+    from core.stats_merge import MergeStats
+
+    img = view.hist_image.image  # bins used x steps
+    assert img.shape[1] == 10
+    counts = np.array([MergeStats.of_tensor(grad_of("b", s)).hist for s in range(10)])
+    used = np.flatnonzero(counts.sum(axis=0))
+    np.testing.assert_allclose(img, np.log10(1 + counts[:, used[0]:used[-1] + 1].T))
+    # ctrl-click adds a second line
+    view.select_layer("d", add=True)
+    assert view.selected == ["b", "d"]
+    assert len(view.line_plot.listDataItems()) == 2
+    y = view.line_plot.listDataItems()[1].getData()[1]  # log10 of the values: the y axis is logarithmic
+    assert 10 ** y[0] == pytest.approx(float(grad_of("d", 0).double().norm()), rel=1e-5)
+
+
+def test_statistic_and_kind_choices_reload(qtbot, view, tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    open_and_wait(qtbot, view, path)
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.stat_combo.setCurrentIndex(view.stat_combo.findData("max_abs"))
+    assert view.timeline.stat == "max_abs"
+    assert view.timeline.values[0, 0] == pytest.approx(float(grad_of("a", 0).abs().max()), rel=1e-6)
+
+
+def test_follows_a_growing_log_reading_off_the_ui_thread(qtbot, view, tmp_path, monkeypatch):
+    import core.timeline as timeline
+
+    threads = []
+    real = timeline.read_timeline
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timeline, "read_timeline", spy)
+    path = tmp_path / "t.gxw"
+    write_log(path, range(4))
+    open_and_wait(qtbot, view, path)
+    assert list(view.timeline.steps) == [0, 1, 2, 3]
+    write_log(path, range(4, 10))
+    qtbot.waitUntil(lambda: view.timeline is not None and view.timeline.steps.size == 10, timeout=TIMEOUT)
+    np.testing.assert_array_equal(view.timeline.values, read_timeline(path).values)
+    assert threads and not any(threads)  # never on the UI thread
+
+
+@pytest.mark.slow
+def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
+    path = tmp_path / "live.gxw"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), "60"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        qtbot.waitUntil(lambda: path.exists() and proc.stdout.readline().startswith("done"), timeout=120_000)
+        open_and_wait(qtbot, view, path)
+        sizes = {view.timeline.steps.size}
+        deadline = time.monotonic() + 240
+        while view.timeline.steps.size < 60 and time.monotonic() < deadline:
+            qtbot.wait(50)
+            sizes.add(view.timeline.steps.size)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert view.timeline.steps.size == 60
+    assert len(sizes) >= 3  # it grew in front of the view, not all at once
+
+
+def test_export_png_and_csv(qtbot, view, tmp_path, monkeypatch):
+    from app import dialogs
+
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    open_and_wait(qtbot, view, path)
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a, **k: str(tmp_path / "shot.png"))
+    view.png_button.click()
+    from PySide6.QtGui import QImage
+
+    img = QImage(str(tmp_path / "shot.png"))
+    assert not img.isNull() and img.width() > 500
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a, **k: str(tmp_path / "t.csv"))
+    view.csv_button.click()
+    lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert lines[0].split(",")[1:] == [str(s) for s in range(10)]
+    assert [ln.split(",")[0] for ln in lines[1:]] == ["a", "b", "c#0", "c#1", "d", "loss"]
+    assert float(lines[1].split(",")[1]) == pytest.approx(float(grad_of("a", 0).double().norm()), rel=1e-5)
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a, **k: None)  # cancelled: nothing happens
+    assert view.export_csv() is None
+
+
+def test_dataset_capture_series(qtbot, view, tmp_path):
+    import torch
+    from torch import nn
+
+    from core.capture_file import save_capture
+    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    stats = capture_dataset(model, iter_tensor_batches(torch.randn(10, 4), None, 3, range(4)))
+    save_capture(to_capture(stats, model, ["0", "1", "2"], {}), tmp_path / "ds.pt")
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.open_capture(str(tmp_path / "ds.pt"))
+    assert view.timeline.rows == ["0", "1", "2"] and list(view.timeline.steps) == [0, 1, 2, 3]
+    assert view.heat_plot.getAxis("bottom").labelText == "batch"
+
+
+def test_unreadable_file_says_so(qtbot, view, tmp_path):
+    bad = tmp_path / "bad.gxw"
+    bad.write_bytes(b"not sqlite")
+    with qtbot.waitSignal(view.failed, timeout=TIMEOUT):
+        view.open_log(str(bad))
+    assert "bad.gxw" in view.status.text()
+
+
+def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
+    from app import dialogs
+
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a, **k: str(path))
+    file_menu = window.menuBar().actions()[0].menu()
+    assert window.open_timeline_action in file_menu.actions()
+    window.open_timeline_action.trigger()
+    assert len(window.timeline_windows) == 1
+    opened = window.timeline_windows[0]
+    qtbot.waitUntil(lambda: opened.view.timeline is not None, timeout=TIMEOUT)
+    assert opened.view.timeline.rows == ["a", "b", "c#0", "c#1", "d"]
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a, **k: None)  # cancelled: nothing opens
+    assert window.open_timeline() is None and len(window.timeline_windows) == 1

@@ -1,0 +1,130 @@
+"""Timeline arrays, NaN/Inf onset, vanishing/exploding flags and CSV from a watch log."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from core.stats_merge import HIST_BINS, MergeStats
+from core.timeline import (
+    export_csv,
+    gradient_flags,
+    layer_histograms,
+    nonfinite_onset,
+    read_timeline,
+    timeline_from_capture,
+)
+from core.watch_log import WatchLogWriter, stats_row
+
+LAYERS = ["a", "b", "c", "d"]
+
+
+def grad_of(layer: str, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(step * 10 + LAYERS.index(layer))
+    t = torch.randn(64, generator=g)
+    if layer == "b" and step >= 4:
+        t = t * 1e-15  # vanishes from step 4 on
+    if layer == "d" and step in (2, 7, 8, 9):
+        t = t * 1e9  # explodes at 2 (then recovers), and again from 7
+    if layer == "c" and step >= 6:
+        t[3] = float("nan")
+    return t
+
+
+def write_log(path, steps=range(10)):
+    w = WatchLogWriter(path, meta={"layers": LAYERS, "params": [], "every": 1})
+    for s in steps:
+        rows = []
+        # backward writes output gradients last layer first: the reader must restore forward order
+        for layer in reversed(LAYERS):
+            rows.append(stats_row(s, layer, 0, "grad_output", 0, MergeStats.of_tensor(grad_of(layer, s))))
+        rows.append(stats_row(s, "c", 1, "grad_output", 0, MergeStats.of_tensor(grad_of("c", s) * 2)))
+        w.write_step(s, 0, 1.0 / (s + 1), 1000.0 + s, 0.1, rows)
+    w.close()
+
+
+def test_matrix_equals_what_was_written(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    t = read_timeline(path, "grad_output", "l2")
+    assert t.rows == ["a", "b", "c#0", "c#1", "d"]
+    assert list(t.steps) == list(range(10))
+    for s in range(10):
+        for i, layer in enumerate(["a", "b", "c", "c", "d"]):
+            g = grad_of(layer, s).double() * (2 if i == 3 else 1)
+            g = g[torch.isfinite(g)]
+            assert t.values[i, s] == pytest.approx(float(g.norm()), rel=1e-5)
+    np.testing.assert_allclose(t.loss, [1.0 / (s + 1) for s in range(10)])
+    m = read_timeline(path, "grad_output", "max_abs")
+    assert m.values[0, 0] == pytest.approx(float(grad_of("a", 0).abs().max()), rel=1e-6)
+    n = read_timeline(path, "grad_output", "nonfinite")
+    assert list(n.values[2]) == [0] * 6 + [1] * 4
+
+
+def test_incremental_reading_extends_to_the_same_matrix(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path, range(5))
+    first = read_timeline(path)
+    write_log(path, range(5, 10))
+    later = read_timeline(path, since_step=int(first.steps[-1]))
+    assert list(later.steps) == [5, 6, 7, 8, 9]
+    both = first.extend(later)
+    whole = read_timeline(path)
+    assert both.rows == whole.rows
+    np.testing.assert_array_equal(both.values, whole.values)
+
+
+def test_onset_and_flags(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    onset = nonfinite_onset(path)
+    assert (onset.step, onset.layer, onset.kind) == (6, "c", "grad_output")
+    flags = {(f.layer, f.what): f.since for f in gradient_flags(read_timeline(path))}
+    assert flags == {("b", "vanishing"): 4, ("d", "exploding"): 7}
+
+
+def test_no_onset_in_a_clean_log(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path, range(3))
+    assert nonfinite_onset(path) is None
+
+
+def test_histograms_over_steps(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    steps, counts = layer_histograms(path, "a")
+    assert list(steps) == list(range(10)) and counts.shape == (10, HIST_BINS)
+    for s in range(10):
+        np.testing.assert_array_equal(counts[s], MergeStats.of_tensor(grad_of("a", s)).hist)
+
+
+def test_csv_export(tmp_path):
+    path = tmp_path / "t.gxw"
+    write_log(path, range(3))
+    out = export_csv(path, tmp_path / "t.csv")
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 3 * 5
+    r = next(r for r in rows if r["step"] == "1" and r["layer"] == "a")
+    assert float(r["l2"]) == pytest.approx(float(grad_of("a", 1).double().norm()), rel=1e-5)
+    assert float(r["loss"]) == pytest.approx(0.5)
+    counts = [int(c) for c in r["hist"].split()]
+    assert sum(counts) == 64 and r["hist_lo"]
+
+
+def test_timeline_from_dataset_capture():
+    from torch import nn
+
+    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(10, 4)
+    stats = capture_dataset(model, iter_tensor_batches(x, None, 3, range(4)))
+    cap = to_capture(stats, model, ["0", "1", "2"], {})
+    t = timeline_from_capture(cap, "grad_output", "l2")
+    assert t.rows == ["0", "1", "2"] and list(t.steps) == [0, 1, 2, 3]
+    assert math.isclose(t.values[0, 0], stats.series[0][1]["0#0:grad_output"][2])

@@ -1,0 +1,116 @@
+"""The watch log survives SIGKILL and can be read while it is written."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import GradExplorerError
+from core.stats_merge import HIST_BINS
+from core.watch_log import WatchLogWriter, decode_hist, encode_hist, open_log
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_writer(path: Path, steps: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), str(steps)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_leaves_every_completed_step(tmp_path):
+    path = tmp_path / "run.gxw"
+    proc = start_writer(path, 10**9)
+    done = -1
+    try:
+        assert proc.stdout is not None
+        while done < 5:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else "writer ended"
+            done = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        # Lines the writer printed before it died, not yet read by us.
+        rest = proc.stdout.read()
+        done = max([done] + [int(x.split()[1]) for x in rest.splitlines() if x.startswith("done")])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    con = open_log(path)
+    steps = [r[0] for r in con.execute("SELECT step FROM steps ORDER BY step")]
+    per_step = dict(con.execute("SELECT step, COUNT(*) FROM stats GROUP BY step").fetchall())
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    con.close()
+    # Every step that was reported done is there, whole; at most the one in flight beyond.
+    assert steps[: done + 1] == list(range(done + 1))
+    assert len(steps) <= done + 2
+    assert len({per_step[s] for s in steps}) == 1  # no half-written step
+
+
+def test_reader_sees_steps_while_the_writer_writes(tmp_path):
+    path = tmp_path / "live.gxw"
+    proc = start_writer(path, 40)
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if path.exists():
+                try:
+                    con = open_log(path)
+                except GradExplorerError:
+                    time.sleep(0.05)  # created, meta not committed yet
+                    continue
+                n = con.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+                rows = con.execute("SELECT COUNT(*) FROM stats").fetchone()[0]
+                con.close()
+                assert rows >= n  # a step is visible only with its rows
+                if not seen or n != seen[-1]:
+                    seen.append(n)
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seen == sorted(seen)
+    assert len([n for n in seen if 0 < n < 40]) >= 2  # read mid-way, more than once
+    con = open_log(path)
+    assert con.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 40
+    con.close()
+
+
+def test_hist_encoding_round_trip():
+    h = np.zeros(HIST_BINS, dtype=np.int64)
+    h[[3, 100, 200]] = [5, 1, 2**40]
+    lo, blob = encode_hist(h)
+    assert lo == 3 and len(blob) == 8 * 198
+    np.testing.assert_array_equal(decode_hist(lo, blob), h)
+    assert decode_hist(*encode_hist(np.zeros(HIST_BINS, dtype=np.int64))).sum() == 0
+
+
+def test_writer_refuses_other_files(tmp_path):
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
+    con.execute("INSERT INTO meta VALUES ('format', 'something-else')")
+    con.commit()
+    con.close()
+    with pytest.raises(GradExplorerError, match="not a gradexplorer watch log"):
+        WatchLogWriter(other)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(GradExplorerError, match="not a regular file"):
+        WatchLogWriter(fifo)

@@ -1,0 +1,32 @@
+"""A training that watches every step and says when each step is done (for the crash-safety
+and live-reading tests: run as ``python -m tests.core.watch_writer LOG STEPS``)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.watch import watch
+
+
+def main() -> None:
+    out, steps = sys.argv[1], int(sys.argv[2])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, out=out, every=1) as w:
+        for i in range(steps):
+            x = torch.randn(8, 16)
+            loss = F.cross_entropy(model(x), torch.randint(0, 4, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss)
+            print(f"done {i}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
