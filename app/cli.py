@@ -43,7 +43,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff", "graph")
 
 _INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
@@ -229,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_diff import add_parser as add_diff_parser
 
     add_diff_parser(sub, _add_common)
+
+    # -- graph (app/cli_graph.py) ------------------------------------------------
+    from app.cli_graph import register as register_graph
+
+    register_graph(sub, _add_model_args, _add_input_args, _add_common)
     return parser
 
 

@@ -32,6 +32,7 @@ from app.module_tree import ModuleTreePanel
 from app.run_panel import RunPanel
 from app.settings import AppSettings
 from app.views import CaptureViews
+from app.views.graph_view import GraphPanel, wire_graph_panel
 from core.capture_data import Capture
 from core.session import Session
 from core.view_state import ViewState
@@ -86,7 +87,12 @@ class MainWindow(QMainWindow):
         self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
 
         tree_box = QGroupBox("Modules", self)
-        QVBoxLayout(tree_box).addWidget(self.tree_panel)
+        # The module tree and the model graph (app/views/graph_view.py) side by side in tabs.
+        self.graph_panel = GraphPanel(self)
+        self.module_tabs = QTabWidget(tree_box)
+        self.module_tabs.addTab(self.tree_panel, "Tree")
+        self.module_tabs.addTab(self.graph_panel, "Graph")
+        QVBoxLayout(tree_box).addWidget(self.module_tabs)
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.batch_panel, "Input batch")
         self.tabs.addTab(self.model_panel, "Model")
@@ -224,6 +230,7 @@ class MainWindow(QMainWindow):
         s.model_changed.connect(lambda _m: self._update_status())
         s.settings_changed.connect(lambda _n: self._update_status())
         s.selection_changed.connect(lambda _n: self._update_actions())
+        wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry()
@@ -331,6 +338,7 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Cancel every worker and wait for them (on close, and at the end of tests)."""
+        self.graph_panel.shutdown()
         for window in self.timeline_windows:
             window.view.shutdown()
         self.controller.shutdown()

@@ -537,10 +537,22 @@ class CaptureJob:
                 progress=self.progress, cancel=self.cancel, meta=meta, expected_calls=expected,
                 autocast=o.autocast,
             )
+            cap.graph = self._graph_for(cap, loaded.module, batch.tensor)
         self._timed("capture", start)
         cap.meta["timing"] = dict(self.timing)
         self.result = cap
         return cap
+
+    def _graph_for(self, cap: Capture, model: Any, inputs: torch.Tensor) -> dict | None:
+        """The model graph the capture file carries (``core.graph``): one more forward of
+        one sample, without gradients. A model whose graph cannot be found still gets its
+        capture (the window then draws no graph)."""
+        from core.graph import graph_for_capture
+
+        try:
+            return graph_for_capture(model, inputs, cap).to_dict()
+        except GradExplorerError:
+            return None
 
     def run(self) -> Capture:
         """Every step in order: device, model, batch, probe, estimate, capture.

@@ -1,0 +1,677 @@
+"""The model graph in the window: a pannable, zoomable drawing of the data flow, coloured
+by gradients, collapsible by container.
+
+``GraphPanel`` is a toolbar (search, colour-by, fit, export) over a ``GraphCanvas``
+(a ``QGraphicsView``). Graph extraction (a forward) and layout run off the UI thread in
+``TaskRunner``s; a newer request drops an older one's result. The panel owns only what it
+draws; the selection of layers and the current layer live in the session and the window,
+which the panel talks to through signals:
+
+* ``layer_selected(name, call)`` when the user clicks a module node;
+* ``layer_check_requested(name, checked)`` from a node's context menu (tick/untick);
+* ``select_layer(name, call)`` and ``set_checked_layers(names)`` are the other way round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import (
+    QAction,
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetricsF,
+    QPainter,
+    QPainterPath,
+    QPen,
+    QPolygonF,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGraphicsItem,
+    QGraphicsPathItem,
+    QGraphicsRectItem,
+    QGraphicsScene,
+    QGraphicsSimpleTextItem,
+    QGraphicsView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.run_worker import TaskRunner
+from core.errors import GradExplorerError
+from core.graph import ModelGraph, extract_graph, first_sample
+from core.graph_layout import Layout, layout_view, node_label
+from core.graph_render import (
+    COLOR_BY,
+    clip_route,
+    color_scale,
+    colormap,
+    edge_widths,
+    node_colors,
+    node_tooltip,
+    text_color,
+)
+
+#: Colour of selection, search hits and ticked layers.
+SELECT_COLOR = QColor("#e6550d")
+HIT_COLOR = QColor("#fdd835")
+CHECK_COLOR = QColor("#2ca02c")
+
+
+class GraphNodeItem(QGraphicsItem):
+    """One visible node: a box (modules, inputs, outputs) or an ellipse (ops)."""
+
+    def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, fill: str, label: str,
+                 kind: str, container: bool):
+        super().__init__()
+        self.panel = panel
+        self.node_id = node_id
+        self.rect = rect
+        self.fill = QColor(fill)
+        self.text_pen = QPen(QColor(text_color(fill)))
+        self.lines = label.split("\n")
+        self.kind = kind
+        self.container = container
+        self.selected_ = False
+        self.hit = False
+        self.checked = False
+        self.setAcceptHoverEvents(True)
+        self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        self.setZValue(2)
+
+    def boundingRect(self) -> QRectF:
+        return self.rect.adjusted(-4, -4, 4, 4)
+
+    def paint(self, painter: QPainter, option, widget=None) -> None:
+        pen = QPen(QColor("#333333"), 2.4 if self.container else 1.0)
+        if self.hit:
+            painter.setPen(QPen(HIT_COLOR, 7))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(self.rect, 6, 6)
+        if self.selected_:
+            pen = QPen(SELECT_COLOR, 3.2)
+        painter.setPen(pen)
+        painter.setBrush(QBrush(self.fill))
+        if self.kind == "op":
+            painter.drawEllipse(self.rect)
+        else:
+            painter.drawRoundedRect(self.rect, 5, 5)
+            if self.container:  # a second border says "double-click to open"
+                painter.setBrush(Qt.BrushStyle.NoBrush)
+                painter.setPen(QPen(QColor("#333333"), 0.8))
+                painter.drawRoundedRect(self.rect.adjusted(3, 3, -3, -3), 3, 3)
+        if self.checked:
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(CHECK_COLOR)
+            painter.drawEllipse(QPointF(self.rect.right() - 5, self.rect.top() + 5), 3.5, 3.5)
+        painter.setPen(self.text_pen)
+        n = len(self.lines)
+        for i, line in enumerate(self.lines):
+            painter.setFont(self.panel.font_main if i == 0 else self.panel.font_small)
+            h = self.rect.height() / n
+            r = QRectF(self.rect.left(), self.rect.top() + i * h, self.rect.width(), h)
+            painter.drawText(r, Qt.AlignmentFlag.AlignCenter, line)
+
+    def hoverEnterEvent(self, event) -> None:
+        self.setToolTip(self.panel.tooltip(self.node_id))
+        super().hoverEnterEvent(event)
+
+    def mousePressEvent(self, event) -> None:
+        if event.button() == Qt.MouseButton.LeftButton:
+            self.panel.on_node_clicked(self.node_id)
+            event.accept()
+            return
+        super().mousePressEvent(event)
+
+    def mouseDoubleClickEvent(self, event) -> None:
+        self.panel.toggle(self.node_id)
+        event.accept()
+
+    def contextMenuEvent(self, event) -> None:
+        self.panel.node_menu(self.node_id, event.screenPos())
+        event.accept()
+
+
+class GraphFrameItem(QGraphicsRectItem):
+    """The outline of an expanded container; double-click it to collapse the container."""
+
+    def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, title: str):
+        super().__init__(rect)
+        self.panel = panel
+        self.node_id = node_id
+        self.setPen(QPen(QColor("#9e9e9e"), 1.0, Qt.PenStyle.DashLine))
+        self.setBrush(QBrush(QColor(0, 0, 0, 10)))
+        self.setZValue(0)
+        text = QGraphicsSimpleTextItem(title, self)
+        text.setBrush(QColor("#616161"))
+        text.setFont(panel.font_small)
+        text.setPos(rect.left() + 4, rect.top() + 2)
+
+    def mouseDoubleClickEvent(self, event) -> None:
+        self.panel.toggle(self.node_id)
+        event.accept()
+
+
+class GraphEdgeItem(QGraphicsPathItem):
+    """A visible edge: its route, a width by gradient norm, an arrowhead."""
+
+    def __init__(self, points: list[tuple[float, float]], bezier: bool, width: float, tip: str):
+        path = QPainterPath(QPointF(*points[0]))
+        if bezier and (len(points) - 1) % 3 == 0 and len(points) > 1:
+            for i in range(1, len(points), 3):
+                path.cubicTo(QPointF(*points[i]), QPointF(*points[i + 1]), QPointF(*points[i + 2]))
+        else:
+            for p in points[1:]:
+                path.lineTo(QPointF(*p))
+        end, before = QPointF(*points[-1]), QPointF(*points[-2])
+        angle = math.atan2(end.y() - before.y(), end.x() - before.x())
+        size = 5 + width
+        head = QPolygonF([end, end - QPointF(math.cos(angle - 0.4) * size, math.sin(angle - 0.4) * size),
+                          end - QPointF(math.cos(angle + 0.4) * size, math.sin(angle + 0.4) * size)])
+        path.addPolygon(head)
+        path.closeSubpath()
+        super().__init__(path)
+        self.setPen(QPen(QColor("#555555"), width, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap,
+                         Qt.PenJoinStyle.RoundJoin))
+        self.setToolTip(tip)
+        self.setZValue(1)
+
+
+class GraphCanvas(QGraphicsView):
+    """Pan by dragging, zoom with the wheel around the cursor."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setScene(QGraphicsScene(self))
+        self.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
+        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
+        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
+        self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.MinimalViewportUpdate)
+        self.setOptimizationFlag(QGraphicsView.OptimizationFlag.DontSavePainterState, True)
+        self.setBackgroundBrush(QColor("white"))
+
+    def wheelEvent(self, event) -> None:
+        factor = 1.0015 ** event.angleDelta().y()
+        self.zoom(factor)
+
+    def zoom(self, factor: float) -> None:
+        scale = self.transform().m11() * factor
+        if 0.02 < scale < 8:
+            self.scale(factor, factor)
+
+    def fit(self) -> None:
+        rect = self.scene().itemsBoundingRect()
+        if not rect.isEmpty():
+            self.fitInView(rect.adjusted(-20, -20, 20, 20), Qt.AspectRatioMode.KeepAspectRatio)
+            # A tall graph fitted whole is unreadable: never below a scale where labels vanish
+            # when the graph is much taller than wide; then show its top instead.
+            if self.transform().m11() < 0.25:
+                self.resetTransform()
+                self.scale(0.5, 0.5)
+                self.centerOn(rect.center().x(), rect.top() + self.viewport().height())
+
+
+class GraphPanel(QWidget):
+    """The graph view with its toolbar.
+
+    Signals
+    -------
+    layer_selected(str, int)
+        A module node was clicked: its qualified name and call index.
+    layer_check_requested(str, bool)
+        Tick (True) or untick a layer for capture.
+    layout_done(float)
+        A layout was drawn; seconds from request to drawn scene.
+    graph_changed()
+        A new graph was set.
+    """
+
+    layer_selected = Signal(str, int)
+    layer_check_requested = Signal(str, bool)
+    layout_done = Signal(float)
+    graph_changed = Signal()
+    failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None, engine: str = "auto"):
+        super().__init__(parent)
+        self.engine = engine
+        self.graph: ModelGraph | None = None
+        self.expanded: set[str] = set()
+        self.layout: Layout | None = None
+        self.items: dict[str, GraphNodeItem] = {}
+        self.selected: str | None = None
+        self.checked_layers: set[str] = set()
+        self.hits: list[str] = []
+        self._hit_index = 0
+        self._anchor: tuple[str, QPointF] | None = None
+        self._requested_at = 0.0
+        self._view = None
+        self._pending: tuple | None = None
+        self.font_main = QFont()
+        self.font_main.setPointSizeF(8.5)
+        self.font_small = QFont()
+        self.font_small.setPointSizeF(7.0)
+        self._fm = QFontMetricsF(self.font_main)
+
+        self.search = QLineEdit(placeholderText="Find a layer or op…")
+        self.search.setClearButtonEnabled(True)
+        self.color_by = QComboBox()
+        for key, label in COLOR_BY.items():
+            self.color_by.addItem(f"Colour: {label}", key)
+        self.fit_button = QPushButton("Fit")
+        self.export_button = QPushButton("Export…")
+        self.scale_label = QLabel()
+        self.status = QLabel("No graph yet: load a model with an input.")
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        for w in (self.search, self.color_by, self.fit_button, self.export_button):
+            bar.addWidget(w)
+        bar.addWidget(self.scale_label, 1)
+        self.canvas = GraphCanvas(self)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(2, 2, 2, 2)
+        lay.addLayout(bar)
+        lay.addWidget(self.canvas, 1)
+        lay.addWidget(self.status)
+
+        self.layouts = TaskRunner("graph layout", self)
+        self.extractions = TaskRunner("graph extraction", self)
+        self.layouts.finished.connect(self._on_layout)
+        self.layouts.failed.connect(self._on_failed)
+        self.extractions.finished.connect(self._on_extracted)
+        self.extractions.failed.connect(self._on_failed)
+        self.search.returnPressed.connect(self.next_hit)
+        self.search.textChanged.connect(self.find)
+        self.color_by.currentIndexChanged.connect(lambda _i: self.recolor())
+        self.fit_button.clicked.connect(self.canvas.fit)
+        self.export_button.clicked.connect(lambda: self.export())
+
+    # -- input ----------------------------------------------------------------------
+    def extract(self, model: Any, inputs: Any, lock: Any = None) -> int:
+        """Extract the graph of ``model`` on ``inputs`` in a worker (a forward), then draw it.
+
+        ``lock`` (the session's run lock) is held while the probe's hooks are on the model,
+        so that a capture running at the same time never sees them."""
+        self.status.setText("Finding the graph (one forward)…")
+
+        def task(progress, cancel):
+            with lock if lock is not None else contextlib.nullcontext():
+                return extract_graph(model, inputs)
+
+        self._pending = None
+        return self.extractions.start(task)
+
+    def request_extract(self, model: Any, inputs: Any, lock: Any = None) -> None:
+        """:meth:`extract` now when the panel is shown, else when it is first shown (a
+        forward costs time that a user who never opens the graph should not pay)."""
+        self._pending = (model, inputs, lock)
+        if self.isVisible():
+            self.extract(model, inputs, lock)
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._pending is not None:
+            self.extract(*self._pending)
+
+    def set_graph(self, graph: ModelGraph | None, capture: Any = None) -> None:
+        """Show ``graph`` collapsed to its default depth (about 60 nodes)."""
+        self.graph = graph
+        self.selected = None
+        self.layout = None
+        self.canvas.scene().clear()
+        self.items = {}
+        if graph is None:
+            self._pending = None
+            self.status.setText("No graph.")
+            return
+        if capture is not None:
+            graph.attach_capture(capture)
+        self.expanded = graph.expanded_to_depth(graph.default_depth())
+        self.graph_changed.emit()
+        self.relayout()
+
+    def set_capture(self, capture: Any, carried: bool = False) -> None:
+        """Colour by a new capture's statistics. With ``carried`` (a capture opened without
+        its model), or when no graph is shown, draw the graph the capture file carries."""
+        data = getattr(capture, "graph", None)
+        if data and (carried or self.graph is None):
+            try:
+                graph = ModelGraph.from_dict(data, source="the capture's graph")
+            except GradExplorerError as exc:
+                self.status.setText(f"Graph: {exc.problem}")
+                return
+            self.set_graph(graph, capture)
+            return
+        if self.graph is not None and capture is not None:
+            self.graph.attach_capture(capture)
+            self.recolor()
+
+    def set_checked_layers(self, names: Iterable[str]) -> None:
+        """Show which layers are ticked for capture (a green dot)."""
+        self.checked_layers = set(names)
+        for nid, item in self.items.items():
+            node = self.graph.nodes[nid]
+            item.checked = node.kind == "module" and node.name in self.checked_layers
+            item.update()
+
+    def select_layer(self, name: str, call: int = 0) -> bool:
+        """Select the node of ``name``'s call ``call`` (or the container that holds it)."""
+        if self.graph is None:
+            return False
+        node = self.graph.module_node(name, call) or self.graph.module_node(name, 0)
+        if node is None:
+            return False
+        self._select(self.graph.representative(node.id, self.expanded), center=True)
+        return True
+
+    # -- layout -----------------------------------------------------------------------
+    def relayout(self, anchor: str | None = None, anchor_to: str | None = None) -> int:
+        """Lay out the current collapse state in a worker; ``anchor``'s old position is where
+        ``anchor_to`` (or ``anchor``) lands in the new one."""
+        assert self.graph is not None
+        if anchor is not None and anchor in self.items:
+            self._anchor = (anchor_to or anchor, self.items[anchor].rect.center())
+        else:
+            self._anchor = None
+        graph, expanded, engine = self.graph, set(self.expanded), self.engine
+        self._requested_at = time.perf_counter()
+        self.status.setText("Laying out…")
+
+        def task(progress, cancel):
+            view = graph.view(expanded)
+            return graph, expanded, view, layout_view(graph, view, engine)
+
+        return self.layouts.start(task)
+
+    def _on_extracted(self, _gen: int, graph: ModelGraph, _seconds: float) -> None:
+        self.set_graph(graph)
+
+    def _on_failed(self, _gen: int, exc: BaseException) -> None:
+        text = getattr(exc, "problem", None) or str(exc)
+        self.status.setText(f"Graph: {text}")
+        self.failed.emit(str(text))
+
+    def _on_layout(self, _gen: int, result, _seconds: float) -> None:
+        graph, expanded, view, layout = result
+        if graph is not self.graph:
+            return  # a graph replaced since
+        if self._anchor is not None and self._anchor[0] in layout.pos:
+            nid, old = self._anchor
+            x, y = layout.pos[nid]
+            layout = layout.shifted(old.x() - x, old.y() - y)
+        self.layout = layout
+        self._view = view
+        self._draw(graph, view, layout)
+        self.layout_done.emit(time.perf_counter() - self._requested_at)
+
+    def _draw(self, graph: ModelGraph, view, layout: Layout) -> None:
+        scene = self.canvas.scene()
+        keep_transform = self._anchor is not None
+        center = self.canvas.mapToScene(self.canvas.viewport().rect().center())
+        scene.clear()
+        self.items = {}
+        colors = node_colors(graph, view.nodes, self.statistic)
+        widths = edge_widths(view)
+        for nid in view.nodes:
+            (cx, cy), (w, h) = layout.pos[nid], layout.size[nid]
+            node = graph.nodes[nid]
+            item = GraphNodeItem(self, nid, QRectF(cx - w / 2, cy - h / 2, w, h), colors[nid],
+                                 node_label(graph, nid), node.kind, graph.is_container(nid))
+            item.checked = node.kind == "module" and node.name in self.checked_layers
+            scene.addItem(item)
+            self.items[nid] = item
+        bezier = layout.engine == "dot"
+        for e in view.edges:
+            tip = f"{'×'.join(map(str, e.shape))}" + (f"   |grad| {e.grad_l2:.4g}" if e.grad_l2 is not None else "")
+            if len(e.members) > 1:
+                tip += f"   ({len(e.members)} tensors)"
+            pts = clip_route(layout, e.src, e.dst)
+            scene.addItem(GraphEdgeItem(pts, bezier, widths[(e.src, e.dst)], tip))
+        for cid in sorted(self.expanded, key=graph.depth):
+            inside = [n for n in graph.descendants(cid) if n in self.items]
+            if not inside:
+                continue
+            rect = QRectF()
+            for n in inside:
+                rect = rect.united(self.items[n].rect)
+            pad = 6 + 3 * max(0, 4 - graph.depth(cid))
+            if cid == "m::0":
+                continue  # the model itself: its frame would only repeat the window's edge
+            scene.addItem(GraphFrameItem(self, cid, rect.adjusted(-pad, -pad - 10, pad, pad),
+                                         graph.nodes[cid].name + "  ▾"))
+        scene.setSceneRect(scene.itemsBoundingRect().adjusted(-200, -200, 200, 200))
+        if self.selected in self.items:
+            self.items[self.selected].selected_ = True
+        elif self.selected is not None:
+            self.selected = None
+        self._update_scale_label(graph, view)
+        if keep_transform:
+            self.canvas.centerOn(center)
+        else:
+            self.canvas.fit()
+        self.status.setText(f"{len(view.nodes)} of {len(graph.nodes)} nodes shown, {len(view.edges)} edges; "
+                            f"layout {layout.engine} {layout.seconds * 1000:.0f} ms. Double-click a box "
+                            "with a double border to open it, a frame to close it.")
+        if self.search.text():
+            self.find(self.search.text())
+
+    # -- colour ---------------------------------------------------------------------
+    @property
+    def statistic(self) -> str:
+        return self.color_by.currentData() or "grad_l2"
+
+    def recolor(self) -> None:
+        if self.graph is None or self._view is None:
+            return
+        colors = node_colors(self.graph, self._view.nodes, self.statistic)
+        for nid, item in self.items.items():
+            item.fill = QColor(colors[nid])
+            item.text_pen = QPen(QColor(text_color(colors[nid])))
+            item.update()
+        self._update_scale_label(self.graph, self._view)
+
+    def _update_scale_label(self, graph: ModelGraph, view) -> None:
+        stat = self.statistic
+        if stat == "flags":
+            self.scale_label.setText("flags: red NaN/Inf · grey no gradient · purple zero · orange exploding · "
+                                     "blue vanishing")
+            return
+        scale = color_scale(graph, view.nodes, stat)
+        if scale.lo is None:
+            self.scale_label.setText("no statistics: run a capture")
+            return
+        self.scale_label.setText(
+            f"<span style='background:{colormap(0)};color:white'>&nbsp;{scale.lo:.3g}&nbsp;</span>"
+            f"<span style='background:{colormap(0.5)};color:white'>&nbsp;log&nbsp;</span>"
+            f"<span style='background:{colormap(1)}'>&nbsp;{scale.hi:.3g}&nbsp;</span> {COLOR_BY[stat]}")
+
+    # -- interaction ------------------------------------------------------------------
+    def tooltip(self, node_id: str) -> str:
+        return node_tooltip(self.graph, node_id) if self.graph is not None else ""
+
+    def _select(self, node_id: str | None, center: bool = False) -> None:
+        if self.selected in self.items:
+            self.items[self.selected].selected_ = False
+            self.items[self.selected].update()
+        self.selected = node_id
+        if node_id in self.items:
+            self.items[node_id].selected_ = True
+            self.items[node_id].update()
+            if center:
+                self.canvas.centerOn(self.items[node_id])
+
+    def on_node_clicked(self, node_id: str) -> None:
+        self._select(node_id)
+        node = self.graph.nodes[node_id]
+        if node.kind == "module" and node.name:
+            self.layer_selected.emit(node.name, int(node.call or 0))
+
+    def toggle(self, node_id: str) -> None:
+        """Expand a collapsed container or collapse an expanded one, keeping it in place."""
+        if self.graph is None or not self.graph.is_container(node_id):
+            return
+        if node_id in self.expanded:
+            # Collapse: the container appears where its first visible descendant was.
+            first = next((n for n in self.graph.descendants(node_id)[::-1] if n in self.items), None)
+            first = self._first_visible_inside(node_id) or first
+            self.expanded -= {node_id, *self.graph.descendants(node_id)}
+            self.relayout(anchor=first, anchor_to=node_id)
+        else:
+            self.expanded.add(node_id)
+            child = self.graph.children[node_id][0]
+            self.relayout(anchor=node_id, anchor_to=child)
+
+    def _first_visible_inside(self, node_id: str) -> str | None:
+        inside = set(self.graph.descendants(node_id))
+        return next((n for n in self.graph.nodes if n in inside and n in self.items), None)
+
+    def node_menu(self, node_id: str, screen_pos) -> None:
+        self.build_node_menu(node_id).exec(screen_pos)
+
+    def build_node_menu(self, node_id: str) -> QMenu:
+        """The context menu of a node: tick/untick the layer, expand or collapse."""
+        node = self.graph.nodes[node_id]
+        menu = QMenu(self)
+        if node.kind == "module" and node.name:
+            ticked = node.name in self.checked_layers
+            act = QAction("Capture this layer", menu, checkable=True, checked=ticked)
+            act.toggled.connect(lambda on, n=node.name: self.layer_check_requested.emit(n, on))
+            menu.addAction(act)
+        if self.graph.is_container(node_id):
+            menu.addAction("Collapse" if node_id in self.expanded else "Expand", lambda: self.toggle(node_id))
+        if node.parent is not None and node.parent in self.expanded and node.parent != "m::0":
+            menu.addAction(f"Collapse {self.graph.nodes[node.parent].name}", lambda: self.toggle(node.parent))
+        return menu
+
+    def find(self, text: str) -> list[str]:
+        """Highlight the visible nodes whose name contains ``text`` (or hold a match)."""
+        for item in self.items.values():
+            if item.hit:
+                item.hit = False
+                item.update()
+        self.hits = []
+        self._hit_index = 0
+        text = text.strip().lower()
+        if not text or self.graph is None:
+            return []
+        found: list[str] = []
+        for n in self.graph:
+            if text in (n.name or "").lower() or text in n.type.lower():
+                rep = self.graph.representative(n.id, self.expanded)
+                if rep in self.items and rep not in found:
+                    found.append(rep)
+        for nid in found:
+            self.items[nid].hit = True
+            self.items[nid].update()
+        self.hits = found
+        if found:
+            self.canvas.centerOn(self.items[found[0]])
+        return found
+
+    def next_hit(self) -> None:
+        if self.hits:
+            self._hit_index = (self._hit_index + 1) % len(self.hits)
+            self.canvas.centerOn(self.items[self.hits[self._hit_index]])
+
+    # -- export ---------------------------------------------------------------------
+    def export(self, path: str | None = None) -> str | None:
+        """Write the current view as SVG or PNG (by the file's suffix); asks for a path if none."""
+        if self.graph is None or self.layout is None:
+            return None
+        if path is None:
+            from app import dialogs
+
+            path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
+            if not path:
+                return None
+        from core.file_write import atomic_write_bytes
+        from core.graph_render import to_svg
+
+        svg = to_svg(self.graph, self._view, self.layout, self.statistic,
+                     title=str(self.graph.meta.get("model", "")))
+        if path.lower().endswith(".png"):
+            from app.graph_picture import svg_to_png
+
+            data = svg_to_png(svg)
+        else:
+            data = svg.encode()
+        try:
+            atomic_write_bytes(path, data)
+        except GradExplorerError as exc:
+            self.status.setText(f"Not exported: {exc.problem} {exc.fix}")
+            self.failed.emit(str(exc.problem))
+            return None
+        self.status.setText(f"Exported {path}")
+        return path
+
+    def shutdown(self) -> None:
+        self.layouts.shutdown()
+        self.extractions.shutdown()
+
+
+def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controller: Any, tree_view: Any) -> None:
+    """Connect the graph panel to the window's session, view state, controller and tree.
+
+    * a click on a module node selects that layer and call (the views and the tree follow
+      the view state); a layer chosen elsewhere selects its node (or the collapsed
+      container that holds it);
+    * ticks from the graph's context menu go to the session's selection, and the graph
+      shows the session's ticks;
+    * a new model or batch extracts the graph in a worker (holding the session's run lock);
+      a capture colours it; a capture opened without its model draws the graph it carries.
+    """
+
+    def on_layer_selected(name: str, call: int) -> None:
+        cap = session.capture
+        if cap is not None and name in cap.layers:
+            view_state.select(name, min(call, max(len(cap[name].calls) - 1, 0)))
+        else:
+            controller.select_layer(name)  # says "not captured" when there is a capture
+            tree_view.select_layer(name)
+
+    def follow_state(*_args) -> None:
+        if view_state.layer:
+            panel.select_layer(view_state.layer, view_state.call)
+
+    def extract(*_args) -> None:
+        model, batch = session.model, session.batch
+        if model is None:
+            panel.set_graph(None)
+            return
+        if batch is not None and len(batch):
+            sample = first_sample(batch.tensor)
+        elif model.input_shape and all(isinstance(d, int) for d in model.input_shape):
+            import torch
+
+            sample = torch.zeros((1, *model.input_shape))
+        else:
+            panel.set_graph(None)
+            panel.status.setText("No graph yet: load an input batch.")
+            return
+        panel.request_extract(model.module, sample, lock=getattr(session, "_run_lock", None))
+
+    def on_capture(capture: Any, _batch: Any = None) -> None:
+        if capture is not None:
+            panel.set_capture(capture, carried=session.model is None)
+
+    panel.layer_selected.connect(on_layer_selected)
+    view_state.events.layer.connect(follow_state)
+    view_state.events.call.connect(follow_state)
+    panel.layer_check_requested.connect(session.set_checked)
+    session.selection_changed.connect(lambda names: panel.set_checked_layers(names))
+    session.model_changed.connect(extract)
+    session.batch_changed.connect(extract)
+    controller.capture_shown.connect(on_capture)
+    panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))

@@ -1,0 +1,198 @@
+"""The graph view: first paint, click <-> selection both ways, expand/collapse in place,
+tick from the graph, search, hover text, export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from PySide6.QtCore import Qt
+
+from app.views.graph_view import GraphPanel
+from core.graph import extract_graph
+from core.graph_grads import graph_gradients
+
+TIMEOUT = 60_000
+
+
+@pytest.fixture(scope="module")
+def r18_graph():
+    return graph_gradients(torchvision.models.resnet18(), torch.randn(2, 3, 64, 64))
+
+
+@pytest.fixture
+def panel(qtbot, r18_graph):
+    p = GraphPanel()
+    qtbot.addWidget(p)
+    p.resize(900, 900)
+    p.show()
+    with qtbot.waitSignal(p.layout_done, timeout=TIMEOUT):
+        p.set_graph(r18_graph)
+    yield p
+    p.shutdown()
+
+
+def _click(qtbot, panel, node_id, double=False):
+    item = panel.items[node_id]
+    panel.canvas.centerOn(item)
+    pos = panel.canvas.mapFromScene(item.rect.center())
+    if double:
+        qtbot.mouseDClick(panel.canvas.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    else:
+        qtbot.mouseClick(panel.canvas.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+
+
+def test_default_view_shows_about_sixty_nodes_coloured(panel, r18_graph):
+    view = r18_graph.view(r18_graph.expanded_to_depth(r18_graph.default_depth()))
+    assert set(panel.items) == set(view.nodes)
+    assert len(panel.items) <= 60
+    fills = {item.fill.name() for item in panel.items.values()}
+    assert len(fills) > 3  # coloured by gradient, not one flat colour
+    assert "grad" in panel.scale_label.text()
+
+
+def test_click_selects_the_layer_and_the_reverse(qtbot, panel):
+    with qtbot.waitSignal(panel.layer_selected, timeout=5000) as sig:
+        _click(qtbot, panel, "m:fc:0")
+    assert sig.args == ["fc", 0]
+    assert panel.selected == "m:fc:0" and panel.items["m:fc:0"].selected_
+    # The other way: a layer hidden in a collapsed block selects that block.
+    assert panel.select_layer("layer2.1.conv2")
+    assert panel.selected == "m:layer2.1:0"
+    assert not panel.items["m:fc:0"].selected_
+    assert not panel.select_layer("no.such.layer")
+
+
+def test_double_click_expands_in_place_and_a_frame_collapses(qtbot, panel, r18_graph):
+    old = panel.items["m:layer2.0:0"].rect.center()
+    with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+        _click(qtbot, panel, "m:layer2.0:0", double=True)
+    assert "m:layer2.0:0" not in panel.items
+    assert "m:layer2.0.conv1:0" in panel.items and "m:layer2.0.downsample:0" in panel.items
+    first = panel.items["m:layer2.0.conv1:0"].rect.center()
+    assert (first.x(), first.y()) == pytest.approx((old.x(), old.y()))
+    # Edges stay consistent: one scene path per visible edge.
+    from app.views.graph_view import GraphEdgeItem
+
+    edges = [i for i in panel.canvas.scene().items() if isinstance(i, GraphEdgeItem)]
+    assert len(edges) == len(r18_graph.view(panel.expanded).edges)
+    before = panel.items["m:layer2.0.conv1:0"].rect.center()
+    with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+        panel.toggle("m:layer2.0:0")
+    back = panel.items["m:layer2.0:0"].rect.center()
+    assert (back.x(), back.y()) == pytest.approx((before.x(), before.y()))
+    # A leaf is not a container: double-clicking it changes nothing.
+    n = len(panel.items)
+    panel.toggle("m:fc:0")
+    assert len(panel.items) == n and not panel.layouts.is_busy()
+
+
+def test_tick_and_untick_from_the_graph(qtbot, panel):
+    menu = panel.build_node_menu("m:fc:0")
+    tick = menu.actions()[0]
+    assert tick.text() == "Capture this layer" and not tick.isChecked()
+    with qtbot.waitSignal(panel.layer_check_requested, timeout=5000) as sig:
+        tick.trigger()
+    assert sig.args == ["fc", True]
+    panel.set_checked_layers(["fc"])
+    assert panel.items["m:fc:0"].checked and not panel.items["m:conv1:0"].checked
+    tick = panel.build_node_menu("m:fc:0").actions()[0]
+    assert tick.isChecked()
+    with qtbot.waitSignal(panel.layer_check_requested, timeout=5000) as sig:
+        tick.trigger()
+    assert sig.args == ["fc", False]
+    texts = [a.text() for a in panel.build_node_menu("m:layer1.0:0").actions()]
+    assert "Expand" in texts and "Collapse layer1" in texts
+
+
+def test_search_and_hover_text(panel):
+    hits = panel.find("downsample")
+    # Hidden inside collapsed blocks: the blocks that hold a match light up.
+    assert set(hits) == {"m:layer2.0:0", "m:layer3.0:0", "m:layer4.0:0"}
+    assert all(panel.items[h].hit for h in hits)
+    assert panel.find("") == [] and not any(i.hit for i in panel.items.values())
+    tip = panel.tooltip("m:fc:0")
+    assert "fc" in tip and "Linear" in tip and "2×1000" in tip and "gradient L2 norm" in tip
+
+
+def test_colour_by_another_statistic(panel):
+    before = {n: i.fill.name() for n, i in panel.items.items()}
+    panel.color_by.setCurrentIndex(panel.color_by.findData("activation_std"))
+    after = {n: i.fill.name() for n, i in panel.items.items()}
+    assert before != after and "activation std" in panel.scale_label.text()
+
+
+def test_export_svg_and_png(panel, tmp_path, monkeypatch):
+    from app import dialogs
+
+    svg = panel.export(str(tmp_path / "g.svg"))
+    text = (tmp_path / "g.svg").read_text()
+    assert svg and text.startswith("<svg") and text.count("marker-end=") == len(panel._view.edges)
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a, **k: str(tmp_path / "g.png"))
+    panel.export()
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setattr(dialogs, "ask_save_file", lambda *a, **k: None)
+    assert panel.export() is None
+
+
+def test_extraction_runs_in_a_worker(qtbot):
+    p = GraphPanel()
+    qtbot.addWidget(p)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with qtbot.waitSignal(p.layout_done, timeout=TIMEOUT):
+        p.extract(model, torch.randn(1, 4))
+    assert {"m:0:0", "m:1:0", "m:2:0", "in:input", "out:output"} <= set(p.items)
+    with qtbot.waitSignal(p.failed, timeout=TIMEOUT) as sig:
+        p.extract(model, torch.randn(1, 5))
+    assert "forward failed" in sig.args[0]
+    p.shutdown()
+
+
+def test_capture_without_model_draws_the_graph_it_carries(qtbot):
+    from core.capture import capture
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    cap = capture(model, x, mode="stats")
+    cap.graph = extract_graph(model, x[:1]).to_dict()
+    p = GraphPanel()
+    qtbot.addWidget(p)
+    with qtbot.waitSignal(p.layout_done, timeout=TIMEOUT):
+        p.set_capture(cap)
+    assert p.graph.nodes["m:2:0"].stats["grad_l2"] == pytest.approx(cap["2"].calls[0].stats["grad_output"]["l2"])
+    p.shutdown()
+
+
+def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbot, demo):
+    w = demo
+    panel = w.graph_panel
+    with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+        w.module_tabs.setCurrentWidget(panel)
+    assert panel.graph is not None and panel.graph.meta["model"]
+    # Coloured by the run that the demo fixture made.
+    assert any(n.stats for n in panel.graph if n.kind == "module")
+    cap = w.session.capture
+    name = next(n for n in cap.layers if panel.graph.module_node(n) is not None
+                and panel.graph.representative(panel.graph.module_node(n).id, panel.expanded) in panel.items
+                and n != w.view_state.layer)
+    node_id = panel.graph.module_node(name).id
+    if node_id not in panel.items:  # inside a collapsed container: open it first
+        container = panel.graph.representative(node_id, panel.expanded)
+        with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+            panel.toggle(container)
+    with qtbot.waitSignal(panel.layer_selected, timeout=5000):
+        _click(qtbot, panel, node_id)
+    assert w.view_state.layer == name and w.tree_view.current_name() == name
+    # The other way round: the tree picks a layer, the graph follows.
+    other = next(n for n in cap.layers if n != name)
+    w.tree_view.select_layer(other)
+    qtbot.waitUntil(lambda: w.view_state.layer == other, timeout=5000)
+    assert panel.selected == panel.graph.representative(panel.graph.module_node(other).id, panel.expanded)
+    # Ticks from the graph reach the session, and the graph shows the session's ticks.
+    leaf_node = next(n for n in panel.items if panel.graph.nodes[n].kind == "module"
+                     and not panel.graph.is_container(n) and panel.graph.nodes[n].name)
+    leaf = panel.graph.nodes[leaf_node].name
+    panel.layer_check_requested.emit(leaf, False)
+    assert leaf not in w.session.selection and not panel.items[leaf_node].checked
+    panel.layer_check_requested.emit(leaf, True)
+    assert leaf in w.session.selection and panel.items[leaf_node].checked
