@@ -2,7 +2,8 @@
 
 The torch path of ``core.stats`` reads a tensor five to seven times (aminmax, float64
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
-(PITFALLS.md). Here the tensor is read from memory once, in blocks of
+(34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
+Here the tensor is read from memory once, in blocks of
 ``cpu_stats_kernels.BLOCK`` elements: a first loop over a block keeps the finite count,
 float64 sum, sum of squares and sum of magnitudes, non-zero and NaN counts; two more loops
 over the same block, still in the L1 cache, take the finite minimum and maximum and the

@@ -3,7 +3,7 @@ the graph draws as an edge, the norm of the target's gradient with respect to it
 
 The graph extraction (``core.graph``) runs with gradients enabled, and each value a node
 produces gets a *tensor* hook (module backward hooks break on in-place ops and dict
-outputs; see PITFALLS.md). A hook registered before an in-place change receives the
+outputs; see docs/ARCHITECTURE.md). A hook registered before an in-place change receives the
 gradient with respect to the value before the change, which is the value the edge
 carries. Hooks keep a few numbers per tensor, never the tensor: memory is bounded by the
 number of edges. Backward is ``torch.autograd.grad`` with respect to the parameters and
