@@ -29,8 +29,9 @@ def load(x: Any, table: Any, i: int) -> float:  # pragma: no cover - replaced by
     raise NotImplementedError
 
 
+# No annotations here: numba compares the typing function's signature with its result's.
 @overload(load, inline="always")
-def _load(x: Any, table: Any, i: Any) -> Any:
+def _load(x, table, i):  # type: ignore[no-untyped-def]
     if table.dtype == types.float32:  # half types: x holds 16-bit patterns
         return lambda x, table, i: np.float64(table[x[i]])
     return lambda x, table, i: np.float64(x[i])

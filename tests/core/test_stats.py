@@ -252,3 +252,30 @@ def test_statistics_from_several_threads_at_once_are_right():
     for i, runs in results.items():
         for got in runs:
             assert_matches_reference(got, tensors[i])
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_the_kernels_compile_from_an_empty_cache_and_are_used(tmp_path):
+    """A compile failure falls back quietly (a log line), and a stale on-disk cache can hide
+    one: compile every kernel afresh in a new process and check the fused path ran."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import torch
+        from core import cpu_stats
+        from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+        for name in ("large_mean_tiny_std", "bf16_small", "int32", "nan_inf_mixed"):
+            t = ADVERSARIAL[name]()
+            got = cpu_stats.summarize(t, 1 << 14)
+            assert got is not None, name
+            assert_matches_reference(got, t)
+            stats, kept = cpu_stats.summarize(t, 1 << 14, copy=True)
+            assert torch.equal(kept, t) or name == "nan_inf_mixed"
+        assert cpu_stats.available()
+        print("compiled ok", sorted(cpu_stats.compile_seconds))
+    """)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
+                          cwd=ROOT, timeout=900, env=env)
+    assert done.returncode == 0 and "compiled ok" in done.stdout, (done.stdout + done.stderr)[-3000:]
+    assert "fused CPU statistics failed" not in done.stderr
