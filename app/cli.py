@@ -417,12 +417,25 @@ def cmd_capture(args, ui: _UI) -> int:
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
-    if flagged:
-        lines.append(f"NaN/Inf   in {len(flagged)} layers: {', '.join(flagged[:5])}"
-                     + (" ..." if len(flagged) > 5 else ""))
+    lines += _onset_lines(cap, flagged)
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK
+
+
+def _onset_lines(cap, flagged: list[str]) -> list[str]:
+    """Where NaN/Inf began (forward, then backward), then how far it spread."""
+    from core.nonfinite import describe_onset
+
+    onset = describe_onset(cap.nonfinite_onset)
+    if not onset and not flagged:
+        return []
+    lines = [f"{'NaN/Inf' if i == 0 else '':<9} {text}" for i, text in enumerate(onset)]
+    if flagged:
+        spread = f"{len(flagged)} layer{'s' if len(flagged) != 1 else ''} hold NaN/Inf in all"
+        lines.append(f"{'' if lines else 'NaN/Inf':<9} {spread}: {', '.join(flagged[:5])}"
+                     + (" ..." if len(flagged) > 5 else ""))
+    return lines
 
 
 def _note_estimate(ui: _UI, job, estimate) -> None:
@@ -599,6 +612,11 @@ def cmd_inspect(args, ui: _UI) -> int:
                           + (" ..." if len(meta.labels) > 6 else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
+    from core.capture_summary import summarize
+
+    onset = _onset_lines(cap, summarize(cap).layers_with("nan/inf"))
+    if onset:
+        print("\n".join(onset))
     print()
 
     rows = []
@@ -647,6 +665,8 @@ def _flags(stats: dict) -> str:
         counts = [f"{s[key]} {word}" for key, word in (("nan_count", "NaN"), ("inf_count", "Inf")) if s and s[key]]
         if counts:
             flags.append(f"{short}: {' '.join(counts)}")
+        if s and s.get("overflow"):  # the statistic is beyond float64, not the data
+            flags.append(f"{short}: {'/'.join(s['overflow'])} beyond float64")
     words = {"no gradient": "no grad", "zero": "zero grad"}
     flags += [words[f] for f in call_flags(stats) if f in words]
     return "; ".join(flags)

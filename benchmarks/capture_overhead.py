@@ -1,27 +1,52 @@
-"""Capture overhead: capture of every leaf layer vs a bare forward + backward.
+"""Capture overhead: gradexplorer beside its peers, same model and batch, same run.
 
-    python -m benchmarks.capture_overhead [--models resnet50:8,vit_b_16:4] [--repeats 5]
+    python -m benchmarks.capture_overhead [--models resnet50:8,vit_b_16:4,efficientnet_b0:8]
+                                          [--repeats 5] [--no-memory]
 
 Prints, per model, the median time of a bare forward + backward (the same
-``torch.autograd.grad`` over the trainable parameters that capture runs), and the
-median ratio to it of: gradexplorer statistics-only capture, full capture, and a naive
-reference (a forward hook per leaf module computing each statistic separately on the
-activation and, through a tensor hook, on its gradient: what a hand-written hook tool
-does). Targets (issue 2): statistics-only <= 1.25x, full <= 1.5x. Random init, CPU,
-eval mode, float32; the first run of each kind is a warm-up and is not counted.
+``torch.autograd.grad`` over the trainable parameters that capture runs), and the median
+ratio to it of each kind below, timed interleaved in one process so that drift in machine
+load hits them alike; then the peak resident memory of each kind, measured in a fresh
+process (the model, one warm-up and one run). Kinds:
+
+- ``stats``, ``full``: gradexplorer statistics-only and full capture of every leaf layer;
+- ``clone``: a naive forward hook per leaf that clones the output and, through a tensor
+  hook, the gradient (what full capture must not cost more than);
+- ``naive``: a forward hook per leaf computing each statistic separately, as a tutorial does;
+- ``wandb``: a W&B-style ``watch(log="all")``: a 64-bin histogram (with min, max and the
+  NaN/Inf filter) of every parameter and every parameter gradient;
+- ``torchlens``: TorchLens ``trace`` saving every layer, with gradients (when installed);
+- ``captum``: Captum ``LayerGradientXActivation`` over the convolutions and linears (when
+  installed; it keeps no gradient and no statistics, so it is a floor rather than a peer).
+
+Also the first-use compile time of the CPU statistics kernel (numba), from an empty cache
+and from the on-disk cache. Random init, CPU, eval mode, float32; the target is the top-1
+logit. Targets (issue 13): statistics-only <= 1.2x, full <= 1.4x. ``pip install
+gradexplorer[bench]`` installs the optional peers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torchvision
 
 from core.capture import capture
 from core.selection import leaf_names
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("bare", "stats", "full", "clone", "naive", "wandb", "torchlens", "captum")
+TARGETS = {"stats": 1.2, "full": 1.4}
 
 
 def _params(model):
@@ -31,6 +56,34 @@ def _params(model):
 def bare(model, x):
     out = model(x)
     torch.autograd.grad(out.max(dim=1).values.sum(), _params(model))
+
+
+def _leaf_hooks(model, hook):
+    names = set(leaf_names(model))
+    return [m.register_forward_hook(hook) for n, m in model.named_modules() if n in names]
+
+
+def _with_hooks(model, x, hook):
+    handles = _leaf_hooks(model, hook)
+    try:
+        bare(model, x)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def clone(model, x):
+    """A forward hook per leaf keeping a clone of the output and of its gradient."""
+    kept = []
+
+    def hook(module, inputs, output):
+        if isinstance(output, torch.Tensor):
+            kept.append(output.detach().clone())
+            if output.requires_grad:
+                output.register_hook(lambda g: kept.append(g.detach().clone()))
+
+    _with_hooks(model, x, hook)
+    return kept
 
 
 def naive(model, x):
@@ -50,68 +103,200 @@ def naive(model, x):
             if output.requires_grad:
                 output.register_hook(lambda g: records.append(stats(g)))
 
-    names = set(leaf_names(model))
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n in names]
+    _with_hooks(model, x, hook)
+    return records
+
+
+def _wandb_histogram(t: torch.Tensor):
+    """What wandb.watch logs per tensor: NaN/Inf dropped, min, max, histc of 64 bins."""
+    flat = t.detach().reshape(-1).float().cpu()
+    flat = flat[torch.isfinite(flat)]
+    if not flat.numel():
+        return None
+    lo, hi = flat.min().item(), flat.max().item()
+    return torch.histc(flat, bins=64, min=lo, max=hi), torch.linspace(lo, hi, 65)
+
+
+def wandb_style(model, x):
+    """``wandb.watch(model, log="all", log_freq=1)``: a histogram of every parameter (at
+    forward) and of every parameter gradient (a tensor hook on each parameter)."""
+    logged = []
+    handles = [p.register_hook(lambda g: logged.append(_wandb_histogram(g))) for p in _params(model)]
+
+    def on_forward(module, inputs, output):
+        for p in module.parameters():
+            logged.append(_wandb_histogram(p))
+
+    handles.append(model.register_forward_hook(on_forward))
     try:
         bare(model, x)
     finally:
         for h in handles:
             h.remove()
+    return logged
 
 
-def _median_seconds(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _torchlens():
+    import torchlens
+    from torchlens.options import CaptureOptions
+
+    def run(model, x):
+        trace = torchlens.trace(model, x, capture=CaptureOptions(layers_to_save="all", save_grads=True))
+        out = trace[trace.output_layers[0]].out
+        trace.backward(out.max(dim=1).values.sum())
+        for p in model.parameters():  # Trace.backward accumulates into .grad
+            p.grad = None
+        return trace
+
+    return run
 
 
-def measure(name: str, batch: int, repeats: int) -> dict:
+def _captum(model):
+    from captum.attr import LayerGradientXActivation
+
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    lgxa = LayerGradientXActivation(model, layers)
+
+    def run(model, x):
+        return lgxa.attribute(x, target=0)
+
+    return run
+
+
+def make_kind(kind: str, model):
+    """The callable ``fn(model, x)`` of a kind, or ``None`` when its package is missing."""
+    simple = {"bare": bare, "clone": clone, "naive": naive, "wandb": wandb_style,
+              "stats": lambda m, x: capture(m, x, mode="stats"),
+              "full": lambda m, x: capture(m, x, mode="full")}
+    if kind in simple:
+        return simple[kind]
+    try:
+        return _torchlens() if kind == "torchlens" else _captum(model)
+    except ImportError:
+        return None
+
+
+def _model(name: str):
     torch.manual_seed(0)
-    model = torchvision.models.get_model(name).eval()
-    size = 224
-    x = torch.randn(batch, 3, size, size)
-    # Interleave the kinds so that drift in machine load hits them alike.
-    kinds = {
-        "bare": lambda: bare(model, x),
-        "stats": lambda: capture(model, x, mode="stats"),
-        "full": lambda: capture(model, x, mode="full"),
-        "naive": lambda: naive(model, x),
-    }
-    times = {k: [] for k in kinds}
-    for fn in kinds.values():
-        fn()
+    return torchvision.models.get_model(name).eval()
+
+
+def measure(name: str, batch: int, repeats: int, kinds=KINDS) -> dict:
+    """Median seconds of ``bare`` and the median ratio of every other installed kind."""
+    model = _model(name)
+    x = torch.randn(batch, 3, 224, 224)
+    fns = {k: make_kind(k, model) for k in kinds}
+    missing = [k for k, f in fns.items() if f is None]
+    fns = {k: f for k, f in fns.items() if f is not None}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn(model, x)  # warm-up
     for _ in range(repeats):
-        for k, fn in kinds.items():
+        for k, fn in fns.items():
             t0 = time.perf_counter()
-            fn()
+            result = fn(model, x)
             times[k].append(time.perf_counter() - t0)
+            del result
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "model": name, "batch": batch, "layers": len(leaf_names(model)),
-        "bare_s": med["bare"], "stats_x": med["stats"] / med["bare"],
-        "full_x": med["full"] / med["bare"], "naive_x": med["naive"] / med["bare"],
-    }
+    out = {"model": name, "batch": batch, "layers": len(leaf_names(model)), "bare_s": med["bare"],
+           "missing": missing}
+    out.update({f"{k}_x": med[k] / med["bare"] for k in fns if k != "bare"})
+    return out
+
+
+def peak_rss_mib(name: str, batch: int, kind: str) -> float | None:
+    """Peak resident memory (MiB) of a fresh process while it runs ``kind`` twice on the
+    model (the peak is reset after the imports and the model are built, so that it is the
+    run's; where the kernel does not allow that, the process's peak); ``None`` when the
+    kind is not installed."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.capture_overhead", "--child", kind,
+                           "--models", f"{name}:{batch}"], check=False, capture_output=True, text=True, cwd=ROOT,
+                          timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+    return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def _vm_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _child(kind: str, spec: str) -> None:
+    import resource
+
+    name, _, b = spec.partition(":")
+    model = _model(name)
+    fn = make_kind(kind, model)
+    if fn is None:
+        print(json.dumps({"peak_mib": None}))
+        return
+    x = torch.randn(int(b or 1), 3, 224, 224)
+    with contextlib.suppress(OSError):
+        # "5" resets the peak RSS (VmHWM) to the current RSS: what follows is the run's peak.
+        Path("/proc/self/clear_refs").write_text("5")
+    for _ in range(2):
+        result = fn(model, x)
+        del result
+    hwm = _vm_kib("VmHWM")
+    peak = hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_mib": peak / 1024}))
+
+
+def compile_seconds() -> dict:
+    """First use of the numba statistics kernel in a fresh process: from an empty cache
+    (compiling) and from the on-disk cache (loading). Empty when numba is missing."""
+    code = ("import json, time, torch; t = time.perf_counter(); from core import cpu_stats; "
+            "ok = cpu_stats.available() and cpu_stats.summarize(torch.randn(100_000), 1 << 14) is not None; "
+            "print(json.dumps({'ok': bool(ok), 'seconds': time.perf_counter() - t}))")
+    out = {}
+    with tempfile.TemporaryDirectory() as empty:
+        for label, env in (("cold", dict(os.environ, NUMBA_CACHE_DIR=empty)), ("cached", dict(os.environ))):
+            done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT,
+                                  env=env, timeout=600)
+            if done.returncode == 0:
+                r = json.loads(done.stdout.strip().splitlines()[-1])
+                if r["ok"]:
+                    out[label] = r["seconds"]
+    return out
 
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="resnet50:8,vit_b_16:4")
+    ap.add_argument("--models", default="resnet50:8,vit_b_16:4,efficientnet_b0:8")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
-    print(f"{'model':<12} {'batch':>5} {'layers':>6} {'bare f+b':>9} {'stats-only':>10} {'full':>6} {'naive':>6}")
+    if args.child:
+        _child(args.child, args.models)
+        return []
+    compiled = compile_seconds()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; statistics kernel first use: "
+          + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
+             "from the cache" if compiled else "numba missing, torch operations"), flush=True)
     rows = []
     for spec in args.models.split(","):
         name, _, b = spec.partition(":")
         r = measure(name, int(b or 1), args.repeats)
+        if not args.no_memory:
+            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in KINDS if k not in r["missing"]}
         rows.append(r)
-        print(f"{r['model']:<12} {r['batch']:>5} {r['layers']:>6} {r['bare_s']:>8.2f}s "
-              f"{r['stats_x']:>9.2f}x {r['full_x']:>5.2f}x {r['naive_x']:>5.2f}x", flush=True)
-    print("targets: stats-only <= 1.25x, full <= 1.5x (median of repeats, ratio to bare forward+backward)")
+        print(f"\n{name} batch {r['batch']} ({r['layers']} leaves): bare forward+backward {r['bare_s']:.2f} s")
+        for k in KINDS:
+            if k in r["missing"]:
+                print(f"  {k:<10} not installed")
+                continue
+            ratio = "1.00x" if k == "bare" else f"{r[k + '_x']:.2f}x"
+            mem = r.get("peak_mib", {}).get(k)
+            target = f"  (target <= {TARGETS[k]}x)" if k in TARGETS else ""
+            print(f"  {k:<10} {ratio:>7}" + (f"   peak RSS {mem:,.0f} MiB" if mem else "") + target, flush=True)
+    print("\nmedian of repeats, interleaved, ratio to the bare forward+backward of the same run")
     return rows
 
 

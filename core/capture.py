@@ -39,6 +39,7 @@ from core.batch import ModelInputs
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.nonfinite import OnsetTracker
 from core.selection import LayerSpec, resolve_layers
 from core.targets import Target, parse_target, select_output, target_scalar
 
@@ -143,6 +144,7 @@ class _Recorder:
         self.cancel = cancel
         self.hist_limit = hist_limit
         self.summaries = DeferredStats(hist_limit)
+        self.onset = OnsetTracker()  # where NaN/Inf began (core/nonfinite.py)
         self.pinned_left: int | None = None  # bytes, measured at the first GPU copy
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
@@ -196,6 +198,7 @@ class _Recorder:
         self.call_count += 1
         self._tick("forward", self.call_count, self.expected_calls)
         self.running.append(name)
+        self.onset.enter(name, args, kwargs)
         if name in self.selected:
             rec = self.records.get(name)
             if rec is None:
@@ -215,10 +218,11 @@ class _Recorder:
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
+            _, y = primary_tensor(output)
+            self.onset.leave(name, module, y)
             if self.cancel is not None:
                 # Backward reaches selected layers only near its end when they sit near the
                 # input: a check at every module's output keeps cancel prompt.
-                _, y = primary_tensor(output)
                 if y is not None and y.requires_grad:
                     self.tensor_handles.append(y.register_hook(self._cancel_check))
             return None
@@ -227,6 +231,7 @@ class _Recorder:
         key, y = primary_tensor(output)
         call.output_key = key
         if y is None:
+            self.onset.leave(name, module, None)
             return None
         replaced = None
         if key == "" and y.requires_grad and any(a is y and v == y._version for a, v in inputs):
@@ -251,18 +256,23 @@ class _Recorder:
         else:
             copied = True
             with torch.no_grad():
-                call.stats["activation"] = self.summaries.summarize(y)
-                if self.full:
-                    if y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
-                        # Known from the last run not to be modified later: no copy needed.
-                        call.activation = y.detach()
-                        copied = False
-                    else:
-                        # A copy now: a later in-place op (ReLU(inplace), +=) would change y.
+                if not self.full:
+                    call.stats["activation"] = self.summaries.summarize(y)
+                elif y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
+                    # Known from the last run not to be modified later: no copy needed.
+                    call.stats["activation"] = self.summaries.summarize(y)
+                    call.activation = y.detach()
+                    copied = False
+                else:
+                    # A copy now: a later in-place op (ReLU(inplace), +=) would change y. On
+                    # the CPU the pass that computes the statistics writes it (one read).
+                    call.stats["activation"], call.activation = self.summaries.summarize_copy(y)
+                    if call.activation is None:
                         call.activation = self.to_host(y, copy=True)
             self.activations[value_key] = (y, call.stats["activation"], call.activation)
             if self.full:
                 self.outputs.append((name, index, y, y._version, copied))
+        self.onset.leave(name, module, y, call.stats["activation"])
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output")
         return replaced
@@ -290,6 +300,7 @@ class _Recorder:
             self._tick("backward", self.grads_seen, self.grads_expected)
             with torch.no_grad():
                 stats = self.summaries.summarize(grad)
+                self.onset.grad(stats, sinks)
                 # Autograd does not modify a gradient it has handed to a hook while we hold
                 # it, so on the CPU it is kept as it is (the tests compare after backward).
                 kept = self.to_host(grad, copy=False) if self.full else None
@@ -608,8 +619,13 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             module = model.get_submodule(name)
             for pname, p in module.named_parameters(recurse=False):
                 g = grad_of.get(id(p)) if p.requires_grad else None
-                rec.param_stats[pname] = recorder.summaries.summarize(g) if g is not None else None
-                rec.param_grads[pname] = recorder.to_host(g, copy=True) if (g is not None and recorder.full) else None
+                rec.param_stats[pname] = rec.param_grads[pname] = None
+                if g is not None and recorder.full:
+                    rec.param_stats[pname], rec.param_grads[pname] = recorder.summaries.summarize_copy(g)
+                    if rec.param_grads[pname] is None:
+                        rec.param_grads[pname] = recorder.to_host(g, copy=True)
+                elif g is not None:
+                    rec.param_stats[pname] = recorder.summaries.summarize(g)
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
         if dev.type == "cuda":
@@ -643,4 +659,5 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             output=y.detach().to("cpu", copy=True),
             input_grad=x_grad.detach().cpu() if x_grad is not None else None,
             layers=layers_out,
+            nonfinite_onset=recorder.onset.result(layers_out, order),
         )

@@ -80,7 +80,8 @@ class Capture:
         The model's dataflow graph, when one was recorded (reserved in capture format
         version 2; ``None`` when absent).
     nonfinite_onset : dict or None
-        Where NaN/Inf first appeared, when known (reserved in format version 2).
+        Where NaN/Inf began (``core.nonfinite``): ``{"forward": ..., "backward": ...}``,
+        ``None`` when every value was finite (or the capture predates it).
     """
 
     meta: dict

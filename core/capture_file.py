@@ -135,8 +135,9 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
                 {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
             )
         meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
+        onset = data.get("nonfinite_onset")
         return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,
-                       data.get("graph"), data.get("nonfinite_onset"))
+                       data.get("graph"), onset if isinstance(onset, dict) else None)
     except (KeyError, TypeError, AttributeError) as exc:
         raise CaptureFileError(
             f"{source} is a damaged capture file (missing or malformed entry: {exc}).",

@@ -7,7 +7,8 @@ capture of resnet50 at batch 8 summarises about 500 tensors: statistics-only cap
 overhead and stalls, none of it arithmetic.
 
 Here two fused Triton kernels compute the whole summary of a tensor (finite min and max,
-sum, sum of squares, sum of absolute values, non-zero, NaN and Inf counts, and the histogram
+the float64 moments of ``core.stats`` (count, mean, sum of squared deviations merged by
+Chan's formula, sum of squares), sum of absolute values, non-zero, NaN and Inf counts, and the histogram
 of the same evenly strided sample ``tensor_stats`` uses) into one row of numbers on the
 device, launched from the hook without waiting for the result. ``DeferredStats.resolve``
 copies every row of a capture to the host in one transfer at its end and fills the
@@ -31,7 +32,7 @@ import os
 
 import torch
 
-from core.stats import HIST_BINS, empty_stats, histogram_range, histogram_sample, stats_from_sums, tensor_stats
+from core.stats import HIST_BINS, histogram_range, histogram_sample, no_finite_stats, stats_from_moments, tensor_stats
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ _SAMPLE_BLOCK = 256
 #: An exact histogram (``hist_exact_limit=None``) would be counted by the second kernel's
 #: single program over every element: above this many, the torch operations do it instead.
 _EXACT_FUSED_LIMIT = 1 << 20
-_ROW = 9 + HIST_BINS  # min, max, sum, sumsq, sumabs, nonzero, nan, inf, sampled; bins
+_PART = 7  # per chunk, float64: min, max, count, mean, m2, sumsq, sumabs
+_ROW = 10 + HIST_BINS  # min, max, mean, m2, sumsq, sumabs, nonzero, nan, inf, sampled; bins
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BIG = 3.4028234663852886e38  # float32 max: the identity of finite min and max
 
@@ -52,6 +54,10 @@ def _build_kernels():
     import triton
     import triton.language as tl
 
+    # The moments are those of core.stats: float64 accumulation (float32 squares of 1e20
+    # overflow), each BLOCK's squared deviations taken around the BLOCK's own mean and the
+    # blocks merged by Chan's formula (E[x²] - E[x]² cancels when |mean| >> std). float64
+    # arithmetic on the loaded block costs nothing measurable: the kernel waits on memory.
     @triton.jit
     def partials(x_ptr, part_ptr, cnt_ptr, n, chunk, BLOCK: tl.constexpr, BIG: tl.constexpr):
         pid = tl.program_id(0)
@@ -59,12 +65,14 @@ def _build_kernels():
         lanes = tl.arange(0, BLOCK)
         vmin = tl.full((BLOCK,), BIG, tl.float32)
         vmax = tl.full((BLOCK,), -BIG, tl.float32)
-        vsum = tl.zeros((BLOCK,), tl.float32)
-        vsq = tl.zeros((BLOCK,), tl.float32)
-        vabs = tl.zeros((BLOCK,), tl.float32)
+        vsq = tl.zeros((BLOCK,), tl.float64)
+        vabs = tl.zeros((BLOCK,), tl.float64)
         nz = tl.zeros((BLOCK,), tl.int32)
         nnan = tl.zeros((BLOCK,), tl.int32)
         ninf = tl.zeros((BLOCK,), tl.int32)
+        cnt = tl.sum(tl.zeros((BLOCK,), tl.float64), axis=0)
+        mean = tl.sum(tl.zeros((BLOCK,), tl.float64), axis=0)
+        m2 = tl.sum(tl.zeros((BLOCK,), tl.float64), axis=0)
         for i in range(0, chunk, BLOCK):
             offs = start + i + lanes
             inb = offs < n
@@ -72,21 +80,32 @@ def _build_kernels():
             is_nan = x != x
             is_inf = tl.abs(x) > BIG
             ok = inb & (~is_nan) & (~is_inf)
-            xf = tl.where(ok, x, 0.0)
+            xd = tl.where(ok, x.to(tl.float64), 0.0)
             vmin = tl.minimum(vmin, tl.where(ok, x, BIG))
             vmax = tl.maximum(vmax, tl.where(ok, x, -BIG))
-            vsum += xf
-            vsq += xf * xf
-            vabs += tl.abs(xf)
-            nz += (xf != 0.0).to(tl.int32)
+            vsq += xd * xd
+            vabs += tl.abs(xd)
+            nz += (xd != 0.0).to(tl.int32)
             nnan += (inb & is_nan).to(tl.int32)
             ninf += (inb & is_inf).to(tl.int32)
-        row = part_ptr + pid * 5
-        tl.store(row + 0, tl.min(vmin, axis=0))
-        tl.store(row + 1, tl.max(vmax, axis=0))
-        tl.store(row + 2, tl.sum(vsum, axis=0))
-        tl.store(row + 3, tl.sum(vsq, axis=0))
-        tl.store(row + 4, tl.sum(vabs, axis=0))
+            bc = tl.sum(ok.to(tl.float64), axis=0)
+            bmean = tl.sum(xd, axis=0) / tl.maximum(bc, 1.0)
+            d = tl.where(ok, xd - bmean, 0.0)
+            bm2 = tl.sum(d * d, axis=0)
+            tot = cnt + bc
+            w = bc / tl.maximum(tot, 1.0)
+            delta = bmean - mean
+            mean += delta * w
+            m2 += bm2 + delta * delta * cnt * w
+            cnt = tot
+        row = part_ptr + pid * 7
+        tl.store(row + 0, tl.min(vmin, axis=0).to(tl.float64))
+        tl.store(row + 1, tl.max(vmax, axis=0).to(tl.float64))
+        tl.store(row + 2, cnt)
+        tl.store(row + 3, mean)
+        tl.store(row + 4, m2)
+        tl.store(row + 5, tl.sum(vsq, axis=0))
+        tl.store(row + 6, tl.sum(vabs, axis=0))
         crow = cnt_ptr + pid * 3
         tl.store(crow + 0, tl.sum(nz, axis=0))
         tl.store(crow + 1, tl.sum(nnan, axis=0))
@@ -97,21 +116,33 @@ def _build_kernels():
                BLOCK_G: tl.constexpr, SAMPLE_BLOCK: tl.constexpr, BINS: tl.constexpr, BIG: tl.constexpr):
         rows = tl.arange(0, BLOCK_G)
         rm = rows < g
-        lo = tl.min(tl.load(part_ptr + rows * 5 + 0, mask=rm, other=BIG), axis=0)
-        hi = tl.max(tl.load(part_ptr + rows * 5 + 1, mask=rm, other=-BIG), axis=0)
-        total = tl.sum(tl.load(part_ptr + rows * 5 + 2, mask=rm, other=0.0).to(tl.float64), axis=0)
-        sumsq = tl.sum(tl.load(part_ptr + rows * 5 + 3, mask=rm, other=0.0).to(tl.float64), axis=0)
-        sumabs = tl.sum(tl.load(part_ptr + rows * 5 + 4, mask=rm, other=0.0).to(tl.float64), axis=0)
+        lo = tl.min(tl.load(part_ptr + rows * 7 + 0, mask=rm, other=BIG), axis=0)
+        hi = tl.max(tl.load(part_ptr + rows * 7 + 1, mask=rm, other=-BIG), axis=0)
+        c = tl.load(part_ptr + rows * 7 + 2, mask=rm, other=0.0)
+        mu = tl.load(part_ptr + rows * 7 + 3, mask=rm, other=0.0)
+        q = tl.load(part_ptr + rows * 7 + 4, mask=rm, other=0.0)
+        # core.stats.merge_moments: within-chunk plus between-chunk sums of squares.
+        total = tl.sum(c, axis=0)
+        mean = tl.sum(c * mu, axis=0) / tl.maximum(total, 1.0)
+        dm = tl.where(c > 0, mu - mean, 0.0)
+        m2 = tl.sum(q, axis=0) + tl.sum(c * dm * dm, axis=0)
+        sumsq = tl.sum(tl.load(part_ptr + rows * 7 + 5, mask=rm, other=0.0), axis=0)
+        sumabs = tl.sum(tl.load(part_ptr + rows * 7 + 6, mask=rm, other=0.0), axis=0)
         nz = tl.sum(tl.load(cnt_ptr + rows * 3 + 0, mask=rm, other=0).to(tl.int64), axis=0)
         nnan = tl.sum(tl.load(cnt_ptr + rows * 3 + 1, mask=rm, other=0).to(tl.int64), axis=0)
         ninf = tl.sum(tl.load(cnt_ptr + rows * 3 + 2, mask=rm, other=0).to(tl.int64), axis=0)
-        # The histogram range of tensor_stats: [min, max], widened by 0.5 when flat.
+        # core.stats.histogram_range: [min, max], widened when flat.
         flat = hi <= lo
-        hlo = tl.where(flat, lo - 0.5, lo)
-        hhi = tl.where(flat, hi + 0.5, hi)
+        pad = tl.maximum(tl.abs(lo) * 1e-6, 0.5)
+        hlo = tl.where(flat, lo - pad, lo)
+        hhi = tl.where(flat, hi + pad, hi)
         none = hi < lo  # no finite value: nothing is counted, keep the arithmetic finite
         hlo = tl.where(none, 0.0, hlo)
         hhi = tl.where(none, 1.0, hhi)
+        # core.stats.histogram_in_float64: a range wider than float32 holds is binned in float64.
+        wide = (hhi - hlo) > BIG
+        hlo32 = hlo.to(tl.float32)
+        width32 = hhi.to(tl.float32) - hlo32
         bins = tl.arange(0, BINS)
         counts = tl.zeros((BINS,), tl.int32)
         for k0 in range(0, n_sample, SAMPLE_BLOCK):
@@ -120,20 +151,23 @@ def _build_kernels():
             x = tl.load(x_ptr + (offset + k.to(tl.int64) * step), mask=km, other=0.0).to(tl.float32)
             ok = km & (x == x) & (tl.abs(x) <= BIG)
             # torch.histc's arithmetic, so that the bins agree with the CPU path.
-            pos = ((x - hlo) * BINS / (hhi - hlo)).to(tl.int32)
+            pos32 = ((x - hlo32) * BINS / width32).to(tl.int32)
+            pos64 = ((x.to(tl.float64) - hlo) * BINS / (hhi - hlo)).to(tl.int32)
+            pos = tl.where(wide, pos64, pos32)
             pos = tl.minimum(tl.maximum(pos, 0), BINS - 1)
             hit = ok[:, None] & (pos[:, None] == bins[None, :])
             counts += tl.sum(hit.to(tl.int32), axis=0)
-        tl.store(out_ptr + 0, lo.to(tl.float64))
-        tl.store(out_ptr + 1, hi.to(tl.float64))
-        tl.store(out_ptr + 2, total)
-        tl.store(out_ptr + 3, sumsq)
-        tl.store(out_ptr + 4, sumabs)
-        tl.store(out_ptr + 5, nz.to(tl.float64))
-        tl.store(out_ptr + 6, nnan.to(tl.float64))
-        tl.store(out_ptr + 7, ninf.to(tl.float64))
-        tl.store(out_ptr + 8, tl.sum(counts, axis=0).to(tl.float64))
-        tl.store(out_ptr + 9 + bins, counts.to(tl.float64))
+        tl.store(out_ptr + 0, lo)
+        tl.store(out_ptr + 1, hi)
+        tl.store(out_ptr + 2, mean)
+        tl.store(out_ptr + 3, m2)
+        tl.store(out_ptr + 4, sumsq)
+        tl.store(out_ptr + 5, sumabs)
+        tl.store(out_ptr + 6, nz.to(tl.float64))
+        tl.store(out_ptr + 7, nnan.to(tl.float64))
+        tl.store(out_ptr + 8, ninf.to(tl.float64))
+        tl.store(out_ptr + 9, tl.sum(counts, axis=0).to(tl.float64))
+        tl.store(out_ptr + 10 + bins, counts.to(tl.float64))
 
     return partials, finish
 
@@ -160,7 +194,7 @@ def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, 
     n = x.numel()
     chunk = math.ceil(math.ceil(n / _MAX_PROGRAMS) / _BLOCK) * _BLOCK
     g = math.ceil(n / chunk)
-    part = torch.empty((g, 5), dtype=torch.float32, device=x.device)
+    part = torch.empty((g, _PART), dtype=torch.float64, device=x.device)
     cnt = torch.empty((g, 3), dtype=torch.int32, device=x.device)
     row = torch.empty(_ROW, dtype=torch.float64, device=x.device)
     offset, step, n_sample = histogram_sample(n, hist_limit)
@@ -173,18 +207,16 @@ def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, 
 
 def stats_from_row(values: list[float], n: int, exact: bool) -> dict:
     """The statistics dict (as ``tensor_stats`` returns it) from one kernel row."""
-    lo, hi, total, sumsq, sumabs, nonzero, nan, inf, sampled = values[:9]
+    lo, hi, mean, m2, sumsq, sumabs, nonzero, nan, inf, sampled = values[:10]
     nan_count, inf_count = int(nan), int(inf)
     m = n - nan_count - inf_count
     if m == 0:
-        out = empty_stats()  # as tensor_stats: no finite value, nothing to summarise
-        out.update(numel=n, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
-        return out
-    counts = torch.tensor(values[9:], dtype=torch.float32)
+        return no_finite_stats(n, nan_count, inf_count)  # as tensor_stats
+    counts = torch.tensor(values[10:], dtype=torch.float32)
     if not exact:
         counts = counts * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
-    return stats_from_sums(n, lo, hi, total, sumsq, sumabs, int(nonzero), nan_count, inf_count,
-                           counts, histogram_range(lo, hi), exact and sampled == m)
+    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), nan_count, inf_count,
+                              counts, histogram_range(lo, hi), exact and sampled == m)
 
 
 class DeferredStats:
@@ -235,6 +267,20 @@ class DeferredStats:
                 self._pending.append((stats, row, n, exact))
                 return stats
         return tensor_stats(t, self.hist_limit)
+
+    def summarize_copy(self, t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+        """``summarize(t)`` and, for a CPU tensor, a copy of it written by the same pass
+        (``core.cpu_stats``): the statistics of a kept tensor cost no second read. The
+        copy is ``None`` where that path does not apply: copy it yourself."""
+        if t.device.type == "cpu" and not self._use_fused(t):
+            from core import cpu_stats
+            from core.stats import _fused_cpu_enabled
+
+            if _fused_cpu_enabled():
+                got = cpu_stats.summarize(t, self.hist_limit, copy=True)
+                if got is not None:
+                    return got
+        return self.summarize(t), None
 
     def resolve(self) -> None:
         """Fill the dicts of the fused summaries: one device-to-host copy for all."""

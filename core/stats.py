@@ -1,18 +1,31 @@
 """Summary statistics of a tensor, computed where the tensor lives.
 
 Statistics are the part of a capture that is always present, in both capture modes, so
-they must be cheap: on the CPU the obvious ``isfinite().sum()`` and ``histc`` cost more
-than the forward pass of the layer that produced the tensor (see PITFALLS.md). We take
-one ``aminmax`` pass, which reveals whether any NaN or Inf is present, and count
-non-finite values only when there are some; mean and std come from a sum and the L2
-norm (one BLAS pass); the histogram of a large tensor is taken over an evenly strided
-subsample whose stride is prime, so that it does not alias with the tensor's layout,
-and its counts are scaled to ``numel`` (``hist_exact`` says when that happened).
+they must be cheap, and they are what the tool exists to show, so they must be right at
+the extremes (exploding values are why people open it).
+
+Right: the variance is never taken as E[x²] − E[x]² (in float32 a constant 1e4 over 1e6
+values gave std 80.6, true 0). Every path accumulates in float64 and computes the sum of
+squared deviations per block around the block's own mean, then merges the blocks with
+Chan's formula (``merge_moments``); squares of float32 values cannot overflow float64, and
+float64 tensors whose squares would (|x| above about 1e150) or would underflow are scaled
+by a power of two first, which is exact. A statistic whose true value lies beyond float64
+(the L2 norm of many 1e308 values) is reported as ``inf`` and named in ``overflow``, so
+that it is not mistaken for an Inf in the data (``inf_count``).
+
+Cheap: on the CPU one fused, multithreaded pass per tensor compiled with numba
+(``core.cpu_stats``) when numba is installed, and these torch operations otherwise (and
+for tensors numba cannot read); on a GPU, fused Triton kernels (``core.device_stats``).
+All three end in ``stats_from_moments``, the one formula. The histogram of a large tensor
+is taken over an evenly strided subsample whose stride is prime, so that it does not alias
+with the tensor's layout, and its counts are scaled to the number of finite values
+(``hist_exact`` says when that happened).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -33,12 +46,18 @@ SCALAR_KEYS = (
     "nan_count",
     "inf_count",
 )
-#: Every key of a statistics dict.
-STAT_KEYS = (*SCALAR_KEYS, "hist", "hist_range", "hist_exact")
+#: Every key of a statistics dict. ``overflow`` names the statistics (``std``, ``l2``)
+#: whose true value is beyond the float64 range and is shown as inf: not data Inf.
+STAT_KEYS = (*SCALAR_KEYS, "hist", "hist_range", "hist_exact", "overflow")
 
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73,
            79, 83, 89, 97, 101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163,
            167, 173, 179, 181, 191, 193, 197, 199, 211, 223, 227, 229, 233, 239, 241, 251)
+#: float64 tensors whose largest magnitude lies outside [2**-_SAFE_EXP, 2**_SAFE_EXP] are
+#: scaled by a power of two before squaring (their squares would overflow or underflow).
+_SAFE_EXP = 480
+#: float32 maximum: a histogram range wider than this is binned in float64.
+_F32_MAX = 3.4028234663852886e38
 
 
 def _prime_at_least(n: int) -> int:
@@ -54,11 +73,15 @@ def _as_real(t: torch.Tensor) -> torch.Tensor:
     if x.is_complex():
         x = x.abs()
     if not x.is_floating_point():
-        x = x.float()
+        x = x.float() if x.element_size() < 4 or x.dtype == torch.bool else x.double()
     elif x.dtype in (torch.float16, torch.bfloat16):
-        # Half-precision sums overflow and histc does not take them.
+        # histc does not take half types.
         x = x.float()
     return x
+
+
+def _fused_cpu_enabled() -> bool:
+    return os.environ.get("GRADEXPLORER_CPU_KERNEL", "1") != "0"
 
 
 @torch.no_grad()
@@ -68,8 +91,8 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
     Parameters
     ----------
     t : torch.Tensor
-        Any tensor; it is not modified. Complex tensors are summarised by magnitude,
-        integer and half-precision tensors in float32.
+        Any tensor; it is not modified. Complex tensors are summarised by magnitude;
+        integer, bool and half-precision values are widened (no sum can overflow).
     hist_exact_limit : int or None
         Above this many elements the histogram is computed on an evenly strided
         subsample and scaled; ``None`` always counts every element.
@@ -78,12 +101,26 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
     -------
     dict
         ``numel`` (int), ``min``, ``max``, ``mean``, ``std``, ``mean_abs``, ``l2``,
-        ``zero_fraction`` (floats; min/max/mean/std/mean_abs/l2 ignore NaN and Inf when
-        there are some), ``nan_count``, ``inf_count`` (ints), ``hist`` (float32 tensor of
+        ``zero_fraction`` (floats over the finite values: NaN and Inf are counted, not
+        summarised), ``nan_count``, ``inf_count`` (ints), ``hist`` (float32 tensor of
         ``HIST_BINS`` counts on the CPU, summing to the number of finite values),
         ``hist_range`` (tuple of two floats: the lower edge of the first bin and the upper
-        edge of the last), ``hist_exact`` (bool).
+        edge of the last), ``hist_exact`` (bool), ``overflow`` (tuple of the names of
+        statistics beyond the float64 range, shown as inf; usually empty).
     """
+    if t.device.type == "cpu" and _fused_cpu_enabled():
+        from core import cpu_stats
+
+        stats = cpu_stats.summarize(t, hist_exact_limit)
+        if stats is not None:
+            return stats
+    return torch_stats(t, hist_exact_limit)
+
+
+@torch.no_grad()
+def torch_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> dict:
+    """``tensor_stats`` by plain torch operations (any device, any dtype): the fallback of
+    the fused kernels, and the path for tensors they do not take. Same parameters."""
     x = _as_real(t).reshape(-1)
     n = x.numel()
     if n == 0:
@@ -104,49 +141,88 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
         else:
             lo_f = hi_f = float("nan")
     m = finite.numel()
-    if m:
-        # The kernels are picked for speed on the CPU, measured on an 8x256x56x56 tensor:
-        # sum, dot and float sign are vectorised and threaded, while count_nonzero,
-        # (x != 0).sum() and vector_norm(x, 1) took 5 to 90 times as long. float32 sums are
-        # pairwise (cascade) sums in torch; a float64 sum would convert the tensor first.
-        flat = finite.contiguous()
-        total = flat.sum()
-        sumsq = torch.dot(flat, flat) if flat.device.type == "cpu" else flat.square().sum()
-        if lo_f >= 0:
-            # Non-negative tensors (ReLU outputs): mean |x| = mean, and sign is 0 or 1.
-            l1 = total
-            nonzero = flat.sign().sum()
-        else:
-            abs_ = flat.abs()
-            l1 = abs_.sum()
-            nonzero = abs_.sign_().sum()
-        total_f, sumsq_f, l1_f, nonzero_i = torch.stack(
-            [total.double(), sumsq.double(), l1.double(), nonzero.double()]
-        ).tolist()
-        hist, hist_range, exact = _histogram(finite, lo_f, hi_f, hist_exact_limit)
-        return stats_from_sums(n, lo_f, hi_f, total_f, sumsq_f, l1_f, int(nonzero_i), nan_count, inf_count,
-                               hist, hist_range, exact)
-    out = empty_stats()  # no finite value: nothing to summarise
-    out.update(numel=n, min=lo_f, max=hi_f, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
-    return out
+    if not m:
+        return no_finite_stats(n, nan_count, inf_count)
+    # float64 throughout: float32 squares of |x| >= 1e19 overflow and E[x²] - E[x]² in
+    # float32 cancels catastrophically. float64 data far from 1 is scaled first (exact).
+    amax = max(abs(lo_f), abs(hi_f))
+    exponent = 0
+    if x.dtype == torch.float64 and amax > 0 and not (2.0 ** -_SAFE_EXP < amax < 2.0 ** _SAFE_EXP):
+        exponent = math.frexp(amax)[1]
+    flat = finite.to(torch.float64).contiguous()
+    if exponent:
+        flat = torch.ldexp(flat, torch.tensor(-exponent, dtype=torch.int32))
+    mean_s = flat.sum() / m
+    dev = flat - mean_s  # two passes: the second around the (float64) mean
+    m2 = torch.dot(dev, dev) if flat.device.type == "cpu" else dev.square().sum()
+    sumsq = torch.dot(flat, flat) if flat.device.type == "cpu" else flat.square().sum()
+    abs_ = flat.abs()
+    l1 = abs_.sum()
+    # count_nonzero and (x != 0).sum() are 5-90x slower than a sign sum on the CPU.
+    nonzero = abs_.sign_().sum()
+    mean_f, m2_f, sumsq_f, l1_f, nonzero_f = torch.stack([mean_s, m2, sumsq, l1, nonzero]).tolist()
+    hist, hist_range, exact = _histogram(x, lo_f, hi_f, hist_exact_limit, m)
+    return stats_from_moments(n, lo_f, hi_f, mean_f, m2_f, sumsq_f, l1_f, int(nonzero_f), nan_count, inf_count,
+                              hist, hist_range, exact, exponent)
 
 
-def stats_from_sums(n: int, lo: float, hi: float, total: float, sumsq: float, l1: float, nonzero: int,
-                    nan_count: int, inf_count: int, hist: torch.Tensor, hist_range: tuple[float, float],
-                    exact: bool) -> dict:
-    """The statistics dict from the sums over the finite values of ``n`` elements (of which
-    there is at least one); shared by the CPU path and the GPU kernels' rows."""
+def merge_moments(counts, means, m2s) -> tuple[float, float, float]:
+    """Chan et al.'s merge of per-block (count, mean, sum of squared deviations) into the
+    whole's, exact in float64 whatever the blocks' means: (count, mean, m2).
+
+    The parallel form: m2 = Σ m2_i + Σ n_i (mean_i − mean)², the within-block plus the
+    between-block sums of squares. Takes NumPy arrays (or anything ``numpy.asarray``
+    takes); blocks with a count of 0 are ignored.
+    """
+    import numpy as np
+
+    c = np.asarray(counts, dtype=np.float64)
+    mu = np.asarray(means, dtype=np.float64)
+    q = np.asarray(m2s, dtype=np.float64)
+    keep = c > 0
+    c, mu, q = c[keep], mu[keep], q[keep]
+    total = float(c.sum())
+    if total == 0:
+        return 0.0, float("nan"), 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # float64 data beyond 1e154: see callers
+        # The weighted mean of the blocks' means never overflows (each lies within [min, max]).
+        mean = float(np.dot(c / total, mu))
+        return total, mean, float(q.sum() + np.dot(c, (mu - mean) ** 2))
+
+
+def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sumsq: float, l1: float,
+                       nonzero: int, nan_count: int, inf_count: int, hist: torch.Tensor,
+                       hist_range: tuple[float, float], exact: bool, exponent: int = 0) -> dict:
+    """The statistics dict from the moments of the finite values of ``n`` elements (of
+    which there is at least one); shared by the CPU paths and the GPU kernels' rows.
+
+    Parameters
+    ----------
+    n, lo, hi : int, float, float
+        Element count, finite minimum and maximum.
+    mean, m2, sumsq, l1 : float
+        Of the finite values times 2**-``exponent``: their mean, sum of squared deviations
+        from it, sum of squares and sum of magnitudes, accumulated in float64.
+    nonzero, nan_count, inf_count : int
+        Non-zero finite values, NaN and Inf counts.
+    hist, hist_range, exact
+        As in ``tensor_stats``.
+    exponent : int
+        0 unless the values were scaled by 2**-exponent to keep their squares in float64;
+        undone after the square roots, so that only a statistic that is truly beyond
+        float64 overflows, and is then named in ``overflow``.
+    """
     m = n - nan_count - inf_count
-    l2 = math.sqrt(max(sumsq, 0.0))
-    mean = total / m
-    var = max(l2 * l2 - m * mean * mean, 0.0) / max(m - 1, 1)
+    l2 = _ldexp(math.sqrt(max(sumsq, 0.0)), exponent)
+    std = _ldexp(math.sqrt(max(m2, 0.0) / max(m - 1, 1)), exponent)
+    overflow = tuple(k for k, v in (("std", std), ("l2", l2)) if math.isinf(v))
     return {
         "numel": n,
         "min": lo,
         "max": hi,
-        "mean": mean,
-        "std": math.sqrt(var),
-        "mean_abs": l1 / m,
+        "mean": _ldexp(mean, exponent),
+        "std": std,
+        "mean_abs": _ldexp(l1 / m, exponent),
         "l2": l2,
         "zero_fraction": (m - nonzero) / n,  # zeros among the finite values
         "nan_count": nan_count,
@@ -154,7 +230,16 @@ def stats_from_sums(n: int, lo: float, hi: float, total: float, sumsq: float, l1
         "hist": hist,
         "hist_range": hist_range,
         "hist_exact": exact,
+        "overflow": overflow,
     }
+
+
+def _ldexp(value: float, exponent: int) -> float:
+    """value * 2**exponent, inf where that is beyond float64 (math.ldexp raises there)."""
+    try:
+        return math.ldexp(value, exponent)
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def histogram_sample(n: int, limit: int | None) -> tuple[int, int, int]:
@@ -168,19 +253,34 @@ def histogram_sample(n: int, limit: int | None) -> tuple[int, int, int]:
 
 
 def histogram_range(lo: float, hi: float) -> tuple[float, float]:
-    """The histogram's range for finite values in [lo, hi]: widened by 0.5 when flat."""
-    return (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
+    """The histogram's range for finite values in [lo, hi]: widened when flat, by 0.5 or,
+    for large values (1e20 ± 0.5 is 1e20), by a millionth of their magnitude."""
+    if hi > lo:
+        return lo, hi
+    pad = max(0.5, abs(lo) * 1e-6)
+    return lo - pad, hi + pad
 
 
-def _histogram(x: torch.Tensor, lo: float, hi: float, limit: int | None):
+def histogram_in_float64(lo: float, hi: float) -> bool:
+    """Whether bins over [lo, hi] must be computed in float64: the width of a float32
+    range can overflow float32 (-3e38 to 3e38), which would put every value in one bin."""
+    return not (hi - lo <= _F32_MAX)
+
+
+def _histogram(x: torch.Tensor, lo: float, hi: float, limit: int | None, finite_count: int):
+    """Counts of the finite values among the sample ``histogram_sample`` picks from all of
+    ``x`` (as the fused kernels take it), scaled to ``finite_count`` when subsampled."""
     lo, hi = histogram_range(lo, hi)
     n = x.numel()
     offset, step, _count = histogram_sample(n, limit)
     sample = x[offset::step] if step > 1 else x
-    counts = torch.histc(sample, HIST_BINS, lo, hi)
-    exact = sample.numel() == n
+    if histogram_in_float64(lo, hi):
+        sample = sample.double()
+    counts = torch.histc(sample, HIST_BINS, lo, hi)  # histc skips NaN, and Inf lies outside
+    exact = step == 1
     if not exact:
-        counts = counts * (n / sample.numel())
+        sampled = float(counts.sum())
+        counts = counts * (finite_count / sampled) if sampled else torch.zeros(HIST_BINS)
     return counts.float().cpu(), (float(lo), float(hi)), exact
 
 
@@ -190,8 +290,15 @@ def empty_stats() -> dict:
     return {
         "numel": 0, "min": nan, "max": nan, "mean": nan, "std": nan, "mean_abs": nan,
         "l2": 0.0, "zero_fraction": 0.0, "nan_count": 0, "inf_count": 0,
-        "hist": torch.zeros(HIST_BINS), "hist_range": (0.0, 1.0), "hist_exact": True,
+        "hist": torch.zeros(HIST_BINS), "hist_range": (0.0, 1.0), "hist_exact": True, "overflow": (),
     }
+
+
+def no_finite_stats(n: int, nan_count: int, inf_count: int) -> dict:
+    """Statistics of ``n`` elements none of which is finite: counted, not summarised."""
+    out = empty_stats()
+    out.update(numel=n, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
+    return out
 
 
 def has_nonfinite(stats: dict | None) -> bool:

@@ -665,3 +665,57 @@ def test_gui_refuses_pyside_release_that_crashes_on_old_python(monkeypatch, caps
     err = capsys.readouterr().err
     assert code != 0
     assert "PySide6 6.12.0" in err and "PySide6-Essentials!=6.12.0" in err
+
+
+ONSET_FACTORY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Sqrt(nn.Module):
+        def forward(self, x):
+            return torch.sqrt(x)
+
+
+    class Overflow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), Sqrt())
+            self.big = nn.Linear(4, 4)
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.out(self.big(self.head(x)))
+
+
+    def make():
+        torch.manual_seed(0)
+        m = Overflow()
+        with torch.no_grad():
+            m.head[0].weight[:2].zero_()
+            m.head[0].bias[:2].zero_()  # sqrt(0): an Inf gradient, a finite forward
+            m.big.weight.fill_(1e38)
+            m.big.bias.fill_(3e38)  # overflows whatever comes in
+        return m.eval()
+    """
+)
+
+
+def test_capture_and_inspect_say_where_nan_inf_began(tmp_path, capsys):
+    """Not 'NaN/Inf in N layers: ...' leading with a layer whose only problem is its
+    gradient: the forward onset (big overflowed), the backward onset, then the spread."""
+    factory = tmp_path / "onset.py"
+    factory.write_text(ONSET_FACTORY)
+    out_file = tmp_path / "onset.pt"
+    code, out, err = run(capsys, "capture", "--model", f"{factory}:make", "--trust", "--random", "3x4",
+                         "--target", "sum", "--stats-only", "--out", out_file, "--quiet")
+    assert code == 0, err
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("NaN/Inf"))
+    assert "forward: first at 'big' (Linear), call 0" in lines[first] and "inputs were finite" in lines[first]
+    assert "backward:" in lines[first + 1]
+    assert "hold NaN/Inf in all" in lines[first + 2]
+    code, out2, err = run(capsys, "inspect", out_file)
+    assert code == 0, err
+    assert "forward: first at 'big' (Linear), call 0" in out2

@@ -17,7 +17,7 @@ import torch
 
 from core import device_stats
 from core.device_stats import DeferredStats, stats_from_row
-from core.stats import HIST_BINS, histogram_sample, tensor_stats
+from core.stats import HIST_BINS, histogram_range, histogram_sample, tensor_stats
 from tests.conftest import ROOT
 
 CASES = {
@@ -51,14 +51,15 @@ def reference_row(t: torch.Tensor, hist_limit: int | None) -> tuple[list[float],
     finite = x[torch.isfinite(x)]
     lo = float(finite.min()) if finite.numel() else math.inf
     hi = float(finite.max()) if finite.numel() else -math.inf
+    mean = float(finite.mean()) if finite.numel() else 0.0
     offset, step, count = histogram_sample(n, hist_limit)
     sample = x[offset::step][:count]
     sample = sample[torch.isfinite(sample)]
-    hlo, hhi = (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
+    hlo, hhi = histogram_range(lo, hi)
     counts = torch.histc(sample.float(), HIST_BINS, hlo, hhi) if sample.numel() else torch.zeros(HIST_BINS)
-    row = [lo, hi, float(finite.sum()), float((finite * finite).sum()), float(finite.abs().sum()),
-           float((finite != 0).sum()), float(torch.isnan(x).sum()), float(torch.isinf(x).sum()),
-           float(counts.sum()), *counts.tolist()]
+    row = [lo, hi, mean, float(((finite - mean) ** 2).sum()), float((finite * finite).sum()),
+           float(finite.abs().sum()), float((finite != 0).sum()), float(torch.isnan(x).sum()),
+           float(torch.isinf(x).sum()), float(counts.sum()), *counts.tolist()]
     return row, n, step == 1
 
 
@@ -127,9 +128,10 @@ def _interpreter_runs_runtime_loops() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _interpreter_runs_runtime_loops(), reason="needs Triton >= 3.8 (its interpreter)")
 def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
-    """The Triton kernels, run by Triton's interpreter on CPU tensors, against
-    tensor_stats, and a capture whose every statistic went through them against a plain
-    capture. (The interpreter is chosen when Triton is imported: a fresh process.)"""
+    """The Triton kernels, run by Triton's interpreter on CPU tensors, against float64
+    NumPy on the adversarial tensors of test_stats.py and against tensor_stats, and a
+    capture whose every statistic went through them against a plain capture. (The
+    interpreter is chosen when Triton is imported: a fresh process.)"""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -141,6 +143,17 @@ def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
         from tests.core.test_device_stats import CASES, assert_stats_close
 
         assert device_stats.fused_available()
+        from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+        for name, make in ADVERSARIAL.items():
+            t = make()
+            if t.dtype not in device_stats._DTYPES or not 0 < t.numel() <= 300_000:
+                continue  # what the kernels take (the interpreter is slow on large tensors)
+            summaries = device_stats.DeferredStats(1 << 14, fused=True)
+            got = summaries.summarize(t)
+            assert got == {{}}, name
+            summaries.resolve()
+            assert_matches_reference(got, t)
+            print("adversarial", name)
         for name, make in CASES.items():
             t = make()
             summaries = device_stats.DeferredStats(1 << 14, fused=True)

@@ -1,0 +1,222 @@
+"""One fused, multithreaded pass per tensor on the CPU, compiled with numba.
+
+The torch path of ``core.stats`` reads a tensor five to seven times (aminmax, float64
+conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
+(PITFALLS.md). Here the tensor is read from memory once, in blocks of
+``cpu_stats_kernels.BLOCK`` elements: a first loop over a block keeps the finite count,
+float64 sum, sum of squares and sum of magnitudes, non-zero and NaN counts; two more loops
+over the same block, still in the L1 cache, take the finite minimum and maximum and the
+squared deviations from the block's mean (separate loops vectorise; one loop doing all did
+not). Blocks are merged with Chan's formula, chunks of blocks run on numba's threads
+(``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and the
+chunks are merged by ``core.stats.merge_moments``. The histogram is counted afterwards over
+the strided sample ``core.stats.histogram_sample`` picks (every element for small tensors).
+In full capture the same pass also writes the kept copy, block by block from the cache, so
+that the copy and the statistics cost one read of the tensor (``summarize(..., copy=True)``).
+
+float16 and bfloat16 (which numba cannot do arithmetic in) are read as their 16-bit
+patterns and widened through a 65,536-entry table; integers and bools are widened to
+float64; non-contiguous tensors are made contiguous first. Anything else (complex, float8,
+non-CPU, a numba that is missing or fails to compile) returns ``None`` and
+``core.stats.torch_stats`` does the work. ``GRADEXPLORER_CPU_KERNEL=0`` turns this path off.
+
+Compiled code is cached on disk (``cache=True``, in ``__pycache__`` next to the kernels or
+under ``NUMBA_CACHE_DIR``), so only the first process on a machine pays the compile time,
+once per input dtype; ``compile_seconds`` records what this process paid (compiling, or
+loading from the cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import torch
+
+from core.stats import (
+    HIST_BINS,
+    empty_stats,
+    histogram_in_float64,
+    histogram_range,
+    histogram_sample,
+    merge_moments,
+    no_finite_stats,
+    stats_from_moments,
+)
+
+log = logging.getLogger(__name__)
+
+#: Tensors up to this many elements run on the calling thread (no parallel region).
+_SERIAL_LIMIT = 1 << 16
+#: Chunks per thread of a parallel pass: several, so that an unlucky thread does not hold the rest.
+_CHUNKS_PER_THREAD = 4
+
+_NUMPY_DTYPES = {
+    torch.float32: "float32", torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
+    torch.int16: "int16", torch.int32: "int32", torch.int64: "int64", torch.bool: "bool",
+}
+_HALF = (torch.float16, torch.bfloat16)
+
+_state: dict = {"kernels": None}  # None: not built yet; False: unavailable
+_lock = threading.Lock()
+_parallel_lock = threading.Lock()
+_tables: dict = {}
+#: Seconds spent compiling (or loading from the cache) per input dtype, in this process.
+compile_seconds: dict[str, float] = {}
+
+
+def _build() -> dict[str, Any]:
+    import os
+
+    import numba
+    import numpy as np
+
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        # numba's OpenMP layer and torch's OpenMP threads spin against each other between
+        # parallel regions: inside a capture the kernel ran 4x slower than alone. The
+        # workqueue layer does not spin (and is serialised by _parallel_lock).
+        numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+
+    from core import cpu_stats_kernels as k
+
+    return {"serial": k.serial, "parallel": k.parallel, "histogram": k.histogram, "np": np,
+            "threads": numba.get_num_threads}
+
+
+def available() -> bool:
+    """Whether the numba kernels can be used (numba imports and has not failed)."""
+    if _state["kernels"] is None:
+        with _lock:
+            if _state["kernels"] is None:
+                try:
+                    _state["kernels"] = _build()
+                except Exception as exc:  # noqa: BLE001 - no numba, or one that cannot build these
+                    log.info("fused CPU statistics unavailable (%s): using torch operations", exc)
+                    _state["kernels"] = False
+    return bool(_state["kernels"])
+
+
+def _table(dtype: torch.dtype) -> Any:
+    """float32 value of every 16-bit pattern of a half type."""
+    tab = _tables.get(dtype)
+    if tab is None:
+        bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+        tab = _tables[dtype] = bits.view(dtype).float().numpy()
+    return tab
+
+
+def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
+    """(numpy view of ``t``'s elements in memory order, widening table or None), or None."""
+    x = t.detach()
+    if x.device.type != "cpu" or x.is_complex():
+        return None
+    if x.dtype in _HALF:
+        table = _table(x.dtype)
+        x = x.contiguous().reshape(-1).view(torch.int16)
+        return x.numpy().view("uint16"), table
+    if x.dtype not in _NUMPY_DTYPES:
+        return None
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()
+    return x.contiguous().reshape(-1).numpy(), None
+
+
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> Any:
+    """``core.stats.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
+    path cannot take it (then use ``core.stats.torch_stats``).
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        A CPU tensor; non-contiguous ones are made contiguous first.
+    hist_limit : int or None
+        As ``tensor_stats``'s ``hist_exact_limit``.
+    copy : bool
+        Also return a contiguous copy of ``t`` (same dtype and shape), written by the same
+        pass: then the result is ``(stats, copy)``.
+    """
+    if not available():
+        return None
+    readable = _readable(t)
+    if readable is None:
+        return None
+    x, table = readable
+    k = _state["kernels"]
+    np = k["np"]
+    n = x.size
+    if n == 0:
+        stats = empty_stats()
+        return (stats, t.detach().clone(memory_format=torch.contiguous_format)) if copy else stats
+    use_table = table is not None
+    if table is None:
+        table = _NO_TABLE.get("t")
+        if table is None:  # its dtype (not float32) tells the kernels to read x directly
+            table = _NO_TABLE["t"] = np.zeros(1, np.int8)
+    out = None
+    if copy:
+        dst = torch.empty(t.shape, dtype=t.dtype)
+        out = dst.reshape(-1).view(torch.int16).numpy().view("uint16") if use_table else dst.reshape(-1).numpy()
+    else:
+        out = x[:0]
+    key = str(x.dtype) + ("/table" if use_table else "")
+    first = key not in compile_seconds
+    t0 = time.perf_counter() if first else 0.0
+    try:
+        # The workqueue layer aborts the process on concurrent parallel launches (the
+        # window's histogram while a capture runs): a busy pool means the serial kernel.
+        if n > _SERIAL_LIMIT and _parallel_lock.acquire(blocking=False):
+            try:
+                nchunks = max(1, min(k["threads"]() * _CHUNKS_PER_THREAD, n // 2048))
+                res = k["parallel"](x, table, copy, out, nchunks)
+            finally:
+                _parallel_lock.release()
+        else:
+            res = k["serial"](x, table, copy, out)
+    except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
+        log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
+        _state["kernels"] = False
+        return None
+    if first:
+        compile_seconds[key] = time.perf_counter() - t0
+    got = _stats_of(res, x, table, n, hist_limit, k)
+    if got is None:  # float64 values whose squares leave float64: the scaled torch path
+        from core.stats import torch_stats
+
+        got = torch_stats(t, hist_limit)
+    return (got, dst) if copy else got
+
+
+_NO_TABLE: dict = {}
+
+
+def _stats_of(res: Any, x: Any, table: Any, n: int, hist_limit: int | None, k: dict[str, Any]) -> dict | None:
+    # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
+    # on one-row arrays cost more than the kernel.
+    if len(res) == 1:
+        row = res[0].tolist()
+        m, mean, m2 = row[0], row[1], row[2]
+        sums = row
+    else:
+        sums = res.sum(axis=0).tolist()
+        m, mean, m2 = merge_moments(res[:, 0], res[:, 1], res[:, 2])
+        sums[5], sums[6] = float(res[:, 5].min()), float(res[:, 6].max())
+    nan_count, inf_count = int(sums[8]), int(sums[9])
+    if m == 0:
+        return no_finite_stats(n, nan_count, inf_count)
+    sumsq, sumabs, lo, hi = sums[3], sums[4], sums[5], sums[6]
+    amax = max(abs(lo), abs(hi))
+    if not (math.isfinite(sumsq) and math.isfinite(m2) and math.isfinite(sumabs)) or (0 < amax < 1e-150):
+        return None  # only float64 data gets here: its squares overflow or underflow
+    offset, step, count = histogram_sample(n, hist_limit)
+    hlo, hhi = histogram_range(lo, hi)
+    wide = x.dtype == k["np"].float64 or histogram_in_float64(hlo, hhi)
+    counts, sampled = k["histogram"](x, table, offset, step, count, hlo, hhi, wide)
+    exact = step == 1
+    hist = torch.from_numpy(counts).float()
+    if not exact:
+        hist = hist * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
+    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(sums[7]), nan_count,
+                              inf_count, hist, (float(hlo), float(hhi)), exact)

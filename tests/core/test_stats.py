@@ -1,0 +1,254 @@
+"""Statistics at the extremes, against float64 NumPy: the fused CPU kernel (numba), the
+torch fallback, and the fallback taken when numba is missing or fails. (The Triton kernels
+run the same cases in tests/core/test_device_stats.py, in Triton's interpreter.)"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from core import cpu_stats
+from core.stats import HIST_BINS, merge_moments, tensor_stats, torch_stats
+from tests.conftest import ROOT
+
+numba_missing = not cpu_stats.available()
+
+
+def _randn(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g)
+
+
+def _mixed():
+    t = _randn(100_003, 1)
+    t[::97] = float("nan")
+    t[5::1009] = float("inf")
+    t[7::2003] = -float("inf")
+    return t
+
+
+#: name -> tensor. Large cases cross the serial/parallel limit and the histogram subsample.
+ADVERSARIAL = {
+    "constant_1e4": lambda: torch.full((1_000_000,), 1e4),
+    "large_mean_tiny_std": lambda: 1000 + 0.01 * _randn(1_000_000),
+    "large_mean_tiny_std_small": lambda: 1000 + 0.01 * _randn(5_000),
+    "huge_1e30_float32": lambda: 1e30 * _randn(200_000),
+    "near_float32_max": lambda: torch.tensor([3.4e38, -3.4e38, 1.0, 0.0] * 1000),
+    "fp16_6e4": lambda: (6e4 * torch.rand(300_000, generator=torch.Generator().manual_seed(2))).half(),
+    "fp16_mixed": lambda: torch.tensor([65504.0, -65504.0, 1e-7, 0.0, float("nan"), float("inf")]).half(),
+    "bf16_1e30": lambda: (1e30 * _randn(70_000)).bfloat16(),
+    "bf16_small": lambda: _randn(1000).bfloat16(),
+    "denormal_float32": lambda: torch.tensor([1e-45, 3e-42, -2e-40, 0.0, 1e-39] * 20_000),
+    "float64_1e200": lambda: 1e200 * _randn(100_000).double(),
+    "float64_1e-300": lambda: 1e-300 * _randn(1000).double() + 5e-300,
+    "nan_inf_mixed": _mixed,
+    "all_nan": lambda: torch.full((10,), float("nan")),
+    "all_inf": lambda: torch.tensor([float("inf"), -float("inf")]),
+    "one_element": lambda: torch.tensor([3.5]),
+    "empty": lambda: torch.empty(0, 4),
+    "int32": lambda: torch.randint(-2**31, 2**31 - 1, (50_000,), dtype=torch.int32,
+                                   generator=torch.Generator().manual_seed(3)),
+    "int64_large": lambda: torch.tensor([2**53, -2**53, 7, 0] * 100, dtype=torch.int64),
+    "uint8": lambda: torch.arange(256, dtype=torch.uint8).repeat(10),
+    "bool": lambda: torch.tensor([True, False, True, True] * 50),
+    "transposed": lambda: _randn(80 * 64).reshape(64, 80).t(),
+    "expanded": lambda: _randn(7).expand(1000, 7),
+    "relu_like_parallel": lambda: _randn(300_000).clamp_min(0),
+}
+
+
+def numpy_reference(t: torch.Tensor) -> dict:
+    """The statistics in float64 NumPy, scaled so that no square overflows."""
+    a = t.detach().reshape(-1).to(torch.float64).numpy()
+    fin = a[np.isfinite(a)]
+    ref = {"numel": a.size, "nan_count": int(np.isnan(a).sum()), "inf_count": int(np.isinf(a).sum())}
+    if fin.size == 0:
+        return ref
+    scale = float(np.abs(fin).max()) or 1.0
+    s = fin / scale
+    mean_s = s.mean()
+    ref.update(
+        min=float(fin.min()), max=float(fin.max()), mean=float(mean_s * scale),
+        std=float(np.sqrt(((s - mean_s) ** 2).sum() / max(fin.size - 1, 1)) * scale),
+        mean_abs=float(np.abs(s).mean() * scale),
+        l2=float(np.sqrt((s * s).sum()) * scale),
+        zero_fraction=float((fin == 0).sum() / a.size),
+    )
+    return ref
+
+
+def assert_matches_reference(got: dict, t: torch.Tensor) -> None:
+    ref = numpy_reference(t)
+    for key in ("numel", "nan_count", "inf_count"):
+        assert got[key] == ref[key], key
+    if "min" not in ref:  # nothing finite
+        assert math.isnan(got["mean"]) and math.isnan(got["std"])
+        assert float(got["hist"].sum()) == 0
+        return
+    for key in ("min", "max", "zero_fraction"):
+        assert got[key] == ref[key], key
+    scale = max(abs(ref["min"]), abs(ref["max"]))
+    for key in ("mean", "std", "mean_abs", "l2"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12 * scale), key
+    assert got["overflow"] == ()
+    finite = ref["numel"] - ref["nan_count"] - ref["inf_count"]
+    assert float(got["hist"].sum()) == pytest.approx(finite, rel=1e-4)
+    assert got["hist"].shape == (HIST_BINS,)
+
+
+PATHS = {
+    "default": tensor_stats,
+    "torch": torch_stats,
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
+def test_statistics_equal_float64_numpy_on_adversarial_tensors(case, path):
+    t = ADVERSARIAL[case]()
+    before = t.clone()
+    got = PATHS[path](t)
+    assert_matches_reference(got, t)
+    assert torch.equal(t, before) or torch.isnan(t).any()  # not modified
+
+
+def test_the_issues_examples_by_name():
+    """Issue 9: a constant 1e4 over 1e6 values had std 80.6; 1000 + 0.01·randn had 0;
+    values of 1e20 had l2 = std = inf with inf_count 0."""
+    assert tensor_stats(torch.full((1_000_000,), 1e4))["std"] == 0.0
+    assert tensor_stats(1000 + 0.01 * _randn(1_000_000))["std"] == pytest.approx(0.01, rel=0.01)
+    s = tensor_stats(torch.full((1000,), 1e20))
+    assert s["l2"] == pytest.approx(1e20 * math.sqrt(1000)) and s["std"] == 0.0
+    assert s["inf_count"] == 0 and s["overflow"] == ()
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_statistic_beyond_float64_is_reported_as_overflow_not_data_inf(path):
+    t = torch.tensor([1.79e308, -1.79e308] * 8, dtype=torch.float64)
+    s = PATHS[path](t)
+    assert math.isinf(s["l2"]) and math.isinf(s["std"])
+    assert s["overflow"] == ("std", "l2") and s["inf_count"] == 0 and s["nan_count"] == 0
+    assert s["mean"] == 0.0 and s["mean_abs"] == 1.79e308 and s["max"] == 1.79e308
+
+
+def test_chan_merge_equals_the_whole_and_ignores_empty_blocks():
+    rng = np.random.default_rng(0)
+    parts = [1e6 + rng.standard_normal(k) for k in (1, 7, 1000, 0, 33)]
+    whole = np.concatenate(parts)
+    count, mean, m2 = merge_moments(
+        [p.size for p in parts], [p.mean() if p.size else 0.0 for p in parts],
+        [((p - p.mean()) ** 2).sum() if p.size else 0.0 for p in parts])
+    assert count == whole.size
+    assert mean == pytest.approx(whole.mean(), rel=1e-15)
+    assert m2 == pytest.approx(((whole - whole.mean()) ** 2).sum(), rel=1e-9)
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+@pytest.mark.parametrize("case", ["randn", "half", "bf16", "transposed", "int", "empty"])
+def test_the_fused_copy_is_the_tensor_and_its_statistics_are_tensor_stats(case):
+    t = {"randn": lambda: _randn(200_000).reshape(400, 500), "half": lambda: _randn(3000).half(),
+         "bf16": lambda: _randn(3000).bfloat16(), "transposed": lambda: _randn(6000).reshape(60, 100).t(),
+         "int": lambda: torch.arange(-50, 50), "empty": lambda: torch.empty(3, 0)}[case]()
+    stats, kept = cpu_stats.summarize(t, 1 << 14, copy=True)
+    assert kept.dtype == t.dtype and kept.shape == t.shape and torch.equal(kept, t)
+    assert kept.is_contiguous() and (kept.data_ptr() != t.data_ptr() or t.numel() == 0)
+    if t.numel():
+        assert_matches_reference(stats, t)
+    else:
+        assert stats["numel"] == 0 and stats["hist"].sum() == 0
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_the_fused_histogram_is_torch_histc_of_the_same_sample():
+    for t in (_randn(5000), _randn(300_000), _mixed()):
+        fused = tensor_stats(t)
+        plain = torch_stats(t)
+        assert fused["hist_range"] == plain["hist_range"] and fused["hist_exact"] == plain["hist_exact"]
+        assert torch.allclose(fused["hist"], plain["hist"], rtol=1e-6)
+
+
+def test_a_numba_failure_falls_back_to_torch_operations_for_good(monkeypatch, caplog):
+    if numba_missing:
+        pytest.skip("numba is not installed")
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("LLVM ERROR: out of memory")
+
+    kernels = dict(cpu_stats._state["kernels"], serial=broken, parallel=broken)
+    monkeypatch.setitem(cpu_stats._state, "kernels", kernels)
+    t = ADVERSARIAL["large_mean_tiny_std_small"]()
+    with caplog.at_level(logging.WARNING, logger="core.cpu_stats"):
+        got = tensor_stats(t)
+    assert "fused CPU statistics failed" in caplog.text and "LLVM ERROR" in caplog.text
+    assert_matches_reference(got, t)
+    assert not cpu_stats.available()
+    tensor_stats(t)
+    assert len(calls) == 1  # not tried again
+
+
+def test_without_numba_the_torch_operations_do_the_work():
+    """A fresh interpreter in which ``import numba`` fails: statistics still right."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if name == "numba" or name.startswith("numba."):
+                    raise ImportError("no numba here")
+        sys.meta_path.insert(0, Refuse())
+        from core import cpu_stats
+        from core.stats import tensor_stats
+        from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+        assert not cpu_stats.available()
+        for name in ("large_mean_tiny_std", "huge_1e30_float32", "nan_inf_mixed", "bf16_1e30", "int32"):
+            assert_matches_reference(tensor_stats(ADVERSARIAL[name]()), ADVERSARIAL[name]())
+        assert "numba" not in sys.modules
+        print("fallback ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=ROOT,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and "fallback ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_environment_switch_turns_the_cpu_kernel_off(monkeypatch):
+    monkeypatch.setenv("GRADEXPLORER_CPU_KERNEL", "0")
+    monkeypatch.setattr(cpu_stats, "summarize", lambda *a, **k: pytest.fail("kernel used"))
+    assert_matches_reference(tensor_stats(_randn(100)), _randn(100))
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_statistics_from_several_threads_at_once_are_right():
+    """The window's histogram can run while a capture summarises tensors: numba's
+    workqueue pool takes one parallel launch at a time (a second one would abort the
+    process); the other thread runs the serial kernel."""
+    import threading
+
+    tensors = [1000 + 0.01 * _randn(300_000, seed=i) for i in range(4)]
+    results: dict[int, list] = {}
+    errors = []
+
+    def work(i):
+        try:
+            results[i] = [tensor_stats(tensors[i]) for _ in range(5)]
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for i, runs in results.items():
+        for got in runs:
+            assert_matches_reference(got, tensors[i])
