@@ -154,7 +154,11 @@ def _torchlens():
 def _captum(model):
     from captum.attr import LayerGradientXActivation
 
-    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    # MultiheadAttention's out_proj is used through F.multi_head_attention_forward, never
+    # called: its hooks would never fire (Captum then fails).
+    inside_mha = {id(c) for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention) for c in m.modules()}
+    layers = [m for m in model.modules()
+              if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) and id(m) not in inside_mha]
     lgxa = LayerGradientXActivation(model, layers)
 
     def run(model, x):
