@@ -4,11 +4,13 @@ The torch path of ``core.stats`` reads a tensor five to seven times (aminmax, fl
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of
-``cpu_stats_kernels.BLOCK`` elements: a first loop over a block keeps the finite count,
-float64 sum, sum of squares and sum of magnitudes, non-zero and NaN counts; two more loops
-over the same block, still in the L1 cache, take the finite minimum and maximum and the
-squared deviations from the block's mean (separate loops vectorise; one loop doing all did
-not). Blocks are merged with Chan's formula, chunks of blocks run on numba's threads
+``cpu_stats_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
+deviations from the block's first value and their squares, the magnitudes and the zeros;
+a second loop over the same block, still in the L1 cache, takes the minimum and maximum in
+the data's own float type (separate loops vectorise; LLVM left a loop that did both
+scalar). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
+again by a careful loop over its finite values (rare). Blocks are merged with Chan's
+formula, chunks of blocks run on numba's threads
 (``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and the
 chunks are merged by ``core.stats.merge_moments``. The histogram is counted afterwards over
 the strided sample ``core.stats.histogram_sample`` picks (every element for small tensors).

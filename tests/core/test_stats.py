@@ -35,6 +35,28 @@ def _mixed():
     return t
 
 
+def _block_edges():
+    """NaN and Inf on the first elements of the fused kernel's blocks (the value its fast
+    loop shifts by), a block with nothing finite, and a partial last block."""
+    block = 4096  # core.cpu_stats_kernels.BLOCK
+    t = 1000 + 0.01 * _randn(5 * block + 3, 4)
+    t[0] = float("nan")
+    t[block] = float("inf")
+    t[block + 1] = -float("inf")
+    t[2 * block:3 * block] = float("nan")
+    t[4 * block] = -float("inf")
+    t[-1] = float("nan")
+    return t
+
+
+def _outlier_shifts():
+    """Large mean, tiny spread, and each block's first value (the shift of the kernel's
+    sums) an outlier a million spreads away: the shifted sums stay exact enough."""
+    t = 1e4 + 1e-3 * _randn(300_000, 5).double()
+    t[::4096] = 1e4 + 1e3
+    return t
+
+
 #: name -> tensor. Large cases cross the serial/parallel limit and the histogram subsample.
 ADVERSARIAL = {
     "constant_1e4": lambda: torch.full((1_000_000,), 1e4),
@@ -62,6 +84,12 @@ ADVERSARIAL = {
     "transposed": lambda: _randn(80 * 64).reshape(64, 80).t(),
     "expanded": lambda: _randn(7).expand(1000, 7),
     "relu_like_parallel": lambda: _randn(300_000).clamp_min(0),
+    "nonfinite_at_block_edges": _block_edges,
+    "nonfinite_at_block_edges_parallel": lambda: torch.cat([_block_edges()] * 20),
+    "outlier_block_shifts_float64": _outlier_shifts,
+    "outlier_block_shifts_float32": lambda: _outlier_shifts().float(),
+    "float64_1e200_one_block": lambda: torch.cat([_randn(10_000).double(), 1e200 * _randn(100).double()]),
+    "one_block_plus_one": lambda: _randn(4097) - 3.0,
 }
 
 
