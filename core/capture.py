@@ -26,6 +26,7 @@ relies on"):
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -479,10 +480,25 @@ def capture(
         train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
         hist_exact_limit=hist_exact_limit, autocast=autocast,
     )
+    with _old_objects_frozen():
+        try:
+            return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
+        except _CopyNeeded:
+            return _capture_once(model, inputs, settings, {})
+
+
+@contextmanager
+def _old_objects_frozen() -> Iterator[None]:
+    """The objects that exist before the capture are left out of the garbage collector's
+    passes while it runs (``gc.freeze``), then put back. The capture's few thousand small
+    objects trigger collections, and a full one walks every object of the process (over
+    400,000 with torch, torchvision and numba loaded): 0.46 s, a third of a whole capture
+    of efficientnet_b0 at batch 8. Young garbage is still collected as usual."""
+    gc.freeze()
     try:
-        return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
-    except _CopyNeeded:
-        return _capture_once(model, inputs, settings, {})
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @dataclass(frozen=True)
