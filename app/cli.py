@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
     gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
     gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
+    gui.add_argument("--open", metavar="CAPTURE.pt",
+                     help="open a capture file in the window (also: gradexplorer CAPTURE.pt)")
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -253,7 +255,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gradexplorer`` command; returns the exit status (never raises SystemExit)."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = _open_shorthand(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in args_list
     ui: _UI | None = None
     try:
@@ -290,6 +292,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return EXIT_INTERNAL
+
+
+def _open_shorthand(args: list[str]) -> list[str]:
+    """``gradexplorer CAPTURE.pt [flags]`` is ``gradexplorer --open CAPTURE.pt [flags]``: a
+    first argument that is neither an option nor a subcommand names a capture file."""
+    if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        return ["--open", args[0], *args[1:]]
+    return args
 
 
 def _one_line(text: str) -> str:
@@ -734,6 +744,8 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
+    if args.open:
+        _check_capture_to_open(args)
     inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
     _refuse_broken_pyside()
     try:
@@ -757,7 +769,24 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
         arch=args.arch,
         stats_only=bool(args.stats_only),
         labels=args.labels,
+        capture=str(Path(args.open).expanduser()) if args.open else None,
     ) or 0)
+
+
+def _check_capture_to_open(args) -> None:
+    """A capture file opens on its own: it needs no model, input or run, and must exist
+    (whether it is a capture is told when the window reads it, off the UI thread)."""
+    given = [flag for flag, value in (("--model", args.model), ("--input", args.input), ("--random", args.random),
+                                      ("--run", args.run)) if value]
+    if given:
+        raise UsageError(f"a capture file ('{args.open}') opens without a model or a run; leave out "
+                         f"{given[0]}, or run 'gradexplorer --model ...' to capture anew.")
+    path = Path(args.open).expanduser()
+    if not path.is_file():
+        near = difflib.get_close_matches(args.open, SUBCOMMANDS, n=1)
+        hint = f"did you mean the command '{near[0]}'? " if near else ""
+        raise GradExplorerError(f"there is no file '{args.open}' to open;",
+                                f"{hint}give a capture file (.pt) or a command: gradexplorer --help.")
 
 
 def _refuse_broken_pyside() -> None:

@@ -537,8 +537,24 @@ def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
     assert fake_gui == [{
         "model": "resnet18", "weights": "DEFAULT", "inputs": ["cat.jpg", "dog.jpg"], "layers": ["layer4.*"],
         "target": "class:281", "device": "cpu", "run": True, "screenshot": str(shot), "trust": True, "arch": None,
-        "stats_only": True, "labels": "281",
+        "stats_only": True, "labels": "281", "capture": None,
     }]
+
+
+def test_a_capture_file_as_the_only_argument_opens_in_the_window(fake_gui, mlp_capture, tmp_path, capsys):
+    assert main([str(mlp_capture)]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["model"] is None
+    assert main([str(mlp_capture), "--screenshot", str(tmp_path / "s.png")]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["screenshot"] == str(tmp_path / "s.png")
+    assert main(["--open", str(mlp_capture)]) == 0 and fake_gui[-1]["capture"] == str(mlp_capture)
+    calls = len(fake_gui)
+    code, out, err = run(capsys, tmp_path / "missing.pt")
+    assert_user_error(code, err, "there is no file", "missing.pt")
+    code, out, err = run(capsys, "inspcet")
+    assert_user_error(code, err, "did you mean the command 'inspect'")
+    code, out, err = run(capsys, mlp_capture, "--model", "resnet18")
+    assert code == 2 and "opens without a model" in err and "--model" in err
+    assert len(fake_gui) == calls  # the window never opened for these
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):

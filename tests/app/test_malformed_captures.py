@@ -132,3 +132,25 @@ def test_compare_with_a_malformed_file_shows_a_dialog(qtbot, shown_errors, tmp_p
     assert shown_errors[-1][0] == "Cannot compare"
     assert "field layers['fc1'].calls[0].stats.activation.mean is a str" in str(shown_errors[-1][1])
     assert w.view.result is before  # the previous comparison stays
+
+
+def test_gradexplorer_capture_file_opens_it_in_the_window_or_says_which_field(tmp_path, valid):
+    """``gradexplorer CAPTURE.pt --screenshot``: the capture on screen (exit 0), or, for a
+    malformed file, exit 1 with the field named on stderr (nobody sees the dialog)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
+               PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    good = save(valid, tmp_path / "good.pt")
+    bad = save(_variant(valid, WINDOW_CASES[0]), tmp_path / "bad.pt")
+    for path, code in ((good, 0), (bad, 1)):
+        shot = tmp_path / f"{path.stem}.png"
+        result = subprocess.run([sys.executable, "-m", "app", str(path), "--screenshot", str(shot)],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert result.returncode == code, result.stderr[-2000:]
+        assert shot.stat().st_size > 0 and "Traceback" not in result.stderr
+    assert "field layers['fc1'].calls[0].stats.activation.mean is a str" in result.stderr
