@@ -32,6 +32,7 @@ from app.cli_format import (
     table,
 )
 from core.errors import GradExplorerError
+from core.units import counted
 
 if TYPE_CHECKING:
     from core.options import CaptureOptions
@@ -425,7 +426,8 @@ def cmd_capture(args, ui: _UI) -> int:
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
         (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
-        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+        (f"captured  {counted(len(cap.layers), 'layer')}, {counted(n_calls, 'call')} in "
+         f"{fmt_seconds(cap.meta.get('seconds', 0.0))}"
          f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
@@ -455,7 +457,8 @@ def _onset_lines(cap, flagged: list[str]) -> list[str]:
 
 def _note_estimate(ui: _UI, job, estimate) -> None:
     ui.note(
-        f"capturing {len(job.selected_layers())} layers ({estimate.calls} calls) of {job.loaded.name} on "
+        f"capturing {counted(len(job.selected_layers()), 'layer')} ({counted(estimate.calls, 'call')}) of "
+        f"{job.loaded.name} on "
         f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
         f"{estimate.describe()}"
     )
@@ -558,12 +561,14 @@ def cmd_layers(args, ui: _UI) -> int:
     print(table(headers, rows, align))
     root = tree.root
     trainable = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
-    summary = (f"\n{loaded.name} ({tree.model_type}): {len(tree) - 1} modules, {len(tree.leaves())} leaves, "
-               f"{root.total_params:,} parameters ({trainable:,} trainable)")
+    summary = (f"\n{loaded.name} ({tree.model_type}): {counted(len(tree) - 1, 'module')}, "
+               f"{counted(len(tree.leaves()), 'leaf', 'leaves')}, {counted(root.total_params, 'parameter')} "
+               f"({trainable:,} trainable)")
     if tree.probed:
         inplace = sum(1 for n in tree if n.inplace)
         reused = sum(1 for n in tree if n.reused)
-        summary += f"; {tree.expected_calls()} module calls per forward, {inplace} in-place, {reused} reused"
+        summary += (f"; {counted(tree.expected_calls(), 'module call')} per forward, {inplace} in-place, "
+                    f"{reused} reused")
     print(summary)
     return EXIT_OK
 
@@ -615,7 +620,7 @@ def cmd_inspect(args, ui: _UI) -> int:
         ("created", f"{meta.created}  torch {meta.torch_version}"),
         ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
                    f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
-        ("layers", f"{len(names)} ({n_calls} calls)"),
+        ("layers", f"{len(names)} ({counted(n_calls, 'call')})"),
     ]
     if meta.batch:
         header.insert(4, ("batch", meta.batch))

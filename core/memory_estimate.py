@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from core.module_tree import ModuleTree, TensorKey
-from core.units import format_bytes
+from core.units import counted, format_bytes
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -105,8 +105,8 @@ class MemoryEstimate:
         """One line for the Run button and the CLI, e.g.
         ``"≈ 1.2 GiB (activations 600 MiB, gradients 550 MiB, input/output 12 MiB)"``."""
         if self.mode == "stats":
-            return (f"≈ {format_bytes(self.total)} (statistics only: {self.layers} layers × "
-                    f"{self.calls} calls, bounded; input/output {format_bytes(self.io)})")
+            return (f"≈ {format_bytes(self.total)} (statistics only: {counted(self.layers, 'layer')} × "
+                    f"{counted(self.calls, 'call')}, bounded; input/output {format_bytes(self.io)})")
         parts = [f"activations {format_bytes(self.activations)}",
                  f"gradients {format_bytes(self.grad_outputs + self.grad_inputs)}"]
         if self.param_grads:
@@ -485,8 +485,11 @@ def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
                    f"{format_bytes(estimate.stats + estimate.io)}), or tick fewer layers.")
         else:
             fix = "Use a smaller batch, or a GPU."
-        return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} ({share}). {fix}")
+        # The figure the estimate line showed (what the capture keeps), and what running adds.
+        kept = f"≈ {format_bytes(held)}"
+        needs = (f"{format_bytes(need_ram)} of memory ({kept} kept, plus {format_bytes(need_ram - held)} "
+                 "while forward and backward run)" if need_ram > held else f"{kept} of memory")
+        return f"This capture needs {needs} but the budget is {format_bytes(ram)} ({share}). {fix}"
     if device.type == "cuda":
         gpu = budget if budget is not None else budget_bytes(device)
         if gpu is not None and estimate.transient > gpu:
