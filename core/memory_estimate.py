@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.module_tree import ModuleTree, TensorKey
 from core.units import counted, format_bytes
 
@@ -120,6 +121,8 @@ def _input_bytes(inputs) -> int:
         return inputs.numel() * inputs.element_size()
     if inputs is None:
         return 0
+    if isinstance(inputs, ModelInputs):
+        return _input_bytes(inputs.primary)
     shape, dtype = (inputs, torch.float32) if isinstance(inputs[0], int) else inputs
     n = 1
     for s in shape:
@@ -144,10 +147,12 @@ def estimate_capture_memory(
     selected : list of str
         Qualified names of the layers to capture (``core.selection.resolve_layers``).
     mode : {"full", "stats"}
-    inputs : Tensor, shape tuple, or (shape, dtype), optional
+    inputs : Tensor, ModelInputs, shape tuple, or (shape, dtype), optional
         The batch (only its size is used); defaults to what the probe saw. When it is
         larger or smaller than the probe's batch (a tree probed with one sample), the
-        sizes the probe saw are scaled by the ratio of the two batches' bytes.
+        sizes the probe saw are scaled by the ratio of the two batches' bytes. For a model
+        of several inputs (``ModelInputs``) the capture keeps the first (``primary``) and
+        forward holds them all.
     input_grad : bool
         Whether the input gradient is asked for.
     model : nn.Module, optional
@@ -192,8 +197,14 @@ def estimate_capture_memory(
     est.stats = (walk.activation_count + len(walk.grad_keys) + param_count) * STATS_BYTES
 
     leaf_outputs = sum(c.output_bytes for c in tree.call_io if c.name and tree.nodes[c.name].is_leaf)
-    est.transient = round(leaf_outputs * scale) + params.all_bytes() + x_bytes
+    # Forward holds every input of a model of several inputs, not only the recorded one.
+    all_inputs = _all_input_bytes(inputs) if isinstance(inputs, ModelInputs) else x_bytes
+    est.transient = round(leaf_outputs * scale) + params.all_bytes() + all_inputs
     return est
+
+
+def _all_input_bytes(inputs: ModelInputs) -> int:
+    return sum(_input_bytes(v) for v in (*inputs.args, *inputs.kwargs.values()) if isinstance(v, torch.Tensor))
 
 
 class _Trainable:
