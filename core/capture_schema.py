@@ -30,6 +30,8 @@ MAX_PLAIN_DEPTH = 16
 CALL_TENSORS = ("activation", "grad_output", "grad_input")
 #: Node kinds of a carried graph (``core.graph``); the views colour nodes by kind.
 GRAPH_NODE_KINDS = ("input", "output", "op", "module")
+#: A graph node's numeric statistics (``core.graph.node_stats_from_calls``), coloured by the view.
+GRAPH_NODE_STATS = ("grad_l2", "grad_mean_abs", "grad_rms", "activation_std")
 
 
 class SchemaViolation(Exception):
@@ -280,7 +282,7 @@ def _stats_relations(s: dict, path: str) -> None:
         if s[key] > s["numel"]:
             raise SchemaViolation(_field_path(path, key), f"is {s[key]}, more than numel ({s['numel']})")
     lo, hi = s["hist_range"]
-    if not lo <= hi:  # also refuses NaN: the views bin over this range
+    if lo > hi:  # NaN is allowed: a dataset capture of a layer with no finite value has no range
         raise SchemaViolation(_field_path(path, "hist_range"), f"is [{_shown(lo)}, {_shown(hi)}], expected "
                               "a range [low, high] with low ≤ high")
 
@@ -402,10 +404,10 @@ GRAPH = Record(
             required={"id": TEXT, "kind": Text(GRAPH_NODE_KINDS), "name": TEXT, "type": TEXT},
             optional={"call": Nullable(COUNT), "parent": Nullable(TEXT), "shape": Nullable(Items(Integer())),
                       "dtype": Nullable(TEXT),
-                      # flags and two booleans; every other statistic (grad_l2...) a number
-                      "stats": Nullable(Record(required={}, optional={"flags": NAMES, "nonfinite": Flag(),
-                                                                      "zero": Flag()},
-                                               others=Nullable(NUMBER)))})),
+                      # What the graph view colours by and reads; keys it does not know stay free.
+                      "stats": Nullable(Record(required={}, optional={
+                          "flags": NAMES, "nonfinite": Flag(), "zero": Flag(),
+                          **{k: Nullable(NUMBER) for k in GRAPH_NODE_STATS}}))})),
         "edges": Items(Record(
             required={"src": TEXT, "dst": TEXT, "shape": Items(Integer())},
             optional={"dtype": TEXT, "tensor": Integer(), "grad_l2": Nullable(NUMBER)})),

@@ -106,7 +106,7 @@ def _other_type(value: Any) -> Any:
         return {"a": 1}
     if isinstance(value, dict):
         return [1, 2]
-    return {"x": "y"}  # None
+    return [{"x": "y"}]  # None: no nullable field (number, text, names, record, tensor) takes this
 
 
 def _bad_value(value: Any, rng: random.Random) -> Any:

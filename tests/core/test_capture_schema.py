@@ -148,5 +148,10 @@ def test_unknown_keys_holding_plain_data_still_open(tmp_path, valid):
     data = copy.deepcopy(valid)
     data["meta"]["new_key"] = {"a": [1, 2.0, "x", None, torch.zeros(2)]}
     data["extra"] = "something new"
+    node = next(n for n in data["graph"]["nodes"] if n.get("stats"))
+    node["stats"]["onset_here"] = True  # a statistic a newer graph may add
+    # A layer with no finite value (a dataset capture's merge) has no histogram range.
+    stats = data["layers"][first_layer(data)]["calls"][0]["stats"]["activation"]
+    stats.update(nan_count=stats["numel"], hist_range=[float("nan"), float("nan")])
     assert len(load_capture(save(data, tmp_path / "newer.pt"))) == len(valid["layers"])
 
