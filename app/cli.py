@@ -32,6 +32,7 @@ from app.cli_format import (
     table,
 )
 from core.errors import GradExplorerError
+from core.units import counted
 
 if TYPE_CHECKING:
     from core.options import CaptureOptions
@@ -143,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
     gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
     gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
+    gui.add_argument("--open", metavar="CAPTURE.pt",
+                     help="open a capture file in the window (also: gradexplorer CAPTURE.pt)")
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -253,7 +256,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gradexplorer`` command; returns the exit status (never raises SystemExit)."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = _open_shorthand(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in args_list
     ui: _UI | None = None
     try:
@@ -290,6 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return EXIT_INTERNAL
+
+
+def _open_shorthand(args: list[str]) -> list[str]:
+    """``gradexplorer CAPTURE.pt [flags]`` is ``gradexplorer --open CAPTURE.pt [flags]``: a
+    first argument that is neither an option nor a subcommand names a capture file."""
+    if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        return ["--open", args[0], *args[1:]]
+    return args
 
 
 def _one_line(text: str) -> str:
@@ -415,7 +426,8 @@ def cmd_capture(args, ui: _UI) -> int:
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
         (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
-        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+        (f"captured  {counted(len(cap.layers), 'layer')}, {counted(n_calls, 'call')} in "
+         f"{fmt_seconds(cap.meta.get('seconds', 0.0))}"
          f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
@@ -445,7 +457,8 @@ def _onset_lines(cap, flagged: list[str]) -> list[str]:
 
 def _note_estimate(ui: _UI, job, estimate) -> None:
     ui.note(
-        f"capturing {len(job.selected_layers())} layers ({estimate.calls} calls) of {job.loaded.name} on "
+        f"capturing {counted(len(job.selected_layers()), 'layer')} ({counted(estimate.calls, 'call')}) of "
+        f"{job.loaded.name} on "
         f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
         f"{estimate.describe()}"
     )
@@ -548,12 +561,14 @@ def cmd_layers(args, ui: _UI) -> int:
     print(table(headers, rows, align))
     root = tree.root
     trainable = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
-    summary = (f"\n{loaded.name} ({tree.model_type}): {len(tree) - 1} modules, {len(tree.leaves())} leaves, "
-               f"{root.total_params:,} parameters ({trainable:,} trainable)")
+    summary = (f"\n{loaded.name} ({tree.model_type}): {counted(len(tree) - 1, 'module')}, "
+               f"{counted(len(tree.leaves()), 'leaf', 'leaves')}, {counted(root.total_params, 'parameter')} "
+               f"({trainable:,} trainable)")
     if tree.probed:
         inplace = sum(1 for n in tree if n.inplace)
         reused = sum(1 for n in tree if n.reused)
-        summary += f"; {tree.expected_calls()} module calls per forward, {inplace} in-place, {reused} reused"
+        summary += (f"; {counted(tree.expected_calls(), 'module call')} per forward, {inplace} in-place, "
+                    f"{reused} reused")
     print(summary)
     return EXIT_OK
 
@@ -605,7 +620,7 @@ def cmd_inspect(args, ui: _UI) -> int:
         ("created", f"{meta.created}  torch {meta.torch_version}"),
         ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
                    f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
-        ("layers", f"{len(names)} ({n_calls} calls)"),
+        ("layers", f"{len(names)} ({counted(n_calls, 'call')})"),
     ]
     if meta.batch:
         header.insert(4, ("batch", meta.batch))
@@ -734,6 +749,8 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
+    if args.open:
+        _check_capture_to_open(args)
     inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
     _refuse_broken_pyside()
     try:
@@ -757,7 +774,24 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
         arch=args.arch,
         stats_only=bool(args.stats_only),
         labels=args.labels,
+        capture=str(Path(args.open).expanduser()) if args.open else None,
     ) or 0)
+
+
+def _check_capture_to_open(args) -> None:
+    """A capture file opens on its own: it needs no model, input or run, and must exist
+    (whether it is a capture is told when the window reads it, off the UI thread)."""
+    given = [flag for flag, value in (("--model", args.model), ("--input", args.input), ("--random", args.random),
+                                      ("--run", args.run)) if value]
+    if given:
+        raise UsageError(f"a capture file ('{args.open}') opens without a model or a run; leave out "
+                         f"{given[0]}, or run 'gradexplorer --model ...' to capture anew.")
+    path = Path(args.open).expanduser()
+    if not path.is_file():
+        near = difflib.get_close_matches(args.open, SUBCOMMANDS, n=1)
+        hint = f"did you mean the command '{near[0]}'? " if near else ""
+        raise GradExplorerError(f"there is no file '{args.open}' to open;",
+                                f"{hint}give a capture file (.pt) or a command: gradexplorer --help.")
 
 
 def _refuse_broken_pyside() -> None:

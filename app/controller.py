@@ -177,6 +177,9 @@ class WindowController(QObject):
         self._pending_inputs: list[str] | None = None
         self._last_model_request: ModelRequest | None = None
         self._shown_first_capture = False
+        # True when nobody is there to answer (``--screenshot``): no question is asked
+        # (trust, memory budget); each error is also printed on stderr.
+        self.unattended = False
 
         self.run_runner.progress.connect(lambda g, st, d, t: self.run_progress.emit(st, d, t))
         self.run_runner.finished.connect(self._on_run_finished)
@@ -209,6 +212,10 @@ class WindowController(QObject):
     def show_error(self, title: str, exc: BaseException) -> None:
         """Tell the user; the window stays usable (the dialog is not modal)."""
         self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
+        if self.unattended:
+            import sys
+
+            print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
         error_dialog.show_error(self.dialog_parent, title, exc)
         self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
 
@@ -267,7 +274,7 @@ class WindowController(QObject):
     def _on_model_failed(self, _gen: int, exc: BaseException) -> None:
         self.model_busy.emit(False, "")
         request = self._last_model_request
-        if isinstance(exc, TrustRequired) and request is not None and not request.trust:
+        if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
             from core.models import trust_subject  # names the file or factory that will run
 
             subject = exc.subject or trust_subject(request.spec)
@@ -332,6 +339,10 @@ class WindowController(QObject):
         estimate, message = self.run_settings.budget_check()
         if not message or estimate is None:
             return True
+        if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
+            self.show_error("Over the memory budget", GradExplorerError(
+                message, "Add --stats-only, tick fewer layers with --layers, or use a smaller batch."))
+            return False
         choices = ([self.STATS_ONLY] if estimate.mode == "full" else []) + [self.RUN_ANYWAY]
         choice = dialogs.ask_item(self.dialog_parent, "gradexplorer: over the memory budget",
                                   f"{message}\n\nWhat would you like to do? (Cancel: don't run)",

@@ -84,7 +84,7 @@ def setup_application(argv: list[str] | None = None) -> QApplication:
 def launch(model: str | None = None, weights: str | None = None, inputs: list[str] | None = None,
            layers: list[str] | None = None, target: str | None = None, device: str | None = None,
            run: bool = False, screenshot: str | None = None, trust: bool = False, arch: str | None = None,
-           stats_only: bool = False, labels: str | None = None) -> int:
+           stats_only: bool = False, labels: str | None = None, capture: str | None = None) -> int:
     """Open the window and run the event loop; returns the exit code.
 
     Parameters
@@ -103,10 +103,14 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
         Run once the model is loaded.
     screenshot : str, optional
         Save the window as PNG once the run has rendered (or failed with a message
-        shown), then quit. Exit code 0 when the run succeeded, 1 otherwise.
+        shown), then quit. Exit code 0 when the run succeeded, 1 otherwise. Nobody is
+        there to answer questions: each is refused, with its message on stderr.
+    capture : str, optional
+        Open this capture file instead of loading a model (``gradexplorer CAPTURE.pt``).
     """
     app = setup_application()
     window = MainWindow(restore_geometry=not screenshot)
+    window.controller.unattended = bool(screenshot)  # never wait on a question nobody sees
     s = window.session
     try:
         if device:
@@ -123,7 +127,7 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
         s.set_labels(labels)
     window.run_panel.sync_from_session()
 
-    if model is None:
+    if model is None and capture is None:
         model, run = "demo:shapes", True
         inputs = inputs or None
     want_run = run or False
@@ -152,15 +156,20 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
             # Let plots finish drawing before grabbing.
             QTimer.singleShot(600, grab)
 
-        if want_run:
+        if capture is not None:
+            window.file_done.connect(lambda kind: take(kind == "open"))
+        elif want_run:
             window.run_done.connect(lambda outcome: take(outcome == "ok"))
         else:
             window.model_loaded.connect(lambda _spec: take(True))
             window.run_done.connect(lambda outcome: take(outcome == "ok"))
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: take(False))
 
-    window.load_model(model, weights=weights, arch=arch, trust=trust, inputs=inputs, layers=layers,
-                      run=want_run, labels=labels)
+    if capture is not None:
+        window.open_capture(capture)
+    else:
+        window.load_model(model, weights=weights, arch=arch, trust=trust, inputs=inputs, layers=layers,
+                          run=want_run, labels=labels)
     code = app.exec()
     window.shutdown()
     return exit_code["code"] if screenshot else code

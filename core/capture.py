@@ -40,6 +40,7 @@ from core.batch import ModelInputs
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.forward_errors import forward_fix
 from core.nonfinite import OnsetTracker
 from core.selection import LayerSpec, resolve_layers
 from core.targets import Target, parse_target, select_output, target_scalar
@@ -587,7 +588,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
                 f"{len(ran)} of {len(selected)}).",
-                "Check that the batch has the shape the model expects.",
+                forward_fix(exc),
             ) from exc
         recorder.check_outputs()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)

@@ -475,7 +475,7 @@ class CaptureJob:
             if tree is not None:
                 o = self.options
                 module = self.load_model().module
-                x = self.load_batch().tensor
+                x = self.load_batch().model_input
                 self.memory = estimate_capture_memory(tree, selected, o.mode, x, o.input_grad, module)
                 self.over_budget = check_budget(self.memory, self.device, budget=o.memory_budget)
             self._estimated = True

@@ -36,8 +36,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.module_tree import ModuleTree, TensorKey
-from core.units import format_bytes
+from core.units import counted, format_bytes
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -105,8 +106,8 @@ class MemoryEstimate:
         """One line for the Run button and the CLI, e.g.
         ``"≈ 1.2 GiB (activations 600 MiB, gradients 550 MiB, input/output 12 MiB)"``."""
         if self.mode == "stats":
-            return (f"≈ {format_bytes(self.total)} (statistics only: {self.layers} layers × "
-                    f"{self.calls} calls, bounded; input/output {format_bytes(self.io)})")
+            return (f"≈ {format_bytes(self.total)} (statistics only: {counted(self.layers, 'layer')} × "
+                    f"{counted(self.calls, 'call')}, bounded; input/output {format_bytes(self.io)})")
         parts = [f"activations {format_bytes(self.activations)}",
                  f"gradients {format_bytes(self.grad_outputs + self.grad_inputs)}"]
         if self.param_grads:
@@ -120,6 +121,8 @@ def _input_bytes(inputs) -> int:
         return inputs.numel() * inputs.element_size()
     if inputs is None:
         return 0
+    if isinstance(inputs, ModelInputs):
+        return _input_bytes(inputs.primary)
     shape, dtype = (inputs, torch.float32) if isinstance(inputs[0], int) else inputs
     n = 1
     for s in shape:
@@ -144,10 +147,12 @@ def estimate_capture_memory(
     selected : list of str
         Qualified names of the layers to capture (``core.selection.resolve_layers``).
     mode : {"full", "stats"}
-    inputs : Tensor, shape tuple, or (shape, dtype), optional
+    inputs : Tensor, ModelInputs, shape tuple, or (shape, dtype), optional
         The batch (only its size is used); defaults to what the probe saw. When it is
         larger or smaller than the probe's batch (a tree probed with one sample), the
-        sizes the probe saw are scaled by the ratio of the two batches' bytes.
+        sizes the probe saw are scaled by the ratio of the two batches' bytes. For a model
+        of several inputs (``ModelInputs``) the capture keeps the first (``primary``) and
+        forward holds them all.
     input_grad : bool
         Whether the input gradient is asked for.
     model : nn.Module, optional
@@ -192,8 +197,14 @@ def estimate_capture_memory(
     est.stats = (walk.activation_count + len(walk.grad_keys) + param_count) * STATS_BYTES
 
     leaf_outputs = sum(c.output_bytes for c in tree.call_io if c.name and tree.nodes[c.name].is_leaf)
-    est.transient = round(leaf_outputs * scale) + params.all_bytes() + x_bytes
+    # Forward holds every input of a model of several inputs, not only the recorded one.
+    all_inputs = _all_input_bytes(inputs) if isinstance(inputs, ModelInputs) else x_bytes
+    est.transient = round(leaf_outputs * scale) + params.all_bytes() + all_inputs
     return est
+
+
+def _all_input_bytes(inputs: ModelInputs) -> int:
+    return sum(_input_bytes(v) for v in (*inputs.args, *inputs.kwargs.values()) if isinstance(v, torch.Tensor))
 
 
 class _Trainable:
@@ -485,8 +496,11 @@ def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
                    f"{format_bytes(estimate.stats + estimate.io)}), or tick fewer layers.")
         else:
             fix = "Use a smaller batch, or a GPU."
-        return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} ({share}). {fix}")
+        # The figure the estimate line showed (what the capture keeps), and what running adds.
+        kept = f"≈ {format_bytes(held)}"
+        needs = (f"{format_bytes(need_ram)} of memory ({kept} kept, plus {format_bytes(need_ram - held)} "
+                 "while forward and backward run)" if need_ram > held else f"{kept} of memory")
+        return f"This capture needs {needs} but the budget is {format_bytes(ram)} ({share}). {fix}"
     if device.type == "cuda":
         gpu = budget if budget is not None else budget_bytes(device)
         if gpu is not None and estimate.transient > gpu:

@@ -21,6 +21,7 @@ from torch import nn
 from core.batch import ModelInputs, call_model
 from core.capture import primary_tensor
 from core.errors import CaptureError
+from core.forward_errors import forward_fix
 
 
 @dataclass
@@ -308,7 +309,11 @@ class _ProbeRecorder:
             node.output_dtype = str(y.dtype).replace("torch.", "")
             node.output_bytes += y.numel() * y.element_size()
             if any(a is y for a in args if isinstance(a, torch.Tensor)):
-                node.inplace = True
+                # Handing the input back unchanged (eval-mode Dropout, Identity) is not in-place:
+                # only a changed version counter says the module wrote into its input.
+                before = call.input_key
+                if before is None or self.key_of(y) != before:
+                    node.inplace = True
         return hook
 
     def forward_failed(self, exc: Exception) -> CaptureError:
@@ -316,5 +321,5 @@ class _ProbeRecorder:
         first = str(exc).splitlines()[0] if str(exc) else ""
         return CaptureError(
             f"The model's forward failed{where}: {type(exc).__name__}: {first}",
-            "Check that the batch has the shape the model expects.",
+            forward_fix(exc),
         )

@@ -28,3 +28,9 @@ def format_bytes(n: int | float | None) -> str:
             return f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``counted(1, "layer")`` -> ``"1 layer"``,
+    ``counted(3, "call")`` -> ``"3 calls"``, ``counted(2, "leaf", "leaves")`` -> ``"2 leaves"``."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"

@@ -254,6 +254,36 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
     assert out_file.is_file()
 
 
+def test_the_estimate_and_the_budget_error_show_the_same_figure(tmp_path, capsys, monkeypatch):
+    import re
+
+    import core.devices
+
+    monkeypatch.setattr(core.devices, "free_memory", lambda device: 40_000)
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "64x10", "--out",
+                         tmp_path / "b.pt")
+    assert code == 1
+    note = next(line for line in err.splitlines() if line.startswith("capturing "))
+    error = next(line for line in err.splitlines() if line.startswith("error: "))
+    figure = re.search(r": (≈ [\d.]+ \w+) \(", note).group(1)
+    assert f"({figure} kept, plus " in error, (note, error)
+
+
+def test_one_layer_one_call_one_sample_read_in_the_singular(tmp_path, capsys):
+    from core.units import counted
+
+    assert [counted(1, "layer"), counted(0, "call"), counted(2, "leaf", "leaves"), counted(1234, "call")] == \
+        ["1 layer", "0 calls", "2 leaves", "1,234 calls"]
+    out_file = tmp_path / "one.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "1x10", "--layers", "fc1",
+                         "--out", out_file)
+    assert code == 0, err
+    assert "capturing 1 layer (1 call) of" in err
+    assert "(1 sample)" in out and "captured  1 layer, 1 call in" in out
+    code, out, err = run(capsys, "inspect", out_file)
+    assert "layers   1 (1 call)" in out
+
+
 def test_capture_prints_the_same_estimate_as_core(tmp_path, capsys):
     from core.batches import random_batch
     from core.memory_estimate import estimate_capture_memory
@@ -537,8 +567,24 @@ def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
     assert fake_gui == [{
         "model": "resnet18", "weights": "DEFAULT", "inputs": ["cat.jpg", "dog.jpg"], "layers": ["layer4.*"],
         "target": "class:281", "device": "cpu", "run": True, "screenshot": str(shot), "trust": True, "arch": None,
-        "stats_only": True, "labels": "281",
+        "stats_only": True, "labels": "281", "capture": None,
     }]
+
+
+def test_a_capture_file_as_the_only_argument_opens_in_the_window(fake_gui, mlp_capture, tmp_path, capsys):
+    assert main([str(mlp_capture)]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["model"] is None
+    assert main([str(mlp_capture), "--screenshot", str(tmp_path / "s.png")]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["screenshot"] == str(tmp_path / "s.png")
+    assert main(["--open", str(mlp_capture)]) == 0 and fake_gui[-1]["capture"] == str(mlp_capture)
+    calls = len(fake_gui)
+    code, out, err = run(capsys, tmp_path / "missing.pt")
+    assert_user_error(code, err, "there is no file", "missing.pt")
+    code, out, err = run(capsys, "inspcet")
+    assert_user_error(code, err, "did you mean the command 'inspect'")
+    code, out, err = run(capsys, mlp_capture, "--model", "resnet18")
+    assert code == 2 and "opens without a model" in err and "--model" in err
+    assert len(fake_gui) == calls  # the window never opened for these
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):
@@ -602,7 +648,14 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_elsewhere():
     bar.update("saving")
     text = "".join(log.parts)
     assert "\r" not in text
-    assert text.splitlines() == [text.splitlines()[0], "saving ..."]  # one line per stage
+    lines = text.splitlines()
+    # A line when the stage starts, its last state when it ends: 99/100, not 0/100 only.
+    assert len(lines) == 3 and "0/100" in lines[0] and "99/100" in lines[1] and lines[2] == "saving ..."
+    bar.update("backward", 3, 10)
+    bar.update("backward", 7, 10)
+    bar.clear()  # before an error message: how far it got
+    bar.close()
+    assert "".join(log.parts).splitlines()[-1].split()[3] == "7/10"
 
 
 # ---------------------------------------------------------------------------
