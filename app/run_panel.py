@@ -349,6 +349,12 @@ class RunPanel(QWidget):
         self.progress.setValue(value)
         self.progress.setFormat(f"{stage} {done}/{total}")
 
+    def show_progress(self, done: int, total: int, text: str) -> None:
+        """A plain ``done / total`` bar with ``text`` (a run over a folder: batches and ETA)."""
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(min(done, max(total, 1)))
+        self.progress.setFormat(text)
+
     # -- memory estimate ------------------------------------------------------------------
     def _probed_tree_for(self, sample_bytes: int):
         """A tree probed with a sample of ``sample_bytes``, or None (a probe is started)."""

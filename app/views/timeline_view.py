@@ -228,6 +228,15 @@ class TimelineView(QWidget):
 
         self._submit(load, loaded)
 
+    def show_capture(self, cap: Any, name: str = "dataset capture") -> None:
+        """Show the per-batch series of a dataset capture already in memory (a run over a
+        folder in the main window); ``name`` stands for the file name in the status line."""
+        self.timer.stop()
+        self.source, self.source_kind = name, "capture"
+        self._capture = cap
+        self._fill_stats()
+        self._reload()
+
     def shutdown(self) -> None:
         """Stop following and wait for the worker (before the widget goes away)."""
         self.timer.stop()
@@ -302,6 +311,7 @@ class TimelineView(QWidget):
 
     # -- choices --------------------------------------------------------------------------------
     def _fill_stats(self) -> None:
+        self.follow_box.setVisible(self.source_kind != "capture")  # a capture does not grow
         keep = self.stat_combo.currentData()
         stats = CAPTURE_STATS if self.source_kind == "capture" else tuple(STAT_LABELS)
         self.stat_combo.blockSignals(True)
@@ -387,7 +397,8 @@ class TimelineView(QWidget):
         span = f"{int(t.steps[0])} .. {int(t.steps[-1])}" if t.steps.size else "none yet"
         onset = (f"; NaN/Inf from step {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
                  if self.onset else "")
-        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} steps ({span}){onset}"
+        unit = "batches" if self.source_kind == "capture" else "steps"
+        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} {unit} ({span}){onset}"
                             + ("; magenta cells: no finite value" if np.isnan(t.values).any() else ""))
         self.updated.emit()
 
