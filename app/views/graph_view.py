@@ -50,14 +50,16 @@ from PySide6.QtWidgets import (
 )
 
 from app.run_worker import TaskRunner
+from app.views.color_bar import ColorBarWidget
 from core.errors import GradExplorerError
 from core.graph import ModelGraph, extract_graph, first_sample
 from core.graph_layout import Layout, layout_view, node_label
 from core.graph_render import (
     COLOR_BY,
+    FLAG_COLORS,
+    ColorScale,
     clip_route,
     color_scale,
-    colormap,
     edge_widths,
     node_colors,
     node_tooltip,
@@ -278,11 +280,19 @@ class GraphPanel(QWidget):
         bar.setContentsMargins(0, 0, 0, 0)
         for w in (self.search, self.color_by, self.fit_button, self.export_button):
             bar.addWidget(w)
-        bar.addWidget(self.scale_label, 1)
+        bar.addStretch(1)
+        # The colour key on its own row: the log colour bar with its powers of ten, or the
+        # flags' key, and what is coloured.
+        self.color_bar = ColorBarWidget(self)
+        key = QHBoxLayout()
+        key.setContentsMargins(0, 0, 0, 0)
+        key.addWidget(self.color_bar, 3)
+        key.addWidget(self.scale_label, 2)
         self.canvas = GraphCanvas(self)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addLayout(bar)
+        lay.addLayout(key)
         lay.addWidget(self.canvas, 1)
         lay.addWidget(self.status)
 
@@ -482,20 +492,27 @@ class GraphPanel(QWidget):
             item.update()
         self._update_scale_label(self.graph, self._view)
 
+    def color_scale(self) -> ColorScale | None:
+        """The scale the visible nodes are coloured on (None for flags or without a view)."""
+        if self.graph is None or self._view is None or self.statistic == "flags":
+            return None
+        return color_scale(self.graph, self._view.nodes, self.statistic)
+
     def _update_scale_label(self, graph: ModelGraph, view) -> None:
         stat = self.statistic
         if stat == "flags":
-            self.scale_label.setText("flags: red NaN/Inf · grey no gradient · purple zero · orange exploding · "
-                                     "blue vanishing")
+            self.color_bar.set_scale(None)
+            self.color_bar.hide()
+            self.scale_label.setText("flags: " + " ".join(
+                f"<span style='color:{color}'>■</span>&nbsp;{flag}" for flag, color in FLAG_COLORS.items()))
             return
         scale = color_scale(graph, view.nodes, stat)
+        self.color_bar.set_scale(scale)
+        self.color_bar.setVisible(scale.lo is not None)
         if scale.lo is None:
             self.scale_label.setText("no statistics: run a capture")
             return
-        self.scale_label.setText(
-            f"<span style='background:{colormap(0)};color:white'>&nbsp;{scale.lo:.3g}&nbsp;</span>"
-            f"<span style='background:{colormap(0.5)};color:white'>&nbsp;log&nbsp;</span>"
-            f"<span style='background:{colormap(1)}'>&nbsp;{scale.hi:.3g}&nbsp;</span> {COLOR_BY[stat]}")
+        self.scale_label.setText(f"{COLOR_BY[stat]} (log)")
 
     # -- interaction ------------------------------------------------------------------
     def tooltip(self, node_id: str) -> str:
