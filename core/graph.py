@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from core.capture import primary_tensor
+from core.capture import _first_tensor_input, primary_tensor
 from core.errors import CaptureError, GradExplorerError
 
 GRAPH_FORMAT = "gradexplorer.graph"
@@ -282,8 +282,12 @@ class ModelGraph:
             How many nodes got statistics.
         """
         from core.gradient_flow import layer_flags
+        from core.graph_grads import flag_by_neighbours
 
         flags = layer_flags(cap)
+        values = self.meta.get("node_values", {})
+        inputs = self.meta.get("node_inputs", {})
+        op_of_value = {vid: nid for nid, vid in values.items() if self.nodes[nid].kind == "op"}
         n = 0
         for name, index, call in cap.iter_calls():
             node = self.module_node(name, index)
@@ -292,13 +296,25 @@ class ModelGraph:
             node.stats = node_stats_from_calls(call.stats)
             node.stats["flags"] = list(flags.get(name, []))
             n += 1
-            grad = (call.stats or {}).get("grad_output")
-            out_value = self.meta.get("node_values", {}).get(node.id)
-            if grad is not None and out_value is not None:
-                for e in self.edges:
-                    if e.src == node.id and e.tensor == out_value:
-                        e.grad_l2 = _float(grad.get("l2"))
+            self._put_edge_grad(values.get(node.id), (call.stats or {}).get("grad_output"))
+            # The gradient of the call's first input is the gradient of the op that made it
+            # (a tensor hook sees the whole gradient of its tensor, from every consumer).
+            grad_in = (call.stats or {}).get("grad_input")
+            op = op_of_value.get(inputs.get(node.id, -1))
+            if grad_in and op is not None:
+                stats = node_stats_from_calls({"grad_output": grad_in})
+                stats["flags"] = (["nan/inf"] if stats["nonfinite"] else []) + (["zero"] if stats["zero"] else [])
+                self.nodes[op].stats = stats
+                self._put_edge_grad(values[op], grad_in)
+        flag_by_neighbours(self, kinds=("op",))
         return n
+
+    def _put_edge_grad(self, value: int | None, grad: Mapping | None) -> None:
+        if grad is None or value is None:
+            return
+        for e in self.edges:
+            if e.tensor == value:
+                e.grad_l2 = _float(grad.get("l2"))
 
     # -- the JSON contract ----------------------------------------------------------
     def to_dict(self) -> dict:
@@ -495,6 +511,9 @@ class GraphRecorder:
         # Node id -> the value of its (primary) output: a leaf's or op's own, a container's
         # last inner producer's.
         self.node_values: dict[str, int] = {}
+        # Module node id -> the value of its first tensor input (the tensor whose gradient a
+        # capture records as that call's ``grad_input``).
+        self.node_inputs: dict[str, int] = {}
         self.ops = itertools.count()
         self.value_ids = itertools.count()
         self.busy = False
@@ -539,6 +558,10 @@ class GraphRecorder:
             self.calls[name] = call + 1
             nid = module_node_id(name, call)
             self.add_node(GraphNode(nid, "module", name, type(module).__name__, call, self.parent))
+            x = _first_tensor_input(args, kwargs)
+            found = self.lookup(x) if x is not None else None
+            if found is not None:
+                self.node_inputs[nid] = found[0]
             if leaf:
                 self.consume(tensors_in((args, kwargs), []), nid)
             self.stack.append(_Frame(nid, leaf))
@@ -599,6 +622,7 @@ class GraphRecorder:
     def graph(self, meta: dict | None = None) -> ModelGraph:
         meta = dict(meta or {})
         meta["node_values"] = dict(self.node_values)
+        meta["node_inputs"] = dict(self.node_inputs)
         return ModelGraph(self.nodes.values(), self.edges.values(), meta)
 
 
