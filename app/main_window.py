@@ -29,6 +29,7 @@ from app.batch_panel import BatchPanel
 from app.controller import WindowController
 from app.model_panel import ModelPanel, ModelRequest
 from app.module_tree import ModuleTreePanel
+from app.onset_link import OnsetLinkLabel, wire_onset_link
 from app.run_panel import RunPanel
 from app.settings import AppSettings
 from app.views import CaptureViews
@@ -138,7 +139,9 @@ class MainWindow(QMainWindow):
         self.file_progress.setMaximumWidth(160)
         self.file_progress.setRange(0, 0)
         self.file_progress.setVisible(False)
-        for w in (self.file_progress, self.status_model, self.status_device, self.status_run):
+        # Where NaN/Inf began, as links that select that layer and call (app/onset_link.py).
+        self.onset_link = OnsetLinkLabel(self)
+        for w in (self.onset_link, self.file_progress, self.status_model, self.status_device, self.status_run):
             bar.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
@@ -231,6 +234,7 @@ class MainWindow(QMainWindow):
         s.settings_changed.connect(lambda _n: self._update_status())
         s.selection_changed.connect(lambda _n: self._update_actions())
         wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
+        wire_onset_link(self.onset_link, self)
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry()

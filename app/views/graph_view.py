@@ -65,11 +65,13 @@ from core.graph_render import (
     node_tooltip,
     text_color,
 )
+from core.nonfinite import onset_location
 
 #: Colour of selection, search hits and ticked layers.
 SELECT_COLOR = QColor("#e6550d")
 HIT_COLOR = QColor("#fdd835")
 CHECK_COLOR = QColor("#2ca02c")
+ONSET_COLOR = QColor("#8e0000")
 
 
 class GraphNodeItem(QGraphicsItem):
@@ -89,12 +91,15 @@ class GraphNodeItem(QGraphicsItem):
         self.selected_ = False
         self.hit = False
         self.checked = False
+        #: "forward" / "backward" when NaN/Inf began in this node (or a node inside it).
+        self.onset: list[str] = []
         self.setAcceptHoverEvents(True)
         self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.setZValue(2)
 
     def boundingRect(self) -> QRectF:
-        return self.rect.adjusted(-4, -4, 4, 4)
+        # Room for the selection and search rings, and left for the NaN/Inf onset sign.
+        return self.rect.adjusted(-26, -8, 8, 8)
 
     def paint(self, painter: QPainter, option, widget=None) -> None:
         pen = QPen(QColor("#333333"), 2.4 if self.container else 1.0)
@@ -102,6 +107,10 @@ class GraphNodeItem(QGraphicsItem):
             painter.setPen(QPen(HIT_COLOR, 7))
             painter.setBrush(Qt.BrushStyle.NoBrush)
             painter.drawRoundedRect(self.rect, 6, 6)
+        if self.onset:  # where NaN/Inf began: a dark-red ring outside the border
+            painter.setPen(QPen(ONSET_COLOR, 2.2))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(self.rect.adjusted(-5, -5, 5, 5), 8, 8)
         if self.selected_:
             pen = QPen(SELECT_COLOR, 3.2)
         painter.setPen(pen)
@@ -118,6 +127,14 @@ class GraphNodeItem(QGraphicsItem):
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(CHECK_COLOR)
             painter.drawEllipse(QPointF(self.rect.right() - 5, self.rect.top() + 5), 3.5, 3.5)
+        if self.onset:  # a warning sign left of the box, clear of the label
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(ONSET_COLOR)
+            tip = QPointF(self.rect.left() - 16, self.rect.center().y() - 7)
+            painter.drawPolygon(QPolygonF([tip, tip + QPointF(-7, 13), tip + QPointF(7, 13)]))
+            painter.setPen(QPen(QColor("white"), 1.6))
+            painter.drawLine(tip + QPointF(0, 4), tip + QPointF(0, 8.5))
+            painter.drawPoint(tip + QPointF(0, 11))
         painter.setPen(self.text_pen)
         n = len(self.lines)
         for i, line in enumerate(self.lines):
@@ -255,6 +272,9 @@ class GraphPanel(QWidget):
         self.items: dict[str, GraphNodeItem] = {}
         self.selected: str | None = None
         self.checked_layers: set[str] = set()
+        self.capture: Any = None
+        # Where NaN/Inf began: (layer, call) per kind, from the capture's nonfinite_onset.
+        self.onset: dict[str, tuple[str, int]] = {}
         self.hits: list[str] = []
         self._hit_index = 0
         self._anchor: tuple[str, QPointF] | None = None
@@ -353,8 +373,13 @@ class GraphPanel(QWidget):
         self.relayout()
 
     def set_capture(self, capture: Any, carried: bool = False) -> None:
-        """Colour by a new capture's statistics. With ``carried`` (a capture opened without
-        its model), or when no graph is shown, draw the graph the capture file carries."""
+        """Colour by a new capture's statistics (``None``: the capture was dropped). With
+        ``carried`` (a capture opened without its model), or when no graph is shown, draw
+        the graph the capture file carries. A graph extracted later is coloured by it too."""
+        self.capture = capture
+        if capture is None:
+            self.set_onset(None)
+            return
         data = getattr(capture, "graph", None)
         if data and (carried or self.graph is None):
             try:
@@ -363,10 +388,40 @@ class GraphPanel(QWidget):
                 self.status.setText(f"Graph: {exc.problem}")
                 return
             self.set_graph(graph, capture)
+            self.set_onset(getattr(capture, "nonfinite_onset", None))
             return
         if self.graph is not None and capture is not None:
             self.graph.attach_capture(capture)
             self.recolor()
+        self.set_onset(getattr(capture, "nonfinite_onset", None))
+
+    def set_onset(self, onset: dict | None) -> None:
+        """Mark the nodes where NaN/Inf began (``Capture.nonfinite_onset``), or none."""
+        self.onset = {}
+        for kind in ("forward", "backward"):
+            where = onset_location(onset, kind)
+            if where is not None:
+                self.onset[kind] = (where[0], int(where[1] or 0))
+        self._mark_onset()
+
+    def onset_node(self, kind: str) -> str | None:
+        """The visible node that holds the onset ``kind`` (itself or its collapsed container)."""
+        if self.graph is None or kind not in self.onset:
+            return None
+        name, call = self.onset[kind]
+        node = self.graph.module_node(name, call) or self.graph.module_node(name, 0)
+        return None if node is None else self.graph.representative(node.id, self.expanded)
+
+    def _mark_onset(self) -> None:
+        marks: dict[str, list[str]] = {}
+        for kind in self.onset:
+            nid = self.onset_node(kind)
+            if nid is not None:
+                marks.setdefault(nid, []).append(kind)
+        for nid, item in self.items.items():
+            if item.onset != marks.get(nid, []):
+                item.onset = marks.get(nid, [])
+                item.update()
 
     def set_checked_layers(self, names: Iterable[str]) -> None:
         """Show which layers are ticked for capture (a green dot)."""
@@ -406,7 +461,8 @@ class GraphPanel(QWidget):
         return self.layouts.start(task)
 
     def _on_extracted(self, _gen: int, graph: ModelGraph, _seconds: float) -> None:
-        self.set_graph(graph)
+        # The capture shown may have come before the graph (the tab opened after a run).
+        self.set_graph(graph, self.capture)
 
     def _on_failed(self, _gen: int, exc: BaseException) -> None:
         text = getattr(exc, "problem", None) or str(exc)
@@ -462,6 +518,7 @@ class GraphPanel(QWidget):
             scene.addItem(GraphFrameItem(self, cid, rect.adjusted(-pad, -pad - 10, pad, pad),
                                          graph.nodes[cid].name + "  ▾"))
         scene.setSceneRect(scene.itemsBoundingRect().adjusted(-200, -200, 200, 200))
+        self._mark_onset()
         if self.selected in self.items:
             self.items[self.selected].selected_ = True
         elif self.selected is not None:
@@ -516,7 +573,16 @@ class GraphPanel(QWidget):
 
     # -- interaction ------------------------------------------------------------------
     def tooltip(self, node_id: str) -> str:
-        return node_tooltip(self.graph, node_id) if self.graph is not None else ""
+        if self.graph is None:
+            return ""
+        text = node_tooltip(self.graph, node_id)
+        item = self.items.get(node_id)
+        for kind in item.onset if item is not None else []:
+            name, call = self.onset[kind]
+            node = self.graph.module_node(name, call) or self.graph.module_node(name, 0)
+            where = "here" if node is not None and node.id == node_id else f"inside, at {name} call {call + 1}"
+            text += f"\nNaN/Inf began {where} ({kind})"
+        return text
 
     def _select(self, node_id: str | None, center: bool = False) -> None:
         if self.selected in self.items:
@@ -680,8 +746,7 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         panel.request_extract(model.module, sample, lock=getattr(session, "_run_lock", None))
 
     def on_capture(capture: Any, _batch: Any = None) -> None:
-        if capture is not None:
-            panel.set_capture(capture, carried=session.model is None)
+        panel.set_capture(capture, carried=capture is not None and session.model is None)
 
     panel.layer_selected.connect(on_layer_selected)
     view_state.events.layer.connect(follow_state)
