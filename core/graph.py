@@ -165,6 +165,7 @@ class ModelGraph:
             if n.parent is not None:
                 self.children.setdefault(n.parent, []).append(n.id)
         self._depth: dict[str, int] = {}
+        self._producers: dict | None = None
         for nid in self.nodes:
             self.depth(nid)
 
@@ -206,6 +207,27 @@ class ModelGraph:
             out.append(nid)
             todo.extend(self.children.get(nid, ()))
         return out
+
+    def output_producer(self, node_id: str) -> str | None:
+        """For a container, the deepest node that produced the value it returned (a
+        ResNet block's last ReLU call): the same tensor, so the same statistics. ``None``
+        when unknown (graphs without ``node_values``, or a container that returns its input)."""
+        producers = self._producers
+        if producers is None:
+            producers = self._producers = {vid: nid for nid, vid in self.meta.get("node_values", {}).items()
+                                           if nid in self.nodes and not self.is_container(nid)}
+        vid = self.meta.get("node_values", {}).get(node_id)
+        found = producers.get(vid) if vid is not None else None
+        return found if found is not None and node_id in self.ancestors(found) else None
+
+    def shown_stats(self, node_id: str) -> dict | None:
+        """The statistics a node is drawn with: its own, or for a container captured only
+        through its children, those of the node that produced its output."""
+        stats = self.nodes[node_id].stats
+        if stats is None and self.is_container(node_id):
+            producer = self.output_producer(node_id)
+            return self.nodes[producer].stats if producer is not None else None
+        return stats
 
     def module_node(self, name: str, call: int = 0) -> GraphNode | None:
         """The node of call ``call`` of module ``name``, or ``None``."""

@@ -14,6 +14,7 @@ from xml.sax.saxutils import escape
 
 from core.errors import GradExplorerError
 from core.graph import GraphView, ModelGraph
+from core.graph_compare import DIVERGENCE_BY, RATIOS
 from core.graph_layout import Layout, node_label
 
 #: Statistics a node can be coloured by, with their labels.
@@ -24,6 +25,8 @@ COLOR_BY = {
     "activation_std": "activation std",
     "flags": "flags",
 }
+#: Every statistic a node can be coloured by: its own, and a comparison's.
+STATISTIC_LABELS = {**COLOR_BY, **DIVERGENCE_BY}
 #: Colours of the flags, most serious first.
 FLAG_COLORS = {
     "nan/inf": "#d62728", "no gradient": "#7f7f7f", "zero": "#9467bd",
@@ -95,6 +98,16 @@ def tick_label(value: float) -> str:
     return f"{value:g}" if 1e-3 <= value < 1e4 else f"{value:.0e}"
 
 
+def range_labels(lo: float, hi: float) -> tuple[str, str]:
+    """Labels of the two ends of a bar, with as many digits (3 to 8) as it takes for them
+    to differ from each other and, unless they are, from 1 (a ratio of 1.003 is not "1")."""
+    for p in range(3, 9):
+        a, b = f"{lo:.{p}g}", f"{hi:.{p}g}"
+        if a != b and (lo == 1 or float(a) != 1) and (hi == 1 or float(b) != 1):
+            return a, b
+    return f"{lo:.8g}", f"{hi:.8g}"
+
+
 @dataclass
 class ColorScale:
     """A log colour scale over the values in view: ``lo``..``hi`` (positive), or None.
@@ -107,9 +120,13 @@ class ColorScale:
     lo: float | None
     hi: float | None
     diverging: bool = False
+    #: An exact 0 is the low end (a difference of 0: identical), not "no data".
+    zero_low: bool = False
 
     def position(self, value: float | None) -> float | None:
         """Where ``value`` sits on the bar, 0 (``lo``) to 1 (``hi``), or None."""
+        if value == 0 and self.zero_low:
+            return 0.0
         if value is None or not math.isfinite(value) or value <= 0 or self.lo is None or self.hi is None:
             return None
         if self.hi <= self.lo:
@@ -145,7 +162,7 @@ class ColorScale:
 
 def node_value(graph: ModelGraph, node_id: str, statistic: str) -> float | None:
     """The number a node is coloured by (``None`` when it has none)."""
-    stats = graph.nodes[node_id].stats
+    stats = graph.shown_stats(node_id)
     if not stats:
         return None
     v = stats.get(statistic)
@@ -153,11 +170,22 @@ def node_value(graph: ModelGraph, node_id: str, statistic: str) -> float | None:
 
 
 def color_scale(graph: ModelGraph, nodes: Iterable[str], statistic: str) -> ColorScale:
-    """The log scale spanning the positive finite values of ``statistic`` on ``nodes``."""
-    if statistic not in COLOR_BY:
-        raise GradExplorerError(f"Unknown statistic '{statistic}' to colour by.", f"Use one of: {', '.join(COLOR_BY)}.")
+    """The log scale spanning the positive finite values of ``statistic`` on ``nodes``.
+
+    A comparison's differences (``core.graph_compare``) colour an exact 0 (B equals A) as
+    the low end; its ratios get a diverging scale symmetric around 1 (``lo == 1 / hi``).
+    """
+    if statistic not in STATISTIC_LABELS:
+        raise GradExplorerError(f"Unknown statistic '{statistic}' to colour by.",
+                                f"Use one of: {', '.join(STATISTIC_LABELS)}.")
     values = [v for n in nodes if (v := node_value(graph, n, statistic)) is not None and v > 0 and math.isfinite(v)]
-    return ColorScale(statistic, min(values) if values else None, max(values) if values else None)
+    if statistic in RATIOS:
+        if not values:
+            return ColorScale(statistic, None, None, diverging=True)
+        m = max(max(values), 1.0 / min(values))
+        return ColorScale(statistic, 1.0 / m, m, diverging=True)
+    return ColorScale(statistic, min(values) if values else None, max(values) if values else None,
+                      zero_low=statistic in DIVERGENCE_BY)
 
 
 def node_colors(graph: ModelGraph, nodes: Iterable[str], statistic: str = "grad_l2") -> dict[str, str]:
@@ -170,7 +198,7 @@ def node_colors(graph: ModelGraph, nodes: Iterable[str], statistic: str = "grad_
     out: dict[str, str] = {}
     if statistic == "flags":
         for n in nodes:
-            stats = graph.nodes[n].stats
+            stats = graph.shown_stats(n)
             flags = (stats or {}).get("flags") or []
             color = next((FLAG_COLORS[f] for f in FLAG_COLORS if f in flags), None)
             out[n] = color or ("#bfe3bf" if stats else KIND_FILL[graph.nodes[n].kind])
@@ -178,7 +206,7 @@ def node_colors(graph: ModelGraph, nodes: Iterable[str], statistic: str = "grad_
     scale = color_scale(graph, nodes, statistic)
     for n in nodes:
         v = node_value(graph, n, statistic)
-        out[n] = scale.color(v) if graph.nodes[n].stats else KIND_FILL[graph.nodes[n].kind]
+        out[n] = scale.color(v) if graph.shown_stats(n) else KIND_FILL[graph.nodes[n].kind]
     return out
 
 
@@ -215,8 +243,12 @@ def node_tooltip(graph: ModelGraph, node_id: str) -> str:
     lines.append(f"output {fmt_shape(n.shape)} {n.dtype or ''}".rstrip())
     if graph.is_container(node_id):
         lines.append(f"{len(graph.descendants(node_id))} nodes inside")
-    for key, label in COLOR_BY.items():
-        v = (n.stats or {}).get(key)
+    stats = graph.shown_stats(node_id)
+    if stats is not None and n.stats is None:
+        producer = graph.nodes[graph.output_producer(node_id) or node_id]
+        lines.append(f"statistics of its output, from {producer.label} ({producer.type})")
+    for key, label in STATISTIC_LABELS.items():
+        v = (stats or {}).get(key)
         if key == "flags":
             if v:
                 lines.append("flags: " + ", ".join(v))
@@ -334,7 +366,9 @@ def _svg_legend(graph: ModelGraph, view: GraphView, statistic: str, x: float, wi
         parts.append(f'<line class="tick" x1="{tx:.1f}" y1="24" x2="{tx:.1f}" y2="40" stroke="#333333" '
                      f'stroke-width="0.8"/><text x="{tx:.1f}" y="50" font-size="9" text-anchor="middle">'
                      f'{escape(label)}</text>')
-    caption = f"{COLOR_BY.get(statistic, statistic)}, log scale: {scale.lo:.3g} to {scale.hi:.3g}"
+    around = ", 1 in the middle" if scale.diverging else ""
+    lo_text, hi_text = range_labels(scale.lo, scale.hi)
+    caption = f"{STATISTIC_LABELS[statistic]}, log scale{around}: {lo_text} to {hi_text}"
     parts.append(f'<text x="{x + bar_w + 10:.0f}" y="34" font-size="10">{escape(caption)}</text>')
     return parts
 

@@ -11,7 +11,7 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QLinearGradient, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from core.graph_render import ColorScale
+from core.graph_render import ColorScale, range_labels
 
 
 class ColorBarWidget(QWidget):
@@ -56,9 +56,11 @@ class ColorBarWidget(QWidget):
         right = fm.horizontalAdvance(self._end_label(self.hi)) + 6 if self.scale is not None else 0
         return QRectF(left + 2, 2, max(20.0, self.width() - left - right - 4), self.BAR_HEIGHT)
 
-    @staticmethod
-    def _end_label(v: float | None) -> str:
-        return "" if v is None else f"{v:.3g}"
+    def _end_label(self, v: float | None) -> str:
+        if v is None or self.scale is None or self.scale.lo is None or self.scale.hi is None:
+            return ""
+        lo, hi = range_labels(self.scale.lo, self.scale.hi)
+        return lo if v == self.scale.lo else hi
 
     def paintEvent(self, event) -> None:
         if self.scale is None:

@@ -57,12 +57,14 @@ from core.graph_layout import Layout, layout_view, node_label
 from core.graph_render import (
     COLOR_BY,
     FLAG_COLORS,
+    STATISTIC_LABELS,
     ColorScale,
     clip_route,
     color_scale,
     edge_widths,
     node_colors,
     node_tooltip,
+    node_value,
     text_color,
 )
 from core.nonfinite import onset_location
@@ -263,7 +265,9 @@ class GraphPanel(QWidget):
     graph_changed = Signal()
     failed = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None, engine: str = "auto"):
+    def __init__(self, parent: QWidget | None = None, engine: str = "auto", statistics: dict | None = None):
+        """``statistics``: what the colour menu offers (key: label), by default a capture's
+        (``COLOR_BY``); the compare window offers a comparison's (``DIVERGENCE_BY``)."""
         super().__init__(parent)
         self.engine = engine
         self.graph: ModelGraph | None = None
@@ -290,7 +294,7 @@ class GraphPanel(QWidget):
         self.search = QLineEdit(placeholderText="Find a layer or op…")
         self.search.setClearButtonEnabled(True)
         self.color_by = QComboBox()
-        for key, label in COLOR_BY.items():
+        for key, label in (statistics or COLOR_BY).items():
             self.color_by.addItem(f"Colour: {label}", key)
         self.fit_button = QPushButton("Fit")
         self.export_button = QPushButton("Export…")
@@ -567,9 +571,11 @@ class GraphPanel(QWidget):
         self.color_bar.set_scale(scale)
         self.color_bar.setVisible(scale.lo is not None)
         if scale.lo is None:
-            self.scale_label.setText("no statistics: run a capture")
+            zeros = scale.zero_low and any(node_value(graph, n, stat) == 0 for n in view.nodes)
+            self.scale_label.setText(f"{STATISTIC_LABELS[stat]}: 0 at every node (identical)" if zeros
+                                     else "no statistics: run a capture")
             return
-        self.scale_label.setText(f"{COLOR_BY[stat]} (log)")
+        self.scale_label.setText(f"{STATISTIC_LABELS[stat]} (log{', 1 in the middle' if scale.diverging else ''})")
 
     # -- interaction ------------------------------------------------------------------
     def tooltip(self, node_id: str) -> str:

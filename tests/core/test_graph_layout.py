@@ -20,6 +20,7 @@ from core.graph_render import (
     edge_widths,
     log_ticks,
     node_colors,
+    range_labels,
     tick_label,
     to_dot,
     to_svg,
@@ -126,3 +127,5 @@ def test_svg_colour_bar_spans_the_coloured_nodes_with_power_of_ten_ticks():
         expected = (math.log10(v) - math.log10(scale.lo)) / (math.log10(scale.hi) - math.log10(scale.lo))
         assert float(x) == pytest.approx(x0 + expected * width, abs=0.06)
     assert f"{scale.lo:.3g} to {scale.hi:.3g}" in svg
+    assert range_labels(1 / 1.003, 1.003) == ("0.997", "1.003") and range_labels(0.5, 2.0) == ("0.5", "2")
+    assert range_labels(1.0, 1.0000001) == ("1", "1.0000001")
