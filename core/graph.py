@@ -33,7 +33,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+from torch.overrides import (
+    TorchFunctionMode,
+    _get_function_stack_at,
+    _len_torch_function_stack,
+    _pop_torch_function_stack,
+    _push_on_torch_function_stack,
+)
 
 from core.capture import _first_tensor_input, primary_tensor
 from core.errors import CaptureError, GradExplorerError
@@ -540,6 +546,7 @@ class GraphRecorder:
         self.value_ids = itertools.count()
         self.busy = False
         self.on_value = on_value
+        self.mode: _OpMode | None = None  # set while record_forward runs
 
     # -- values ---------------------------------------------------------------------
     def lookup(self, t: torch.Tensor) -> tuple[int, str] | None:
@@ -574,6 +581,8 @@ class GraphRecorder:
 
     # -- module hooks ---------------------------------------------------------------
     def pre_hook(self, name: str, leaf: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if leaf and self.mode is not None:
+            self.mode.pause()  # first: the hook's own shape reads need not pass through the mode
         self.busy = True
         try:
             call = self.calls.get(name, 0)
@@ -612,6 +621,8 @@ class GraphRecorder:
                     self.node_values[node.id] = found[0]
         finally:
             self.busy = False
+            if leaf and self.mode is not None:
+                self.mode.resume()  # the ops after this leaf are recorded again
 
     # -- operations -----------------------------------------------------------------
     def op(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> None:
@@ -648,16 +659,46 @@ class GraphRecorder:
         return ModelGraph(self.nodes.values(), self.edges.values(), meta)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
+    return name
 
 
 class _OpMode(TorchFunctionMode):
-    """Records tensor operations that run outside leaf modules."""
+    """Records tensor operations that run outside leaf modules.
+
+    Inside a leaf module nothing is recorded, so the mode steps off the torch-function
+    stack for the leaf's forward (``pause`` in the pre-hook, ``resume`` in the hook):
+    otherwise every ``conv2d`` and ``batch_norm`` of the model would pass through Python
+    here for nothing (about 6,000 calls in efficientnet_v2_l).
+    """
 
     def __init__(self, recorder: GraphRecorder):
         super().__init__()
         self.recorder = recorder
+        self._pauses: list[bool] = []
+
+    def pause(self) -> None:
+        n = _len_torch_function_stack()
+        # Only when this mode is on top (another mode pushed above it stays in charge).
+        on_top = n > 0 and _get_function_stack_at(n - 1) is self
+        if on_top:
+            _pop_torch_function_stack()
+        self._pauses.append(on_top)
+
+    def resume(self) -> None:
+        if self._pauses and self._pauses.pop():
+            _push_on_torch_function_stack(self)
+
+    def resume_all(self) -> None:
+        """Back on the stack (a leaf's forward raised, so its hook never ran)."""
+        while self._pauses:
+            self.resume()
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -712,8 +753,13 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
                 lambda m, a, k, o, _n=name, _l=leaf: recorder.post_hook(_n, _l, m, a, k, o),
                 with_kwargs=True, always_call=False))
         try:
-            with _OpMode(recorder):
-                output = call_model(model, inputs)
+            with _OpMode(recorder) as mode:
+                recorder.mode = mode
+                try:
+                    output = call_model(model, inputs)
+                finally:
+                    mode.resume_all()
+                    recorder.mode = None
         except GradExplorerError:
             raise
         except Exception as exc:
@@ -764,12 +810,14 @@ def extract_graph(model: nn.Module, inputs: Any) -> ModelGraph:
     modes = {m: m.training for m in model.modules()}
     recorder = GraphRecorder()
     try:
-        model.eval()
+        if any(modes.values()):
+            model.eval()
         with torch.no_grad():
             record_forward(model, inputs, recorder)
     finally:
         for m, mode in modes.items():
-            m.training = mode
+            if m.training != mode:  # Module.__setattr__ is slow: 1,400 modules add up
+                m.training = mode
     return recorder.graph({"model": type(model).__name__})
 
 
