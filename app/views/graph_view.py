@@ -53,7 +53,7 @@ from app.run_worker import TaskRunner
 from app.views.color_bar import ColorBarWidget
 from core.errors import GradExplorerError
 from core.graph import ModelGraph, extract_graph, first_sample
-from core.graph_layout import Layout, layout_view, node_label
+from core.graph_layout import Layout, layout_view, node_label, preload_engines
 from core.graph_render import (
     COLOR_BY,
     FLAG_COLORS,
@@ -321,6 +321,11 @@ class GraphPanel(QWidget):
         lay.addWidget(self.status)
 
         self.layouts = TaskRunner("graph layout", self)
+        # igraph (the layout of big views) takes 0.3-1.2 s to import, holding the GIL: it is
+        # imported in a worker when the panel is made (the window's start-up), not in the
+        # first layout (core.graph_layout.preload_engines).
+        self.preloads = TaskRunner("graph layout libraries", self)
+        self.preloads.start(lambda progress, cancel: preload_engines())
         self.extractions = TaskRunner("graph extraction", self)
         self.layouts.finished.connect(self._on_layout)
         self.layouts.failed.connect(self._on_failed)
@@ -706,6 +711,7 @@ class GraphPanel(QWidget):
         return path
 
     def shutdown(self) -> None:
+        self.preloads.shutdown()
         self.layouts.shutdown()
         self.extractions.shutdown()
 

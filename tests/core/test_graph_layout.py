@@ -129,3 +129,30 @@ def test_svg_colour_bar_spans_the_coloured_nodes_with_power_of_ten_ticks():
     assert f"{scale.lo:.3g} to {scale.hi:.3g}" in svg
     assert range_labels(1 / 1.003, 1.003) == ("0.997", "1.003") and range_labels(0.5, 2.0) == ("0.5", "2")
     assert range_labels(1.0, 1.0000001) == ("1", "1.0000001")
+
+
+def test_a_dot_layout_does_not_import_igraph_and_preload_does():
+    """igraph's import (0.3-1.2 s, holding the GIL) is kept out of the first paint: choosing
+    an engine only looks igraph up; preload_engines imports it in a worker beforehand."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from core.graph import extract_graph\n"
+        "from core.graph_layout import available_engines, layout_view, preload_engines\n"
+        "from tests.core.test_graph import TwoBranch\n"
+        "g = extract_graph(TwoBranch(), torch.randn(1, 4))\n"
+        "engines = available_engines()\n"
+        "layout = layout_view(g, g.view(set(g.containers())), 'auto')\n"
+        "before = 'igraph' in sys.modules\n"
+        "loaded = preload_engines()\n"
+        "print(layout.engine, 'igraph' in engines, before, loaded, 'igraph' in sys.modules, preload_engines())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
+    engine, listed, before, loaded, after, again = out.stdout.split(maxsplit=5)
+    if engine == "dot" and listed == "True":
+        assert before == "False" and loaded == "['igraph']" and after == "True"
+    assert again.strip() == "[]"  # once imported, nothing more to do
