@@ -45,8 +45,6 @@ EXIT_INTERRUPTED = 130
 
 SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff", "graph")
 
-_INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
-
 
 class UsageError(Exception):
     """The command line itself is wrong (unknown option, missing value)."""
@@ -385,6 +383,9 @@ def cmd_capture(args, ui: _UI) -> int:
 
     loaded = job.load_model()
     batch = job.load_batch()
+    if options.batch.is_default and not loaded.spec.startswith("demo:"):
+        ui.note(f"no input was given: {batch.source}, shape {fmt_shape(tuple(batch.tensor.shape))} "
+                "(the model's); give --input FILES for real data.")
     # One sample through the model (no gradients) tells calls and output sizes: the
     # progress bar's total and the memory estimate (core.memory_estimate, the same one the
     # GUI shows beside Run), before anything large is allocated.
@@ -503,20 +504,16 @@ def cmd_layers(args, ui: _UI) -> int:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model only) or more.")
     from dataclasses import replace
 
-    from core.job import STAGE_PROBE, CaptureJob
-    from core.options import BatchSpec
+    from core.job import STAGE_PROBE, CaptureJob, default_batch_spec
 
     options = _options(args)
     job = CaptureJob(options, _progress(ui))
     loaded = job.load_model()
     tree = ModuleTree.build(loaded.module)
     if args.probe:
-        shape = loaded.input_shape
-        if options.batch.is_default and not loaded.spec.startswith("demo:") and shape \
-                and all(d is not None for d in shape):
-            # Without an input, one random sample of the model's shape.
-            random = BatchSpec(random="x".join(str(d) for d in (1, *shape)))
-            job = CaptureJob(replace(options, batch=random), _progress(ui), loaded=loaded)
+        default = default_batch_spec(loaded, n=1) if options.batch.is_default else None
+        if default is not None:  # one sample: the OUTPUT column reads per sample
+            job = CaptureJob(replace(options, batch=default), _progress(ui), loaded=loaded)
         batch = job.load_batch()
         ui.bar.update(STAGE_PROBE)
         tree.probe(loaded.module, batch.model_input)

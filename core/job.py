@@ -36,7 +36,7 @@ from core.capture_data import Capture
 from core.errors import CaptureCancelled, GradExplorerError
 from core.loaded_model import LoadedModel
 from core.module_tree import ModuleTree
-from core.options import CaptureOptions
+from core.options import BatchSpec, CaptureOptions
 
 if TYPE_CHECKING:
     from core.memory_estimate import MemoryEstimate
@@ -58,8 +58,40 @@ __all__ = [
     "OverBudget",
     "PreparedModel",
     "ProgressCallback",
+    "default_batch_spec",
     "probe_model",
 ]
+
+
+def default_batch_spec(loaded: LoadedModel, n: int = 2) -> BatchSpec | None:
+    """The batch to use when the user named none: the one rule of the window and the CLI.
+
+    A demo model runs on its own batch. Any other model gets two random samples that follow
+    it (``core.batches.random_batches``): its known input shape, else what its first layer
+    takes; values in the dtype of its parameters (fp16, bf16), or token ids in
+    ``[0, vocab)`` when it starts with an ``Embedding``. The shape is written out in the
+    spec (``random="2x3x224x224"``), so that the capture's metadata and the window's batch
+    sources say what was made.
+
+    Parameters
+    ----------
+    loaded : LoadedModel
+    n : int, default 2
+        Random samples (``gradexplorer layers --probe`` takes one).
+
+    Returns
+    -------
+    BatchSpec or None
+        None when nothing tells the model's input shape (the user must give an input).
+    """
+    from core.batches import random_shape_for
+
+    if loaded.spec.startswith("demo:"):
+        return BatchSpec(demo=True)
+    shape = random_shape_for(loaded.module, loaded.input_shape, n)
+    if shape is None:
+        return None
+    return BatchSpec(random="x".join(str(d) for d in shape))
 
 
 class OverBudget(GradExplorerError):
@@ -111,8 +143,8 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     ----------
     loaded : LoadedModel
     sample : Tensor or ModelInputs, optional
-        A batch to probe with (only its first sample is used; ``Batch.model_input``). Without one, a zero
-        batch of ``loaded.input_shape`` is used when the shape is known.
+        A batch to probe with (only its first sample is used; ``Batch.model_input``). Without one, one
+        random sample of ``loaded.input_shape`` (the default batch's rule) when the shape is known.
     lock : context manager, optional
         Held during the forward, so that a probe's hooks never meet a capture's.
 
@@ -130,7 +162,12 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     if sample is not None and sample.dim() > 0 and len(sample) > 0:
         x = sample[:1]
     elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
-        x = torch.zeros((1, *loaded.input_shape))
+        from core.batches import random_batch_for
+
+        # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
+        # fail on an fp16 model or index an Embedding with floats.
+        made = random_batch_for(loaded.module, loaded.input_shape, n=1)
+        x = made.tensor if made is not None else None
     keys: list[str] = []
     error = None
     if x is not None:
@@ -320,8 +357,9 @@ class CaptureJob:
     def load_batch(self) -> Batch:
         """Load the batch of the options (once) and the labels the target uses.
 
-        The default batch (no inputs named) is the demo model's own; other models need
-        inputs. ``options.labels`` replace the batch's own labels.
+        Without inputs named, the default for the model (:meth:`batch_spec`: the demo
+        model's own batch, else random samples that follow the model).
+        ``options.labels`` replace the batch's own labels.
 
         Returns
         -------
@@ -361,11 +399,28 @@ class CaptureJob:
                 f"--demo-input needs a demo model, and '{loaded.spec}' is not one;",
                 INPUT_HINT.replace(" or --demo-input", "") + ".",
             )
-        if spec.is_default:
-            if is_demo:
-                return ["demo"]
-            raise GradExplorerError(f"No input was given for '{loaded.spec}';", INPUT_HINT + ".")
-        return spec.sources()
+        return self.batch_spec().sources()
+
+    def batch_spec(self) -> BatchSpec:
+        """The options' batch, or the default for the model when they name none
+        (:func:`default_batch_spec`).
+
+        Raises
+        ------
+        GradExplorerError
+            No input was named and the model's input shape is not known.
+        """
+        spec = self.options.batch
+        if not spec.is_default:
+            return spec
+        loaded = self.load_model()
+        default = default_batch_spec(loaded)
+        if default is None:
+            raise GradExplorerError(
+                f"No input was given for '{loaded.spec}', and its input shape is not known;",
+                INPUT_HINT.replace("--random [SHAPE]", "--random SHAPE") + ".",
+            )
+        return default
 
     def _labels_for(self, batch: Batch, loaded: LoadedModel) -> torch.Tensor | None:
         if self.options.labels:
