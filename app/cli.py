@@ -105,6 +105,12 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--demo-input", action="store_true", help="the demo model's own batch")
 
 
+def _add_memory_budget(p) -> None:
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory the capture may use, e.g. 2GiB or 500MB (KiB/MiB/GiB: powers of 1024, "
+                        "kB/MB/GB: of 1000); default: half of the free memory")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand that does not see --debug must not reset the top-level one.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -139,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--target", metavar="T", help="top1, class:N, sum, mean or cross_entropy, optionally @key")
     gui.add_argument("--device", metavar="D", help="auto, cpu, cuda:0, mps")
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
+    _add_memory_budget(gui)
     gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
     gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
 
@@ -166,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in train mode (dropout, batch statistics); eval by default")
     p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
                    help="run forward under torch.autocast with bf16 or fp16 on the capture device")
+    _add_memory_budget(p)
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -317,7 +325,8 @@ def _options(args, **settings) -> CaptureOptions:
     """The capture options of a command line (model and input arguments, plus ``settings``)."""
     from core.options import BatchSpec, CaptureOptions
 
-    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random, demo=bool(args.demo_input))
+    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random,
+                      demo=bool(getattr(args, "demo_input", False)))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
                           batch=batch, **settings)
 
@@ -351,18 +360,34 @@ def _check_out_path(args) -> Path:
 
 
 def capture_options(args) -> CaptureOptions:
-    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
+    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line, or of the
+    desktop app's flags (``gradexplorer --model ... --run``: the same words give the same
+    options; flags the app does not take keep their defaults).
 
     Raises
     ------
     GradExplorerError
-        A setting that is not valid (a target that does not exist...).
+        A setting that is not valid (a target that does not exist, a size that is not one...).
     """
+    flag = vars(args).get
     return _options(
-        args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
-        mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
-        autocast=args.autocast, force=bool(args.force),
+        args, labels=args.labels, layers=tuple(args.layers or ()), target=flag("target") or "top1",
+        device=flag("device") or "auto", mode="stats" if args.stats_only else "full", train=bool(flag("train")),
+        input_grad=bool(flag("input_grad")), autocast=flag("autocast"), memory_budget=_memory_budget(args),
+        force=bool(flag("force")),
     )
+
+
+def _memory_budget(args) -> int | None:
+    from core.units import parse_size
+
+    text = getattr(args, "memory_budget", None)
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except GradExplorerError as exc:
+        raise GradExplorerError(f"--memory-budget {exc.problem}", exc.fix) from None
 
 
 def cmd_capture(args, ui: _UI) -> int:
@@ -731,7 +756,11 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
-    inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
+    from core.demos import WINDOW_DEMO
+
+    # The capture command's options from the same words; without --model the demo, run at once.
+    run = bool(args.run) or not args.model
+    options = capture_options(argparse.Namespace(**{**vars(args), "model": args.model or WINDOW_DEMO}))
     _refuse_broken_pyside()
     try:
         from app.gui import launch  # Qt is imported here and only here
@@ -741,20 +770,7 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
             "install gradexplorer with its GUI dependencies (make run does), or use a subcommand: "
             "gradexplorer --help.",
         ) from exc
-    return int(launch(
-        model=args.model,
-        weights=args.weights,
-        inputs=inputs,
-        layers=list(args.layers) if args.layers else None,
-        target=args.target,
-        device=args.device,
-        run=bool(args.run),
-        screenshot=args.screenshot,
-        trust=bool(args.trust),
-        arch=args.arch,
-        stats_only=bool(args.stats_only),
-        labels=args.labels,
-    ) or 0)
+    return int(launch(options, run=run, screenshot=args.screenshot) or 0)
 
 
 def _refuse_broken_pyside() -> None:

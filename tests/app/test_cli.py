@@ -514,8 +514,8 @@ def fake_gui(monkeypatch):
     calls = []
     module = types.ModuleType("app.gui")
 
-    def launch(**kwargs):
-        calls.append(kwargs)
+    def launch(options=None, **kwargs):
+        calls.append({"options": options, **kwargs})
         return 0
 
     module.launch = launch
@@ -524,32 +524,54 @@ def fake_gui(monkeypatch):
 
 
 def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
+    from core.options import CaptureOptions
+
     assert main([]) == 0
-    (kwargs,) = fake_gui
-    assert kwargs["model"] is None and kwargs["inputs"] is None and kwargs["run"] is False
-    assert kwargs["screenshot"] is None
+    assert fake_gui == [{"options": CaptureOptions("demo:shapes"), "run": True, "screenshot": None}]
 
 
-def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
+def test_gui_flags_are_handed_to_launch_as_the_capture_commands_options(fake_gui, tmp_path, capsys):
+    from core.options import BatchSpec
+
     shot = tmp_path / "out.png"
-    code = main([
-        "--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
-        "--layers", "layer4.*", "--run", "--screenshot", str(shot), "--target", "class:281",
-        "--device", "cpu", "--stats-only", "--trust", "--labels", "281",
-    ])
-    assert code == 0
-    assert fake_gui == [{
-        "model": "resnet18", "weights": "DEFAULT", "inputs": ["cat.jpg", "dog.jpg"], "layers": ["layer4.*"],
-        "target": "class:281", "device": "cpu", "run": True, "screenshot": str(shot), "trust": True, "arch": None,
-        "stats_only": True, "labels": "281",
-    }]
+    settings = ["--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
+                "--layers", "layer4.*", "--target", "class:281", "--device", "cpu", "--stats-only", "--trust",
+                "--labels", "281", "--memory-budget", "2GiB"]
+    assert main([*settings, "--run", "--screenshot", str(shot)]) == 0
+    (call,) = fake_gui
+    assert call["run"] is True and call["screenshot"] == str(shot)
+    options = call["options"]
+    # The capture command's options from the same words: one argument -> options function.
+    assert options == cli.capture_options(cli.build_parser().parse_args(["capture", *settings, "--out", "x.pt"]))
+    assert (options.model, options.weights, options.trust) == ("resnet18", "DEFAULT", True)
+    assert options.batch == BatchSpec(inputs=("cat.jpg", "dog.jpg")) and options.layers == ("layer4.*",)
+    assert (options.target, options.device, options.mode, options.labels) == ("class:281", "cpu", "stats", "281")
+    assert options.memory_budget == 2 * 2**30
+
+
+def test_gui_flags_without_a_model_go_to_the_demo(fake_gui, capsys):
+    assert main(["--target", "sum", "--stats-only"]) == 0
+    (call,) = fake_gui
+    assert call["options"].model == "demo:shapes" and call["run"] is True
+    assert call["options"].target == "sum" and call["options"].mode == "stats"
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):
+    from core.options import BatchSpec
+
     assert main(["--model", "demo:seed-mlp", "--random", "4x10"]) == 0
-    assert fake_gui[-1]["inputs"] == ["random:4x10"]
+    assert fake_gui[-1]["options"].batch == BatchSpec(random="4x10") and fake_gui[-1]["run"] is False
+    assert fake_gui[-1]["options"].batch.sources() == ["random:4x10"]
     code, out, err = run(capsys, "--screenshot", tmp_path / "missing" / "x.png")
     assert_user_error(code, err, "does not exist")
+
+
+def test_gui_bad_settings_are_one_line_before_the_window_opens(fake_gui, capsys):
+    code, out, err = run(capsys, "--model", "demo:seed-mlp", "--target", "top5")
+    assert_user_error(code, err, "top5", "class:N")
+    code, out, err = run(capsys, "--memory-budget", "lots")
+    assert_user_error(code, err, "--memory-budget 'lots' is not a size", "GiB")
+    assert fake_gui == []
 
 
 # ---------------------------------------------------------------------------
