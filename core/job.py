@@ -39,7 +39,7 @@ from core.module_tree import ModuleTree
 from core.options import BatchSpec, CaptureOptions
 
 if TYPE_CHECKING:
-    from core.memory_estimate import MemoryEstimate
+    from core.memory_estimate import MemoryEstimate, Shortfall
 
 STAGE_DOWNLOAD = "downloading weights"
 STAGE_LOAD_MODEL = "loading model"
@@ -223,6 +223,8 @@ class CaptureJob:
         After ``estimate`` (None when the probe failed).
     over_budget : str or None
         ``check_budget``'s warning after ``estimate``, when over the budget.
+    shortfall : Shortfall or None
+        Where and by how much it is over (``core.memory_estimate.budget_shortfall``).
     timing : dict
         Seconds spent in each step that did work.
     """
@@ -244,6 +246,7 @@ class CaptureJob:
         self.probe_error: GradExplorerError | None = None
         self.memory: MemoryEstimate | None = None
         self.over_budget: str | None = None
+        self.shortfall: Shortfall | None = None
         self.result: Capture | None = None
         self.timing: dict[str, float] = {}
         self._device: torch.device | None = None
@@ -523,7 +526,7 @@ class CaptureJob:
             and the ways out (statistics only, fewer layers, a smaller batch, force).
         """
         if not self._estimated:
-            from core.memory_estimate import check_budget, estimate_capture_memory
+            from core.memory_estimate import budget_message, budget_shortfall, estimate_capture_memory
 
             tree = self.probe()
             selected = self.selected_layers()
@@ -532,24 +535,37 @@ class CaptureJob:
                 module = self.load_model().module
                 x = self.load_batch().tensor
                 self.memory = estimate_capture_memory(tree, selected, o.mode, x, o.input_grad, module)
-                self.over_budget = check_budget(self.memory, self.device, budget=o.memory_budget)
+                self.shortfall = budget_shortfall(self.memory, self.device, budget=o.memory_budget)
+                self.over_budget = budget_message(self.memory, self.shortfall) if self.shortfall else None
             self._estimated = True
         if self.over_budget is not None and self.memory is not None and not self.options.force:
             raise self._over_budget_error()
         return self.memory
 
     def _over_budget_error(self) -> OverBudget:
-        from core.memory_estimate import format_bytes
+        from core.units import format_bytes
 
-        est = self.memory
-        assert est is not None and self.over_budget is not None
-        # check_budget's first sentence is the problem; its advice is the window's.
-        problem = self.over_budget.split(". ")[0].rstrip(".") + ";"
+        est, short = self.memory, self.shortfall
+        assert est is not None and short is not None and self.over_budget is not None
+        # The figures as the estimate line prints them (core.units.format_bytes), in the
+        # command line's words; the window shows check_budget's sentence instead.
+        free = "half of the free RAM" if short.device.type == "cpu" else f"half of the free memory of {short.device}"
+        source = "set by --memory-budget" if short.set_by_user else free
+        if short.device.type == "cpu":
+            kept = f"≈ {format_bytes(est.total)} kept"
+            if short.need > est.total:
+                kept += f" and {format_bytes(short.need - est.total)} while forward and backward run"
+            problem = (f"this capture needs {format_bytes(short.need)} of memory ({kept}) but the budget "
+                       f"is {format_bytes(short.budget)} ({source});")
+        else:
+            problem = (f"the forward and backward pass need about {format_bytes(short.need)} on {short.device} "
+                       f"but the budget is {format_bytes(short.budget)} ({source});")
+        larger = f"a --memory-budget above {format_bytes(short.need)}"
         if self.options.mode == "full":
             fix = (f"pass --stats-only (about {format_bytes(est.stats + est.io)}), fewer --layers "
-                   "or a smaller batch, or --force to run anyway.")
+                   f"or a smaller batch, {larger}, or --force to run anyway.")
         else:
-            fix = "use a smaller batch, or pass --force to run anyway."
+            fix = f"use a smaller batch, {larger}, or --force to run anyway."
         return OverBudget(problem, fix, est, self.over_budget)
 
     def metadata(self) -> dict:

@@ -453,9 +453,32 @@ def budget_bytes(device: str | torch.device = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
-                 budget: int | None = None) -> str | None:
-    """A warning when the capture would not fit, or None when it does.
+class Shortfall(NamedTuple):
+    """A capture that does not fit its memory budget (:func:`budget_shortfall`).
+
+    Attributes
+    ----------
+    need : int
+        Bytes it needs where it does not fit: in RAM, what the capture keeps (``estimate.total``)
+        plus, on the CPU, the working memory of forward and backward (``estimate.transient``);
+        on a GPU, that working memory.
+    budget : int
+        Bytes allowed there.
+    device : torch.device
+        ``cpu`` for RAM, else the GPU whose working memory does not fit.
+    set_by_user : bool
+        The budget is ``CaptureOptions.memory_budget`` (else a share of the free memory).
+    """
+
+    need: int
+    budget: int
+    device: torch.device
+    set_by_user: bool
+
+
+def budget_shortfall(estimate: MemoryEstimate, device: str | torch.device = "cpu",
+                     budget: int | None = None) -> Shortfall | None:
+    """Where the capture does not fit, and by how much; None when it fits.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
     backward pass need ``estimate.transient`` on the run's device as well.
@@ -471,27 +494,57 @@ def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
 
     Returns
     -------
-    str or None
-        The problem and what to do about it, in one or two sentences.
+    Shortfall or None
     """
     device = torch.device(device)
+    set_by_user = budget is not None
     ram = budget if budget is not None else budget_bytes("cpu")
-    share = "the memory budget you set" if budget is not None else "half of the free RAM"
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
     if ram is not None and need_ram > ram:
+        return Shortfall(need_ram, ram, torch.device("cpu"), set_by_user)
+    if device.type == "cuda":
+        gpu = budget if budget is not None else budget_bytes(device)
+        if gpu is not None and estimate.transient > gpu:
+            return Shortfall(estimate.transient, gpu, device, set_by_user)
+    return None
+
+
+def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
+                 budget: int | None = None) -> str | None:
+    """A warning when the capture would not fit (:func:`budget_shortfall`), or None when it does.
+
+    Parameters
+    ----------
+    estimate : MemoryEstimate
+    device : str or torch.device
+        Where the capture runs.
+    budget : int, optional
+        Bytes the capture may use (``CaptureOptions.memory_budget``); default:
+        ``BUDGET_SHARE`` of what is free.
+
+    Returns
+    -------
+    str or None
+        The problem and what to do about it, in one or two sentences (the window's words).
+    """
+    short = budget_shortfall(estimate, device, budget)
+    return None if short is None else budget_message(estimate, short)
+
+
+def budget_message(estimate: MemoryEstimate, short: Shortfall) -> str:
+    """The window's words for a shortfall: the problem and what to do about it
+    (:func:`check_budget`; the CLI says it in its flags, ``core.job.OverBudget``)."""
+    if short.device.type == "cpu":
+        share = "the memory budget you set" if short.set_by_user else "half of the free RAM"
         held = estimate.total
-        if estimate.mode == "full" and held > ram - (need_ram - held):
+        if estimate.mode == "full" and held > short.budget - (short.need - held):
             fix = ("Switch to statistics-only capture (about "
                    f"{format_bytes(estimate.stats + estimate.io)}), or tick fewer layers.")
         else:
             fix = "Use a smaller batch, or a GPU."
-        return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} ({share}). {fix}")
-    if device.type == "cuda":
-        gpu = budget if budget is not None else budget_bytes(device)
-        if gpu is not None and estimate.transient > gpu:
-            return (f"The forward and backward pass need about {format_bytes(estimate.transient)} on "
-                    f"{device} but the budget is {format_bytes(gpu)} "
-                    f"({'the memory budget you set' if budget is not None else 'half of its free memory'}). "
-                    "Use a smaller batch, or run on the CPU.")
-    return None
+        return (f"This capture needs {format_bytes(short.need)} of memory but the budget is "
+                f"{format_bytes(short.budget)} ({share}). {fix}")
+    share = "the memory budget you set" if short.set_by_user else "half of its free memory"
+    return (f"The forward and backward pass need about {format_bytes(short.need)} on "
+            f"{short.device} but the budget is {format_bytes(short.budget)} ({share}). "
+            "Use a smaller batch, or run on the CPU.")

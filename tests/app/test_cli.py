@@ -254,6 +254,44 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
     assert out_file.is_file()
 
 
+def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path, capsys, monkeypatch):
+    import core.capture
+    from core.batches import random_batch
+    from core.memory_estimate import estimate_capture_memory
+    from core.models import load_model
+    from core.module_tree import ModuleTree
+    from core.selection import resolve_layers
+    from core.units import format_bytes
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the capture ran")
+
+    real = core.capture.capture
+    monkeypatch.setattr(core.capture, "capture", no_forward)
+    out_file = tmp_path / "x.pt"
+    argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "--memory-budget", "1KiB"]
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_USER and not out_file.exists() and "Traceback" not in err
+    note = next(line for line in err.splitlines() if line.startswith("capturing "))
+    error = err.splitlines()[-1]
+    # Both figures as the estimate line prints them: what it keeps (≈), and the budget.
+    loaded = load_model("demo:seed-mlp")
+    x = random_batch("4x10", seed=0).tensor
+    tree = ModuleTree.build(loaded.module).probe(loaded.module, x[:1])
+    expected = estimate_capture_memory(tree, resolve_layers(loaded.module, None), "full", x, False, loaded.module)
+    kept = f"≈ {format_bytes(expected.total)}"
+    assert kept in note and f"({kept} kept" in error
+    assert f"needs {format_bytes(expected.total + expected.transient)} of memory" in error
+    assert f"the budget is {format_bytes(1024)} (set by --memory-budget)" in error
+    assert "--memory-budget above" in error and "--force" in error and "--stats-only" in error
+    assert_user_error(*run(capsys, *argv, "-q")[::2], "1.0 KiB", "--memory-budget", "--force")
+
+    monkeypatch.setattr(core.capture, "capture", real)
+    code, out, err = run(capsys, *argv[:-1], "1GiB", "-q")
+    assert code == 0, err
+    assert out_file.is_file()
+
+
 def test_capture_prints_the_same_estimate_as_core(tmp_path, capsys):
     from core.batches import random_batch
     from core.memory_estimate import estimate_capture_memory
