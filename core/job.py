@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -173,7 +174,7 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     if x is not None:
         seen: list[Any] = []
 
-        def grab(module, args, output):
+        def grab(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             seen.append(output)
 
         with lock if lock is not None else nullcontext():
@@ -267,7 +268,7 @@ class CaptureJob:
     def _timed(self, step: str, start: float) -> None:
         self.timing[step] = round(time.perf_counter() - start, 4)
 
-    def _held(self):
+    def _held(self) -> AbstractContextManager[Any]:
         from contextlib import nullcontext
 
         return self.lock if self.lock is not None else nullcontext()

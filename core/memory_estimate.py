@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from core.module_tree import ModuleTree, TensorKey
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.capture_data import Capture
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -115,7 +118,7 @@ class MemoryEstimate:
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
 
 
-def _input_bytes(inputs) -> int:
+def _input_bytes(inputs: torch.Tensor | tuple | None) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.numel() * inputs.element_size()
     if inputs is None:
@@ -235,7 +238,7 @@ class _Event(NamedTuple):
 
     tick: int
     returned: bool
-    index: int
+    call: int
 
 
 class _CallWalk:
@@ -275,9 +278,9 @@ class _CallWalk:
             events.append(_Event(call.end, True, i))
         for event in sorted(events):
             if event.returned:
-                self._returned(event.index)
+                self._returned(event.call)
             else:
-                self._started(event.index)
+                self._started(event.call)
 
     def _see(self, key: TensorKey) -> None:
         if self.latest.get(key.serial, key) <= key:
@@ -358,7 +361,7 @@ def _gradient_bytes(walk: _CallWalk, root_out: TensorKey | None) -> tuple[int, i
     return outputs, inputs
 
 
-def measure_capture_memory(capture) -> int:
+def measure_capture_memory(capture: Capture) -> int:
     """Bytes a ``Capture`` holds: every tensor storage once (views and shared tensors
     counted once), plus its statistics dicts.
 
@@ -374,7 +377,7 @@ def measure_capture_memory(capture) -> int:
     seen_stats: set[int] = set()
     total = 0
 
-    def add(t) -> None:
+    def add(t: object) -> None:
         nonlocal total
         if not isinstance(t, torch.Tensor):
             return
@@ -384,7 +387,7 @@ def measure_capture_memory(capture) -> int:
             seen.add(key)
             total += storage.nbytes()
 
-    def add_stats(stats) -> None:
+    def add_stats(stats: dict[str, Any] | None) -> None:
         nonlocal total
         if not stats or id(stats) in seen_stats:
             return
@@ -414,12 +417,12 @@ def measure_capture_memory(capture) -> int:
     return total
 
 
-def largest_tensor_bytes(capture) -> int:
+def largest_tensor_bytes(capture: Capture) -> int:
     """The largest single tensor a capture holds in its layers (activations, gradients,
     parameter gradients and histograms; not the input and output)."""
     largest = 0
 
-    def see(t) -> None:
+    def see(t: object) -> None:
         nonlocal largest
         if isinstance(t, torch.Tensor):
             largest = max(largest, t.untyped_storage().nbytes())
