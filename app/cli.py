@@ -408,7 +408,8 @@ def cmd_capture(args, ui: _UI) -> int:
 
     loaded = job.load_model()
     batch = job.load_batch()
-    if options.batch.is_default and not loaded.spec.startswith("demo:"):
+    made_up = options.batch.is_default and not loaded.spec.startswith("demo:")
+    if made_up:
         ui.note(f"no input was given: {batch.source}, shape {fmt_shape(tuple(batch.tensor.shape))} "
                 "(the model's); give --input FILES for real data.")
     # One sample through the model (no gradients) tells calls and output sizes: the
@@ -439,7 +440,8 @@ def cmd_capture(args, ui: _UI) -> int:
     flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
-        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)}{' random' if made_up else ''} "
+         f"sample{'s' if len(batch) != 1 else ''}{', no --input given' if made_up else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
         (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
          f" (total {fmt_seconds(elapsed)})"),

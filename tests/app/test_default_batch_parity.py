@@ -92,9 +92,11 @@ def test_window_and_cli_pick_the_same_batch(model, spec, dtype, nets, tmp_path):
 def test_cli_capture_without_input_says_what_it_made(nets, tmp_path, capsys):
     out = tmp_path / "lm.pt"
     code = cli.main(["capture", "--model", f"{nets}:lm", "--trust", "--out", str(out)])
-    err = capsys.readouterr().err
+    stdout, err = capsys.readouterr()
     assert code == 0, err
     assert "no input was given: 2 random samples of token ids in [0, 30)" in err and "--input" in err
+    # Said in the summary too, which -q keeps.
+    assert "batch     2x16 (2 random samples, no --input given)" in stdout
     from core.capture_file import load_capture
 
     capture = load_capture(out)
