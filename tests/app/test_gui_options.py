@@ -18,8 +18,11 @@ SETTINGS = ["--model", "demo:seed-mlp", "--random", "4x10", "--layers", "fc1", "
 def fake_launch(monkeypatch):
     """The command line's hand-over, caught before a second window and event loop start."""
     calls = []
-    monkeypatch.setattr(app.gui, "launch",
-                        lambda options=None, run=False, screenshot=None: calls.append((options, run, screenshot)) or 0)
+    def launch(options=None, run=False, screenshot=None, **others):
+        calls.append((options, run, screenshot))
+        return 0
+
+    monkeypatch.setattr(app.gui, "launch", launch)
     return calls
 
 
