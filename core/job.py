@@ -372,7 +372,7 @@ class CaptureJob:
         Raises
         ------
         BatchError, GradExplorerError
-            No input for a model that has no demo batch, unreadable inputs, a shape the
+            No input for a model whose input shape is not known, unreadable inputs, a shape the
             model does not take, labels that do not fit, or ``cross_entropy`` without
             labels.
         """
