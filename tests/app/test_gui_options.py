@@ -51,3 +51,21 @@ def test_a_device_that_is_not_here_is_shown_and_the_window_still_loads(qtbot, wi
     assert [title for title, _exc in shown_errors] == ["A setting cannot be used"]
     assert "cuda:7" in str(shown_errors[0][1])
     assert window.session.target == "sum" and window.session.model.spec == "demo:seed-mlp"
+
+
+def test_the_command_line_opens_runs_and_saves_the_window(tmp_path):
+    # The whole chain in a fresh interpreter (launch() styles the whole QApplication):
+    # flags -> capture_options -> launch -> the window's run -> the screenshot.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shot = tmp_path / "shot.png"
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
+               PYTHONPATH=str(root))
+    result = subprocess.run([sys.executable, "-m", "app", *SETTINGS, "--run", "--screenshot", str(shot)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shot.stat().st_size > 10_000
