@@ -50,20 +50,6 @@ class LoadedModel:
     batch_error: GradExplorerError | None
 
 
-def _default_batch(loaded) -> tuple[Batch | None, list[str]]:
-    from core.batches import random_batch_for
-
-    if loaded.spec.startswith("demo:"):
-        from core.demos import demo_batch
-
-        return demo_batch(loaded.spec), ["demo"]
-    # The same random batch as the CLI's --random: the model's shape, dtype, token ids.
-    batch = random_batch_for(loaded.module, loaded.input_shape)
-    if batch is None:
-        return None, []
-    return batch, ["random:" + "x".join(str(d) for d in batch.tensor.shape)]
-
-
 def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
     """The worker's job for loading a model: download weights when needed (cancellable),
     load, pick a batch that fits (the given sources, else the current images, else a
@@ -71,7 +57,7 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
 
     def task(progress, cancel) -> LoadedModel:
         from core.batches import load_batch
-        from core.job import STAGE_PROBE, CaptureJob, probe_model
+        from core.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
         from core.options import BatchSpec, CaptureOptions
 
         options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
@@ -90,7 +76,9 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
             except GradExplorerError:
                 batch = None
         if batch is None:
-            batch, used = _default_batch(loaded)
+            default = default_batch_spec(loaded)  # core's rule, the CLI's too
+            if default is not None:
+                batch, used = load_batch(default.sources(), loaded), default.sources()
         progress(STAGE_PROBE, 0, 0)
         prepared = probe_model(loaded, batch.model_input if batch is not None else None)
         prepared.options = options

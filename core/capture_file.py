@@ -30,7 +30,7 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """Only builtin containers and scalars, so that ``weights_only`` loading accepts them
     (``torch.__version__`` is a ``str`` subclass that it would refuse)."""
     if obj is None or isinstance(obj, (bool, torch.Tensor)):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -275,12 +275,12 @@ class _ProbeRecorder:
             self._serials[id(t)] = entry
         return TensorKey(entry[1], t._version)
 
-    def pre_hook(self, name: str):
+    def pre_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         node = self.nodes[name]
 
-        def hook(module, args):
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             self.running.append(name)
-            node.calls += 1
+            node.calls = (node.calls or 0) + 1
             if node.calls == 1:
                 self.order.append(name)
             x = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -294,10 +294,10 @@ class _ProbeRecorder:
             self.calls.append(call)
         return hook
 
-    def post_hook(self, name: str):
+    def post_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         node = self.nodes[name]
 
-        def hook(module, args, output):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             self.running.pop()
             call = self._open.pop()
             call.end = next(self._ticks)
