@@ -137,7 +137,7 @@ def estimate_capture_memory(
     tree: ModuleTree,
     selected: list[str],
     mode: str = "full",
-    inputs: torch.Tensor | tuple | None = None,
+    inputs: torch.Tensor | ModelInputs | tuple | None = None,
     input_grad: bool = False,
     model: nn.Module | None = None,
 ) -> MemoryEstimate:
