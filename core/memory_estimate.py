@@ -119,7 +119,7 @@ class MemoryEstimate:
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
 
 
-def _input_bytes(inputs: torch.Tensor | tuple | None) -> int:
+def _input_bytes(inputs: torch.Tensor | ModelInputs | tuple | None) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.numel() * inputs.element_size()
     if inputs is None:
