@@ -152,3 +152,22 @@ def test_capture_colours_nodes_and_a_version1_file_without_graph(tmp_path, capsy
     torch.save(saved, cap_file)
     code, _, err = run(capsys, "graph", "-q", "--capture", cap_file, "--out", tmp_path / "h.json")
     assert_user_error(code, err, "carries no graph", "--model")
+
+
+def test_a_png_export_leaves_a_process_that_can_still_open_widgets():
+    """svg_to_png makes the Qt application when there is none: it must be one that widgets
+    accept (a bare QGuiApplication made every later QWidget abort the process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from app.graph_picture import svg_to_png\n"
+            "png = svg_to_png('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"/>')\n"
+            "from PySide6.QtWidgets import QWidget\n"
+            "w = QWidget()\n"
+            "print(png[:4] == b'\\x89PNG', type(w).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[2]), env={**__import__("os").environ,
+                                                                             "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "QWidget"]
