@@ -769,3 +769,4 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
     session.batch_changed.connect(extract)
     controller.capture_shown.connect(on_capture)
     panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))
+    panel.graph_changed.connect(follow_state)  # a graph drawn after a run shows the layer in view
