@@ -340,7 +340,6 @@ class ModelGraph:
         flag_by_neighbours(self, kinds=("op",))
         return n
 
-
     # -- the JSON contract ----------------------------------------------------------
     def to_dict(self) -> dict:
         """The graph as plain containers (``format`` ``gradexplorer.graph``, version 1)."""

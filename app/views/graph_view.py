@@ -58,7 +58,6 @@ from core.graph_render import (
     COLOR_BY,
     FLAG_COLORS,
     STATISTIC_LABELS,
-    ColorScale,
     clip_route,
     color_scale,
     edge_widths,
@@ -557,12 +556,6 @@ class GraphPanel(QWidget):
             item.text_pen = QPen(QColor(text_color(colors[nid])))
             item.update()
         self._update_scale_label(self.graph, self._view)
-
-    def color_scale(self) -> ColorScale | None:
-        """The scale the visible nodes are coloured on (None for flags or without a view)."""
-        if self.graph is None or self._view is None or self.statistic == "flags":
-            return None
-        return color_scale(self.graph, self._view.nodes, self.statistic)
 
     def _update_scale_label(self, graph: ModelGraph, view) -> None:
         stat = self.statistic
