@@ -245,7 +245,7 @@ class MergeStats:
         got = moments_and_counts(x, _FOLD, HIST_BINS)
         if got is None:
             return None
-        (count, mean, m2, _sq, s_abs, lo, hi, _nz, nans, infs), counts = got
+        (count, mean, m2, s_abs, lo, hi, _nz, nans, infs), counts = got
         n, m = x.numel(), int(count)
         if m == 0:
             return cls(numel=n, nan_count=int(nans), inf_count=int(infs))
