@@ -7,7 +7,6 @@ own device, and rank 0 merges (a collective) and writes the file.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import time
 
@@ -55,13 +54,11 @@ def cmd_capture_dataset(args, ui) -> int:
     """Run the dataset capture the arguments describe (see the module docstring)."""
     from app.cli import _check_out_path, _progress, capture_options
     from core.dataset_capture import (
-        batch_count,
+        DatasetSource,
         capture_dataset,
-        dataset_files,
+        dataset_meta,
         eta_text,
         gather_to_rank0,
-        iter_image_batches,
-        iter_tensor_batches,
         shard,
         to_capture,
     )
@@ -92,23 +89,11 @@ def cmd_capture_dataset(args, ui) -> int:
     try:
         loaded = job.load_model()
         selected = resolve_layers(loaded.module, args.layers or None)
-        sources = list(args.input)
-        if len(sources) == 1 and sources[0].lower().endswith((".pt", ".pth")) and os.path.isfile(sources[0]):
-            from core.batches import load_tensor_file
-
-            ui.bar.update("loading tensor")
-            tb = load_tensor_file(sources[0])
-            n = len(tb.tensor) if args.max_samples is None else min(len(tb.tensor), args.max_samples)
-            tensor, labels = tb.tensor[:n], (tb.labels[:n] if tb.labels is not None else None)
-            total = batch_count(n, args.batch_size)
-            mine = shard(range(total), rank, world)
-            batches = iter_tensor_batches(tensor, labels, args.batch_size, mine)
-        else:
-            files = dataset_files(sources, args.max_samples)
-            n = len(files)
-            total = batch_count(n, args.batch_size)
-            mine = shard(range(total), rank, world)
-            batches = iter_image_batches(files, args.batch_size, loaded, mine)
+        ui.bar.update("reading inputs")
+        source = DatasetSource(list(args.input), loaded, args.batch_size, args.max_samples)
+        n, total = source.samples, source.total
+        mine = shard(range(total), rank, world)
+        batches = source.batches(mine)
         ui.note(f"capturing {len(selected)} layers of {loaded.name} over {n} samples "
                 f"({total} batches of {args.batch_size}) on {device}"
                 + (f", {world} processes" if world > 1 else "") + ", statistics only")
@@ -129,19 +114,7 @@ def cmd_capture_dataset(args, ui) -> int:
             merged = stats
         if rank != 0 or merged is None:
             return EXIT_OK
-        # The version 2 metadata keys (core.capture_meta), as far as a dataset has them.
-        meta = {
-            "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
-            "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
-            "batch": f"{n} samples from {', '.join(sources)} in batches of {args.batch_size}",
-            "batch_source": ", ".join(sources), "sample_names": None, "preprocessing": None, "labels": None,
-            "input_grad": False, "autocast": None,
-            "target": str(target), "device": str(device), "dtype": None, "train": False, "world_size": world,
-            "torch_version": str(torch.__version__),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "layer_order": list(selected), "call_order": None, "timing": None,
-            "seconds": round(time.perf_counter() - t_start, 4),
-        }
+        meta = dataset_meta(loaded, options, source, selected, device, world, time.perf_counter() - t_start)
         cap = to_capture(merged, loaded.module, selected, meta)
         from core.capture_file import save_capture
 

@@ -46,6 +46,14 @@ def ask_item(parent: QWidget | None, title: str, label: str, items: list[str],
     return value.strip() if ok else None
 
 
+def ask_dataset_run(parent: QWidget | None, folder: str, batch_size: int) -> tuple[int, int | None] | None:
+    """Run over folder…: ``(batch_size, max_samples or None for all)``, or None when cancelled."""
+    from app.dataset_run import DatasetRunDialog
+
+    dialog = DatasetRunDialog(parent, folder, batch_size)
+    return dialog.values() if dialog.exec() == DatasetRunDialog.DialogCode.Accepted else None
+
+
 def confirm_trust(parent: QWidget | None, what: str, why: str) -> bool:
     """Ask before running code from a file or factory. Defaults to No."""
     box = QMessageBox(parent)

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QPushButton,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -27,8 +28,10 @@ from PySide6.QtWidgets import (
 from app import dialogs
 from app.batch_panel import BatchPanel
 from app.controller import WindowController
+from app.dataset_run import DatasetRun
 from app.model_panel import ModelPanel, ModelRequest
 from app.module_tree import ModuleTreePanel
+from app.onset_link import OnsetLinkLabel, wire_onset_link
 from app.run_panel import RunPanel
 from app.settings import AppSettings
 from app.views import CaptureViews
@@ -78,6 +81,7 @@ class MainWindow(QMainWindow):
         self.batch_panel = BatchPanel(s, self.settings, self)
         self.run_panel = RunPanel(s, devices, self)
         self.controller = WindowController(s, self.settings, self.view_state, self, self.run_panel)
+        self.dataset_run = DatasetRun(self)  # Run ▸ Run over folder… (app/dataset_run.py)
         c = self.controller
         # The controller's signals and actions, under the window's names.
         self.model_loaded, self.batch_loaded, self.run_done = c.model_loaded, c.batch_loaded, c.run_done
@@ -138,7 +142,14 @@ class MainWindow(QMainWindow):
         self.file_progress.setMaximumWidth(160)
         self.file_progress.setRange(0, 0)
         self.file_progress.setVisible(False)
-        for w in (self.file_progress, self.status_model, self.status_device, self.status_run):
+        # Offered once a run over a folder has finished: its per-batch series.
+        self.dataset_timeline_button = QPushButton("Timeline of the dataset run", self)
+        self.dataset_timeline_button.setVisible(False)
+        self.dataset_timeline_button.clicked.connect(lambda: self.dataset_run.open_timeline())
+        # Where NaN/Inf began, as links that select that layer and call (app/onset_link.py).
+        self.onset_link = OnsetLinkLabel(self)
+        for w in (self.onset_link, self.dataset_timeline_button, self.file_progress, self.status_model,
+                  self.status_device, self.status_run):
             bar.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
@@ -167,6 +178,11 @@ class MainWindow(QMainWindow):
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.run_folder_action = action("Run over &folder…", lambda: self.dataset_run.run_over_folder(),
+                                        "Ctrl+Shift+R", "Capture statistics over every image of a folder, "
+                                        "batch by batch, merged exactly (statistics only)")
+        self.dataset_timeline_action = action("&Timeline of the dataset run", lambda: self.dataset_run.open_timeline(),
+                                              "Ctrl+Shift+T", "Each batch's statistics of the last run over a folder")
         self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
                                      "Compare this capture with another run (bf16, weights, input...) or a file")
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
@@ -189,6 +205,10 @@ class MainWindow(QMainWindow):
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
         menu.addAction(self.cancel_action)
+        menu.addSeparator()
+        menu.addAction(self.run_folder_action)
+        menu.addAction(self.dataset_timeline_action)
+        menu.addSeparator()
         menu.addAction(self.compare_action)
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.filter_action)
@@ -203,6 +223,9 @@ class MainWindow(QMainWindow):
         # widgets -> controller
         self.run_panel.run_requested.connect(c.run)
         self.run_panel.cancel_requested.connect(c.cancel)
+        self.run_panel.cancel_requested.connect(self.dataset_run.cancel)
+        self.cancel_action.triggered.connect(self.dataset_run.cancel)
+        self.dataset_run.done.connect(lambda _outcome: self._update_status())
         self.model_panel.load_requested.connect(c.request_model)
         self.model_panel.cancel_requested.connect(c.cancel_model_load)
         self.batch_panel.load_requested.connect(c.load_inputs)
@@ -231,6 +254,7 @@ class MainWindow(QMainWindow):
         s.settings_changed.connect(lambda _n: self._update_status())
         s.selection_changed.connect(lambda _n: self._update_actions())
         wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
+        wire_onset_link(self.onset_link, self)
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry()
@@ -280,6 +304,9 @@ class MainWindow(QMainWindow):
         for a in (self.export_capture_action, self.export_png_action, self.export_csv_action, self.compare_action):
             a.setEnabled(has_capture)
         self.run_action.setEnabled(self.session.can_run())
+        self.run_folder_action.setEnabled(self.session.model is not None)
+        self.dataset_timeline_action.setEnabled(self.dataset_run.result is not None)
+        self.dataset_timeline_button.setVisible(self.dataset_run.result is not None)
 
     def compare_with(self):
         """Compare with…: ask for B (another run or a file) and open a compare window."""
@@ -339,6 +366,7 @@ class MainWindow(QMainWindow):
     def shutdown(self) -> None:
         """Cancel every worker and wait for them (on close, and at the end of tests)."""
         self.graph_panel.shutdown()
+        self.dataset_run.shutdown()
         for window in self.timeline_windows:
             window.view.shutdown()
         self.controller.shutdown()

@@ -349,6 +349,12 @@ class RunPanel(QWidget):
         self.progress.setValue(value)
         self.progress.setFormat(f"{stage} {done}/{total}")
 
+    def show_progress(self, done: int, total: int, text: str) -> None:
+        """A plain ``done / total`` bar with ``text`` (a run over a folder: batches and ETA)."""
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(min(done, max(total, 1)))
+        self.progress.setFormat(text)
+
     # -- memory estimate ------------------------------------------------------------------
     def _probed_tree_for(self, sample_bytes: int):
         """A tree probed with a sample of ``sample_bytes``, or None (a probe is started)."""
@@ -412,7 +418,7 @@ class RunPanel(QWidget):
         if tree is None:
             return None
         selected = [n for n in s.selected_in_order() if n in tree.nodes]
-        return estimate_capture_memory(tree, selected, s.mode, x, s.input_grad, s.model.module)
+        return estimate_capture_memory(tree, selected, s.mode, s.batch.model_input, s.input_grad, s.model.module)
 
     def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
         """The estimate for the current settings and, when it is over the memory budget,

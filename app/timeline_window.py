@@ -17,19 +17,29 @@ TIMELINE_FILTER = "Watch logs and dataset captures (*.gxw *.pt);;All files (*)"
 class TimelineWindow(QMainWindow):
     """A window holding one :class:`TimelineView` on a watch log or a dataset capture."""
 
-    def __init__(self, path: str, parent: QWidget | None = None) -> None:
+    def __init__(self, path: str | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         from app.cli_watch import is_watch_log
 
-        p = Path(path)
-        self.setWindowTitle(f"gradexplorer timeline: {p.name}")
         self.view = TimelineView()
         self.setCentralWidget(self.view)
         self.resize(1400, 900)
+        if path is None:
+            return
+        p = Path(path)
+        self.setWindowTitle(f"gradexplorer timeline: {p.name}")
         if p.suffix == ".gxw" or is_watch_log(p):
             self.view.open_log(str(p))
         else:
             self.view.open_capture(str(p))
+
+    @classmethod
+    def of_capture(cls, cap, name: str, parent: QWidget | None = None) -> TimelineWindow:
+        """A timeline window on a dataset capture in memory (no file)."""
+        window = cls(None, parent)
+        window.setWindowTitle(f"gradexplorer timeline: {name}")
+        window.view.show_capture(cap, name)
+        return window
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.view.shutdown()

@@ -30,7 +30,7 @@ import gc
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ from core.batch import ModelInputs
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.forward_errors import forward_fix
 from core.nonfinite import OnsetTracker
 from core.selection import LayerSpec, resolve_layers
 from core.targets import Target, parse_target, select_output, target_scalar
@@ -196,7 +197,7 @@ class _Recorder:
                 self.progress(stage, min(done, total), total)
 
     # -- module hooks ---------------------------------------------------------------
-    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.call_count += 1
         self._tick("forward", self.call_count, self.expected_calls)
         self.running.append(name)
@@ -216,7 +217,8 @@ class _Recorder:
                 self._watch_grad(x, call, "grad_input")
         return None
 
-    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict,
+                     output: Any) -> torch.Tensor | None:
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
@@ -296,7 +298,7 @@ class _Recorder:
 
         fired = [False]
 
-        def on_grad(grad: torch.Tensor, sinks=sinks) -> None:
+        def on_grad(grad: torch.Tensor, sinks: list[tuple[CallRecord, str]] = sinks) -> None:
             fired[0] = True
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
@@ -407,7 +409,7 @@ def _model_device(model: nn.Module) -> torch.device | None:
 
 def capture(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: torch.Tensor | ModelInputs,
     *,
     layers: LayerSpec = None,
     target: Target | str = "top1",
@@ -523,7 +525,7 @@ class _CaptureSettings:
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _autocast(device: torch.device, autocast: str | None):
+def _autocast(device: torch.device, autocast: str | None) -> AbstractContextManager[Any]:
     """Forward under ``torch.autocast`` with the dtype named (or no autocast)."""
     from contextlib import nullcontext
 
@@ -534,7 +536,7 @@ def _autocast(device: torch.device, autocast: str | None):
     return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[autocast])
 
 
-def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSettings,
+def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: _CaptureSettings,
                   mutated: dict | None) -> Capture:
     from core.stats import HIST_EXACT_LIMIT
 
@@ -603,7 +605,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
                 f"{len(ran)} of {len(selected)}).",
-                "Check that the batch has the shape the model expects.",
+                forward_fix(exc),
             ) from exc
         recorder.check_outputs()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
@@ -651,7 +653,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             # waiting: wait for all of them, once, before anything is read.
             torch.cuda.synchronize(dev)
         recorder.summaries.resolve()
-        info = {
+        info: dict[str, Any] = {
             "model": type(model).__name__,
             "weights": None,
             "categories": None,

@@ -32,9 +32,10 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -329,7 +330,7 @@ CSV_COLUMNS = ("layer", "call", "type", "kind", "by", "shape_a", "shape_b", "wit
                *(f"d_{k}" for k in STAT_KEYS), "note")
 
 
-def _row(layer: str, call, type_: str, kd: KindDiff, shape_a: tuple, shape_b: tuple) -> dict:
+def _row(layer: str, call: int | str, type_: str, kd: KindDiff, shape_a: tuple, shape_b: tuple) -> dict:
     t, s = kd.tensor, kd.stats
     row: dict = {
         "layer": layer, "call": call, "type": type_, "kind": kd.kind, "by": kd.by,
@@ -418,6 +419,12 @@ def _float64(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", torch.float64).reshape(-1)
 
 
+def _hist_counts(stats: dict) -> np.ndarray:
+    # The exact int64 counts of a dataset capture's merge when there are, else ``hist``.
+    raw = (stats.get("merged") or {}).get("hist", stats["hist"])
+    return np.asarray(raw.detach().cpu().numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.float64)
+
+
 def _hist_cdf(stats: dict) -> tuple[np.ndarray, np.ndarray]:
     counts = np.asarray(stats["hist"].detach().cpu().numpy() if isinstance(stats["hist"], torch.Tensor)
                         else stats["hist"], dtype=np.float64)
@@ -440,6 +447,15 @@ def histogram_distance(a: dict, b: dict) -> float:
     float
         In [0, 1]; NaN when either histogram is empty (no finite value).
     """
+    log2 = (a.get("hist_kind") == "log2", b.get("hist_kind") == "log2")
+    if all(log2):
+        # The same fixed bins on both sides (core.stats_merge): the distance of the masses.
+        pa, pb = _hist_counts(a), _hist_counts(b)
+        if pa.sum() == 0 or pb.sum() == 0:
+            return math.nan
+        return float(0.5 * np.abs(pa / pa.sum() - pb / pb.sum()).sum())
+    if any(log2):
+        return math.nan  # log2 bins against equal-width ones: no common reading
     ea, ca = _hist_cdf(a)
     eb, cb = _hist_cdf(b)
     if ca[-1] == 0 or cb[-1] == 0:
@@ -494,7 +510,7 @@ def _kind_diff(kind: str, ta: torch.Tensor | None, tb: torch.Tensor | None, sa: 
     return KindDiff(kind, stats, tensor)
 
 
-def _shape(shape) -> str:
+def _shape(shape: Sequence[int]) -> str:
     return "x".join(str(int(s)) for s in shape) or "scalar"
 
 
@@ -564,6 +580,55 @@ def _call_kind(call: CallRecord, kind: str) -> tuple[torch.Tensor | None, dict |
     return call.tensor(kind), call.stats.get(kind)
 
 
+def _data_of(cap: Capture) -> str:
+    dataset = cap.meta.get("dataset")
+    if dataset:
+        return f"a dataset capture over {dataset.get('samples')} samples (statistics merged over its batches)"
+    n = next((int(c.shape[0]) for _, _, c in cap.iter_calls() if c.shape), None)
+    return f"one batch{f' of {n} samples' if n is not None else ''}"
+
+
+def check_same_data(a: Capture, b: Capture, label_a: str = "A", label_b: str = "B") -> None:
+    """Refuse to compare a dataset capture (``core.dataset_capture``) with anything but a
+    dataset capture over as many samples, in batches of the same sizes.
+
+    Norms, sums and histogram counts grow with the number of values: a dataset's merged
+    statistics against one batch's, or against another number of samples, would differ
+    whatever the gradients; parameter gradients are per-batch sums, so they also depend
+    on the batch size. Two dataset captures over the same samples and batch sizes compare
+    as statistics-only captures do (their log2 histograms bin by bin).
+
+    Raises
+    ------
+    CompareError
+    """
+    da, db = a.meta.get("dataset"), b.meta.get("dataset")
+    if not da and not db:
+        return
+    fix = ("compare two dataset captures made over the same samples (gradexplorer capture --batch-size on the "
+           "same folder, with the same --max-samples), or two single-batch captures.")
+    if not da or not db:
+        raise CompareError(
+            f"{label_a} is {_data_of(a)} and {label_b} is {_data_of(b)}: their statistics cover different "
+            "data, so norms and histograms cannot be compared;", fix)
+    if int(da.get("samples", -1)) != int(db.get("samples", -2)):
+        raise CompareError(
+            f"{label_a} is a dataset capture over {da.get('samples')} samples and {label_b} over "
+            f"{db.get('samples')}: norms and histogram counts grow with the samples, so they cannot be compared;",
+            fix)
+    sizes_a = list((da.get("series") or {}).get("samples", []))
+    sizes_b = list((db.get("series") or {}).get("samples", []))
+    if sizes_a != sizes_b:
+        raise CompareError(
+            f"{label_a} and {label_b} cut the samples into different batches ({_batches(sizes_a)} against "
+            f"{_batches(sizes_b)}): their parameter gradients are per-batch sums, so they cannot be compared;",
+            "capture both with the same --batch-size (Run over folder: the same batch size).")
+
+
+def _batches(sizes: list) -> str:
+    return f"{len(sizes)} batches of {sizes[0]}" if sizes else "no batches"
+
+
 def compare(
     a: Capture,
     b: Capture,
@@ -601,6 +666,7 @@ def compare(
     """
     if tolerance is None:
         tolerance = Tolerance(DEFAULT_RTOL if rtol is None else rtol, DEFAULT_ATOL if atol is None else atol)
+    check_same_data(a, b, label_a, label_b)
     mapping = check_mapping(mapping)
     matched = [(n, map_name(n, mapping)) for n in a.layer_order]
     matched = [(n, m) for n, m in matched if m in b]
@@ -661,7 +727,8 @@ def compare(
     return result
 
 
-def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance, what: str):
+def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance,
+           what: str) -> tuple[TensorDiff | None, str]:
     if ta is None or tb is None:
         return None, ""
     if tuple(ta.shape) != tuple(tb.shape):
@@ -674,7 +741,7 @@ def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance, wha
 # ---------------------------------------------------------------------------
 
 
-def _csv_value(v) -> object:
+def _csv_value(v: object) -> object:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
@@ -773,7 +840,7 @@ def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str 
     # that are the point of the picture.
     d = (a_sample.detach().double() - b_sample.detach().double()).float()
     rank = rank_by if rank_by is not None else a32
-    kw = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
+    kw: dict[str, Any] = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
     ha = heatmap(a32, display, **kw)
     hb = heatmap(b32, display, **kw)
     hd = heatmap(d, display, **kw)

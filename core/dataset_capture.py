@@ -282,6 +282,57 @@ def batch_count(samples: int, batch_size: int) -> int:
     return (samples + batch_size - 1) // batch_size
 
 
+class DatasetSource:
+    """The samples of a dataset capture: image files, or one ``.pt`` tensor file, in batches.
+
+    Attributes
+    ----------
+    sources : list of str
+        What the user gave (``--input``, the folder chosen in the window).
+    samples : int
+        Samples used (at most ``max_samples``).
+    batch_size, total : int
+        Samples per batch, and the number of batches.
+    """
+
+    def __init__(self, sources: Sequence[str], loaded: Any, batch_size: int, max_samples: int | None = None) -> None:
+        if batch_size < 1:
+            raise GradExplorerError(f"the batch size {batch_size} is not a positive number;",
+                                    "give the number of samples per batch, e.g. 32.")
+        if max_samples is not None and max_samples < 1:
+            raise GradExplorerError(f"the maximum of {max_samples} samples is not a positive number;",
+                                    "give how many samples to use at most, or leave it out for all.")
+        self.sources = [str(s) for s in sources]
+        self.loaded = loaded
+        self.batch_size = batch_size
+        self._tensor: torch.Tensor | None = None
+        self._labels: torch.Tensor | None = None
+        self._files: list[Path] = []
+        one = self.sources[0] if len(self.sources) == 1 else ""
+        if one.lower().endswith((".pt", ".pth")) and Path(one).is_file():
+            from core.batches import load_tensor_file
+
+            tb = load_tensor_file(one)
+            n = len(tb.tensor) if max_samples is None else min(len(tb.tensor), max_samples)
+            self._tensor = tb.tensor[:n]
+            self._labels = tb.labels[:n] if tb.labels is not None else None
+        else:
+            self._files = dataset_files(self.sources, max_samples)
+            n = len(self._files)
+        self.samples = n
+        self.total = batch_count(n, batch_size)
+
+    def batches(self, indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """Batches ``indices`` (see :func:`shard`), loaded one at a time."""
+        if self._tensor is not None:
+            return iter_tensor_batches(self._tensor, self._labels, self.batch_size, indices)
+        return iter_image_batches(self._files, self.batch_size, self.loaded, indices)
+
+    def describe(self) -> str:
+        """``"7 samples from imgs/ in batches of 3"`` (the capture's ``meta["batch"]``)."""
+        return f"{self.samples} samples from {', '.join(self.sources)} in batches of {self.batch_size}"
+
+
 # -- torch.distributed ------------------------------------------------------------------------
 
 
@@ -373,6 +424,100 @@ def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], met
         },
     })
     return Capture(full_meta, None, None, None, out_layers)
+
+
+def dataset_meta(loaded: Any, options: Any, source: DatasetSource, layers: Sequence[str], device: torch.device,
+                 world: int = 1, seconds: float | None = None) -> dict:
+    """The version 2 capture metadata (``core.capture_meta``) as far as a dataset has it.
+
+    Parameters
+    ----------
+    loaded : LoadedModel
+    options : CaptureOptions
+        The capture's options (target, architecture).
+    source : DatasetSource
+    layers : list of str
+        The selected modules, in order.
+    device : torch.device
+    world : int
+        Processes that took part (torchrun).
+    seconds : float, optional
+        How long the capture took.
+    """
+    import datetime as _dt
+
+    return {
+        "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
+        "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
+        "batch": source.describe(), "batch_source": ", ".join(source.sources), "sample_names": None,
+        "preprocessing": None, "labels": None, "input_grad": False, "autocast": None,
+        "target": str(options.target), "device": str(device), "dtype": None, "train": False, "world_size": world,
+        "torch_version": str(torch.__version__),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "layer_order": list(layers), "call_order": None, "timing": None,
+        "seconds": round(seconds, 4) if seconds is not None else None,
+    }
+
+
+#: The progress stage of a dataset capture run by :func:`run_dataset_job`.
+STAGE_BATCHES = "batches"
+
+
+def run_dataset_job(job: Any, batch_size: int, max_samples: int | None = None) -> tuple[Capture, DatasetStats]:
+    """A dataset capture in one process, with the options, progress and cancel of a
+    :class:`core.job.CaptureJob` (what the window's "Run over folder…" runs).
+
+    The job's ``options.batch`` names the folder (or ``.pt`` file); its layers, target and
+    device are used; the capture keeps statistics only whatever ``options.mode`` says.
+    Progress is ``job.progress(STAGE_BATCHES, batches_done, total_batches)``; the job's
+    lock (when it has one) is held while hooks are on the model. Run it in a worker thread.
+
+    Parameters
+    ----------
+    job : CaptureJob
+    batch_size : int
+    max_samples : int, optional
+        Use at most this many samples (all when ``None``).
+
+    Returns
+    -------
+    (Capture, DatasetStats)
+        The statistics-only capture (``to_capture``) and the merged totals.
+
+    Raises
+    ------
+    GradExplorerError
+        No samples (an empty folder, a missing path), an unreadable image, inputs the
+        model does not take, a bad target or layers; ``CaptureError`` when forward or
+        backward fails; ``CaptureCancelled``.
+    """
+    from contextlib import nullcontext
+
+    start = time.perf_counter()
+    device = job.resolve_device()
+    loaded = job.load_model()
+    selected = job.selected_layers()
+    job.check_target()
+    sources = job.options.batch.sources()
+    if not job.options.batch.inputs:
+        raise GradExplorerError("a capture over a dataset needs a folder of images or a .pt tensor file;",
+                                "choose a folder (Run ▸ Run over folder…) or give --input FOLDER.")
+    job.check_cancel()
+    source = DatasetSource(sources, loaded, batch_size, max_samples)
+    report = job.progress
+
+    def progress(done: int, total: int, _samples: int) -> None:
+        if report is not None:
+            report(STAGE_BATCHES, done, total)
+
+    if report is not None:
+        report(STAGE_BATCHES, 0, source.total)
+    with job.lock if job.lock is not None else nullcontext():
+        stats = capture_dataset(loaded.module, source.batches(range(source.total)),
+                                layers=job.options.layer_spec(), target=job.options.target, device=device,
+                                total_batches=source.total, progress=progress, cancel=job.cancel)
+    meta = dataset_meta(loaded, job.options, source, selected, device, seconds=time.perf_counter() - start)
+    return to_capture(stats, loaded.module, selected, meta), stats
 
 
 def eta_text(done: int, total: int, started: float, now: float | None = None) -> str:

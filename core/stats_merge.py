@@ -129,6 +129,11 @@ def log2_histogram(x: torch.Tensor) -> torch.Tensor:
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()  # exact: every half value is a float32 value
     if x.dtype == torch.float32:
+        from core.merge_stats_cpu import fold_counts  # numba, when there: 3-6x faster on the CPU
+
+        fast = fold_counts(x, _FOLD, HIST_BINS) if x.device.type == "cpu" else None
+        if fast is not None:
+            return fast
         # Sign and exponent live in the high 16 bits: shifting an int16 view of them reads
         # and writes half as much memory as shifting the whole int32 (2x faster on the CPU).
         hi = x.view(torch.int16)[1::2] if _LITTLE_ENDIAN else x.view(torch.int16)[0::2]
@@ -192,6 +197,9 @@ class MergeStats:
         n = x.numel()
         if n == 0:
             return cls()
+        fast = cls._of_float32_cpu(x)
+        if fast is not None:
+            return fast
         lo, hi = torch.aminmax(x)
         lo_f, hi_f = torch.stack([lo, hi]).tolist()
         hist_t = log2_histogram(x)
@@ -228,6 +236,21 @@ class MergeStats:
         return cls(numel=n, count=m, nan_count=nan_count, inf_count=inf_count, zero_count=zeros,
                    min=lo_f, max=hi_f, sum=total, sum_abs=s_abs, mean=mean, m2=m2,
                    hist=hist_t.numpy().astype(np.int64))
+
+    @classmethod
+    def _of_float32_cpu(cls, x: torch.Tensor) -> MergeStats | None:
+        """The compiled path (``core.merge_stats_cpu``) for float32 CPU tensors, or None."""
+        from core.merge_stats_cpu import moments_and_counts
+
+        got = moments_and_counts(x, _FOLD, HIST_BINS)
+        if got is None:
+            return None
+        (count, mean, m2, s_abs, lo, hi, _nz, nans, infs), counts = got
+        n, m = x.numel(), int(count)
+        if m == 0:
+            return cls(numel=n, nan_count=int(nans), inf_count=int(infs))
+        return cls(numel=n, count=m, nan_count=int(nans), inf_count=int(infs), zero_count=int(counts[ZERO_BIN]),
+                   min=lo, max=hi, sum=mean * m, sum_abs=s_abs, mean=mean, m2=max(m2, 0.0), hist=counts)
 
     @classmethod
     def of_values(cls, values: Iterable[float]) -> MergeStats:
@@ -385,11 +408,15 @@ class GradientMoments:
 def per_sample_norms(grad: torch.Tensor) -> torch.Tensor:
     """L2 norm of each sample's slice of a batch-first tensor (one value per row of dim 0).
 
-    Computed in float32 at least, so that half-precision squares do not overflow.
+    Computed in float32 at least, so that half-precision squares do not overflow (on the
+    CPU, accumulated in float64 and rounded to float32 once).
     """
     g = grad.detach()
     if g.dim() == 0:
         return g.reshape(1).float().abs()
     if g.dtype in (torch.float16, torch.bfloat16) or not g.is_floating_point():
         g = g.float()
-    return torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1)
+    from core.merge_stats_cpu import row_norms  # numba on the CPU, where torch's row norms are slow
+
+    fast = row_norms(g) if g.device.type == "cpu" else None
+    return fast if fast is not None else torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1)

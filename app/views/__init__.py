@@ -135,7 +135,9 @@ class CaptureViews(QWidget):
         """Show a capture (None clears). Keeps the selected layer if the capture has it,
         else opens on ``core.capture_summary``'s default layer."""
         self._capture = capture
-        self._batch = batch
+        # A dataset capture (core.dataset_capture) was not made from the batch on show:
+        # its samples are the folder's, and their names are not that batch's.
+        self._batch = None if capture is not None and capture.meta.get("dataset") else batch
         self.flow_view.set_capture(capture)
         # Other observers of the state (the module tree, the batch list) hear the new
         # selection; these views redraw once, below.

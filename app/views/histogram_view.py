@@ -1,4 +1,12 @@
-"""Histogram of the selected tensor, from the capture's statistics (so it works in stats mode)."""
+"""Histogram of the selected tensor, from the capture's statistics (so it works in stats mode).
+
+Ordinary captures hold ``hist_bins`` equal-width bins over the tensor's range, drawn on a
+linear value axis. Dataset captures (``hist_kind == "log2"``, ``core.dataset_capture``)
+hold counts in fixed signed log2-magnitude bins (``core.stats_merge``): one bar per power
+of two, the zero bin in the middle. Those are drawn on their own bins: the x axis is the
+bin index (every octave one unit wide, negatives to the left of zero), its ticks read as
+the bins' edges (``2^-7``, ``-2^3``), and the counts are the exact integer ones.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +22,27 @@ from app.views.view_context import TENSOR_LABELS, CaptureView
 from core.stats import tensor_stats
 
 _SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
+
+
+def edge_label(value: float) -> str:
+    """A signed log2 bin edge as text: ``0``, ``2^-7``, ``-2^3``, ``inf``."""
+    if value == 0:
+        return "0"
+    if math.isinf(value):
+        return "-inf" if value < 0 else "inf"
+    return f"{'-' if value < 0 else ''}2^{round(math.log2(abs(value)))}"
+
+
+def log2_edges(capture) -> np.ndarray:
+    """The signed log2 bins' edges of a dataset capture (its ``meta["dataset"]``, else
+    ``core.stats_merge``'s, which the capture's are)."""
+    meta = getattr(capture, "meta", None) or {}
+    edges = (meta.get("dataset") or {}).get("hist_edges")
+    if edges is None:
+        from core.stats_merge import hist_edges
+
+        return hist_edges()
+    return np.asarray(edges.numpy() if hasattr(edges, "numpy") else edges, dtype=np.float64)
 
 
 def _fmt(v: float) -> str:
@@ -95,13 +124,28 @@ class HistogramView(CaptureView):
         return self._stats
 
     def current_counts(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(edges, counts)`` as plotted (counts before any log scaling)."""
+        """``(edges, counts)`` as plotted (counts before any log scaling): the value edges
+        of the bars drawn (for log2 bins, the used ones, ``len(counts) + 1`` edges)."""
         self.ensure_drawn()
         if self._stats is None:
             return None
-        s = self._stats
-        edges = np.linspace(s["hist_range"][0], s["hist_range"][1], len(s["hist"]) + 1)
-        return edges, s["hist"].numpy().astype(np.float64)
+        edges, counts, _x = self._bars(self._stats)
+        return edges, counts
+
+    def _bars(self, s: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(value edges, counts, x edges on the plot)`` of the bars to draw."""
+        if s.get("hist_kind") != "log2":
+            counts = s["hist"].numpy().astype(np.float64)
+            edges = np.linspace(s["hist_range"][0], s["hist_range"][1], len(counts) + 1)
+            return edges, counts, edges
+        # The exact integer counts (``hist`` is float32, exact only up to 2^24).
+        merged = s.get("merged") or {}
+        raw = merged.get("hist", s["hist"])
+        counts = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
+        edges = log2_edges(self.context.capture)
+        used = np.flatnonzero(counts)
+        lo, hi = (int(used[0]), int(used[-1]) + 1) if used.size else (len(counts) // 2, len(counts) // 2 + 1)
+        return edges[lo:hi + 1], counts[lo:hi], np.arange(lo, hi + 1, dtype=np.float64)
 
     def export_widget(self) -> QWidget:
         return self.plot_widget
@@ -133,9 +177,12 @@ class HistogramView(CaptureView):
     def _stats_for(self, key: str, scope: str) -> tuple[dict | None, str]:
         ctx = self.context
         call, rec = ctx.call_record, ctx.record
+        dataset = (ctx.capture.meta.get("dataset") if ctx.capture is not None else None) or {}
         if key.startswith("param:"):
             p = key.split(":", 1)[1]
-            return rec.param_stats.get(p), "the parameter gradient (summed over the batch)"
+            where = (f"each of the {dataset.get('batches')} batches' parameter gradients, merged" if dataset
+                     else "the parameter gradient (summed over the batch)")
+            return rec.param_stats.get(p), where
         cache_key = (ctx.layer, ctx.call, key, scope, ctx.sample if scope == "sample" else -1)
         if cache_key in self._cache:
             return self._cache[cache_key]
@@ -146,6 +193,9 @@ class HistogramView(CaptureView):
             t = ctx.tensor(key)
             samples = f"{ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}"
             result = (None if t is None else tensor_stats(t)), f"the whole batch ({samples})"
+        elif dataset:
+            result = call.stats.get(key), (f"the whole dataset ({dataset.get('samples')} samples in "
+                                           f"{dataset.get('batches')} batches, merged statistics)")
         else:
             samples = f"{ctx.batch_size} sample{'s' if ctx.batch_size != 1 else ''}"
             result = call.stats.get(key), f"the whole batch ({samples}, captured statistics)"
@@ -174,17 +224,37 @@ class HistogramView(CaptureView):
         self.show_content()
 
     def _draw(self, s: dict, scope_text: str) -> None:
-        counts = s["hist"].numpy().astype(np.float64)
-        lo, hi = s["hist_range"]
-        edges = np.linspace(lo, hi, len(counts) + 1)
+        edges, counts, x = self._bars(s)
         log = self.log_check.isChecked()
         y = np.log10(counts + 1.0) if log else counts
-        self.curve.setData(edges, y)
+        self.curve.setData(x, y)
         self.plot.setLabel("left", "count + 1 (log)" if log else "count")
         left = self.plot.getAxis("left")
         left.set_log_labels(log)
         left.enableAutoSIPrefix(not log)
-        self.zero_line.setVisible(lo < 0 < hi)
+        bottom = self.plot.getAxis("bottom")
+        if s.get("hist_kind") == "log2":
+            from core.stats_merge import ZERO_BIN
+
+            # Ticks on the bins' edges, about seven of them; the zero bin (|x| < 2^-126) is
+            # labelled 0 at its centre, and edges too near it are left out (they would overlap).
+            every = max(1, len(edges) // 7)
+            ticks = [(float(x[i]), edge_label(float(edges[i]))) for i in range(len(edges))
+                     if i % every == 0 and not (ZERO_BIN - every / 2 < x[i] < ZERO_BIN + 1 + every / 2)]
+            if x[0] <= ZERO_BIN and x[-1] >= ZERO_BIN + 1:
+                ticks.append((ZERO_BIN + 0.5, "0"))
+            bottom.setTicks([ticks])
+            bottom.enableAutoSIPrefix(False)
+            self.plot.setLabel("bottom", "value (one bar per power of two)")
+            self.zero_line.setPos(ZERO_BIN + 0.5)
+            self.zero_line.setVisible(bool(x[0] <= ZERO_BIN and x[-1] >= ZERO_BIN + 1))
+        else:
+            bottom.setTicks(None)
+            bottom.enableAutoSIPrefix(True)
+            self.plot.setLabel("bottom", "value")
+            lo, hi = s["hist_range"]
+            self.zero_line.setPos(0)
+            self.zero_line.setVisible(bool(lo < 0 < hi))
         self.plot.enableAutoRange()
 
         bad = []

@@ -228,6 +228,15 @@ class TimelineView(QWidget):
 
         self._submit(load, loaded)
 
+    def show_capture(self, cap: Any, name: str = "dataset capture") -> None:
+        """Show the per-batch series of a dataset capture already in memory (a run over a
+        folder in the main window); ``name`` stands for the file name in the status line."""
+        self.timer.stop()
+        self.source, self.source_kind = name, "capture"
+        self._capture = cap
+        self._fill_stats()
+        self._reload()
+
     def shutdown(self) -> None:
         """Stop following and wait for the worker (before the widget goes away)."""
         self.timer.stop()
@@ -258,12 +267,12 @@ class TimelineView(QWidget):
         kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
         self.timeline = None
         if self.source_kind == "capture":
-            from core.timeline import timeline_from_capture
+            from core.timeline import capture_onset, timeline_from_capture
 
             cap = self._capture
             if cap is None:
                 return
-            self._submit(lambda: (timeline_from_capture(cap, kind, stat), None), self._on_full)
+            self._submit(lambda: (timeline_from_capture(cap, kind, stat), capture_onset(cap)), self._on_full)
             return
         path = self.source
 
@@ -302,6 +311,7 @@ class TimelineView(QWidget):
 
     # -- choices --------------------------------------------------------------------------------
     def _fill_stats(self) -> None:
+        self.follow_box.setVisible(self.source_kind != "capture")  # a capture does not grow
         keep = self.stat_combo.currentData()
         stats = CAPTURE_STATS if self.source_kind == "capture" else tuple(STAT_LABELS)
         self.stat_combo.blockSignals(True)
@@ -385,9 +395,11 @@ class TimelineView(QWidget):
         self._draw_selection()
         where = os.path.basename(self.source or "")
         span = f"{int(t.steps[0])} .. {int(t.steps[-1])}" if t.steps.size else "none yet"
-        onset = (f"; NaN/Inf from step {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
+        unit_one = "batch" if self.source_kind == "capture" else "step"
+        onset = (f"; NaN/Inf from {unit_one} {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
                  if self.onset else "")
-        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} steps ({span}){onset}"
+        unit = "batches" if self.source_kind == "capture" else "steps"
+        self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} {unit} ({span}){onset}"
                             + ("; magenta cells: no finite value" if np.isnan(t.values).any() else ""))
         self.updated.emit()
 
@@ -410,7 +422,8 @@ class TimelineView(QWidget):
             self.onset_marker.setData([col + 0.5], [rows[0] + 0.5])
         else:
             self.onset_marker.setData([], [])
-        self.onset_text.setText(f"NaN/Inf from step {onset.step}: {onset.layer}")
+        unit = "batch" if self.source_kind == "capture" else "step"
+        self.onset_text.setText(f"NaN/Inf from {unit} {onset.step}: {onset.layer}")
         self.onset_text.setPos(col, 0)
 
     def _draw_selection(self) -> None:

@@ -60,6 +60,9 @@ class ViewContext:
     @property
     def batch_size(self) -> int:
         if self.capture is not None:
+            dataset = self.capture.meta.get("dataset")
+            if dataset:  # a dataset capture (core.dataset_capture): every sample it saw
+                return int(dataset.get("samples", 0))
             if self.capture.input is not None and self.capture.input.dim() > 0:
                 return int(self.capture.input.shape[0])
             for _, _, call in self.capture.iter_calls():

@@ -56,6 +56,6 @@ def _no_modal_dialogs(monkeypatch):
         raise AssertionError("a modal dialog was opened in a test; monkeypatch app.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
-                 "ask_item", "confirm_trust"):
+                 "ask_item", "confirm_trust", "ask_dataset_run"):
         monkeypatch.setattr(dialogs, name, refuse)
     yield

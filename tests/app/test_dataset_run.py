@@ -1,0 +1,191 @@
+"""Run ▸ Run over folder…: the window's dataset capture, through the real worker."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import dialogs
+from core.dataset_capture import DatasetSource, capture_dataset
+from core.errors import BatchError, GradExplorerError
+from tests.conftest import assert_no_hooks
+
+TIMEOUT = 60_000
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    out = tmp_path_factory.mktemp("folder")
+    rng = np.random.default_rng(1)
+    for i in range(7):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out / f"img{i}.png")
+    (out / "readme.txt").write_text("not an image")
+    return out
+
+
+def start(qtbot, window, monkeypatch, path, batch_size=3, max_samples=None):
+    monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(path))
+    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (batch_size, max_samples))
+    with qtbot.waitSignal(window.dataset_run.done, timeout=TIMEOUT) as done:
+        window.run_folder_action.trigger()
+    return done.args[0]
+
+
+def test_run_over_folder_shows_the_merged_statistics(qtbot, demo, monkeypatch, folder):
+    s = demo.session
+    model = s.model
+    layers = s.selected_in_order()
+    assert start(qtbot, demo, monkeypatch, folder) == "ok"
+    cap = s.capture
+    assert cap.meta["mode"] == "stats" and cap.meta["dataset"]["samples"] == 7
+    assert cap.meta["dataset"]["series"]["samples"] == [3, 3, 1]
+    assert s.model is model  # the same model stays loaded
+    assert_no_hooks(model.module)
+    assert all(p.grad is None for p in model.module.parameters())
+
+    # Independently: capture_dataset on the same files, model and layers.
+    source = DatasetSource([str(folder)], model, 3)
+    ref = capture_dataset(model.module, source.batches(range(source.total)), layers=layers, target="top1")
+    assert ref.samples == 7
+    for (layer, call, kind), merged in ref.rows.items():
+        if kind == "grad":
+            owner, pname = layer.rsplit(".", 1)
+            shown = cap[owner].param_stats[pname]
+        else:
+            shown = cap[layer].calls[call].stats[kind]
+        summ = merged.summary()
+        for key in ("numel", "min", "max", "nan_count", "inf_count"):
+            assert shown[key] == summ[key], (layer, kind, key)
+        assert shown["mean"] == pytest.approx(summ["mean"], rel=1e-9, abs=1e-12)
+        assert shown["std"] == pytest.approx(summ["std"], rel=1e-9, abs=1e-12)
+        np.testing.assert_array_equal(shown["merged"]["hist"].numpy(), merged.hist)
+
+    # The window's histogram view draws those statistics for the layer shown.
+    demo.tree_view.select_layer("features.2.conv")
+    demo.views.show_view("Histogram")
+    hv = demo.views.histogram_view
+    hv.set_tensor("grad_output")
+    shown = hv.current_stats()
+    assert shown["numel"] == ref.rows[("features.2.conv", 0, "grad_output")].summary()["numel"]
+    # The per-batch series opens in a timeline window.
+    assert demo.dataset_timeline_action.isEnabled() and demo.dataset_timeline_button.isVisibleTo(demo)
+    tw = demo.dataset_run.open_timeline()
+    qtbot.waitUntil(lambda: tw.view.timeline is not None, timeout=TIMEOUT)
+    assert list(tw.view.timeline.steps) == [0, 1, 2]
+    tw.view.shutdown()
+    tw.close()
+
+
+def test_max_samples_and_progress_with_eta(qtbot, demo, monkeypatch, folder):
+    seen: list[str] = []
+    demo.dataset_run.runner.progress.connect(lambda *a: seen.append(demo.run_panel.progress.format()))
+    assert start(qtbot, demo, monkeypatch, folder, batch_size=2, max_samples=5) == "ok"
+    assert demo.session.capture.meta["dataset"]["samples"] == 5
+    assert any("/3 batches, ETA" in text for text in seen), seen
+    assert demo.run_panel.run_button.isEnabled()
+
+
+def test_cancel_mid_run_keeps_the_previous_capture(qtbot, demo, monkeypatch, folder):
+    before = demo.session.capture
+    first_done = threading.Event()
+    go_on = threading.Event()
+    original = DatasetSource.batches
+
+    def slow_batches(self, indices):
+        for i, item in enumerate(original(self, indices)):
+            if i == 1:  # the second batch waits until the test has pressed Cancel
+                first_done.set()
+                go_on.wait(30)
+            yield item
+
+    monkeypatch.setattr(DatasetSource, "batches", slow_batches)
+    monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(folder))
+    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (2, None))
+    with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT) as done:
+        demo.run_folder_action.trigger()
+        assert demo.run_panel.cancel_button.isEnabled()
+        assert first_done.wait(30)
+        demo.run_panel.cancel_button.click()
+        go_on.set()
+    assert done.args == ["cancelled"]
+    assert demo.session.capture is before
+    assert "cancelled" in demo.run_panel.progress.format()
+    assert not demo.dataset_timeline_action.isEnabled()
+    assert_no_hooks(demo.session.model.module)
+
+
+def test_empty_folder_is_a_dialog_with_the_fix(qtbot, demo, monkeypatch, shown_errors, tmp_path):
+    before = demo.session.capture
+    (tmp_path / "notes.txt").write_text("no pictures here")
+    assert start(qtbot, demo, monkeypatch, tmp_path) == "failed"
+    title, exc = shown_errors[-1]
+    assert isinstance(exc, BatchError)
+    assert "has no image files" in exc.problem and "notes.txt" in exc.problem
+    assert "PNG or JPEG" in exc.fix
+    assert demo.session.capture is before
+
+
+def test_unreadable_image_names_the_file(qtbot, demo, monkeypatch, shown_errors, tmp_path, folder):
+    for p in sorted(folder.glob("*.png"))[:3]:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    (tmp_path / "img9.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    before = demo.session.capture
+    assert start(qtbot, demo, monkeypatch, tmp_path, batch_size=2) == "failed"
+    title, exc = shown_errors[-1]
+    assert isinstance(exc, GradExplorerError) and "img9.png" in exc.problem
+    assert demo.session.capture is before
+    assert_no_hooks(demo.session.model.module)
+
+
+def test_model_that_does_not_take_images(qtbot, window, monkeypatch, shown_errors, folder):
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        window.load_model("demo:seed-mlp", run=True)
+    assert start(qtbot, window, monkeypatch, folder) == "failed"
+    title, exc = shown_errors[-1]
+    assert isinstance(exc, BatchError)
+    assert "(B, 10)" in exc.problem and exc.fix
+
+
+def test_without_a_model_it_says_what_to_do(qtbot, window, monkeypatch, shown_errors):
+    window.dataset_run.run_over_folder("/nonexistent")
+    title, exc = shown_errors[-1]
+    assert "no model" in exc.problem and "Model panel" in exc.fix
+
+
+def test_a_new_run_makes_the_folder_run_stale(qtbot, demo, monkeypatch, folder):
+    go_on = threading.Event()
+    original = DatasetSource.batches
+
+    def slow_batches(self, indices):
+        for item in original(self, indices):
+            go_on.wait(30)
+            yield item
+
+    monkeypatch.setattr(DatasetSource, "batches", slow_batches)
+    with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT) as done:
+        demo.dataset_run.run_over_folder(str(folder), batch_size=3)
+        with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as run:
+            demo.run()
+            go_on.set()
+    assert done.args[0] in ("cancelled", "stale") and run.args == ["ok"]
+    assert demo.session.capture.meta["mode"] != "stats" or "dataset" not in demo.session.capture.meta
+
+
+def test_the_question_has_sane_defaults(qtbot):
+    from app.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
+
+    d = DatasetRunDialog(None, "/some/folder")
+    qtbot.addWidget(d)
+    assert d.values() == (DEFAULT_BATCH_SIZE, None)  # every sample
+    d.batch_spin.setValue(0)  # clamped to 1
+    d.max_spin.setValue(500)
+    assert d.values() == (1, 500)
+    from PySide6.QtWidgets import QLabel
+
+    texts = " ".join(label.text() for label in d.findChildren(QLabel))
+    assert "Statistics only" in texts and "/some/folder" in texts
