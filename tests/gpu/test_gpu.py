@@ -218,3 +218,15 @@ def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
     assert capture_module._pinned_budget() == 4 << 30
     monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: None)  # not Linux
     assert capture_module._pinned_budget() == 4 << 30
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_batched_statistics_on_the_gpu_equal_float64_numpy():
+    """core/batched_stats.py on CUDA tensors: the adversarial set, all at once."""
+    from core.batched_stats import batched_stats
+    from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+
+    tensors = [ADVERSARIAL[n]() for n in sorted(ADVERSARIAL)]
+    for t, s in zip(tensors, batched_stats([t.cuda() for t in tensors])):
+        assert_matches_reference(s, t)
