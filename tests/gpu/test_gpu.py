@@ -78,7 +78,9 @@ def test_check_script_runs_end_to_end_on_the_cpu(capsys):
     assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
     out = capsys.readouterr().out
     assert "resnet18 batch 2:" in out and "FAIL" not in out
-    assert out.count(" ok") == 8 and "overhead on cpu, batch 3" in out
+    # 8 checks, then per timed batch (2 and 3) the batched statistics against tensor_stats.
+    assert out.count(" ok") == 10 and "overhead on cpu, batch 3" in out
+    assert out.count("gradients on cpu: one by one") == 2
 
 
 def test_well_conditioned_measures_batchnorm_statistics():
