@@ -16,7 +16,9 @@ transfers bring the results to the host. The numbers are those of ``core.stats.t
 tensors (rare in a capture) go through ``tensor_stats`` one by one.
 
 Device-agnostic torch code: tested on CPU tensors against float64 NumPy; on a GPU,
-``scripts/gpu_check.py`` times it against the per-tensor kernels. Not yet used by capture.
+``scripts/gpu_check.py`` times it against the per-tensor kernels. Capture uses it for the
+gradients when ``GRADEXPLORER_BATCHED_STATS=1`` (``core.device_stats.DeferredStats``), not
+yet by default: no GPU has measured it.
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ class _Recorder:
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
             with torch.no_grad():
-                stats = self.summaries.summarize(grad)
+                stats = self.summaries.summarize_later(grad)
                 self.onset.grad(stats, sinks)
                 # Autograd does not modify a gradient it has handed to a hook while we hold
                 # it, so on the CPU it is kept as it is (the tests compare after backward).

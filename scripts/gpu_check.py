@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import statistics
 import sys
 import time
@@ -337,9 +338,14 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
         t_bare = _median(bare, repeats, dev)
         t_stats = _median(lambda: capture(dev_model, xb, mode="stats", target=target), repeats, dev)
         t_full = _median(lambda: capture(dev_model, xb, mode="full", target=target), max(repeats // 3, 1), dev)
+        os.environ["GRADEXPLORER_BATCHED_STATS"] = "1"  # gradients summarised together (core.batched_stats)
+        try:
+            t_batched = _median(lambda: capture(dev_model, xb, mode="stats", target=target), repeats, dev)
+        finally:
+            del os.environ["GRADEXPLORER_BATCHED_STATS"]
         print(f"  overhead on {dev}, batch {b}: bare forward+backward {t_bare * 1000:.1f} ms; "
-              f"statistics-only {t_stats / t_bare:.2f}x ({t_stats * 1000:.0f} ms); "
-              f"full {t_full / t_bare:.2f}x ({t_full * 1000:.0f} ms)")
+              f"statistics-only {t_stats / t_bare:.2f}x ({t_stats * 1000:.0f} ms), with batched gradient "
+              f"statistics {t_batched / t_bare:.2f}x; full {t_full / t_bare:.2f}x ({t_full * 1000:.0f} ms)")
         ok &= batched_against_per_tensor(dev_model, xb, repeats, dev)
     return ok
 

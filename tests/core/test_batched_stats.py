@@ -46,3 +46,44 @@ def test_block_edges_constants_and_all_nan_tensors_side_by_side():
     assert got[1]["nan_count"] == 7 and got[1]["numel"] == 7
     for t, s in zip(tensors, got):
         assert_matches_reference(s, t)
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 1])
+def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypatch, budget):
+    """GRADEXPLORER_BATCHED_STATS=1: the gradients' statistics are kept and summarised
+    together at the end of the capture (or whenever BATCH_BYTES are held: 1 byte flushes
+    at every gradient), with the same numbers and the same NaN/Inf onset."""
+    import torchvision
+
+    from core import device_stats
+    from core.capture import capture
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 64)
+    plain = capture(model, x, mode="stats")
+    import core.batched_stats as module
+
+    calls = []
+    real = module.batched_stats
+    monkeypatch.setattr(module, "batched_stats", lambda ts, limit: calls.append(len(ts)) or real(ts, limit))
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
+    monkeypatch.setattr(device_stats, "BATCH_BYTES", budget)
+    batched = capture(model, x, mode="stats")
+    assert calls and (len(calls) == 1 if budget > 1 else max(calls) == 1)
+    compared = 0
+    for name, layer in plain.layers.items():
+        for call, other in zip(layer.calls, batched.layers[name].calls):
+            for kind in ("grad_output", "grad_input"):
+                a, b = call.stats[kind], other.stats[kind]
+                assert (a is None) == (b is None), (name, kind)
+                if a is None:
+                    continue
+                compared += 1
+                for key in ("numel", "nan_count", "inf_count", "min", "max", "zero_fraction", "hist_range"):
+                    assert a[key] == b[key], (name, kind, key)
+                for key in ("mean", "std", "mean_abs", "l2"):
+                    assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12 * max(abs(a["min"]), abs(a["max"])))
+                assert torch.allclose(a["hist"], b["hist"], rtol=1e-5)
+    assert compared > 50
+    assert batched.nonfinite_onset == plain.nonfinite_onset
