@@ -32,6 +32,7 @@ from app.cli_format import (
     table,
 )
 from core.errors import GradExplorerError
+from core.units import counted
 
 if TYPE_CHECKING:
     from core.options import CaptureOptions
@@ -44,8 +45,6 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE
 EXIT_INTERRUPTED = 130
 
 SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff", "graph")
-
-_INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
 
 class UsageError(Exception):
@@ -107,6 +106,12 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--demo-input", action="store_true", help="the demo model's own batch")
 
 
+def _add_memory_budget(p) -> None:
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory the capture may use, e.g. 2GiB or 500MB (KiB/MiB/GiB: powers of 1024, "
+                        "kB/MB/GB: of 1000); default: half of the free memory")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand that does not see --debug must not reset the top-level one.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -141,8 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--target", metavar="T", help="top1, class:N, sum, mean or cross_entropy, optionally @key")
     gui.add_argument("--device", metavar="D", help="auto, cpu, cuda:0, mps")
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
+    _add_memory_budget(gui)
     gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
     gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
+    gui.add_argument("--open", metavar="CAPTURE.pt",
+                     help="open a capture file in the window (also: gradexplorer CAPTURE.pt)")
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -168,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in train mode (dropout, batch statistics); eval by default")
     p.add_argument("--autocast", choices=("bf16", "fp16"), metavar="DTYPE",
                    help="run forward under torch.autocast with bf16 or fp16 on the capture device")
+    _add_memory_budget(p)
     p.add_argument("--force", action="store_true",
                    help="run even when the full capture is estimated to exceed the memory budget")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write the capture")
@@ -253,7 +262,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gradexplorer`` command; returns the exit status (never raises SystemExit)."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = _open_shorthand(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in args_list
     ui: _UI | None = None
     try:
@@ -292,6 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def _open_shorthand(args: list[str]) -> list[str]:
+    """``gradexplorer CAPTURE.pt [flags]`` is ``gradexplorer --open CAPTURE.pt [flags]``: a
+    first argument that is neither an option nor a subcommand names a capture file."""
+    if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        return ["--open", args[0], *args[1:]]
+    return args
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -319,7 +336,8 @@ def _options(args, **settings) -> CaptureOptions:
     """The capture options of a command line (model and input arguments, plus ``settings``)."""
     from core.options import BatchSpec, CaptureOptions
 
-    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random, demo=bool(args.demo_input))
+    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random,
+                      demo=bool(getattr(args, "demo_input", False)))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
                           batch=batch, **settings)
 
@@ -353,18 +371,34 @@ def _check_out_path(args) -> Path:
 
 
 def capture_options(args) -> CaptureOptions:
-    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line.
+    """The :class:`~core.options.CaptureOptions` of a ``capture`` command line, or of the
+    desktop app's flags (``gradexplorer --model ... --run``: the same words give the same
+    options; flags the app does not take keep their defaults).
 
     Raises
     ------
     GradExplorerError
-        A setting that is not valid (a target that does not exist...).
+        A setting that is not valid (a target that does not exist, a size that is not one...).
     """
+    flag = vars(args).get
     return _options(
-        args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target, device=args.device,
-        mode="stats" if args.stats_only else "full", train=bool(args.train), input_grad=bool(args.input_grad),
-        autocast=args.autocast, force=bool(args.force),
+        args, labels=args.labels, layers=tuple(args.layers or ()), target=flag("target") or "top1",
+        device=flag("device") or "auto", mode="stats" if args.stats_only else "full", train=bool(flag("train")),
+        input_grad=bool(flag("input_grad")), autocast=flag("autocast"), memory_budget=_memory_budget(args),
+        force=bool(flag("force")),
     )
+
+
+def _memory_budget(args) -> int | None:
+    from core.units import parse_size
+
+    text = getattr(args, "memory_budget", None)
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except GradExplorerError as exc:
+        raise GradExplorerError(f"--memory-budget {exc.problem}", exc.fix) from None
 
 
 def cmd_capture(args, ui: _UI) -> int:
@@ -385,6 +419,10 @@ def cmd_capture(args, ui: _UI) -> int:
 
     loaded = job.load_model()
     batch = job.load_batch()
+    made_up = options.batch.is_default and not loaded.spec.startswith("demo:")
+    if made_up:
+        ui.note(f"no input was given: {batch.source}, shape {fmt_shape(tuple(batch.tensor.shape))} "
+                "(the model's); give --input FILES for real data.")
     # One sample through the model (no gradients) tells calls and output sizes: the
     # progress bar's total and the memory estimate (core.memory_estimate, the same one the
     # GUI shows beside Run), before anything large is allocated.
@@ -413,9 +451,11 @@ def cmd_capture(args, ui: _UI) -> int:
     flagged = summarize(cap).layers_with("nan/inf")
     lines = [
         f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
-        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)} sample{'s' if len(batch) != 1 else ''})"
+        (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)}{' random' if made_up else ''} "
+         f"sample{'s' if len(batch) != 1 else ''}{', no --input given' if made_up else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),
-        (f"captured  {len(cap.layers)} layers, {n_calls} calls in {fmt_seconds(cap.meta.get('seconds', 0.0))}"
+        (f"captured  {counted(len(cap.layers), 'layer')}, {counted(n_calls, 'call')} in "
+         f"{fmt_seconds(cap.meta.get('seconds', 0.0))}"
          f" (total {fmt_seconds(elapsed)})"),
     ]
     if cap.meta.get("not_called"):
@@ -445,7 +485,8 @@ def _onset_lines(cap, flagged: list[str]) -> list[str]:
 
 def _note_estimate(ui: _UI, job, estimate) -> None:
     ui.note(
-        f"capturing {len(job.selected_layers())} layers ({estimate.calls} calls) of {job.loaded.name} on "
+        f"capturing {counted(len(job.selected_layers()), 'layer')} ({counted(estimate.calls, 'call')}) of "
+        f"{job.loaded.name} on "
         f"{job.device}, {'full tensors' if job.options.mode == 'full' else 'statistics only'}: "
         f"{estimate.describe()}"
     )
@@ -503,20 +544,16 @@ def cmd_layers(args, ui: _UI) -> int:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model only) or more.")
     from dataclasses import replace
 
-    from core.job import STAGE_PROBE, CaptureJob
-    from core.options import BatchSpec
+    from core.job import STAGE_PROBE, CaptureJob, default_batch_spec
 
     options = _options(args)
     job = CaptureJob(options, _progress(ui))
     loaded = job.load_model()
     tree = ModuleTree.build(loaded.module)
     if args.probe:
-        shape = loaded.input_shape
-        if options.batch.is_default and not loaded.spec.startswith("demo:") and shape \
-                and all(d is not None for d in shape):
-            # Without an input, one random sample of the model's shape.
-            random = BatchSpec(random="x".join(str(d) for d in (1, *shape)))
-            job = CaptureJob(replace(options, batch=random), _progress(ui), loaded=loaded)
+        default = default_batch_spec(loaded, n=1) if options.batch.is_default else None
+        if default is not None:  # one sample: the OUTPUT column reads per sample
+            job = CaptureJob(replace(options, batch=default), _progress(ui), loaded=loaded)
         batch = job.load_batch()
         ui.bar.update(STAGE_PROBE)
         tree.probe(loaded.module, batch.model_input)
@@ -548,12 +585,14 @@ def cmd_layers(args, ui: _UI) -> int:
     print(table(headers, rows, align))
     root = tree.root
     trainable = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
-    summary = (f"\n{loaded.name} ({tree.model_type}): {len(tree) - 1} modules, {len(tree.leaves())} leaves, "
-               f"{root.total_params:,} parameters ({trainable:,} trainable)")
+    summary = (f"\n{loaded.name} ({tree.model_type}): {counted(len(tree) - 1, 'module')}, "
+               f"{counted(len(tree.leaves()), 'leaf', 'leaves')}, {counted(root.total_params, 'parameter')} "
+               f"({trainable:,} trainable)")
     if tree.probed:
         inplace = sum(1 for n in tree if n.inplace)
         reused = sum(1 for n in tree if n.reused)
-        summary += f"; {tree.expected_calls()} module calls per forward, {inplace} in-place, {reused} reused"
+        summary += (f"; {counted(tree.expected_calls(), 'module call')} per forward, {inplace} in-place, "
+                    f"{reused} reused")
     print(summary)
     return EXIT_OK
 
@@ -605,7 +644,7 @@ def cmd_inspect(args, ui: _UI) -> int:
         ("created", f"{meta.created}  torch {meta.torch_version}"),
         ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
                    f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
-        ("layers", f"{len(names)} ({n_calls} calls)"),
+        ("layers", f"{len(names)} ({counted(n_calls, 'call')})"),
     ]
     if meta.batch:
         header.insert(4, ("batch", meta.batch))
@@ -734,7 +773,15 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
-    inputs = list(args.input) if args.input else ([f"random:{args.random}"] if args.random else None)
+    if args.open:
+        _check_capture_to_open(args)
+        options, run = None, False
+    else:
+        from core.demos import WINDOW_DEMO
+
+        # The capture command's options from the same words; without --model the demo, run at once.
+        run = bool(args.run) or not args.model
+        options = capture_options(argparse.Namespace(**{**vars(args), "model": args.model or WINDOW_DEMO}))
     _refuse_broken_pyside()
     try:
         from app.gui import launch  # Qt is imported here and only here
@@ -744,20 +791,24 @@ def cmd_gui(args, parser: argparse.ArgumentParser, ui: _UI) -> int:
             "install gradexplorer with its GUI dependencies (make run does), or use a subcommand: "
             "gradexplorer --help.",
         ) from exc
-    return int(launch(
-        model=args.model,
-        weights=args.weights,
-        inputs=inputs,
-        layers=list(args.layers) if args.layers else None,
-        target=args.target,
-        device=args.device,
-        run=bool(args.run),
-        screenshot=args.screenshot,
-        trust=bool(args.trust),
-        arch=args.arch,
-        stats_only=bool(args.stats_only),
-        labels=args.labels,
-    ) or 0)
+    capture = str(Path(args.open).expanduser()) if args.open else None
+    return int(launch(options, run=run, screenshot=args.screenshot, capture=capture) or 0)
+
+
+def _check_capture_to_open(args) -> None:
+    """A capture file opens on its own: it needs no model, input or run, and must exist
+    (whether it is a capture is told when the window reads it, off the UI thread)."""
+    given = [flag for flag, value in (("--model", args.model), ("--input", args.input), ("--random", args.random),
+                                      ("--run", args.run)) if value]
+    if given:
+        raise UsageError(f"a capture file ('{args.open}') opens without a model or a run; leave out "
+                         f"{given[0]}, or run 'gradexplorer --model ...' to capture anew.")
+    path = Path(args.open).expanduser()
+    if not path.is_file():
+        near = difflib.get_close_matches(args.open, SUBCOMMANDS, n=1)
+        hint = f"did you mean the command '{near[0]}'? " if near else ""
+        raise GradExplorerError(f"there is no file '{args.open}' to open;",
+                                f"{hint}give a capture file (.pt) or a command: gradexplorer --help.")
 
 
 def _refuse_broken_pyside() -> None:

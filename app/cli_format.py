@@ -112,7 +112,8 @@ class ProgressBar:
 
     On a terminal the line is redrawn in place with ``\\r``; elsewhere (a log file, a
     pipe, a test) a plain line is written when a stage starts and at most every
-    ``interval`` seconds after, so logs stay short.
+    ``interval`` seconds after, so logs stay short, and the stage's last state is written
+    when it ends (``6/6 calls``, not the ``1/6`` of its first line).
 
     Parameters
     ----------
@@ -139,6 +140,7 @@ class ProgressBar:
         self.stage_start = 0.0
         self.last_line = 0.0
         self.drawn = 0  # characters of the current terminal line
+        self.unwritten: str | None = None  # off a terminal: the stage's latest line, not yet written
         self.fill = "█" if can_encode("█░", self.stream) else "#"
         self.empty = "░" if self.fill == "█" else "."
 
@@ -152,6 +154,7 @@ class ProgressBar:
         if new_stage:
             if self.tty and self.stage is not None:
                 self._finish_line()
+            self._write_unwritten()
             self.stage = stage
             self.stage_start = now
         text = self._render(stage, done, total, unit)
@@ -162,11 +165,15 @@ class ProgressBar:
         elif new_stage or now - self.last_line >= self.interval:
             self._write(text + "\n")
             self.last_line = now
+            self.unwritten = None
+        else:
+            self.unwritten = text
 
     def close(self) -> None:
         """End the display (call before printing anything else on stderr)."""
         if self.enabled and self.tty and self.drawn:
             self._finish_line()
+        self._write_unwritten()
         self.stage = None
 
     def clear(self) -> None:
@@ -174,9 +181,15 @@ class ProgressBar:
         if self.enabled and self.tty and self.drawn:
             self._write("\r" + " " * self.drawn + "\r")
             self.drawn = 0
+        self._write_unwritten()  # off a terminal: how far it got, before the error
         self.stage = None
 
     # -- internals -----------------------------------------------------------------
+    def _write_unwritten(self) -> None:
+        if self.unwritten is not None:
+            self._write(self.unwritten + "\n")
+            self.unwritten = None
+
     def _finish_line(self) -> None:
         self._write("\n")
         self.drawn = 0

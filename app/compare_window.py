@@ -11,12 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QWidget
+from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QTabWidget, QWidget
 
 from app import dialogs, error_dialog
 from app.run_worker import TaskRunner
 from app.views.compare_view import CompareView
+from app.views.graph_view import GraphPanel
 from core.errors import GradExplorerError
+from core.graph_compare import DIVERGENCE_BY
 
 #: What "Compare with…" offers, in the order of the list.
 CHOICES = (
@@ -70,7 +72,14 @@ class CompareWindow(QMainWindow):
         super().__init__(parent)
         self.setWindowTitle("gradexplorer — compare")
         self.view = CompareView(self)
-        self.setCentralWidget(self.view)
+        # The layers (table, heatmaps, flow) and the model graph coloured by divergence.
+        self.graph_panel = GraphPanel(self, statistics=DIVERGENCE_BY)
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.view, "Layers")
+        self.tabs.addTab(self.graph_panel, "Graph")
+        self.setCentralWidget(self.tabs)
+        self.graph_panel.layer_selected.connect(self.view.select)
+        self.view.call_selected.connect(self.graph_panel.select_layer)
         self.runner = TaskRunner("compare", self)
         self.status_label = QLabel("")
         self.progress_bar = QProgressBar()
@@ -162,8 +171,31 @@ class CompareWindow(QMainWindow):
     def _on_finished(self, _gen: int, result, seconds: float) -> None:
         a, b, comparison = result
         self.view.set_comparison(a, b, comparison)
+        self.show_graph(a, b, comparison)
         self.export_action.setEnabled(True)
         self._done_status(f"compared in {seconds:.2f} s")
+
+    def show_graph(self, a, b, comparison) -> bool:
+        """Draw the graph a capture carries (A's, else B's), coloured by ``comparison``.
+        Returns False (and says why in the graph tab) when neither carries one."""
+        from core.graph import ModelGraph
+        from core.graph_compare import attach_comparison
+
+        side, data = ("a", a.graph) if getattr(a, "graph", None) else ("b", getattr(b, "graph", None))
+        graph = None
+        if data:
+            try:
+                graph = ModelGraph.from_dict(data, source="the capture's graph")
+            except GradExplorerError:
+                graph = None
+        if graph is None:
+            self.graph_panel.set_graph(None)
+            self.graph_panel.status.setText("Neither capture carries a model graph (captures from gradexplorer "
+                                            "before the graph, or a model whose graph could not be found).")
+            return False
+        attach_comparison(graph, comparison, side=side)
+        self.graph_panel.set_graph(graph)
+        return True
 
     def _on_failed(self, _gen: int, exc: BaseException) -> None:
         self._done_status("failed")
@@ -190,6 +222,7 @@ class CompareWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         self.runner.shutdown()
+        self.graph_panel.shutdown()
         super().closeEvent(event)
 
 

@@ -50,20 +50,6 @@ class LoadedModel:
     batch_error: GradExplorerError | None
 
 
-def _default_batch(loaded) -> tuple[Batch | None, list[str]]:
-    from core.batches import random_batch_for
-
-    if loaded.spec.startswith("demo:"):
-        from core.demos import demo_batch
-
-        return demo_batch(loaded.spec), ["demo"]
-    # The same random batch as the CLI's --random: the model's shape, dtype, token ids.
-    batch = random_batch_for(loaded.module, loaded.input_shape)
-    if batch is None:
-        return None, []
-    return batch, ["random:" + "x".join(str(d) for d in batch.tensor.shape)]
-
-
 def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
     """The worker's job for loading a model: download weights when needed (cancellable),
     load, pick a batch that fits (the given sources, else the current images, else a
@@ -71,7 +57,7 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
 
     def task(progress, cancel) -> LoadedModel:
         from core.batches import load_batch
-        from core.job import STAGE_PROBE, CaptureJob, probe_model
+        from core.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
         from core.options import BatchSpec, CaptureOptions
 
         options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
@@ -90,7 +76,9 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
             except GradExplorerError:
                 batch = None
         if batch is None:
-            batch, used = _default_batch(loaded)
+            default = default_batch_spec(loaded)  # core's rule, the CLI's too
+            if default is not None:
+                batch, used = load_batch(default.sources(), loaded), default.sources()
         progress(STAGE_PROBE, 0, 0)
         prepared = probe_model(loaded, batch.model_input if batch is not None else None)
         prepared.options = options
@@ -177,6 +165,9 @@ class WindowController(QObject):
         self._pending_inputs: list[str] | None = None
         self._last_model_request: ModelRequest | None = None
         self._shown_first_capture = False
+        # True when nobody is there to answer (``--screenshot``): no question is asked
+        # (trust, memory budget); each error is also printed on stderr.
+        self.unattended = False
 
         self.run_runner.progress.connect(lambda g, st, d, t: self.run_progress.emit(st, d, t))
         self.run_runner.finished.connect(self._on_run_finished)
@@ -209,6 +200,10 @@ class WindowController(QObject):
     def show_error(self, title: str, exc: BaseException) -> None:
         """Tell the user; the window stays usable (the dialog is not modal)."""
         self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
+        if self.unattended:
+            import sys
+
+            print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
         error_dialog.show_error(self.dialog_parent, title, exc)
         self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
 
@@ -267,7 +262,7 @@ class WindowController(QObject):
     def _on_model_failed(self, _gen: int, exc: BaseException) -> None:
         self.model_busy.emit(False, "")
         request = self._last_model_request
-        if isinstance(exc, TrustRequired) and request is not None and not request.trust:
+        if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
             from core.models import trust_subject  # names the file or factory that will run
 
             subject = exc.subject or trust_subject(request.spec)
@@ -332,6 +327,10 @@ class WindowController(QObject):
         estimate, message = self.run_settings.budget_check()
         if not message or estimate is None:
             return True
+        if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
+            self.show_error("Over the memory budget", GradExplorerError(
+                message, "Add --stats-only, tick fewer layers with --layers, or use a smaller batch."))
+            return False
         choices = ([self.STATS_ONLY] if estimate.mode == "full" else []) + [self.RUN_ANYWAY]
         choice = dialogs.ask_item(self.dialog_parent, "gradexplorer: over the memory budget",
                                   f"{message}\n\nWhat would you like to do? (Cancel: don't run)",

@@ -10,6 +10,7 @@ from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
+from core.options import CaptureOptions
 
 SCREENSHOT_TIMEOUT_MS = 300_000
 
@@ -81,52 +82,37 @@ def setup_application(argv: list[str] | None = None) -> QApplication:
     return app
 
 
-def launch(model: str | None = None, weights: str | None = None, inputs: list[str] | None = None,
-           layers: list[str] | None = None, target: str | None = None, device: str | None = None,
-           run: bool = False, screenshot: str | None = None, trust: bool = False, arch: str | None = None,
-           stats_only: bool = False, labels: str | None = None) -> int:
+def launch(options: CaptureOptions | None = None, run: bool = False, screenshot: str | None = None,
+           capture: str | None = None) -> int:
     """Open the window and run the event loop; returns the exit code.
 
     Parameters
     ----------
-    model, weights, arch, trust
-        What to load (``core.models.load_model``); without ``model`` the built-in demo
-        ``demo:shapes`` is loaded with its sample pictures and run once (offline).
-    inputs : list of str, optional
-        Image files/folders, a ``.pt`` tensor, ``random:2x3x224x224`` or ``demo``.
-    layers : list of str, optional
-        Names or glob patterns of the modules to tick (default: every leaf).
-    target, device, stats_only, labels
-        Run settings (``top1``, ``class:N``, ``sum``, ``mean``, ``cross_entropy``; ``auto``,
-        ``cpu``, ``cuda:0``).
+    options : CaptureOptions, optional
+        What to load and how to run: the options the ``capture`` command builds from the
+        same flags (``app.cli.capture_options``). The window loads their model, batch
+        (the default for the model when none is named: ``core.job.default_batch_spec``)
+        and layers, and takes their run settings (``Session.apply_options``). Without
+        options the built-in demo ``demo:shapes`` is loaded with its sample pictures and
+        run once (offline).
     run : bool
         Run once the model is loaded.
     screenshot : str, optional
         Save the window as PNG once the run has rendered (or failed with a message
-        shown), then quit. Exit code 0 when the run succeeded, 1 otherwise.
+        shown), then quit. Exit code 0 when the run succeeded, 1 otherwise. Nobody is
+        there to answer questions: each is refused, with its message on stderr.
+    capture : str, optional
+        Open this capture file instead of loading a model (``gradexplorer CAPTURE.pt``);
+        ``options`` and ``run`` are then ignored.
     """
+    if options is None and capture is None:
+        from core.demos import WINDOW_DEMO
+
+        options, run = CaptureOptions(WINDOW_DEMO), True
     app = setup_application()
     window = MainWindow(restore_geometry=not screenshot)
-    s = window.session
-    try:
-        if device:
-            from core.devices import resolve_device
-
-            s.set_device(str(resolve_device(device)) if device != "auto" else window.devices[0].name)
-        if target:
-            s.set_target(target)
-        if stats_only:
-            s.set_mode("stats")
-    except Exception as exc:  # noqa: BLE001 - a bad flag is shown, the window still opens
-        window.show_error("A setting cannot be used", exc)
-    if labels:
-        s.set_labels(labels)
-    window.run_panel.sync_from_session()
-
-    if model is None:
-        model, run = "demo:shapes", True
-        inputs = inputs or None
-    want_run = run or False
+    window.controller.unattended = bool(screenshot)  # never wait on a question nobody sees
+    want_run = run
     if screenshot:
         window.resize(1500, 950)
     window.show()
@@ -152,18 +138,41 @@ def launch(model: str | None = None, weights: str | None = None, inputs: list[st
             # Let plots finish drawing before grabbing.
             QTimer.singleShot(600, grab)
 
-        if want_run:
+        if capture is not None:
+            window.file_done.connect(lambda kind: take(kind == "open"))
+        elif want_run:
             window.run_done.connect(lambda outcome: take(outcome == "ok"))
         else:
             window.model_loaded.connect(lambda _spec: take(True))
             window.run_done.connect(lambda outcome: take(outcome == "ok"))
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: take(False))
 
-    window.load_model(model, weights=weights, arch=arch, trust=trust, inputs=inputs, layers=layers,
-                      run=want_run, labels=labels)
+    if capture is not None:
+        window.open_capture(capture)
+    else:
+        assert options is not None
+        start(window, options, want_run)
     code = app.exec()
     window.shutdown()
     return exit_code["code"] if screenshot else code
+
+
+def start(window: MainWindow, options: CaptureOptions, run: bool = False) -> int:
+    """Give an open window the options: their run settings at once, then their model,
+    batch and layers (loaded in a worker), and a run when asked. Returns the load's
+    generation.
+
+    A setting this machine refuses (a device that is not here) is shown in the window,
+    which still opens.
+    """
+    try:
+        window.session.apply_options(options)
+    except Exception as exc:  # noqa: BLE001 - shown; the window stays usable
+        window.show_error("A setting cannot be used", exc)
+    window.run_panel.sync_from_session()
+    return window.load_model(options.model, weights=options.weights, arch=options.arch, trust=options.trust,
+                             inputs=options.batch.sources() or None, layers=list(options.layers) or None,
+                             run=run, labels=options.labels)
 
 
 def main() -> int:  # pragma: no cover - convenience for `python -m app.gui`

@@ -31,6 +31,7 @@ from app.controller import WindowController
 from app.dataset_run import DatasetRun
 from app.model_panel import ModelPanel, ModelRequest
 from app.module_tree import ModuleTreePanel
+from app.onset_link import OnsetLinkLabel, wire_onset_link
 from app.run_panel import RunPanel
 from app.settings import AppSettings
 from app.views import CaptureViews
@@ -145,8 +146,10 @@ class MainWindow(QMainWindow):
         self.dataset_timeline_button = QPushButton("Timeline of the dataset run", self)
         self.dataset_timeline_button.setVisible(False)
         self.dataset_timeline_button.clicked.connect(lambda: self.dataset_run.open_timeline())
-        for w in (self.dataset_timeline_button, self.file_progress, self.status_model, self.status_device,
-                  self.status_run):
+        # Where NaN/Inf began, as links that select that layer and call (app/onset_link.py).
+        self.onset_link = OnsetLinkLabel(self)
+        for w in (self.onset_link, self.dataset_timeline_button, self.file_progress, self.status_model,
+                  self.status_device, self.status_run):
             bar.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
@@ -251,6 +254,7 @@ class MainWindow(QMainWindow):
         s.settings_changed.connect(lambda _n: self._update_status())
         s.selection_changed.connect(lambda _n: self._update_actions())
         wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
+        wire_onset_link(self.onset_link, self)
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry()

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 from core.capture_data import Capture
 from core.capture_summary import summarize
 from core.module_tree import ModuleTree
+from core.nonfinite import onset_location
 from core.session import Session
 
 COLUMNS = ("Module", "Type", "Output", "Grad norm", "Params", "Calls")
@@ -56,6 +57,7 @@ TYPE_ROLE = Qt.ItemDataRole.UserRole + 2      # type name (str)
 BADGES_ROLE = Qt.ItemDataRole.UserRole + 3    # [(text, QColor)]
 BAR_ROLE = Qt.ItemDataRole.UserRole + 4       # float in [0, 1] or None
 FLAG_ROLE = Qt.ItemDataRole.UserRole + 5      # str or None
+ONSET_ROLE = Qt.ItemDataRole.UserRole + 6     # [str]: where NaN/Inf began ("forward", "backward")
 
 BLUE = QColor("#2f6fb3")
 ORANGE = QColor("#c46a12")
@@ -63,6 +65,7 @@ GREY = QColor("#6b7280")
 RED = QColor("#c0392b")
 PURPLE = QColor("#7b4bb3")
 FLAG_BACKGROUND = QColor(192, 57, 43, 36)
+ONSET = QColor("#8e0000")
 
 _CHECKED = Qt.CheckState.Checked
 _UNCHECKED = Qt.CheckState.Unchecked
@@ -106,6 +109,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._norms: dict[str, float] = {}
         self._bar: dict[str, float] = {}
         self._flags: dict[str, str] = {}
+        self._onset: dict[str, list[str]] = {}
         self._last_selection: frozenset[str] = frozenset()
         session.tree_changed.connect(self._on_model_tree_changed)
         session.selection_changed.connect(self._on_model_selection_changed)
@@ -198,6 +202,11 @@ class ModuleTreeModel(QAbstractItemModel):
         summary = summarize(capture) if capture is not None else None
         self._norms = summary.grad_norms if summary is not None else {}
         self._flags = summary.flagged() if summary is not None else {}
+        self._onset = {}
+        for kind in ("forward", "backward"):
+            where = onset_location(capture.nonfinite_onset if capture is not None else None, kind)
+            if where is not None:
+                self._onset.setdefault(where[0], []).append(kind)
         finite = [v for v in self._norms.values() if v > 0 and math.isfinite(v)]
         self._bar = {}
         if finite:
@@ -327,6 +336,8 @@ class ModuleTreeModel(QAbstractItemModel):
             return self._bar.get(name)
         if role == FLAG_ROLE:
             return self._flags.get(name)
+        if role == ONSET_ROLE:
+            return list(self._onset.get(name, []))
         return None
 
     def _display(self, node, col: int) -> str:
@@ -364,6 +375,11 @@ class ModuleTreeModel(QAbstractItemModel):
             out.append(("in-place", ORANGE))
         if node.children and node.name in self.session.selection:
             out.append(("output", PURPLE))
+        onset = self._onset.get(node.name)
+        if onset:
+            # Where NaN/Inf began comes first (it is the row to look at), and short: the name
+            # column is narrow and a badge that does not fit is dropped. The tooltip says more.
+            out.insert(0, ("⚠ onset" if "forward" in onset else "⚠ grad onset", ONSET))
         flag = self._flags.get(node.name)
         if flag:
             out.append((flag, RED))
@@ -390,6 +406,10 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append(f"gradient norm at output: {self._norms[node.name]:.4g}")
         if node.name in self._flags:
             lines.append(f"<span style='color:#c0392b'>flag: {self._flags[node.name]}</span>")
+        for kind in self._onset.get(node.name, []):
+            lines.append(f"<span style='color:#8e0000'><b>NaN/Inf began here</b> ({kind}: "
+                         + ("its output went non-finite while its inputs were finite)" if kind == "forward"
+                            else "the first gradient of backward that went non-finite)") + "</span>")
         return "<br>".join(lines)
 
     def setData(self, index: QModelIndex, value: Any, role: int = Qt.ItemDataRole.EditRole) -> bool:

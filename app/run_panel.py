@@ -418,7 +418,7 @@ class RunPanel(QWidget):
         if tree is None:
             return None
         selected = [n for n in s.selected_in_order() if n in tree.nodes]
-        return estimate_capture_memory(tree, selected, s.mode, x, s.input_grad, s.model.module)
+        return estimate_capture_memory(tree, selected, s.mode, s.batch.model_input, s.input_grad, s.model.module)
 
     def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
         """The estimate for the current settings and, when it is over the memory budget,

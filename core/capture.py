@@ -29,7 +29,7 @@ import datetime as _dt
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ from core.batch import ModelInputs
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.device_stats import DeferredStats
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.forward_errors import forward_fix
 from core.nonfinite import OnsetTracker
 from core.selection import LayerSpec, resolve_layers
 from core.targets import Target, parse_target, select_output, target_scalar
@@ -195,7 +196,7 @@ class _Recorder:
                 self.progress(stage, min(done, total), total)
 
     # -- module hooks ---------------------------------------------------------------
-    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.call_count += 1
         self._tick("forward", self.call_count, self.expected_calls)
         self.running.append(name)
@@ -215,7 +216,8 @@ class _Recorder:
                 self._watch_grad(x, call, "grad_input")
         return None
 
-    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict,
+                     output: Any) -> torch.Tensor | None:
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
@@ -295,7 +297,7 @@ class _Recorder:
 
         fired = [False]
 
-        def on_grad(grad: torch.Tensor, sinks=sinks) -> None:
+        def on_grad(grad: torch.Tensor, sinks: list[tuple[CallRecord, str]] = sinks) -> None:
             fired[0] = True
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
@@ -406,7 +408,7 @@ def _model_device(model: nn.Module) -> torch.device | None:
 
 def capture(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: torch.Tensor | ModelInputs,
     *,
     layers: LayerSpec = None,
     target: Target | str = "top1",
@@ -507,7 +509,7 @@ class _CaptureSettings:
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _autocast(device: torch.device, autocast: str | None):
+def _autocast(device: torch.device, autocast: str | None) -> AbstractContextManager[Any]:
     """Forward under ``torch.autocast`` with the dtype named (or no autocast)."""
     from contextlib import nullcontext
 
@@ -518,7 +520,7 @@ def _autocast(device: torch.device, autocast: str | None):
     return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[autocast])
 
 
-def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSettings,
+def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: _CaptureSettings,
                   mutated: dict | None) -> Capture:
     from core.stats import HIST_EXACT_LIMIT
 
@@ -587,7 +589,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
                 f"{len(ran)} of {len(selected)}).",
-                "Check that the batch has the shape the model expects.",
+                forward_fix(exc),
             ) from exc
         recorder.check_outputs()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
@@ -622,9 +624,10 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
                 g = grad_of.get(id(p)) if p.requires_grad else None
                 rec.param_stats[pname] = rec.param_grads[pname] = None
                 if g is not None and recorder.full:
-                    rec.param_stats[pname], rec.param_grads[pname] = recorder.summaries.summarize_copy(g)
-                    if rec.param_grads[pname] is None:
-                        rec.param_grads[pname] = recorder.to_host(g, copy=True)
+                    # autograd.grad returned a tensor of our own that nothing modifies
+                    # later: kept as it is on the CPU (no copy), copied from a GPU.
+                    rec.param_stats[pname] = recorder.summaries.summarize(g)
+                    rec.param_grads[pname] = recorder.to_host(g, copy=False)
                 elif g is not None:
                     rec.param_stats[pname] = recorder.summaries.summarize(g)
             layers_out[name] = rec
@@ -634,7 +637,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor, settings: _CaptureSett
             # waiting: wait for all of them, once, before anything is read.
             torch.cuda.synchronize(dev)
         recorder.summaries.resolve()
-        info = {
+        info: dict[str, Any] = {
             "model": type(model).__name__,
             "weights": None,
             "categories": None,

@@ -18,6 +18,7 @@ import torch
 
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.capture_meta import upgrade_meta
+from core.capture_schema import check_capture_data, kind_of
 from core.errors import CaptureFileError
 from core.file_write import atomic_write
 
@@ -29,7 +30,7 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """Only builtin containers and scalars, so that ``weights_only`` loading accepts them
     (``torch.__version__`` is a ``str`` subclass that it would refuse)."""
     if obj is None or isinstance(obj, (bool, torch.Tensor)):
@@ -98,51 +99,62 @@ def _stats_back(stats: dict | None) -> dict | None:
 
 
 def capture_from_dict(data: dict, source: str = "the file") -> Capture:
-    """Rebuild a ``Capture`` from ``capture_to_dict``'s output (checks format and version)."""
+    """Rebuild a ``Capture`` from ``capture_to_dict``'s output.
+
+    The format and version are read first, then the whole file is checked against
+    :mod:`core.capture_schema` before any field is used, so a damaged or hand-edited file
+    gives one message naming the field, never an error deep in a reader.
+
+    Raises
+    ------
+    CaptureFileError
+        Not a capture, a version this gradexplorer does not read, or a field that breaks
+        the schema.
+    """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CaptureFileError(
             f"{source} is not a gradexplorer capture file.",
             "Open a .pt file that gradexplorer exported (its 'format' entry is 'gradexplorer.capture').",
         )
     version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version < min(READABLE_VERSIONS):
+    if isinstance(version, bool) or not isinstance(version, int):
         raise CaptureFileError(
-            f"{source} has an unknown capture format version ({version}).", "Export the capture again.",
+            f"{source}: field version is {kind_of(version)}, expected an integer (the capture format version).",
+            "The file is not a valid gradexplorer capture; export the capture again.",
         )
-    if not isinstance(version, int) or version not in READABLE_VERSIONS:
+    if version < min(READABLE_VERSIONS):
+        raise CaptureFileError(
+            f"{source}: field version is {version}, not a capture format version (they start at 1).",
+            "The file is not a valid gradexplorer capture; export the capture again.",
+        )
+    if version not in READABLE_VERSIONS:
         raise CaptureFileError(
             f"{source} was written by a newer gradexplorer (capture format version {version}; "
             f"this one reads up to {VERSION}).",
             "Update gradexplorer to open it.",
         )
-    try:
-        layers = {}
-        for name, rec in data["layers"].items():
-            calls = [
-                CallRecord(
-                    activation=c.get("activation"),
-                    grad_output=c.get("grad_output"),
-                    grad_input=c.get("grad_input"),
-                    stats={k: _stats_back(v) for k, v in c["stats"].items()},
-                    output_key=c.get("output_key", ""),
-                    shape=tuple(c.get("shape", ())),
-                    dtype=c.get("dtype", ""),
-                )
-                for c in rec["calls"]
-            ]
-            layers[name] = LayerRecord(
-                rec["type"], calls, dict(rec.get("param_grads", {})),
-                {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
+    check_capture_data(data, source)
+    layers = {}
+    for name, rec in data["layers"].items():
+        calls = [
+            CallRecord(
+                activation=c.get("activation"),
+                grad_output=c.get("grad_output"),
+                grad_input=c.get("grad_input"),
+                stats={k: _stats_back(v) for k, v in c["stats"].items()},
+                output_key=c.get("output_key", ""),
+                shape=tuple(c.get("shape", ())),
+                dtype=c.get("dtype", ""),
             )
-        meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
-        onset = data.get("nonfinite_onset")
-        return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,
-                       data.get("graph"), onset if isinstance(onset, dict) else None)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CaptureFileError(
-            f"{source} is a damaged capture file (missing or malformed entry: {exc}).",
-            "Export the capture again.",
-        ) from None
+            for c in rec["calls"]
+        ]
+        layers[name] = LayerRecord(
+            rec["type"], calls, dict(rec.get("param_grads", {})),
+            {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
+        )
+    meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
+    return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,
+                   data.get("graph"), data.get("nonfinite_onset"))
 
 
 def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None,

@@ -32,9 +32,10 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -329,7 +330,7 @@ CSV_COLUMNS = ("layer", "call", "type", "kind", "by", "shape_a", "shape_b", "wit
                *(f"d_{k}" for k in STAT_KEYS), "note")
 
 
-def _row(layer: str, call, type_: str, kd: KindDiff, shape_a: tuple, shape_b: tuple) -> dict:
+def _row(layer: str, call: int | str, type_: str, kd: KindDiff, shape_a: tuple, shape_b: tuple) -> dict:
     t, s = kd.tensor, kd.stats
     row: dict = {
         "layer": layer, "call": call, "type": type_, "kind": kd.kind, "by": kd.by,
@@ -509,7 +510,7 @@ def _kind_diff(kind: str, ta: torch.Tensor | None, tb: torch.Tensor | None, sa: 
     return KindDiff(kind, stats, tensor)
 
 
-def _shape(shape) -> str:
+def _shape(shape: Sequence[int]) -> str:
     return "x".join(str(int(s)) for s in shape) or "scalar"
 
 
@@ -726,7 +727,8 @@ def compare(
     return result
 
 
-def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance, what: str):
+def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance,
+           what: str) -> tuple[TensorDiff | None, str]:
     if ta is None or tb is None:
         return None, ""
     if tuple(ta.shape) != tuple(tb.shape):
@@ -739,7 +741,7 @@ def _whole(ta: torch.Tensor | None, tb: torch.Tensor | None, tol: Tolerance, wha
 # ---------------------------------------------------------------------------
 
 
-def _csv_value(v) -> object:
+def _csv_value(v: object) -> object:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
@@ -838,7 +840,7 @@ def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str 
     # that are the point of the picture.
     d = (a_sample.detach().double() - b_sample.detach().double()).float()
     rank = rank_by if rank_by is not None else a32
-    kw = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
+    kw: dict[str, Any] = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
     ha = heatmap(a32, display, **kw)
     hb = heatmap(b32, display, **kw)
     hd = heatmap(d, display, **kw)

@@ -48,6 +48,9 @@ SHAPES_INPUT_SIZE = 64
 SHAPES_CAM_LAYER = "features.5"
 SHAPES_CAM_GRID = SHAPES_INPUT_SIZE // 2
 
+# What the window opens (and runs) on when no model is given: `gradexplorer` alone.
+WINDOW_DEMO = "demo:shapes"
+
 SEED_MLP_SEED = 0
 SEED_MLP_BATCH_SEED = 1
 

@@ -195,18 +195,48 @@ def layer_flags(
             value = 0.0
         rms.append(value)
 
+    for name, flag in zip(names, neighbour_flags(rms, vanishing=vanishing, exploding=exploding,
+                                                 neighbours=neighbours)):
+        if flag is not None:
+            flags[name].append(flag)
+    return flags
+
+
+def neighbour_flags(
+    rms: list[float],
+    *,
+    vanishing: float = VANISHING_RATIO,
+    exploding: float = EXPLODING_RATIO,
+    neighbours: int = NEIGHBOURS,
+) -> list[str | None]:
+    """The vanishing/exploding rule of the module docstring on a sequence of RMS gradients.
+
+    Parameters
+    ----------
+    rms : list of float
+        One RMS gradient per position, in forward order; NaN, inf, 0 and negative values
+        are neither judged nor neighbours.
+    vanishing, exploding, neighbours
+        As for :func:`layer_flags`.
+
+    Returns
+    -------
+    list
+        ``"vanishing"``, ``"exploding"`` or ``None`` per position.
+    """
     logs = [math.log10(v) if v > 0 and math.isfinite(v) else None for v in rms]
-    for i, name in enumerate(names):
-        own = logs[i]
-        if own is None:
-            continue
-        window = [v for j in range(max(0, i - neighbours), min(len(names), i + neighbours + 1))
+    out: list[str | None] = []
+    for i, own in enumerate(logs):
+        window = [v for j in range(max(0, i - neighbours), min(len(logs), i + neighbours + 1))
                   if j != i and (v := logs[j]) is not None]
-        if len(window) < 2:
+        if own is None or len(window) < 2:
+            out.append(None)
             continue
         median = statistics.median(window)
         if own < median + math.log10(vanishing):
-            flags[name].append("vanishing")
+            out.append("vanishing")
         elif own > median + math.log10(exploding):
-            flags[name].append("exploding")
-    return flags
+            out.append("exploding")
+        else:
+            out.append(None)
+    return out

@@ -33,9 +33,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+from torch.overrides import (
+    TorchFunctionMode,
+    _get_function_stack_at,
+    _len_torch_function_stack,
+    _pop_torch_function_stack,
+    _push_on_torch_function_stack,
+)
 
-from core.capture import primary_tensor
+from core.capture import _first_tensor_input, primary_tensor
 from core.errors import CaptureError, GradExplorerError
 
 GRAPH_FORMAT = "gradexplorer.graph"
@@ -165,6 +171,7 @@ class ModelGraph:
             if n.parent is not None:
                 self.children.setdefault(n.parent, []).append(n.id)
         self._depth: dict[str, int] = {}
+        self._producers: dict | None = None
         for nid in self.nodes:
             self.depth(nid)
 
@@ -206,6 +213,27 @@ class ModelGraph:
             out.append(nid)
             todo.extend(self.children.get(nid, ()))
         return out
+
+    def output_producer(self, node_id: str) -> str | None:
+        """For a container, the deepest node that produced the value it returned (a
+        ResNet block's last ReLU call): the same tensor, so the same statistics. ``None``
+        when unknown (graphs without ``node_values``, or a container that returns its input)."""
+        producers = self._producers
+        if producers is None:
+            producers = self._producers = {vid: nid for nid, vid in self.meta.get("node_values", {}).items()
+                                           if nid in self.nodes and not self.is_container(nid)}
+        vid = self.meta.get("node_values", {}).get(node_id)
+        found = producers.get(vid) if vid is not None else None
+        return found if found is not None and node_id in self.ancestors(found) else None
+
+    def shown_stats(self, node_id: str) -> dict | None:
+        """The statistics a node is drawn with: its own, or for a container captured only
+        through its children, those of the node that produced its output."""
+        stats = self.nodes[node_id].stats
+        if stats is None and self.is_container(node_id):
+            producer = self.output_producer(node_id)
+            return self.nodes[producer].stats if producer is not None else None
+        return stats
 
     def module_node(self, name: str, call: int = 0) -> GraphNode | None:
         """The node of call ``call`` of module ``name``, or ``None``."""
@@ -282,8 +310,15 @@ class ModelGraph:
             How many nodes got statistics.
         """
         from core.gradient_flow import layer_flags
+        from core.graph_grads import flag_by_neighbours
 
         flags = layer_flags(cap)
+        values = self.meta.get("node_values", {})
+        inputs = self.meta.get("node_inputs", {})
+        op_of_value = {vid: nid for nid, vid in values.items() if self.nodes[nid].kind == "op"}
+        edges_of: dict[int, list[GraphEdge]] = {}
+        for e in self.edges:
+            edges_of.setdefault(e.tensor, []).append(e)
         n = 0
         for name, index, call in cap.iter_calls():
             node = self.module_node(name, index)
@@ -292,12 +327,17 @@ class ModelGraph:
             node.stats = node_stats_from_calls(call.stats)
             node.stats["flags"] = list(flags.get(name, []))
             n += 1
-            grad = (call.stats or {}).get("grad_output")
-            out_value = self.meta.get("node_values", {}).get(node.id)
-            if grad is not None and out_value is not None:
-                for e in self.edges:
-                    if e.src == node.id and e.tensor == out_value:
-                        e.grad_l2 = _float(grad.get("l2"))
+            _put_edge_grad(edges_of, values.get(node.id), (call.stats or {}).get("grad_output"))
+            # The gradient of the call's first input is the gradient of the op that made it
+            # (a tensor hook sees the whole gradient of its tensor, from every consumer).
+            grad_in = (call.stats or {}).get("grad_input")
+            op = op_of_value.get(inputs.get(node.id, -1))
+            if grad_in and op is not None:
+                stats = node_stats_from_calls({"grad_output": grad_in})
+                stats["flags"] = (["nan/inf"] if stats["nonfinite"] else []) + (["zero"] if stats["zero"] else [])
+                self.nodes[op].stats = stats
+                _put_edge_grad(edges_of, values[op], grad_in)
+        flag_by_neighbours(self, kinds=("op",))
         return n
 
     # -- the JSON contract ----------------------------------------------------------
@@ -350,6 +390,14 @@ class ModelGraph:
                 raise GradExplorerError(f"{source} has an edge to a node it lacks ({e.src} -> {e.dst}).",
                                         "Write it again with 'gradexplorer graph'.")
         return graph
+
+
+def _put_edge_grad(edges_of: Mapping[int, list[GraphEdge]], value: int | None, grad: Mapping | None) -> None:
+    """The gradient norm of the tensor ``value`` on every edge that carries it."""
+    if grad is None or value is None:
+        return
+    for e in edges_of.get(value, ()):
+        e.grad_l2 = _float(grad.get("l2"))
 
 
 def module_node_id(name: str, call: int) -> str:
@@ -495,10 +543,14 @@ class GraphRecorder:
         # Node id -> the value of its (primary) output: a leaf's or op's own, a container's
         # last inner producer's.
         self.node_values: dict[str, int] = {}
+        # Module node id -> the value of its first tensor input (the tensor whose gradient a
+        # capture records as that call's ``grad_input``).
+        self.node_inputs: dict[str, int] = {}
         self.ops = itertools.count()
         self.value_ids = itertools.count()
         self.busy = False
         self.on_value = on_value
+        self.mode: _OpMode | None = None  # set while record_forward runs
 
     # -- values ---------------------------------------------------------------------
     def lookup(self, t: torch.Tensor) -> tuple[int, str] | None:
@@ -533,12 +585,18 @@ class GraphRecorder:
 
     # -- module hooks ---------------------------------------------------------------
     def pre_hook(self, name: str, leaf: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if leaf and self.mode is not None:
+            self.mode.pause()  # first: the hook's own shape reads need not pass through the mode
         self.busy = True
         try:
             call = self.calls.get(name, 0)
             self.calls[name] = call + 1
             nid = module_node_id(name, call)
             self.add_node(GraphNode(nid, "module", name, type(module).__name__, call, self.parent))
+            x = _first_tensor_input(args, kwargs)
+            found = self.lookup(x) if x is not None else None
+            if found is not None:
+                self.node_inputs[nid] = found[0]
             if leaf:
                 self.consume(tensors_in((args, kwargs), []), nid)
             self.stack.append(_Frame(nid, leaf))
@@ -567,6 +625,8 @@ class GraphRecorder:
                     self.node_values[node.id] = found[0]
         finally:
             self.busy = False
+            if leaf and self.mode is not None:
+                self.mode.resume()  # the ops after this leaf are recorded again
 
     # -- operations -----------------------------------------------------------------
     def op(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> None:
@@ -599,19 +659,50 @@ class GraphRecorder:
     def graph(self, meta: dict | None = None) -> ModelGraph:
         meta = dict(meta or {})
         meta["node_values"] = dict(self.node_values)
+        meta["node_inputs"] = dict(self.node_inputs)
         return ModelGraph(self.nodes.values(), self.edges.values(), meta)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
+    return name
 
 
 class _OpMode(TorchFunctionMode):
-    """Records tensor operations that run outside leaf modules."""
+    """Records tensor operations that run outside leaf modules.
+
+    Inside a leaf module nothing is recorded, so the mode steps off the torch-function
+    stack for the leaf's forward (``pause`` in the pre-hook, ``resume`` in the hook):
+    otherwise every ``conv2d`` and ``batch_norm`` of the model would pass through Python
+    here for nothing (about 6,000 calls in efficientnet_v2_l).
+    """
 
     def __init__(self, recorder: GraphRecorder):
         super().__init__()
         self.recorder = recorder
+        self._pauses: list[bool] = []
+
+    def pause(self) -> None:
+        n = _len_torch_function_stack()
+        # Only when this mode is on top (another mode pushed above it stays in charge).
+        on_top = n > 0 and _get_function_stack_at(n - 1) is self
+        if on_top:
+            _pop_torch_function_stack()
+        self._pauses.append(on_top)
+
+    def resume(self) -> None:
+        if self._pauses and self._pauses.pop():
+            _push_on_torch_function_stack(self)
+
+    def resume_all(self) -> None:
+        """Back on the stack (a leaf's forward raised, so its hook never ran)."""
+        while self._pauses:
+            self.resume()
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -666,8 +757,13 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
                 lambda m, a, k, o, _n=name, _l=leaf: recorder.post_hook(_n, _l, m, a, k, o),
                 with_kwargs=True, always_call=False))
         try:
-            with _OpMode(recorder):
-                output = call_model(model, inputs)
+            with _OpMode(recorder) as mode:
+                recorder.mode = mode
+                try:
+                    output = call_model(model, inputs)
+                finally:
+                    mode.resume_all()
+                    recorder.mode = None
         except GradExplorerError:
             raise
         except Exception as exc:
@@ -718,12 +814,14 @@ def extract_graph(model: nn.Module, inputs: Any) -> ModelGraph:
     modes = {m: m.training for m in model.modules()}
     recorder = GraphRecorder()
     try:
-        model.eval()
+        if any(modes.values()):
+            model.eval()
         with torch.no_grad():
             record_forward(model, inputs, recorder)
     finally:
         for m, mode in modes.items():
-            m.training = mode
+            if m.training != mode:  # Module.__setattr__ is slow: 1,400 modules add up
+                m.training = mode
     return recorder.graph({"model": type(model).__name__})
 
 

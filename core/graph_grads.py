@@ -56,6 +56,29 @@ def _activation_summary(t: torch.Tensor) -> tuple[float | None, bool]:
         return (float(x.std()) if x.numel() > 1 else None), True
 
 
+def flag_by_neighbours(graph: ModelGraph, kinds: tuple[str, ...] = ("module", "op")) -> None:
+    """Add ``"vanishing"`` / ``"exploding"`` to the flags of the nodes of ``kinds``.
+
+    The rule of ``core.gradient_flow`` (RMS gradient below 1e-3 or above 1e3 times the
+    median of up to 4 neighbours on each side), applied to the deepest module and op
+    nodes that have a gradient, in forward order: an op (a residual ``add``, a ``cat``,
+    attention's ``matmul``) is judged against the modules and ops around it. Containers
+    are not judged (their value is their last inner node's).
+    """
+    from core.gradient_flow import neighbour_flags
+
+    seq = [(n, n.stats) for n in graph.nodes.values()
+           if n.kind in ("module", "op") and not graph.is_container(n.id) and n.stats
+           and n.stats.get("grad_rms") is not None]
+    rms = [math.nan if stats.get("nonfinite") else float(stats["grad_rms"]) for _n, stats in seq]
+    for (node, stats), flag in zip(seq, neighbour_flags(rms)):
+        if flag is None or node.kind not in kinds:
+            continue
+        flags = stats.setdefault("flags", [])
+        if flag not in flags:
+            flags.append(flag)
+
+
 def graph_gradients(
     model: nn.Module,
     inputs: Any,
@@ -90,7 +113,8 @@ def graph_gradients(
     ModelGraph
         Edges have ``grad_l2`` (``None`` where no gradient reached the tensor); nodes have
         ``stats`` with ``grad_l2``, ``grad_mean_abs``, ``grad_rms``, ``activation_std``,
-        ``nonfinite``, ``zero`` and ``flags`` for the value they produced.
+        ``nonfinite``, ``zero`` and ``flags`` for the value they produced (vanishing and
+        exploding by :func:`flag_by_neighbours`, on module and op nodes alike).
 
     Raises
     ------
@@ -168,4 +192,5 @@ def graph_gradients(
                           + (["nan/inf"] if stats["nonfinite"] else [])
                           + (["zero"] if stats["zero"] else []))
         graph.nodes[nid].stats = stats
+    flag_by_neighbours(graph)
     return graph

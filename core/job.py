@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,10 +37,10 @@ from core.capture_data import Capture
 from core.errors import CaptureCancelled, GradExplorerError
 from core.loaded_model import LoadedModel
 from core.module_tree import ModuleTree
-from core.options import CaptureOptions
+from core.options import BatchSpec, CaptureOptions
 
 if TYPE_CHECKING:
-    from core.memory_estimate import MemoryEstimate
+    from core.memory_estimate import MemoryEstimate, Shortfall
 
 STAGE_DOWNLOAD = "downloading weights"
 STAGE_LOAD_MODEL = "loading model"
@@ -58,8 +59,40 @@ __all__ = [
     "OverBudget",
     "PreparedModel",
     "ProgressCallback",
+    "default_batch_spec",
     "probe_model",
 ]
+
+
+def default_batch_spec(loaded: LoadedModel, n: int = 2) -> BatchSpec | None:
+    """The batch to use when the user named none: the one rule of the window and the CLI.
+
+    A demo model runs on its own batch. Any other model gets two random samples that follow
+    it (``core.batches.random_batches``): its known input shape, else what its first layer
+    takes; values in the dtype of its parameters (fp16, bf16), or token ids in
+    ``[0, vocab)`` when it starts with an ``Embedding``. The shape is written out in the
+    spec (``random="2x3x224x224"``), so that the capture's metadata and the window's batch
+    sources say what was made.
+
+    Parameters
+    ----------
+    loaded : LoadedModel
+    n : int, default 2
+        Random samples (``gradexplorer layers --probe`` takes one).
+
+    Returns
+    -------
+    BatchSpec or None
+        None when nothing tells the model's input shape (the user must give an input).
+    """
+    from core.batches import random_shape_for
+
+    if loaded.spec.startswith("demo:"):
+        return BatchSpec(demo=True)
+    shape = random_shape_for(loaded.module, loaded.input_shape, n)
+    if shape is None:
+        return None
+    return BatchSpec(random="x".join(str(d) for d in shape))
 
 
 class OverBudget(GradExplorerError):
@@ -111,8 +144,8 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     ----------
     loaded : LoadedModel
     sample : Tensor or ModelInputs, optional
-        A batch to probe with (only its first sample is used; ``Batch.model_input``). Without one, a zero
-        batch of ``loaded.input_shape`` is used when the shape is known.
+        A batch to probe with (only its first sample is used; ``Batch.model_input``). Without one, one
+        random sample of ``loaded.input_shape`` (the default batch's rule) when the shape is known.
     lock : context manager, optional
         Held during the forward, so that a probe's hooks never meet a capture's.
 
@@ -130,13 +163,18 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     if sample is not None and sample.dim() > 0 and len(sample) > 0:
         x = sample[:1]
     elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
-        x = torch.zeros((1, *loaded.input_shape))
+        from core.batches import random_batch_for
+
+        # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
+        # fail on an fp16 model or index an Embedding with floats.
+        made = random_batch_for(loaded.module, loaded.input_shape, n=1)
+        x = made.tensor if made is not None else None
     keys: list[str] = []
     error = None
     if x is not None:
         seen: list[Any] = []
 
-        def grab(module, args, output):
+        def grab(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             seen.append(output)
 
         with lock if lock is not None else nullcontext():
@@ -186,6 +224,8 @@ class CaptureJob:
         After ``estimate`` (None when the probe failed).
     over_budget : str or None
         ``check_budget``'s warning after ``estimate``, when over the budget.
+    shortfall : Shortfall or None
+        Where and by how much it is over (``core.memory_estimate.budget_shortfall``).
     timing : dict
         Seconds spent in each step that did work.
     """
@@ -207,6 +247,7 @@ class CaptureJob:
         self.probe_error: GradExplorerError | None = None
         self.memory: MemoryEstimate | None = None
         self.over_budget: str | None = None
+        self.shortfall: Shortfall | None = None
         self.result: Capture | None = None
         self.timing: dict[str, float] = {}
         self._device: torch.device | None = None
@@ -227,7 +268,7 @@ class CaptureJob:
     def _timed(self, step: str, start: float) -> None:
         self.timing[step] = round(time.perf_counter() - start, 4)
 
-    def _held(self):
+    def _held(self) -> AbstractContextManager[Any]:
         from contextlib import nullcontext
 
         return self.lock if self.lock is not None else nullcontext()
@@ -320,8 +361,9 @@ class CaptureJob:
     def load_batch(self) -> Batch:
         """Load the batch of the options (once) and the labels the target uses.
 
-        The default batch (no inputs named) is the demo model's own; other models need
-        inputs. ``options.labels`` replace the batch's own labels.
+        Without inputs named, the default for the model (:meth:`batch_spec`: the demo
+        model's own batch, else random samples that follow the model).
+        ``options.labels`` replace the batch's own labels.
 
         Returns
         -------
@@ -330,7 +372,7 @@ class CaptureJob:
         Raises
         ------
         BatchError, GradExplorerError
-            No input for a model that has no demo batch, unreadable inputs, a shape the
+            No input for a model whose input shape is not known, unreadable inputs, a shape the
             model does not take, labels that do not fit, or ``cross_entropy`` without
             labels.
         """
@@ -361,11 +403,28 @@ class CaptureJob:
                 f"--demo-input needs a demo model, and '{loaded.spec}' is not one;",
                 INPUT_HINT.replace(" or --demo-input", "") + ".",
             )
-        if spec.is_default:
-            if is_demo:
-                return ["demo"]
-            raise GradExplorerError(f"No input was given for '{loaded.spec}';", INPUT_HINT + ".")
-        return spec.sources()
+        return self.batch_spec().sources()
+
+    def batch_spec(self) -> BatchSpec:
+        """The options' batch, or the default for the model when they name none
+        (:func:`default_batch_spec`).
+
+        Raises
+        ------
+        GradExplorerError
+            No input was named and the model's input shape is not known.
+        """
+        spec = self.options.batch
+        if not spec.is_default:
+            return spec
+        loaded = self.load_model()
+        default = default_batch_spec(loaded)
+        if default is None:
+            raise GradExplorerError(
+                f"No input was given for '{loaded.spec}', and its input shape is not known;",
+                INPUT_HINT.replace("--random [SHAPE]", "--random SHAPE") + ".",
+            )
+        return default
 
     def _labels_for(self, batch: Batch, loaded: LoadedModel) -> torch.Tensor | None:
         if self.options.labels:
@@ -468,33 +527,46 @@ class CaptureJob:
             and the ways out (statistics only, fewer layers, a smaller batch, force).
         """
         if not self._estimated:
-            from core.memory_estimate import check_budget, estimate_capture_memory
+            from core.memory_estimate import budget_message, budget_shortfall, estimate_capture_memory
 
             tree = self.probe()
             selected = self.selected_layers()
             if tree is not None:
                 o = self.options
                 module = self.load_model().module
-                x = self.load_batch().tensor
+                x = self.load_batch().model_input
                 self.memory = estimate_capture_memory(tree, selected, o.mode, x, o.input_grad, module)
-                self.over_budget = check_budget(self.memory, self.device, budget=o.memory_budget)
+                self.shortfall = budget_shortfall(self.memory, self.device, budget=o.memory_budget)
+                self.over_budget = budget_message(self.memory, self.shortfall) if self.shortfall else None
             self._estimated = True
         if self.over_budget is not None and self.memory is not None and not self.options.force:
             raise self._over_budget_error()
         return self.memory
 
     def _over_budget_error(self) -> OverBudget:
-        from core.memory_estimate import format_bytes
+        from core.units import format_bytes
 
-        est = self.memory
-        assert est is not None and self.over_budget is not None
-        # check_budget's first sentence is the problem; its advice is the window's.
-        problem = self.over_budget.split(". ")[0].rstrip(".") + ";"
+        est, short = self.memory, self.shortfall
+        assert est is not None and short is not None and self.over_budget is not None
+        # The figures as the estimate line prints them (core.units.format_bytes), in the
+        # command line's words; the window shows check_budget's sentence instead.
+        free = "half of the free RAM" if short.device.type == "cpu" else f"half of the free memory of {short.device}"
+        source = "set by --memory-budget" if short.set_by_user else free
+        if short.device.type == "cpu":
+            kept = f"≈ {format_bytes(est.total)} kept"
+            if short.need > est.total:
+                kept += f" and {format_bytes(short.need - est.total)} while forward and backward run"
+            problem = (f"this capture needs {format_bytes(short.need)} of memory ({kept}) but the budget "
+                       f"is {format_bytes(short.budget)} ({source});")
+        else:
+            problem = (f"the forward and backward pass need about {format_bytes(short.need)} on {short.device} "
+                       f"but the budget is {format_bytes(short.budget)} ({source});")
+        larger = f"a --memory-budget above {format_bytes(short.need)}"
         if self.options.mode == "full":
             fix = (f"pass --stats-only (about {format_bytes(est.stats + est.io)}), fewer --layers "
-                   "or a smaller batch, or --force to run anyway.")
+                   f"or a smaller batch, {larger}, or --force to run anyway.")
         else:
-            fix = "use a smaller batch, or pass --force to run anyway."
+            fix = f"use a smaller batch, {larger}, or --force to run anyway."
         return OverBudget(problem, fix, est, self.over_budget)
 
     def metadata(self) -> dict:

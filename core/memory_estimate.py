@@ -31,13 +31,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.module_tree import ModuleTree, TensorKey
-from core.units import format_bytes
+from core.units import counted, format_bytes
+
+if TYPE_CHECKING:
+    from core.capture_data import Capture
 
 #: Share of the free memory a capture may use before ``check_budget`` warns.
 BUDGET_SHARE = 0.5
@@ -105,8 +109,8 @@ class MemoryEstimate:
         """One line for the Run button and the CLI, e.g.
         ``"≈ 1.2 GiB (activations 600 MiB, gradients 550 MiB, input/output 12 MiB)"``."""
         if self.mode == "stats":
-            return (f"≈ {format_bytes(self.total)} (statistics only: {self.layers} layers × "
-                    f"{self.calls} calls, bounded; input/output {format_bytes(self.io)})")
+            return (f"≈ {format_bytes(self.total)} (statistics only: {counted(self.layers, 'layer')} × "
+                    f"{counted(self.calls, 'call')}, bounded; input/output {format_bytes(self.io)})")
         parts = [f"activations {format_bytes(self.activations)}",
                  f"gradients {format_bytes(self.grad_outputs + self.grad_inputs)}"]
         if self.param_grads:
@@ -115,11 +119,13 @@ class MemoryEstimate:
         return f"≈ {format_bytes(self.total)} ({', '.join(parts)})"
 
 
-def _input_bytes(inputs) -> int:
+def _input_bytes(inputs: torch.Tensor | ModelInputs | tuple | None) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.numel() * inputs.element_size()
     if inputs is None:
         return 0
+    if isinstance(inputs, ModelInputs):
+        return _input_bytes(inputs.primary)
     shape, dtype = (inputs, torch.float32) if isinstance(inputs[0], int) else inputs
     n = 1
     for s in shape:
@@ -131,7 +137,7 @@ def estimate_capture_memory(
     tree: ModuleTree,
     selected: list[str],
     mode: str = "full",
-    inputs: torch.Tensor | tuple | None = None,
+    inputs: torch.Tensor | ModelInputs | tuple | None = None,
     input_grad: bool = False,
     model: nn.Module | None = None,
 ) -> MemoryEstimate:
@@ -144,10 +150,12 @@ def estimate_capture_memory(
     selected : list of str
         Qualified names of the layers to capture (``core.selection.resolve_layers``).
     mode : {"full", "stats"}
-    inputs : Tensor, shape tuple, or (shape, dtype), optional
+    inputs : Tensor, ModelInputs, shape tuple, or (shape, dtype), optional
         The batch (only its size is used); defaults to what the probe saw. When it is
         larger or smaller than the probe's batch (a tree probed with one sample), the
-        sizes the probe saw are scaled by the ratio of the two batches' bytes.
+        sizes the probe saw are scaled by the ratio of the two batches' bytes. For a model
+        of several inputs (``ModelInputs``) the capture keeps the first (``primary``) and
+        forward holds them all.
     input_grad : bool
         Whether the input gradient is asked for.
     model : nn.Module, optional
@@ -192,8 +200,14 @@ def estimate_capture_memory(
     est.stats = (walk.activation_count + len(walk.grad_keys) + param_count) * STATS_BYTES
 
     leaf_outputs = sum(c.output_bytes for c in tree.call_io if c.name and tree.nodes[c.name].is_leaf)
-    est.transient = round(leaf_outputs * scale) + params.all_bytes() + x_bytes
+    # Forward holds every input of a model of several inputs, not only the recorded one.
+    all_inputs = _all_input_bytes(inputs) if isinstance(inputs, ModelInputs) else x_bytes
+    est.transient = round(leaf_outputs * scale) + params.all_bytes() + all_inputs
     return est
+
+
+def _all_input_bytes(inputs: ModelInputs) -> int:
+    return sum(_input_bytes(v) for v in (*inputs.args, *inputs.kwargs.values()) if isinstance(v, torch.Tensor))
 
 
 class _Trainable:
@@ -235,7 +249,7 @@ class _Event(NamedTuple):
 
     tick: int
     returned: bool
-    index: int
+    call: int
 
 
 class _CallWalk:
@@ -275,9 +289,9 @@ class _CallWalk:
             events.append(_Event(call.end, True, i))
         for event in sorted(events):
             if event.returned:
-                self._returned(event.index)
+                self._returned(event.call)
             else:
-                self._started(event.index)
+                self._started(event.call)
 
     def _see(self, key: TensorKey) -> None:
         if self.latest.get(key.serial, key) <= key:
@@ -358,7 +372,7 @@ def _gradient_bytes(walk: _CallWalk, root_out: TensorKey | None) -> tuple[int, i
     return outputs, inputs
 
 
-def measure_capture_memory(capture) -> int:
+def measure_capture_memory(capture: Capture) -> int:
     """Bytes a ``Capture`` holds: every tensor storage once (views and shared tensors
     counted once), plus its statistics dicts.
 
@@ -374,7 +388,7 @@ def measure_capture_memory(capture) -> int:
     seen_stats: set[int] = set()
     total = 0
 
-    def add(t) -> None:
+    def add(t: object) -> None:
         nonlocal total
         if not isinstance(t, torch.Tensor):
             return
@@ -384,7 +398,7 @@ def measure_capture_memory(capture) -> int:
             seen.add(key)
             total += storage.nbytes()
 
-    def add_stats(stats) -> None:
+    def add_stats(stats: dict[str, Any] | None) -> None:
         nonlocal total
         if not stats or id(stats) in seen_stats:
             return
@@ -414,12 +428,12 @@ def measure_capture_memory(capture) -> int:
     return total
 
 
-def largest_tensor_bytes(capture) -> int:
+def largest_tensor_bytes(capture: Capture) -> int:
     """The largest single tensor a capture holds in its layers (activations, gradients,
     parameter gradients and histograms; not the input and output)."""
     largest = 0
 
-    def see(t) -> None:
+    def see(t: object) -> None:
         nonlocal largest
         if isinstance(t, torch.Tensor):
             largest = max(largest, t.untyped_storage().nbytes())
@@ -453,9 +467,32 @@ def budget_bytes(device: str | torch.device = "cpu") -> int | None:
     return None if free is None else int(free * BUDGET_SHARE)
 
 
-def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
-                 budget: int | None = None) -> str | None:
-    """A warning when the capture would not fit, or None when it does.
+class Shortfall(NamedTuple):
+    """A capture that does not fit its memory budget (:func:`budget_shortfall`).
+
+    Attributes
+    ----------
+    need : int
+        Bytes it needs where it does not fit: in RAM, what the capture keeps (``estimate.total``)
+        plus, on the CPU, the working memory of forward and backward (``estimate.transient``);
+        on a GPU, that working memory.
+    budget : int
+        Bytes allowed there.
+    device : torch.device
+        ``cpu`` for RAM, else the GPU whose working memory does not fit.
+    set_by_user : bool
+        The budget is ``CaptureOptions.memory_budget`` (else a share of the free memory).
+    """
+
+    need: int
+    budget: int
+    device: torch.device
+    set_by_user: bool
+
+
+def budget_shortfall(estimate: MemoryEstimate, device: str | torch.device = "cpu",
+                     budget: int | None = None) -> Shortfall | None:
+    """Where the capture does not fit, and by how much; None when it fits.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
     backward pass need ``estimate.transient`` on the run's device as well.
@@ -471,27 +508,60 @@ def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
 
     Returns
     -------
-    str or None
-        The problem and what to do about it, in one or two sentences.
+    Shortfall or None
     """
     device = torch.device(device)
+    set_by_user = budget is not None
     ram = budget if budget is not None else budget_bytes("cpu")
-    share = "the memory budget you set" if budget is not None else "half of the free RAM"
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
     if ram is not None and need_ram > ram:
+        return Shortfall(need_ram, ram, torch.device("cpu"), set_by_user)
+    if device.type == "cuda":
+        gpu = budget if budget is not None else budget_bytes(device)
+        if gpu is not None and estimate.transient > gpu:
+            return Shortfall(estimate.transient, gpu, device, set_by_user)
+    return None
+
+
+def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
+                 budget: int | None = None) -> str | None:
+    """A warning when the capture would not fit (:func:`budget_shortfall`), or None when it does.
+
+    Parameters
+    ----------
+    estimate : MemoryEstimate
+    device : str or torch.device
+        Where the capture runs.
+    budget : int, optional
+        Bytes the capture may use (``CaptureOptions.memory_budget``); default:
+        ``BUDGET_SHARE`` of what is free.
+
+    Returns
+    -------
+    str or None
+        The problem and what to do about it, in one or two sentences (the window's words).
+    """
+    short = budget_shortfall(estimate, device, budget)
+    return None if short is None else budget_message(estimate, short)
+
+
+def budget_message(estimate: MemoryEstimate, short: Shortfall) -> str:
+    """The window's words for a shortfall: the problem and what to do about it
+    (:func:`check_budget`; the CLI says it in its flags, ``core.job.OverBudget``)."""
+    if short.device.type == "cpu":
+        share = "the memory budget you set" if short.set_by_user else "half of the free RAM"
         held = estimate.total
-        if estimate.mode == "full" and held > ram - (need_ram - held):
+        if estimate.mode == "full" and held > short.budget - (short.need - held):
             fix = ("Switch to statistics-only capture (about "
                    f"{format_bytes(estimate.stats + estimate.io)}), or tick fewer layers.")
         else:
             fix = "Use a smaller batch, or a GPU."
-        return (f"This capture needs {format_bytes(need_ram)} of memory but the budget is "
-                f"{format_bytes(ram)} ({share}). {fix}")
-    if device.type == "cuda":
-        gpu = budget if budget is not None else budget_bytes(device)
-        if gpu is not None and estimate.transient > gpu:
-            return (f"The forward and backward pass need about {format_bytes(estimate.transient)} on "
-                    f"{device} but the budget is {format_bytes(gpu)} "
-                    f"({'the memory budget you set' if budget is not None else 'half of its free memory'}). "
-                    "Use a smaller batch, or run on the CPU.")
-    return None
+        # The figure the estimate line showed (what the capture keeps), and what running adds.
+        kept = f"≈ {format_bytes(held)}"
+        needs = (f"{format_bytes(short.need)} of memory ({kept} kept, plus {format_bytes(short.need - held)} "
+                 "while forward and backward run)" if short.need > held else f"{kept} of memory")
+        return f"This capture needs {needs} but the budget is {format_bytes(short.budget)} ({share}). {fix}"
+    share = "the memory budget you set" if short.set_by_user else "half of its free memory"
+    return (f"The forward and backward pass need about {format_bytes(short.need)} on "
+            f"{short.device} but the budget is {format_bytes(short.budget)} ({share}). "
+            "Use a smaller batch, or run on the CPU.")

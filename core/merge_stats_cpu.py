@@ -98,21 +98,24 @@ def moments_and_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> tuple[
     Returns
     -------
     (row, counts) or None
-        ``row``: count, mean, m2, sum of squares, sum of magnitudes, min, max, non-zero
-        count, NaN count, Inf count (``core.cpu_stats_kernels.COLS``), float64, over the
-        finite values; ``counts``: int64 per bin.
+        ``row``: count, mean, m2, sum of magnitudes, min, max, non-zero count, NaN count
+        (``core.cpu_stats_kernels.COLS``), then the Inf count (what is neither finite nor
+        NaN), float64, over the finite values; ``counts``: int64 per bin.
     """
     got = _bits(x)
     if got is None:
         return None
-    res = np.empty((1, 10), np.float64)
+    from core.cpu_stats_kernels import COLS
+
+    res = np.empty((1, COLS), np.float64)
     out = np.zeros(bins, np.int64)
     try:
         _state["kernels"].moments_and_counts(got[0], got[1], fold.numpy(), res, out)
     except Exception:  # noqa: BLE001
         _fail()
         return None
-    return res[0].tolist(), out
+    row = res[0].tolist()
+    return [*row, x.numel() - row[0] - row[7]], out
 
 
 def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:

@@ -43,9 +43,11 @@ def fold_counts(bits: Any, fold: Any, out: Any) -> None:
 @njit(cache=True, nogil=True)
 def moments_and_counts(x: Any, bits: Any, fold: Any, res: Any, out: Any) -> None:
     """The capture's fused moments of ``x`` (``cpu_stats_kernels.chunk``: float64 sums
-    around block means, NaN/Inf counts, finite extremes) into ``res[0]``, then the log2
+    around block pivots, the NaN count, finite extremes) into ``res[0]``, then the log2
     bin counts of its bits (``bits``: ``x`` viewed as int32) into ``out``."""
-    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0)
+    # No histogram sample (the log2 bins count every value); made here, since numba
+    # freezes a global array read-only and chunk writes its sample.
+    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0, 0, 1, np.empty(0, np.float64))
     fold_counts(bits, fold, out)
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from torch import nn
 from core.batch import ModelInputs, call_model
 from core.capture import primary_tensor
 from core.errors import CaptureError
+from core.forward_errors import forward_fix
 
 
 @dataclass
@@ -274,12 +275,12 @@ class _ProbeRecorder:
             self._serials[id(t)] = entry
         return TensorKey(entry[1], t._version)
 
-    def pre_hook(self, name: str):
+    def pre_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         node = self.nodes[name]
 
-        def hook(module, args):
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             self.running.append(name)
-            node.calls += 1
+            node.calls = (node.calls or 0) + 1
             if node.calls == 1:
                 self.order.append(name)
             x = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -293,10 +294,10 @@ class _ProbeRecorder:
             self.calls.append(call)
         return hook
 
-    def post_hook(self, name: str):
+    def post_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         node = self.nodes[name]
 
-        def hook(module, args, output):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             self.running.pop()
             call = self._open.pop()
             call.end = next(self._ticks)
@@ -308,7 +309,11 @@ class _ProbeRecorder:
             node.output_dtype = str(y.dtype).replace("torch.", "")
             node.output_bytes += y.numel() * y.element_size()
             if any(a is y for a in args if isinstance(a, torch.Tensor)):
-                node.inplace = True
+                # Handing the input back unchanged (eval-mode Dropout, Identity) is not in-place:
+                # only a changed version counter says the module wrote into its input.
+                before = call.input_key
+                if before is None or self.key_of(y) != before:
+                    node.inplace = True
         return hook
 
     def forward_failed(self, exc: Exception) -> CaptureError:
@@ -316,5 +321,5 @@ class _ProbeRecorder:
         first = str(exc).splitlines()[0] if str(exc) else ""
         return CaptureError(
             f"The model's forward failed{where}: {type(exc).__name__}: {first}",
-            "Check that the batch has the shape the model expects.",
+            forward_fix(exc),
         )

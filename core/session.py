@@ -54,8 +54,8 @@ def prepare_model(loaded: LoadedModel, sample: torch.Tensor | None = None) -> Pr
     ----------
     loaded : LoadedModel
     sample : Tensor, optional
-        A batch to probe with (only its first sample is used). Without one, a zero
-        batch of ``loaded.input_shape`` is used when the shape is known.
+        A batch to probe with (only its first sample is used). Without one, one random
+        sample of ``loaded.input_shape`` when the shape is known (``probe_model``).
 
     Returns
     -------
@@ -400,6 +400,39 @@ class Session:
 
     def set_input_grad(self, on: bool) -> None:
         self._setting("input_grad", bool(on))
+
+    def set_memory_budget(self, budget: int | None) -> None:
+        """Bytes a capture may use (``None``: half the free memory of the device)."""
+        self._setting("memory_budget", budget)
+
+    def apply_options(self, options: CaptureOptions) -> None:
+        """Take the run settings of ``options``: target (with its output key), labels,
+        mode, train, input gradient, autocast and memory budget; the device unless it is
+        ``auto``. Settings already applied stay when a later one is refused. The model,
+        batch and layers are the caller's to load (in a worker).
+
+        ``gradexplorer --model X --target ... --run`` builds the options the ``capture``
+        command would, and the window starts from them.
+
+        Raises
+        ------
+        GradExplorerError
+            The device is not on this machine.
+        """
+        from core.targets import parse_target
+
+        target = parse_target(options.target)
+        self.set_target(str(target).split("@")[0], target.output_key)
+        self.set_labels(options.labels or "")
+        self.set_mode(options.mode)
+        self.set_train(options.train)
+        self.set_input_grad(options.input_grad)
+        self._setting("autocast", options.autocast)
+        self.set_memory_budget(options.memory_budget)
+        if options.device != "auto":
+            from core.devices import resolve_device
+
+            self.set_device(str(resolve_device(options.device)))  # "cuda" -> "cuda:0", as listed
 
     # -- runs ------------------------------------------------------------------------
     def target_spec(self) -> str:

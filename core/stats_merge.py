@@ -12,7 +12,8 @@ What a :class:`MergeStats` holds, and why each merges exactly:
 * ``min`` and ``max`` (over finite values) take the min and max.
 * ``sum``, ``sum_abs`` are float64 sums: they add.
 * ``mean`` and ``m2`` (the sum of squared deviations from the mean) are merged by Chan,
-  Golub and LeVeque's parallel formula in float64::
+  Golub and LeVeque's parallel formula in float64 (``core.stats.chan_merge``, the one
+  merge of moments that every path uses)::
 
       n = na + nb, d = mb - ma, mean = ma + d * nb / n, m2 = m2a + m2b + d^2 * na * nb / n
 
@@ -47,6 +48,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from core.stats import chan_merge
 
 #: Octaves [2^k, 2^(k+1)) for k in [MAG_LOW, MAG_HIGH) have a bin of their own.
 MAG_LOW = -64
@@ -242,7 +245,7 @@ class MergeStats:
         got = moments_and_counts(x, _FOLD, HIST_BINS)
         if got is None:
             return None
-        (count, mean, m2, _sq, s_abs, lo, hi, _nz, nans, infs), counts = got
+        (count, mean, m2, s_abs, lo, hi, _nz, nans, infs), counts = got
         n, m = x.numel(), int(count)
         if m == 0:
             return cls(numel=n, nan_count=int(nans), inf_count=int(infs))
@@ -258,15 +261,12 @@ class MergeStats:
     def merge(self, other: MergeStats) -> MergeStats:
         """The statistics of the union of both sets of values (neither is modified)."""
         na, nb = self.count, other.count
-        n = na + nb
+        n, mean, m2 = chan_merge(na, self.mean, self.m2, nb, other.mean, other.m2)
         if na == 0 or nb == 0:
             src = other if na == 0 else self
-            mean, m2, s, s_abs = src.mean, src.m2, src.sum, src.sum_abs
+            s, s_abs = src.sum, src.sum_abs
             lo, hi = src.min, src.max
         else:
-            delta = other.mean - self.mean
-            mean = self.mean + delta * (nb / n)
-            m2 = self.m2 + other.m2 + delta * delta * (na * nb / n)
             s, s_abs = self.sum + other.sum, self.sum_abs + other.sum_abs
             lo, hi = min(self.min, other.min), max(self.max, other.max)
         return MergeStats(
@@ -370,12 +370,9 @@ class GradientMoments:
             return out
         assert self.mean is not None and other.mean is not None
         assert self.m2 is not None and other.m2 is not None
-        na, nb = self.batches, other.batches
-        n = na + nb
-        delta = other.mean.to(self.mean.device) - self.mean
-        out.batches = n
-        out.mean = self.mean + delta * (nb / n)
-        out.m2 = self.m2 + other.m2.to(self.m2.device) + delta * delta * (na * nb / n)
+        out.batches, out.mean, out.m2 = chan_merge(
+            self.batches, self.mean, self.m2,
+            other.batches, other.mean.to(self.mean.device), other.m2.to(self.m2.device))
         return out
 
     def summary(self) -> dict:

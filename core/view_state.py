@@ -16,10 +16,14 @@ changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from psygnal import evented
 
 from core.capture_data import Capture
+
+if TYPE_CHECKING:
+    from psygnal import SignalGroup
 
 #: Tensor kinds a heatmap can show, with the words the views use for them.
 TENSOR_KINDS = {
@@ -52,6 +56,10 @@ class ViewState:
     reduction : str
         One of ``REDUCTIONS``, for channel-reduced heatmaps.
     """
+
+    if TYPE_CHECKING:
+        # Added by @evented: one signal per field (``state.events.layer.connect(...)``).
+        events: ClassVar[SignalGroup]
 
     layer: str | None = None
     call: int = 0

@@ -13,9 +13,10 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 from urllib.error import URLError
 from urllib.request import Request, urlopen
 
@@ -161,7 +162,8 @@ def model_catalog() -> list[ModelInfo]:
     catalog = []
     for name in sorted(torchvision.models.list_models()):
         enum_cls = model_weights_enum(name)
-        members = list(enum_cls) if enum_cls is not None else []
+        # An Enum class iterates over its members (aliases such as DEFAULT left out).
+        members = list(cast("Iterable[WeightsEnum]", enum_cls)) if enum_cls is not None else []
         default = getattr(enum_cls, "DEFAULT", None) if enum_cls is not None else None
         catalog.append(
             ModelInfo(
@@ -359,8 +361,8 @@ def fetch_weights(
 
 def _copy_chunks(
     weights: WeightsEnum,
-    response,
-    out,
+    response: IO[bytes],
+    out: IO[bytes],
     total: int,
     progress: Callable[[int, int], None] | None,
     cancel: threading.Event | None,

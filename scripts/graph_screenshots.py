@@ -120,7 +120,37 @@ def main(out: str = "docs") -> int:
     p = panel_for(unet, (900, 1000), "UNet-like")
     shoot(app, p, out_dir / "graph-unet.png")
     p.close()
+    compare_shot(app, out_dir / "graph-divergence.png")
     return 0
+
+
+def compare_shot(app, path: Path) -> None:
+    """resnet18 in float32 against bf16 autocast (statistics only), the compare window's
+    Graph tab coloured by the relative L2 difference of the output gradients."""
+    from app.compare_window import CompareWindow
+    from core.capture import capture
+    from core.graph import graph_for_capture
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 112, 112)
+    a = capture(model, x, mode="stats")
+    b = capture(model, x, mode="stats", autocast="bf16")
+    a.graph = graph_for_capture(model, x, a).to_dict()
+    window = CompareWindow()
+    window.resize(760, 1000)
+    window.show()
+    panel = window.graph_panel
+    done = [0]
+    panel.layout_done.connect(lambda _s: done.__setitem__(0, 1))
+    window.compare_captures(a, b, "float32", "bf16")
+    t = time.time()
+    while not done[0] and time.time() - t < 120:
+        app.processEvents()
+        time.sleep(0.01)
+    window.tabs.setCurrentWidget(panel)
+    shoot(app, panel, path, expand=["m:layer1.0:0"])
+    window.close()
 
 
 if __name__ == "__main__":

@@ -50,24 +50,29 @@ from PySide6.QtWidgets import (
 )
 
 from app.run_worker import TaskRunner
+from app.views.color_bar import ColorBarWidget
 from core.errors import GradExplorerError
 from core.graph import ModelGraph, extract_graph, first_sample
-from core.graph_layout import Layout, layout_view, node_label
+from core.graph_layout import Layout, layout_view, node_label, preload_engines
 from core.graph_render import (
     COLOR_BY,
+    FLAG_COLORS,
+    STATISTIC_LABELS,
     clip_route,
     color_scale,
-    colormap,
     edge_widths,
     node_colors,
     node_tooltip,
+    node_value,
     text_color,
 )
+from core.nonfinite import onset_location
 
 #: Colour of selection, search hits and ticked layers.
 SELECT_COLOR = QColor("#e6550d")
 HIT_COLOR = QColor("#fdd835")
 CHECK_COLOR = QColor("#2ca02c")
+ONSET_COLOR = QColor("#8e0000")
 
 
 class GraphNodeItem(QGraphicsItem):
@@ -87,12 +92,15 @@ class GraphNodeItem(QGraphicsItem):
         self.selected_ = False
         self.hit = False
         self.checked = False
+        #: "forward" / "backward" when NaN/Inf began in this node (or a node inside it).
+        self.onset: list[str] = []
         self.setAcceptHoverEvents(True)
         self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.setZValue(2)
 
     def boundingRect(self) -> QRectF:
-        return self.rect.adjusted(-4, -4, 4, 4)
+        # Room for the selection and search rings, and left for the NaN/Inf onset sign.
+        return self.rect.adjusted(-26, -8, 8, 8)
 
     def paint(self, painter: QPainter, option, widget=None) -> None:
         pen = QPen(QColor("#333333"), 2.4 if self.container else 1.0)
@@ -100,6 +108,10 @@ class GraphNodeItem(QGraphicsItem):
             painter.setPen(QPen(HIT_COLOR, 7))
             painter.setBrush(Qt.BrushStyle.NoBrush)
             painter.drawRoundedRect(self.rect, 6, 6)
+        if self.onset:  # where NaN/Inf began: a dark-red ring outside the border
+            painter.setPen(QPen(ONSET_COLOR, 2.2))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(self.rect.adjusted(-5, -5, 5, 5), 8, 8)
         if self.selected_:
             pen = QPen(SELECT_COLOR, 3.2)
         painter.setPen(pen)
@@ -116,6 +128,14 @@ class GraphNodeItem(QGraphicsItem):
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(CHECK_COLOR)
             painter.drawEllipse(QPointF(self.rect.right() - 5, self.rect.top() + 5), 3.5, 3.5)
+        if self.onset:  # a warning sign left of the box, clear of the label
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(ONSET_COLOR)
+            tip = QPointF(self.rect.left() - 16, self.rect.center().y() - 7)
+            painter.drawPolygon(QPolygonF([tip, tip + QPointF(-7, 13), tip + QPointF(7, 13)]))
+            painter.setPen(QPen(QColor("white"), 1.6))
+            painter.drawLine(tip + QPointF(0, 4), tip + QPointF(0, 8.5))
+            painter.drawPoint(tip + QPointF(0, 11))
         painter.setPen(self.text_pen)
         n = len(self.lines)
         for i, line in enumerate(self.lines):
@@ -244,7 +264,9 @@ class GraphPanel(QWidget):
     graph_changed = Signal()
     failed = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None, engine: str = "auto"):
+    def __init__(self, parent: QWidget | None = None, engine: str = "auto", statistics: dict | None = None):
+        """``statistics``: what the colour menu offers (key: label), by default a capture's
+        (``COLOR_BY``); the compare window offers a comparison's (``DIVERGENCE_BY``)."""
         super().__init__(parent)
         self.engine = engine
         self.graph: ModelGraph | None = None
@@ -253,6 +275,9 @@ class GraphPanel(QWidget):
         self.items: dict[str, GraphNodeItem] = {}
         self.selected: str | None = None
         self.checked_layers: set[str] = set()
+        self.capture: Any = None
+        # Where NaN/Inf began: (layer, call) per kind, from the capture's nonfinite_onset.
+        self.onset: dict[str, tuple[str, int]] = {}
         self.hits: list[str] = []
         self._hit_index = 0
         self._anchor: tuple[str, QPointF] | None = None
@@ -268,7 +293,7 @@ class GraphPanel(QWidget):
         self.search = QLineEdit(placeholderText="Find a layer or op…")
         self.search.setClearButtonEnabled(True)
         self.color_by = QComboBox()
-        for key, label in COLOR_BY.items():
+        for key, label in (statistics or COLOR_BY).items():
             self.color_by.addItem(f"Colour: {label}", key)
         self.fit_button = QPushButton("Fit")
         self.export_button = QPushButton("Export…")
@@ -278,15 +303,28 @@ class GraphPanel(QWidget):
         bar.setContentsMargins(0, 0, 0, 0)
         for w in (self.search, self.color_by, self.fit_button, self.export_button):
             bar.addWidget(w)
-        bar.addWidget(self.scale_label, 1)
+        bar.addStretch(1)
+        # The colour key on its own row: the log colour bar with its powers of ten, or the
+        # flags' key, and what is coloured.
+        self.color_bar = ColorBarWidget(self)
+        key = QHBoxLayout()
+        key.setContentsMargins(0, 0, 0, 0)
+        key.addWidget(self.color_bar, 3)
+        key.addWidget(self.scale_label, 2)
         self.canvas = GraphCanvas(self)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addLayout(bar)
+        lay.addLayout(key)
         lay.addWidget(self.canvas, 1)
         lay.addWidget(self.status)
 
         self.layouts = TaskRunner("graph layout", self)
+        # igraph (the layout of big views) takes 0.3-1.2 s to import, holding the GIL: it is
+        # imported in a worker when the panel is made (the window's start-up), not in the
+        # first layout (core.graph_layout.preload_engines).
+        self.preloads = TaskRunner("graph layout libraries", self)
+        self.preloads.start(lambda progress, cancel: preload_engines())
         self.extractions = TaskRunner("graph extraction", self)
         self.layouts.finished.connect(self._on_layout)
         self.layouts.failed.connect(self._on_failed)
@@ -343,8 +381,13 @@ class GraphPanel(QWidget):
         self.relayout()
 
     def set_capture(self, capture: Any, carried: bool = False) -> None:
-        """Colour by a new capture's statistics. With ``carried`` (a capture opened without
-        its model), or when no graph is shown, draw the graph the capture file carries."""
+        """Colour by a new capture's statistics (``None``: the capture was dropped). With
+        ``carried`` (a capture opened without its model), or when no graph is shown, draw
+        the graph the capture file carries. A graph extracted later is coloured by it too."""
+        self.capture = capture
+        if capture is None:
+            self.set_onset(None)
+            return
         data = getattr(capture, "graph", None)
         if data and (carried or self.graph is None):
             try:
@@ -353,10 +396,40 @@ class GraphPanel(QWidget):
                 self.status.setText(f"Graph: {exc.problem}")
                 return
             self.set_graph(graph, capture)
+            self.set_onset(getattr(capture, "nonfinite_onset", None))
             return
         if self.graph is not None and capture is not None:
             self.graph.attach_capture(capture)
             self.recolor()
+        self.set_onset(getattr(capture, "nonfinite_onset", None))
+
+    def set_onset(self, onset: dict | None) -> None:
+        """Mark the nodes where NaN/Inf began (``Capture.nonfinite_onset``), or none."""
+        self.onset = {}
+        for kind in ("forward", "backward"):
+            where = onset_location(onset, kind)
+            if where is not None:
+                self.onset[kind] = (where[0], int(where[1] or 0))
+        self._mark_onset()
+
+    def onset_node(self, kind: str) -> str | None:
+        """The visible node that holds the onset ``kind`` (itself or its collapsed container)."""
+        if self.graph is None or kind not in self.onset:
+            return None
+        name, call = self.onset[kind]
+        node = self.graph.module_node(name, call) or self.graph.module_node(name, 0)
+        return None if node is None else self.graph.representative(node.id, self.expanded)
+
+    def _mark_onset(self) -> None:
+        marks: dict[str, list[str]] = {}
+        for kind in self.onset:
+            nid = self.onset_node(kind)
+            if nid is not None:
+                marks.setdefault(nid, []).append(kind)
+        for nid, item in self.items.items():
+            if item.onset != marks.get(nid, []):
+                item.onset = marks.get(nid, [])
+                item.update()
 
     def set_checked_layers(self, names: Iterable[str]) -> None:
         """Show which layers are ticked for capture (a green dot)."""
@@ -396,7 +469,8 @@ class GraphPanel(QWidget):
         return self.layouts.start(task)
 
     def _on_extracted(self, _gen: int, graph: ModelGraph, _seconds: float) -> None:
-        self.set_graph(graph)
+        # The capture shown may have come before the graph (the tab opened after a run).
+        self.set_graph(graph, self.capture)
 
     def _on_failed(self, _gen: int, exc: BaseException) -> None:
         text = getattr(exc, "problem", None) or str(exc)
@@ -452,6 +526,7 @@ class GraphPanel(QWidget):
             scene.addItem(GraphFrameItem(self, cid, rect.adjusted(-pad, -pad - 10, pad, pad),
                                          graph.nodes[cid].name + "  ▾"))
         scene.setSceneRect(scene.itemsBoundingRect().adjusted(-200, -200, 200, 200))
+        self._mark_onset()
         if self.selected in self.items:
             self.items[self.selected].selected_ = True
         elif self.selected is not None:
@@ -485,21 +560,33 @@ class GraphPanel(QWidget):
     def _update_scale_label(self, graph: ModelGraph, view) -> None:
         stat = self.statistic
         if stat == "flags":
-            self.scale_label.setText("flags: red NaN/Inf · grey no gradient · purple zero · orange exploding · "
-                                     "blue vanishing")
+            self.color_bar.set_scale(None)
+            self.color_bar.hide()
+            self.scale_label.setText("flags: " + " ".join(
+                f"<span style='color:{color}'>■</span>&nbsp;{flag}" for flag, color in FLAG_COLORS.items()))
             return
         scale = color_scale(graph, view.nodes, stat)
+        self.color_bar.set_scale(scale)
+        self.color_bar.setVisible(scale.lo is not None)
         if scale.lo is None:
-            self.scale_label.setText("no statistics: run a capture")
+            zeros = scale.zero_low and any(node_value(graph, n, stat) == 0 for n in view.nodes)
+            self.scale_label.setText(f"{STATISTIC_LABELS[stat]}: 0 at every node (identical)" if zeros
+                                     else "no statistics: run a capture")
             return
-        self.scale_label.setText(
-            f"<span style='background:{colormap(0)};color:white'>&nbsp;{scale.lo:.3g}&nbsp;</span>"
-            f"<span style='background:{colormap(0.5)};color:white'>&nbsp;log&nbsp;</span>"
-            f"<span style='background:{colormap(1)}'>&nbsp;{scale.hi:.3g}&nbsp;</span> {COLOR_BY[stat]}")
+        self.scale_label.setText(f"{STATISTIC_LABELS[stat]} (log{', 1 in the middle' if scale.diverging else ''})")
 
     # -- interaction ------------------------------------------------------------------
     def tooltip(self, node_id: str) -> str:
-        return node_tooltip(self.graph, node_id) if self.graph is not None else ""
+        if self.graph is None:
+            return ""
+        text = node_tooltip(self.graph, node_id)
+        item = self.items.get(node_id)
+        for kind in item.onset if item is not None else []:
+            name, call = self.onset[kind]
+            node = self.graph.module_node(name, call) or self.graph.module_node(name, 0)
+            where = "here" if node is not None and node.id == node_id else f"inside, at {name} call {call + 1}"
+            text += f"\nNaN/Inf began {where} ({kind})"
+        return text
 
     def _select(self, node_id: str | None, center: bool = False) -> None:
         if self.selected in self.items:
@@ -617,6 +704,7 @@ class GraphPanel(QWidget):
         return path
 
     def shutdown(self) -> None:
+        self.preloads.shutdown()
         self.layouts.shutdown()
         self.extractions.shutdown()
 
@@ -663,8 +751,7 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         panel.request_extract(model.module, sample, lock=getattr(session, "_run_lock", None))
 
     def on_capture(capture: Any, _batch: Any = None) -> None:
-        if capture is not None:
-            panel.set_capture(capture, carried=session.model is None)
+        panel.set_capture(capture, carried=capture is not None and session.model is None)
 
     panel.layer_selected.connect(on_layer_selected)
     view_state.events.layer.connect(follow_state)
@@ -675,3 +762,4 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
     session.batch_changed.connect(extract)
     controller.capture_shown.connect(on_capture)
     panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))
+    panel.graph_changed.connect(follow_state)  # a graph drawn after a run shows the layer in view

@@ -23,6 +23,7 @@ from core.batches.random_batches import (
     RandomRecipe,
     random_batch,
     random_batch_for,
+    random_shape_for,
     recipe_for,
 )
 from core.batches.shape_check import check_batch_shape
@@ -42,6 +43,7 @@ __all__ = [
     "load_tensor_file",
     "random_batch",
     "random_batch_for",
+    "random_shape_for",
     "recipe_for",
     "RandomRecipe",
     "parse_labels",

@@ -13,13 +13,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from core.batch import Batch
-from core.batches.labels import parse_labels
+from core.batches.labels import LabelSpec, parse_labels
 from core.batches.paths import SOURCES_HINT, display_path, missing_source
 from core.errors import BatchError, listing
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 #: File endings a folder is expanded to. Files named explicitly are tried whatever
 #: their ending, so any format Pillow reads works when asked for by name.
@@ -42,7 +46,7 @@ _IMAGE_FIX = "choose PNG or JPEG files (BMP, WebP and TIFF also work)"
 _truncation_lock = threading.Lock()
 
 
-def default_preprocess() -> Callable[[object], torch.Tensor]:
+def default_preprocess() -> Callable[[Image.Image], torch.Tensor]:
     """The preprocess used for images when the model brings none.
 
     Resize the shorter side to 256 px (bilinear, antialiased), center crop 224×224,
@@ -86,7 +90,7 @@ def _unreadable(path: Path, why: str) -> BatchError:
     return BatchError(f"file '{path}' is not a readable image ({why});", _IMAGE_FIX + ".")
 
 
-def _read_image(path: Path) -> tuple[object, list[str]]:
+def _read_image(path: Path) -> tuple[Image.Image, list[str]]:
     """Open ``path`` fully decoded as RGB; return the image and what was done to it."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -123,7 +127,7 @@ def _read_image(path: Path) -> tuple[object, list[str]]:
     return rgb, notes
 
 
-def _to_rgb(img, notes: list[str]):
+def _to_rgb(img: Image.Image, notes: list[str]) -> Image.Image:
     from PIL import Image
 
     mode = img.mode
@@ -188,7 +192,7 @@ def _expand_image_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def _shrunk_copy(img):
+def _shrunk_copy(img: Image.Image) -> Image.Image:
     if max(img.size) <= MAX_KEPT_IMAGE_SIDE:
         return img
     small = img.copy()
@@ -202,9 +206,9 @@ def _origin(paths: Sequence[str | os.PathLike]) -> str:
 
 def load_images(
     paths: Sequence[str | os.PathLike],
-    preprocess: Callable[[object], torch.Tensor] | None = None,
+    preprocess: Callable[[Image.Image], torch.Tensor] | None = None,
     preprocess_description: str | None = None,
-    labels=None,
+    labels: LabelSpec | None = None,
 ) -> Batch:
     """Read image files and folders into one preprocessed batch.
 
@@ -277,11 +281,11 @@ class _ImageSample:
 
     path: Path
     tensor: torch.Tensor
-    kept: object
+    kept: Image.Image
     notes: list[str]
 
     @classmethod
-    def read(cls, path: Path, preprocess: Callable[[object], torch.Tensor]) -> _ImageSample:
+    def read(cls, path: Path, preprocess: Callable[[Image.Image], torch.Tensor]) -> _ImageSample:
         rgb, notes = _read_image(path)
         try:
             sample = preprocess(rgb)

@@ -5,17 +5,22 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 
 from core.errors import BatchError
+
+#: What a user or a file may give as labels: ``"3,1,0"``, ``"tabby"``, ``3``, ``[3, 1, 0]``,
+#: a tensor of class indices (:func:`parse_labels`).
+LabelSpec: TypeAlias = str | int | Sequence[int | str] | torch.Tensor
 
 
 def _normalise_name(name: str) -> str:
     return " ".join(name.replace("_", " ").split()).casefold()
 
 
-def _label_index(token, categories: Sequence[str] | None) -> int:
+def _label_index(token: object, categories: Sequence[str] | None) -> int:
     if isinstance(token, bool):
         raise BatchError(f"label {token!r} is not a class index or name;", "give class indices such as 3,1,0.")
     if isinstance(token, int) or (isinstance(token, str) and re.fullmatch(r"[+-]?\d+", token.strip())):
@@ -58,7 +63,7 @@ def _label_index(token, categories: Sequence[str] | None) -> int:
     raise BatchError(f"label '{name}' is not one of the model's classes;", fix)
 
 
-def parse_labels(spec, n: int, categories: Sequence[str] | None = None) -> torch.Tensor:
+def parse_labels(spec: LabelSpec, n: int, categories: Sequence[str] | None = None) -> torch.Tensor:
     """Turn the user's labels into class indices, one per sample.
 
     Parameters
@@ -92,6 +97,7 @@ def parse_labels(spec, n: int, categories: Sequence[str] | None = None) -> torch
                 f"give indices from 0 to {len(categories) - 1}.",
             )
         return labels
+    tokens: list[object]
     if isinstance(spec, str):
         tokens = [t.strip() for t in spec.split(",")]
         if all(not t for t in tokens):

@@ -171,20 +171,47 @@ def random_batch(
     )
 
 
-def random_batch_for(
+def random_shape_for(
     module: nn.Module | None, input_shape: tuple[int | None, ...] | None, n: int = 2,
-    seed: int | None = 0,
-) -> Batch | None:
-    """``n`` random samples that follow the model: its input shape (or what its first
-    layer takes), its dtype, token ids for an ``Embedding``.
+) -> tuple[int, ...] | None:
+    """The full shape (batch first) of ``n`` random samples for a model: its known input
+    shape, else what its first layer takes (:class:`RandomRecipe`).
 
     Parameters
     ----------
     module : nn.Module or None
         The model.
     input_shape : tuple or None
-        The model's known shape of one sample (``LoadedModel.input_shape``); when it is
-        unknown, the first layer's (:class:`RandomRecipe`).
+        The model's known shape of one sample (``LoadedModel.input_shape``); a shape with
+        an unknown size (``(3, None, None)``) counts as unknown.
+    n : int
+        Samples.
+
+    Returns
+    -------
+    tuple of int or None
+        None when neither the model nor its first layer tells a shape.
+    """
+    if input_shape is not None and all(isinstance(d, int) for d in input_shape):
+        sample: tuple[int, ...] | None = tuple(d for d in input_shape if d is not None)
+    else:
+        sample = recipe_for(module).sample_shape
+    return None if sample is None else (n, *sample)
+
+
+def random_batch_for(
+    module: nn.Module | None, input_shape: tuple[int | None, ...] | None, n: int = 2,
+    seed: int | None = 0,
+) -> Batch | None:
+    """``n`` random samples that follow the model: its input shape (or what its first
+    layer takes, :func:`random_shape_for`), its dtype, token ids for an ``Embedding``.
+
+    Parameters
+    ----------
+    module : nn.Module or None
+        The model.
+    input_shape : tuple or None
+        The model's known shape of one sample (``LoadedModel.input_shape``).
     n : int
         Samples.
     seed : int or None
@@ -194,11 +221,7 @@ def random_batch_for(
     Batch or None
         None when neither the model nor its first layer tells a shape.
     """
-    recipe = recipe_for(module)
-    if input_shape is not None and all(isinstance(d, int) for d in input_shape):
-        shape: tuple[int, ...] | None = tuple(input_shape)  # type: ignore[arg-type]
-    else:
-        shape = recipe.sample_shape
+    shape = random_shape_for(module, input_shape, n)
     if shape is None:
         return None
-    return random_batch((n, *shape), seed, recipe=recipe)
+    return random_batch(shape, seed, recipe=recipe_for(module))

@@ -15,7 +15,7 @@ import torch
 
 from core.batch import Batch, ModelInputs
 from core.batches.images import IMAGE_SUFFIXES
-from core.batches.labels import checked_label_tensor, parse_labels
+from core.batches.labels import LabelSpec, checked_label_tensor, parse_labels
 from core.batches.paths import display_path
 from core.capture_file import FORMAT as CAPTURE_FORMAT
 from core.errors import BatchError
@@ -31,7 +31,7 @@ _TENSOR_FIX = (
 )
 
 
-def _found(obj) -> str:
+def _found(obj: object) -> str:
     """What a loaded object is, in words, for error messages."""
     if isinstance(obj, dict):
         if not obj:
@@ -49,7 +49,7 @@ def _found(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _pick(obj: dict, keys: Sequence[str]):
+def _pick(obj: dict, keys: Sequence[str]) -> tuple[str | None, object]:
     lowered = {k.lower(): k for k in obj if isinstance(k, str)}
     for key in keys:
         if key in lowered:
@@ -57,7 +57,7 @@ def _pick(obj: dict, keys: Sequence[str]):
     return None, None
 
 
-def _torch_load(path: Path):
+def _torch_load(path: Path) -> object:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a damaged file can fail with KeyError, EOFError, RuntimeError...
@@ -78,7 +78,7 @@ def _torch_load(path: Path):
         ) from exc
 
 
-def load_tensor_file(path: str | os.PathLike, labels=None) -> Batch:
+def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -> Batch:
     """Read a batch saved with ``torch.save``.
 
     The file is loaded with ``weights_only=True``: it is never unpickled in a way that
@@ -225,12 +225,13 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
 
 def _file_labels(obj: dict, path: Path, want_labels: bool) -> torch.Tensor | None:
     label_key, file_labels = _pick(obj, _LABEL_KEYS)
-    if label_key is not None and want_labels and file_labels is not None:
-        if not isinstance(file_labels, torch.Tensor):
-            raise BatchError(
-                f"the {label_key!r} entry in '{path}' is {_found(file_labels)}, not a tensor;",
-                "store labels as an integer tensor of shape (B,).",
-            )
+    if label_key is None or not want_labels or file_labels is None:
+        return None  # the user's labels replace the file's: whatever they are, they are not read
+    if not isinstance(file_labels, torch.Tensor):
+        raise BatchError(
+            f"the {label_key!r} entry in '{path}' is {_found(file_labels)}, not a tensor;",
+            "store labels as an integer tensor of shape (B,).",
+        )
     return file_labels
 
 

@@ -233,8 +233,8 @@ def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> Loade
     if isinstance(obj, dict) and obj.get("format") == CAPTURE_FORMAT:
         raise ModelLoadError(
             f"'{path}' is a gradexplorer capture file, not a model.",
-            f"Look inside it with 'gradexplorer inspect {path}', or open it in the window "
-            "(File > Open capture).",
+            f"Open it in the window with 'gradexplorer {path}' (or File > Open capture), or look "
+            f"inside it with 'gradexplorer inspect {path}'.",
         )
     state = find_state_dict(obj)
     if state is None:

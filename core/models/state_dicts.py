@@ -6,7 +6,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ class FitReport(NamedTuple):
         return not (self.missing or self.unexpected or self.mismatched)
 
 
-def is_state_dict(obj: object) -> bool:
+def is_state_dict(obj: object) -> TypeGuard[Mapping[str, torch.Tensor]]:
     """Whether ``obj`` is a non-empty mapping of names to tensors."""
     return (
         isinstance(obj, Mapping)
@@ -56,8 +56,9 @@ def find_state_dict(obj: object) -> Mapping[str, torch.Tensor] | None:
         return obj
     if isinstance(obj, Mapping):
         for key in STATE_DICT_KEYS:
-            if is_state_dict(obj.get(key)):
-                return obj[key]
+            found = obj.get(key)
+            if is_state_dict(found):
+                return found
     return None
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 import torchvision
+from PIL import Image
 from torch import nn
 from torchvision.models import WeightsEnum
 
@@ -61,7 +62,7 @@ _BUILD_LOCK = threading.RLock()
 class Preprocessing(NamedTuple):
     """How inputs of a torchvision model are prepared, and the shape of one sample."""
 
-    transform: Callable[[object], torch.Tensor]
+    transform: Callable[[Image.Image], torch.Tensor]
     description: str
     input_shape: tuple[int, ...]
 
@@ -247,7 +248,7 @@ def _safe_state_dicts(weights: WeightsEnum | None, path: Path | None) -> Iterato
     build instead. The lock keeps two builds from restoring each other's patch.
     """
 
-    def get_state_dict(self: WeightsEnum, *args: object, **kwargs: object) -> dict:
+    def get_state_dict(self: WeightsEnum, *args: object, **kwargs: object) -> Mapping[str, torch.Tensor]:
         if path is not None and self is weights:
             return load_state_dict_file(path)
         return load_cached_state_dict(self)

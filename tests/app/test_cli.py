@@ -254,6 +254,74 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
     assert out_file.is_file()
 
 
+def test_the_estimate_and_the_budget_error_show_the_same_figure(tmp_path, capsys, monkeypatch):
+    import re
+
+    import core.devices
+
+    monkeypatch.setattr(core.devices, "free_memory", lambda device: 40_000)
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "64x10", "--out",
+                         tmp_path / "b.pt")
+    assert code == 1
+    note = next(line for line in err.splitlines() if line.startswith("capturing "))
+    error = next(line for line in err.splitlines() if line.startswith("error: "))
+    figure = re.search(r": (≈ [\d.]+ \w+) \(", note).group(1)
+    assert f"({figure} kept" in error, (note, error)
+
+
+def test_one_layer_one_call_one_sample_read_in_the_singular(tmp_path, capsys):
+    from core.units import counted
+
+    assert [counted(1, "layer"), counted(0, "call"), counted(2, "leaf", "leaves"), counted(1234, "call")] == \
+        ["1 layer", "0 calls", "2 leaves", "1,234 calls"]
+    out_file = tmp_path / "one.pt"
+    code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "1x10", "--layers", "fc1",
+                         "--out", out_file)
+    assert code == 0, err
+    assert "capturing 1 layer (1 call) of" in err
+    assert "(1 sample)" in out and "captured  1 layer, 1 call in" in out
+    code, out, err = run(capsys, "inspect", out_file)
+    assert "layers   1 (1 call)" in out
+
+
+def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path, capsys, monkeypatch):
+    import core.capture
+    from core.batches import random_batch
+    from core.memory_estimate import estimate_capture_memory
+    from core.models import load_model
+    from core.module_tree import ModuleTree
+    from core.selection import resolve_layers
+    from core.units import format_bytes
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the capture ran")
+
+    real = core.capture.capture
+    monkeypatch.setattr(core.capture, "capture", no_forward)
+    out_file = tmp_path / "x.pt"
+    argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "--memory-budget", "1KiB"]
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_USER and not out_file.exists() and "Traceback" not in err
+    note = next(line for line in err.splitlines() if line.startswith("capturing "))
+    error = err.splitlines()[-1]
+    # Both figures as the estimate line prints them: what it keeps (≈), and the budget.
+    loaded = load_model("demo:seed-mlp")
+    x = random_batch("4x10", seed=0).tensor
+    tree = ModuleTree.build(loaded.module).probe(loaded.module, x[:1])
+    expected = estimate_capture_memory(tree, resolve_layers(loaded.module, None), "full", x, False, loaded.module)
+    kept = f"≈ {format_bytes(expected.total)}"
+    assert kept in note and f"({kept} kept" in error
+    assert f"needs {format_bytes(expected.total + expected.transient)} of memory" in error
+    assert f"the budget is {format_bytes(1024)} (set by --memory-budget)" in error
+    assert "--memory-budget above" in error and "--force" in error and "--stats-only" in error
+    assert_user_error(*run(capsys, *argv, "-q")[::2], "1.0 KiB", "--memory-budget", "--force")
+
+    monkeypatch.setattr(core.capture, "capture", real)
+    code, out, err = run(capsys, *argv[:-1], "1GiB", "-q")
+    assert code == 0, err
+    assert out_file.is_file()
+
+
 def test_capture_prints_the_same_estimate_as_core(tmp_path, capsys):
     from core.batches import random_batch
     from core.memory_estimate import estimate_capture_memory
@@ -336,8 +404,12 @@ def test_bad_target_and_device_fail_before_loading(tmp_path, capsys):
     assert_user_error(code, err, "cuda:7", "cpu")
 
 
-def test_missing_input_for_a_torchvision_model(tmp_path, capsys):
-    code, out, err = run(capsys, "capture", "--model", "resnet18", "--out", tmp_path / "x.pt", "-q")
+def test_missing_input_for_a_model_of_unknown_shape(tmp_path, capsys):
+    # A model whose input shape nothing tells (a torchvision one gets a random batch of its
+    # shape: tests/app/test_default_batch_parity.py).
+    factory = tmp_path / "opaque.py"
+    factory.write_text("import torch\ndef build():\n    return torch.nn.Identity()\n")
+    code, out, err = run(capsys, "capture", "--model", f"{factory}:build", "--trust", "--out", tmp_path / "x.pt", "-q")
     assert_user_error(code, err, "--input", "--random")
 
 
@@ -510,8 +582,8 @@ def fake_gui(monkeypatch):
     calls = []
     module = types.ModuleType("app.gui")
 
-    def launch(**kwargs):
-        calls.append(kwargs)
+    def launch(options=None, **kwargs):
+        calls.append({"options": options, **kwargs})
         return 0
 
     module.launch = launch
@@ -520,32 +592,71 @@ def fake_gui(monkeypatch):
 
 
 def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
+    from core.options import CaptureOptions
+
     assert main([]) == 0
-    (kwargs,) = fake_gui
-    assert kwargs["model"] is None and kwargs["inputs"] is None and kwargs["run"] is False
-    assert kwargs["screenshot"] is None
+    assert fake_gui == [{"options": CaptureOptions("demo:shapes"), "run": True, "screenshot": None,
+                         "capture": None}]
 
 
-def test_gui_flags_are_handed_to_launch(fake_gui, tmp_path, capsys):
+def test_gui_flags_are_handed_to_launch_as_the_capture_commands_options(fake_gui, tmp_path, capsys):
+    from core.options import BatchSpec
+
     shot = tmp_path / "out.png"
-    code = main([
-        "--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
-        "--layers", "layer4.*", "--run", "--screenshot", str(shot), "--target", "class:281",
-        "--device", "cpu", "--stats-only", "--trust", "--labels", "281",
-    ])
-    assert code == 0
-    assert fake_gui == [{
-        "model": "resnet18", "weights": "DEFAULT", "inputs": ["cat.jpg", "dog.jpg"], "layers": ["layer4.*"],
-        "target": "class:281", "device": "cpu", "run": True, "screenshot": str(shot), "trust": True, "arch": None,
-        "stats_only": True, "labels": "281",
-    }]
+    settings = ["--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
+                "--layers", "layer4.*", "--target", "class:281", "--device", "cpu", "--stats-only", "--trust",
+                "--labels", "281", "--memory-budget", "2GiB"]
+    assert main([*settings, "--run", "--screenshot", str(shot)]) == 0
+    (call,) = fake_gui
+    assert call["run"] is True and call["screenshot"] == str(shot)
+    options = call["options"]
+    # The capture command's options from the same words: one argument -> options function.
+    assert options == cli.capture_options(cli.build_parser().parse_args(["capture", *settings, "--out", "x.pt"]))
+    assert (options.model, options.weights, options.trust) == ("resnet18", "DEFAULT", True)
+    assert options.batch == BatchSpec(inputs=("cat.jpg", "dog.jpg")) and options.layers == ("layer4.*",)
+    assert (options.target, options.device, options.mode, options.labels) == ("class:281", "cpu", "stats", "281")
+    assert options.memory_budget == 2 * 2**30
+
+
+def test_gui_flags_without_a_model_go_to_the_demo(fake_gui, capsys):
+    assert main(["--target", "sum", "--stats-only"]) == 0
+    (call,) = fake_gui
+    assert call["options"].model == "demo:shapes" and call["run"] is True
+    assert call["options"].target == "sum" and call["options"].mode == "stats"
+
+
+def test_a_capture_file_as_the_only_argument_opens_in_the_window(fake_gui, mlp_capture, tmp_path, capsys):
+    assert main([str(mlp_capture)]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["options"] is None
+    assert main([str(mlp_capture), "--screenshot", str(tmp_path / "s.png")]) == 0
+    assert fake_gui[-1]["capture"] == str(mlp_capture) and fake_gui[-1]["screenshot"] == str(tmp_path / "s.png")
+    assert main(["--open", str(mlp_capture)]) == 0 and fake_gui[-1]["capture"] == str(mlp_capture)
+    calls = len(fake_gui)
+    code, out, err = run(capsys, tmp_path / "missing.pt")
+    assert_user_error(code, err, "there is no file", "missing.pt")
+    code, out, err = run(capsys, "inspcet")
+    assert_user_error(code, err, "did you mean the command 'inspect'")
+    code, out, err = run(capsys, mlp_capture, "--model", "resnet18")
+    assert code == 2 and "opens without a model" in err and "--model" in err
+    assert len(fake_gui) == calls  # the window never opened for these
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):
+    from core.options import BatchSpec
+
     assert main(["--model", "demo:seed-mlp", "--random", "4x10"]) == 0
-    assert fake_gui[-1]["inputs"] == ["random:4x10"]
+    assert fake_gui[-1]["options"].batch == BatchSpec(random="4x10") and fake_gui[-1]["run"] is False
+    assert fake_gui[-1]["options"].batch.sources() == ["random:4x10"]
     code, out, err = run(capsys, "--screenshot", tmp_path / "missing" / "x.png")
     assert_user_error(code, err, "does not exist")
+
+
+def test_gui_bad_settings_are_one_line_before_the_window_opens(fake_gui, capsys):
+    code, out, err = run(capsys, "--model", "demo:seed-mlp", "--target", "top5")
+    assert_user_error(code, err, "top5", "class:N")
+    code, out, err = run(capsys, "--memory-budget", "lots")
+    assert_user_error(code, err, "--memory-budget 'lots' is not a size", "GiB")
+    assert fake_gui == []
 
 
 # ---------------------------------------------------------------------------
@@ -602,7 +713,14 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_elsewhere():
     bar.update("saving")
     text = "".join(log.parts)
     assert "\r" not in text
-    assert text.splitlines() == [text.splitlines()[0], "saving ..."]  # one line per stage
+    lines = text.splitlines()
+    # A line when the stage starts, its last state when it ends: 99/100, not 0/100 only.
+    assert len(lines) == 3 and "0/100" in lines[0] and "99/100" in lines[1] and lines[2] == "saving ..."
+    bar.update("backward", 3, 10)
+    bar.update("backward", 7, 10)
+    bar.clear()  # before an error message: how far it got
+    bar.close()
+    assert "".join(log.parts).splitlines()[-1].split()[3] == "7/10"
 
 
 # ---------------------------------------------------------------------------

@@ -202,3 +202,44 @@ def test_sequence_and_dict_output_models_draw(qtbot):
             expected = heatmap_triple(sa, sb, view.display_combo.currentData(), k=view.k_spin.value(),
                                       channel=view.channel_spin.value())
             np.testing.assert_array_equal(view.images[2].image, expected.diff.array * view.difference_gain())
+
+
+def test_window_graph_tab_colours_nodes_by_divergence_and_follows_the_table(qtbot, pair):
+    from core.graph import graph_for_capture
+    from core.graph_compare import DIVERGENCE_BY, divergence_values
+    from core.graph_render import color_scale
+
+    a, b, result = pair
+    torch.manual_seed(0)
+    a.graph = graph_for_capture(Net(), torch.randn(2, 3, 8, 8), a).to_dict()  # Net() has A's weights (seed 0)
+    win = CompareWindow()
+    qtbot.addWidget(win)
+    panel = win.graph_panel
+    with qtbot.waitSignal(panel.layout_done, timeout=30000):
+        win.compare_captures(a, b)
+    assert [panel.color_by.itemData(i) for i in range(panel.color_by.count())] == list(DIVERGENCE_BY)
+    for stat in DIVERGENCE_BY:
+        panel.color_by.setCurrentIndex(panel.color_by.findData(stat))
+        scale = color_scale(panel.graph, panel.items, stat)
+        for c in result.calls:  # each node's colour is core.compare's figure for that call
+            nid = panel.graph.module_node(c.layer, c.call).id
+            assert panel.items[nid].fill.name() == scale.color(divergence_values(c)[stat])
+    # The ratio: a diverging bar symmetric around 1.
+    panel.color_by.setCurrentIndex(panel.color_by.findData("grad_ratio"))
+    bar = panel.color_bar.scale
+    assert bar.diverging and bar.lo * bar.hi == pytest.approx(1.0)
+    ratios = [divergence_values(c)["grad_ratio"] for c in result.calls]
+    assert bar.hi == pytest.approx(max(max(ratios), 1 / min(ratios)))
+    # A node click selects the table's row; a row selects the node.
+    panel.on_node_clicked("m:conv1:0")
+    assert win.view.current().layer == "conv1"
+    win.view.select("fc", 0)
+    assert panel.selected == "m:fc:0"
+
+
+def test_window_graph_tab_says_why_when_no_capture_carries_a_graph(qtbot, pair):
+    a, b, result = pair
+    win = CompareWindow()
+    qtbot.addWidget(win)
+    assert not win.show_graph(a, b, result)
+    assert "graph" in win.graph_panel.status.text()

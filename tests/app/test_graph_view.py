@@ -3,6 +3,8 @@ tick from the graph, search, hover text, export."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torchvision
@@ -11,6 +13,7 @@ from PySide6.QtCore import Qt
 from app.views.graph_view import GraphPanel
 from core.graph import extract_graph
 from core.graph_grads import graph_gradients
+from core.graph_render import tick_label
 
 TIMEOUT = 60_000
 
@@ -122,6 +125,40 @@ def test_colour_by_another_statistic(panel):
     assert before != after and "activation std" in panel.scale_label.text()
 
 
+def _coloured_values(panel, stat):
+    values = [v for n in panel.items if (v := (panel.graph.nodes[n].stats or {}).get(stat)) is not None
+              and not isinstance(v, bool) and v > 0 and math.isfinite(v)]
+    assert values
+    return min(values), max(values)
+
+
+def test_log_colour_bar_follows_the_statistic(qtbot, panel):
+    bar = panel.color_bar
+    assert bar.isVisible()
+    for stat in ("grad_l2", "activation_std", "grad_mean_abs"):
+        panel.color_by.setCurrentIndex(panel.color_by.findData(stat))
+        lo, hi = _coloured_values(panel, stat)
+        assert (bar.lo, bar.hi) == (lo, hi)  # the bar spans exactly the coloured nodes
+        powers = [10.0 ** k for k in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 2)
+                  if lo <= 10.0 ** k <= hi]
+        majors = bar.scale.ticks(minor=False)
+        assert [v for _t, v, _l in majors] == pytest.approx(powers)
+        ticks = bar.scale.ticks()
+        assert bar.tick_labels() == [tick_label(v) for _t, v, _l in ticks] and len(ticks) >= 2
+        for t, v, _label in ticks:  # every tick is a power of ten (times 2 or 5 within one decade)
+            assert lo <= v <= hi
+            mantissa = v / 10.0 ** math.floor(math.log10(v) + 1e-9)
+            assert min(abs(mantissa - m) for m in (1, 2, 5)) < 1e-6 and (len(powers) < 2 or mantissa == 1)
+            assert t == pytest.approx(math.log10(v / lo) / math.log10(hi / lo))
+    panel.color_by.setCurrentIndex(panel.color_by.findData("grad_l2"))
+    image = bar.grab().toImage()
+    left = image.pixelColor(int(bar.bar_rect().left()) + 2, int(bar.bar_rect().center().y()))
+    right = image.pixelColor(int(bar.bar_rect().right()) - 2, int(bar.bar_rect().center().y()))
+    assert left.name() != right.name()  # a gradient, not one flat colour
+    panel.color_by.setCurrentIndex(panel.color_by.findData("flags"))
+    assert not bar.isVisible() and "exploding" in panel.scale_label.text()
+
+
 def test_export_svg_and_png(panel, tmp_path, monkeypatch):
     from app import dialogs
 
@@ -171,6 +208,10 @@ def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbo
     assert panel.graph is not None and panel.graph.meta["model"]
     # Coloured by the run that the demo fixture made.
     assert any(n.stats for n in panel.graph if n.kind == "module")
+    # The layer the views show is selected in the graph drawn after the run.
+    shown = panel.graph.module_node(w.view_state.layer, w.view_state.call)
+    assert panel.selected == panel.graph.representative(shown.id, panel.expanded)
+    assert panel.items[panel.selected].selected_
     cap = w.session.capture
     name = next(n for n in cap.layers if panel.graph.module_node(n) is not None
                 and panel.graph.representative(panel.graph.module_node(n).id, panel.expanded) in panel.items

@@ -83,3 +83,43 @@ def test_window_random_batch_follows_the_model(qtbot, window, monkeypatch, tmp_p
         window.load_model(f"{factory}:LM", trust=True)
     ids = window.session.batch.tensor
     assert ids.dtype == torch.int64 and int(ids.max()) < 40 and ids.shape == (2, 16)
+
+
+# -- the scripted flags: nobody is there to answer a question --------------------------------
+
+
+def test_screenshot_mode_refuses_an_untrusted_factory_with_the_message_on_stderr(tmp_path):
+    """``--screenshot`` without ``--trust``: exit 1 and the message, never a hidden trust dialog."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    marker = tmp_path / "ran"
+    factory = tmp_path / "nets.py"
+    factory.write_text(FACTORY + f"\nopen({str(marker)!r}, 'w').close()\n")
+    shot = tmp_path / "shot.png"
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
+               PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-m", "app", "--model", f"{factory}:build", "--screenshot", str(shot)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors and "The model cannot be loaded" in errors[0] and "--trust" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()  # the factory's code never ran
+    assert shot.stat().st_size > 0  # the window, with the message, was still captured
+
+
+def test_unattended_window_refuses_over_budget_instead_of_asking(qtbot, window, shown_errors, capsys):
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("demo:seed-mlp", inputs=["random:3x10"])
+    window.controller.unattended = True
+    window.session.memory_budget = 1  # one byte: every capture is over it
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        window.run()  # the autouse fixture fails the test if ask_item opens
+    assert done.args == ["cancelled"]
+    title, exc = shown_errors[-1]
+    assert title == "Over the memory budget" and "--stats-only" in exc.fix
+    assert "error: Over the memory budget: " in capsys.readouterr().err
+    assert window.session.capture is None

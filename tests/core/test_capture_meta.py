@@ -57,7 +57,10 @@ def test_version_2_files_carry_every_key_and_round_trip(tmp_path):
     cap = CaptureJob(options).run()
     for key in SOURCE_KEYS + RUN_KEYS:
         assert key in cap.meta, key
-    cap.graph = {"nodes": ["fc1", "fc2"], "edges": [[0, 1]]}
+    cap.graph = {"format": "gradexplorer.graph", "version": 1,
+                 "nodes": [{"id": "in:input", "kind": "input", "name": "input", "type": "input"},
+                           {"id": "m:fc1:0", "kind": "module", "name": "fc1", "type": "Linear"}],
+                 "edges": [{"src": "in:input", "dst": "m:fc1:0", "shape": [1, 10]}]}
     data = capture_to_dict(cap)
     assert data["version"] == VERSION == 2
     assert data["graph"] == cap.graph and data["nonfinite_onset"] is None

@@ -12,7 +12,7 @@ from torch import nn
 
 from core.capture import capture
 from core.errors import CaptureError, GradExplorerError
-from core.graph import ModelGraph, extract_graph
+from core.graph import ModelGraph, extract_graph, graph_for_capture
 from tests.conftest import assert_no_hooks
 
 
@@ -376,6 +376,37 @@ def test_every_module_call_of_resnet18_is_one_node():
     assert {(name, i) for name, i, _ in cap.iter_calls()} == _module_calls_of(g)
     relu_calls = [n for n in g if n.name == "layer1.0.relu"]
     assert [n.call for n in relu_calls] == [0, 1]
+
+
+def test_a_block_captured_through_its_leaves_shows_its_last_calls_output_statistics():
+    import torchvision
+
+    from core.graph_render import node_colors, node_value
+
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    cap = capture(m, x, mode="stats")  # leaves only: no BasicBlock is captured
+    g = graph_for_capture(m, x, cap)
+    block = "m:layer1.0:0"
+    assert g.nodes[block].stats is None
+    # The block returns the tensor its ReLU made on its second call (after the residual add).
+    assert g.output_producer(block) == "m:layer1.0.relu:1"
+    assert g.shown_stats(block) is g.nodes["m:layer1.0.relu:1"].stats
+    # Ground truth: the gradient of the block's output by plain autograd.
+    out = {}
+    handle = m.layer1[0].register_forward_hook(lambda mod, a, o: out.setdefault("y", o))
+    try:
+        y = m(x)
+    finally:
+        handle.remove()
+    (gy,) = torch.autograd.grad(y[0, y[0].argmax()], [out["y"]])
+    assert node_value(g, block, "grad_l2") == pytest.approx(float(gy.double().norm()), rel=1e-5)
+    collapsed = g.view(g.expanded_to_depth(1))
+    assert block not in collapsed.nodes  # at depth 1 the whole layer1 is one box
+    view = g.view(g.expanded_to_depth(2))
+    assert node_colors(g, view.nodes)[block] != "#ffffff"  # coloured, not the blank of "no capture"
+    assert g.output_producer("m:fc:0") is None  # a leaf has its own
 
 
 def _check_view(g: ModelGraph, expanded: set) -> None:

@@ -124,3 +124,109 @@ def test_resnet18_module_edges_match_reference_gradients():
             checked += 1
     assert checked == len(g.edges) - 9  # all but the 8 adds' and the flatten's out-edges
     assert_no_hooks(m)
+
+
+class OpSpikes(nn.Module):
+    """Ops whose output gradient is 1e4 times (``explode``) or 1e-4 times (vanishing) that of
+    every module and op around them; the scalings cancel, so their neighbours stay level.
+
+    explode: h -> matmul(h, 1e-4·I) -> cat([z, z]) -> ×1e4 -> b: the matmul's and the cat's
+    outputs get 1e4 times the gradient of the mul's output.
+    vanish: h -> ×1e4 -> add(·, h) -> ×1e-4 -> b: the first mul's and the add's outputs get
+    1e-4 times it.
+    """
+
+    def __init__(self, explode: bool):
+        super().__init__()
+        self.explode = explode
+        self.a1, self.a2, self.a3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b1 = nn.Linear(16 if explode else 8, 8)
+        self.b2, self.b3 = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.register_buffer("shrink", torch.eye(8) * 1e-4)
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def forward(self, x):
+        h = self.a3(self.a2(self.a1(x)))
+        if self.explode:
+            z = torch.matmul(h, self.shrink)
+            c = torch.cat([z, z], dim=1)
+            u = c * 1e4
+            self.seen.update(h=h, matmul=z, cat=c, mul=u)
+        else:
+            up = h * 1e4
+            s = torch.add(up, h)
+            u = s * 1e-4
+            self.seen.update(h=h, up=up, add=s, mul=u)
+        v = self.b1(u)
+        self.seen["b1"] = v
+        return self.b3(self.b2(v))
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.double().norm()) / t.numel() ** 0.5
+
+
+@pytest.mark.parametrize("explode", [True, False])
+def test_op_nodes_flagged_vanishing_or_exploding_like_module_nodes(explode):
+    torch.manual_seed(0)
+    m = OpSpikes(explode)
+    x = torch.randn(4, 8)
+    g = graph_gradients(m, x, target="sum")
+    # Ground truth: the gradients of the same tensors, from torch.autograd.grad.
+    m.seen.clear()
+    y = m(x)
+    names = ["matmul", "cat", "mul"] if explode else ["up", "add", "mul"]
+    truth = dict(zip(["h", "b1", *names], torch.autograd.grad(y.sum(), [m.seen[k] for k in ["h", "b1", *names]])))
+    ops = [n for n in g if n.kind == "op"]  # in forward order
+    assert [n.name for n in ops] == (names if explode else ["mul", "add", "mul"])
+    for name, node in zip(names, ops):
+        assert node.stats["grad_rms"] == pytest.approx(_rms(truth[name]), rel=1e-6)
+    spiking = ["matmul", "cat"] if explode else ["up", "add"]
+    level = (_rms(truth["h"]) * _rms(truth["b1"])) ** 0.5
+    for name in spiking:  # the model does what it says: 1e4 (or 1e-4) times its neighbours
+        ratio = _rms(truth[name]) / level
+        assert (ratio > 1e3) if explode else (ratio < 1e-3)
+    flagged = [(n.id, f) for n in g for f in (n.stats or {}).get("flags", []) if f in ("vanishing", "exploding")]
+    want = "exploding" if explode else "vanishing"
+    assert flagged == [(node.id, want) for name, node in zip(names, ops) if name in spiking]
+
+
+class SpikeIntoModule(nn.Module):
+    """A matmul by 1e-4·I feeding a Linear whose weight is 1e4 times larger: the matmul's
+    output (the Linear's input) carries 1e4 times the gradient of everything around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a1, self.a2, self.a3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b1, self.b2, self.b3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+        with torch.no_grad():
+            self.b1.weight.mul_(1e4)
+        self.register_buffer("shrink", torch.eye(8) * 1e-4)
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def forward(self, x):
+        h = self.a3(self.a2(self.a1(x)))
+        z = torch.matmul(h, self.shrink)
+        self.seen["matmul"] = z
+        return self.b3(self.b2(self.b1(z)))
+
+
+def test_a_capture_puts_gradients_and_flags_on_ops_that_feed_a_module():
+    from core.capture import capture
+    from core.graph import extract_graph
+
+    torch.manual_seed(0)
+    m = SpikeIntoModule()
+    x = torch.randn(4, 8)
+    cap = capture(m, x, target="sum", mode="stats")
+    g = extract_graph(m, x[:1])
+    g.attach_capture(cap)
+    op = next(n for n in g if n.kind == "op")
+    assert op.name == "matmul"
+    m.seen.clear()
+    (truth,) = torch.autograd.grad(m(x).sum(), [m.seen["matmul"]])
+    assert op.stats["grad_l2"] == pytest.approx(float(truth.double().norm()), rel=1e-6)
+    assert _edge(g, op.id, "m:b1:0").grad_l2 == pytest.approx(float(truth.double().norm()), rel=1e-6)
+    assert op.stats["flags"] == ["exploding"]
+    assert not any(f in ("vanishing", "exploding") for n in g if n.kind == "module"
+                   for f in (n.stats or {}).get("flags", []))

@@ -169,12 +169,14 @@ def test_autocast_bf16_matches_autograd_under_autocast():
     assert compare(full, ref, names) > 1e-4
 
 
-def test_the_demo_model_brings_its_batch_others_need_one():
+def test_the_demo_model_brings_its_batch_others_follow_their_shape_or_need_one():
     demo = CaptureJob(CaptureOptions("demo:seed-mlp"))
     assert len(demo.load_batch()) > 0
     net = LoadedModel(torch.nn.Linear(3, 2), "net.pt", "net", input_shape=(3,))
+    assert CaptureJob(CaptureOptions("net.pt"), loaded=net).load_batch().tensor.shape == (2, 3)
+    opaque = LoadedModel(torch.nn.Identity(), "net.pt", "net")  # no shape, no first layer
     with pytest.raises(GradExplorerError) as info:
-        CaptureJob(CaptureOptions("net.pt"), loaded=net).load_batch()
+        CaptureJob(CaptureOptions("net.pt"), loaded=opaque).load_batch()
     assert "--input" in info.value.fix and "--random" in info.value.fix
     with pytest.raises(GradExplorerError) as info:
         CaptureJob(CaptureOptions("net.pt", batch=BatchSpec(demo=True)), loaded=net).load_batch()

@@ -28,6 +28,7 @@ def test_capture_file_given_as_the_model_says_what_to_do(tmp_path, capsys):
         load_model(str(out))
     assert "capture file, not a model" in info.value.problem
     assert "gradexplorer inspect" in info.value.fix and "Open capture" in info.value.fix
+    assert f"'gradexplorer {out}'" in info.value.fix  # the command that opens it in the window
     code = main(["capture", "--model", str(out), "--random", "2x10", "--out", str(tmp_path / "b.pt")])
     err = capsys.readouterr().err
     assert code == 1 and "capture file, not a model" in err

@@ -30,6 +30,21 @@ def test_tree_counts_match_torch():
     assert "layer4.1.conv2" in tree.of_type("Conv2d")
 
 
+class _AddsOneInPlace(nn.Module):
+    def forward(self, x):
+        return x.add_(1)
+
+
+def test_handing_the_input_back_unchanged_is_not_in_place():
+    """Eval-mode Dropout and Identity return their input object unchanged: not in-place.
+    ReLU(inplace=True) and a module that writes into its input are."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5), nn.Identity(), nn.ReLU(inplace=True),
+                          _AddsOneInPlace(), nn.Linear(3, 2))
+    tree = ModuleTree.build(model).probe(model, torch.randn(2, 4))
+    assert not tree["1"].inplace and not tree["2"].inplace
+    assert tree["3"].inplace and tree["4"].inplace
+
+
 def test_probe_calls_shapes_inplace_and_reuse():
     model = torchvision.models.resnet18()
     model.train()

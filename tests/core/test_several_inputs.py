@@ -122,3 +122,22 @@ def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
     with pytest.raises(BatchError) as info:
         load_batch([str(tmp_path / "sd.pt")], loaded)
     assert "weight, bias" in info.value.problem and "frame1, frame2" in info.value.problem
+
+
+def test_the_estimate_counts_every_input_while_forward_runs():
+    from core.batch import ModelInputs
+    from core.memory_estimate import estimate_capture_memory
+    from core.selection import resolve_layers
+
+    model = TwoFrames().eval()
+    f1, f2 = _frames(4)
+    both = ModelInputs((f1, f2))
+    tree = ModuleTree.build(model).probe(model, both[:1])
+    layers = resolve_layers(model, None)
+    two = estimate_capture_memory(tree, layers, "full", both, False, model)
+    one = estimate_capture_memory(tree, layers, "full", f1, False, model)
+    # The capture keeps the primary input; forward holds both frames.
+    assert two.io == one.io and two.activations == one.activations
+    assert two.transient - one.transient == f2.numel() * f2.element_size()
+    cap = capture(model, both)
+    assert cap.input.shape == f1.shape

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core import cpu_stats
-from core.stats import HIST_BINS, merge_moments, tensor_stats, torch_stats
+from core.stats import HIST_BINS, chan_merge, merge_moments, tensor_stats, torch_stats
 from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
@@ -32,6 +32,28 @@ def _mixed():
     t[::97] = float("nan")
     t[5::1009] = float("inf")
     t[7::2003] = -float("inf")
+    return t
+
+
+def _block_edges():
+    """NaN and Inf on the first elements of the fused kernel's blocks (the value its fast
+    loop shifts by), a block with nothing finite, and a partial last block."""
+    block = 4096  # core.cpu_stats_kernels.BLOCK
+    t = 1000 + 0.01 * _randn(5 * block + 3, 4)
+    t[0] = float("nan")
+    t[block] = float("inf")
+    t[block + 1] = -float("inf")
+    t[2 * block:3 * block] = float("nan")
+    t[4 * block] = -float("inf")
+    t[-1] = float("nan")
+    return t
+
+
+def _outlier_shifts():
+    """Large mean, tiny spread, and each block's first value (the shift of the kernel's
+    sums) an outlier a million spreads away: the shifted sums stay exact enough."""
+    t = 1e4 + 1e-3 * _randn(300_000, 5).double()
+    t[::4096] = 1e4 + 1e3
     return t
 
 
@@ -62,6 +84,12 @@ ADVERSARIAL = {
     "transposed": lambda: _randn(80 * 64).reshape(64, 80).t(),
     "expanded": lambda: _randn(7).expand(1000, 7),
     "relu_like_parallel": lambda: _randn(300_000).clamp_min(0),
+    "nonfinite_at_block_edges": _block_edges,
+    "nonfinite_at_block_edges_parallel": lambda: torch.cat([_block_edges()] * 20),
+    "outlier_block_shifts_float64": _outlier_shifts,
+    "outlier_block_shifts_float32": lambda: _outlier_shifts().float(),
+    "float64_1e200_one_block": lambda: torch.cat([_randn(10_000).double(), 1e200 * _randn(100).double()]),
+    "one_block_plus_one": lambda: _randn(4097) - 3.0,
 }
 
 
@@ -149,6 +177,23 @@ def test_chan_merge_equals_the_whole_and_ignores_empty_blocks():
     assert count == whole.size
     assert mean == pytest.approx(whole.mean(), rel=1e-15)
     assert m2 == pytest.approx(((whole - whole.mean()) ** 2).sum(), rel=1e-9)
+
+
+def test_chan_merge_is_exact_for_equal_means_and_the_one_merge_of_moments():
+    """The pairwise delta form: blocks of one constant merge to m2 = 0 exactly (the
+    weighted-mean form gave 4.4e-16), an empty side is the identity, and the mergeable
+    statistics of core.stats_merge use the same function."""
+    from core.stats_merge import MergeStats
+
+    n, mean, m2 = merge_moments([3, 999, 1, 0, 7], [3.25] * 5, [0.0] * 5)
+    assert (n, mean, m2) == (1010, 3.25, 0.0)
+    assert chan_merge(0, float("nan"), 0.0, 5, 1.5, 2.0) == (5, 1.5, 2.0)
+    assert chan_merge(5, 1.5, 2.0, 0, float("nan"), 0.0) == (5, 1.5, 2.0)
+    parts = [torch.full((k,), 3.25) for k in (999, 1, 37)]
+    merged = MergeStats.merge_all(MergeStats.of_tensor(p) for p in parts)
+    assert merged.m2 == 0.0 and merged.mean == 3.25 and merged.std == 0.0
+    a, b = MergeStats.of_tensor(_randn(100) + 5), MergeStats.of_tensor(_randn(50, 1) - 2)
+    assert ((a + b).count, (a + b).mean, (a + b).m2) == chan_merge(a.count, a.mean, a.m2, b.count, b.mean, b.m2)
 
 
 @pytest.mark.skipif(numba_missing, reason="numba is not installed")
