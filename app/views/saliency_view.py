@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+import torch
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
@@ -112,6 +113,11 @@ class SaliencyView(CaptureView):
             self.show_message(STATS_ONLY_NOTE.format(what="the saliency of each token"))
             return
         sal = token_saliency(ctx.capture, ctx.sample)
+        x = ctx.capture.input
+        if sal is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point():
+            self.show_message("No input gradient in this capture: enable \"input gradient\" in the run options "
+                              "and run again to see how much the target depends on each input feature.")
+            return
         if sal is None:
             self.show_message("No gradient reached the tokens of this sequence input: capture the first "
                               "layer (the embedding) or enable \"input gradient\" and run again.")
@@ -124,9 +130,9 @@ class SaliencyView(CaptureView):
         self.plot_widget.hide()
         self.token_widget.show()
         strongest = int(np.nanargmax(sal.values)) if n and np.isfinite(sal.values).any() else None
-        peak = f" · largest at token {strongest}" if strongest is not None else ""
+        peak = f" · largest at {sal.unit} {strongest}" if strongest is not None else ""
         self.info_label.setText(
-            f"Saliency of each token of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
+            f"Saliency of each {sal.unit} of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
             f" · input shape ({', '.join(map(str, ctx.input_shape))}) · {sal.source}{peak}"
         )
         self.show_content()
