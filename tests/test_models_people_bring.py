@@ -460,3 +460,75 @@ def test_window_onset_link_jumps_to_the_poisoned_layer(key, qtbot, tmp_path, mon
         assert w.view_state.layer == kind.poisoned
     finally:
         w.shutdown()
+
+
+# -- what is refused, and how ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("pictures")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
+    return folder
+
+
+@pytest.mark.parametrize("key, source, needles", [
+    ("two_inputs", "--random", ("missing 1 required positional argument", "save them in one .pt file")),
+    ("lstm", "pictures", ("takes token ids, not pictures", "int64 tensor of ids from 0 to 10")),
+    ("fp16", "pictures", ("takes token ids, not pictures", "ids from 0 to 49")),
+])
+@pytest.mark.parametrize("dataset", [False, True])
+def test_a_batch_the_model_cannot_take_is_refused_in_words(key, source, needles, dataset, capsys, tmp_path,
+                                                            pictures):
+    from tests.app.test_cli import assert_user_error
+
+    kind = KINDS[key]
+    given = ["--random"] if source == "--random" else ["--input", pictures]
+    if dataset and source == "--random":
+        given = ["--input", pictures]  # a dataset needs files: pictures, one per call
+    extra = ["--batch-size", "2", "--stats-only"] if dataset else []
+    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", *given, *extra,
+                       "--out", tmp_path / "x.pt", "-q")
+    assert_user_error(code, err, *needles)
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("key", ["bf16", "lstm"])
+def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
+    from app import dialogs, error_dialog
+    from app.main_window import MainWindow
+    from tests.app.conftest import CPU
+
+    monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
+    errors = []
+    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: errors.append(exc))
+    monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(pictures))
+    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (2, None))
+    kind = KINDS[key]
+    w = MainWindow(devices=CPU)
+    qtbot.addWidget(w)
+    try:
+        with qtbot.waitSignal(w.run_done, timeout=TIMEOUT):
+            w.load_model(f"{FACTORIES}:{kind.factory}", trust=True, inputs=[str(_batch_file(kind, tmp_path))],
+                         run=True)
+        with qtbot.waitSignal(w.dataset_run.done, timeout=TIMEOUT) as done:
+            w.run_folder_action.trigger()
+        if key == "lstm":  # token ids only: the pictures are refused, in words
+            assert done.args[0] != "ok"
+            assert errors and "takes token ids, not pictures" in str(errors[-1])
+            return
+        assert done.args[0] == "ok", errors
+        cap = w.session.capture
+        assert cap.meta["dataset"]["samples"] == 3 and cap.meta["dataset"]["series"]["samples"] == [2, 1]
+        # The pictures went in as bf16; the head's statistics cover 3 samples of 6 logits.
+        assert cap[kind.head].calls[0].stats["activation"]["numel"] == 3 * 6
+        views = w.views
+        views.set_layer(kind.body)
+        counts = views.show_view("Histogram").current_counts()
+        assert counts is not None and counts[1].sum() > 0
+    finally:
+        w.shutdown()

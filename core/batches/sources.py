@@ -183,6 +183,17 @@ def _images(sources: list[str], model: LoadedModel | None) -> Batch:
     for source in sources:
         if not Path(source).expanduser().exists():
             raise missing_source(source)
+    vocab = recipe_for(model.module).vocab if model is not None else None
+    takes_pictures = model is not None and any(
+        isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.module.modules())
+    if vocab is not None and not takes_pictures:
+        # Pictures would reach the embedding as floats and fail deep in forward. A model with
+        # picture convolutions too (text and vision) may well take them: it is left to try.
+        raise BatchError(
+            f"this model starts with an embedding of {vocab} tokens: it takes token ids, not pictures;",
+            f"give a .pt file holding a (batch, length) int64 tensor of ids from 0 to {vocab - 1}, "
+            "or a random batch.",
+        )
     if model is not None and model.preprocess is not None:
         return load_images(sources, model.preprocess, model.preprocess_description)
     return load_images(sources)
