@@ -125,6 +125,12 @@ class SaliencyView(CaptureView):
         self._map = sal.values[None, :]
         n = len(sal.values)
         self.token_bars.setOpts(x=np.arange(n), height=sal.values, width=0.8)
+        # One bar per token or feature: whole-number ticks only (0.5 steps read as positions).
+        step = max(1, int(np.ceil(n / 20)))
+        self.token_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)]])
+        self.token_plot.setLabel("bottom", sal.unit)
+        self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)" if sal.unit == "token"
+                                 else "saliency (|gradient|)")
         top = float(np.nanmax(sal.values)) if n and np.isfinite(sal.values).any() else 1.0
         self.token_plot.setRange(xRange=(-0.5, n - 0.5), yRange=(0, top if top > 0 else 1.0), padding=0.02)
         self.plot_widget.hide()
