@@ -360,6 +360,9 @@ def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
             w.load_model(f"{FACTORIES}:{kind.factory}", trust=True, inputs=[str(batch)], run=True)
         assert done.args == ["ok"], errors
         cap = w.session.capture
+        # "Random" would make a batch the model takes: token ids, its features, or pictures.
+        shapes = {"lstm": "2x16", "transformer": "2x16", "fp16": "2x16", "dict_output": "2x5"}
+        assert w.batch_panel.shape_edit.placeholderText() == shapes.get(key, "2x3x64x64")
         params, _, _ = _autograd(kind, kind.model())
         layer, _, pname = next(q for q in params if q.startswith(kind.head + ".")).rpartition(".")
         _close(cap.layers[layer].param_grads[pname], params[f"{layer}.{pname}"],
