@@ -2,6 +2,8 @@
 #   make run    opens gradexplorer on its built-in demo
 #   make test   runs the code checks (ruff, mypy on core/, import-linter), then the whole
 #               test suite (headless); `make lint` runs the checks alone
+#   make bench  also installs the optional `bench` extra (the peers: TorchLens, Captum),
+#               then prints the benchmark table
 # Both create or refresh the virtual environment in .venv first.
 
 PYTHON ?= python3
@@ -31,7 +33,14 @@ lint: $(STAMP)
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+# The peers measured beside gradexplorer (TorchLens, Captum): the optional `bench` extra.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:

@@ -16,7 +16,7 @@ SUFFIXES = (".json", ".dot", ".svg", ".png")
 
 def register(sub, add_model_args, add_input_args, add_common) -> None:
     """Add the ``graph`` subcommand to the CLI's subparsers."""
-    from core.graph_render import COLOR_BY
+    from core.graph_render import STATISTIC_LABELS
 
     p = sub.add_parser(
         "graph", help="draw the model's data-flow graph (JSON, DOT, SVG or PNG)",
@@ -32,10 +32,15 @@ def register(sub, add_model_args, add_input_args, add_common) -> None:
     p.add_argument("--capture", metavar="CAP.pt",
                    help="colour nodes by this capture's statistics; without --model, draw the graph "
                         "the capture file carries")
+    p.add_argument("--compare", metavar="B.pt",
+                   help="with --capture A.pt: colour nodes by how capture B differs from A (as "
+                        "'gradexplorer diff A.pt B.pt' computes it); --color-by div_grad (default), "
+                        "div_activation or grad_ratio")
     p.add_argument("--grads", action="store_true",
                    help="run one forward and backward to put the gradient norm on every edge and node")
     p.add_argument("--target", default="top1", metavar="T", help="with --grads: top1 (default), class:N, sum, mean...")
-    p.add_argument("--color-by", default="grad_l2", choices=list(COLOR_BY), help="node colour (default grad_l2)")
+    p.add_argument("--color-by", default=None, choices=list(STATISTIC_LABELS),
+                   help="node colour (default grad_l2, or div_grad with --compare)")
     p.add_argument("--layout", default="auto", metavar="ENGINE", help="auto (default), dot, igraph, grandalf, simple")
     p.add_argument("--out", required=True, metavar="FILE", help="FILE.json, FILE.dot, FILE.svg or FILE.png")
     add_common(p)
@@ -93,14 +98,43 @@ def build_graph(args, ui):
     return graph
 
 
+def _color_by(args) -> str:
+    """The statistic to colour by, checked against --compare."""
+    from core.graph_compare import DIVERGENCE_BY
+
+    if args.compare and not args.capture:
+        raise GradExplorerError("--compare B.pt compares with a capture A;", "give --capture A.pt too.")
+    color_by = args.color_by or ("div_grad" if args.compare else "grad_l2")
+    if color_by in DIVERGENCE_BY and not args.compare:
+        raise GradExplorerError(f"--color-by {color_by} colours by a comparison;",
+                                "give --capture A.pt --compare B.pt.")
+    return color_by
+
+
+def attach_compare(graph, args, ui) -> None:
+    """Colour ``graph`` by how the capture --compare differs from --capture (``core.compare``)."""
+    from core.capture_file import load_capture
+    from core.compare import compare
+    from core.graph_compare import attach_comparison
+
+    ui.bar.update("comparing")
+    a, b = load_capture(args.capture), load_capture(args.compare)
+    result = compare(a, b, label_a=Path(args.capture).name, label_b=Path(args.compare).name)
+    if attach_comparison(graph, result) == 0:
+        ui.note(f"note: no compared layer of '{args.capture}' is in the graph; nodes are not coloured.")
+
+
 def cmd_graph(args, ui) -> int:
     from core.file_write import atomic_write_bytes, check_output_path
 
     suffix = _suffix(args.out)
-    out = check_output_path(args.out, [args.model, args.weights, args.capture, *(args.input or ())])
+    out = check_output_path(args.out, [args.model, args.weights, args.capture, args.compare, *(args.input or ())])
     if args.depth is not None and args.depth < 0:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model as one box) or more.")
+    color_by = _color_by(args)
     graph = build_graph(args, ui)
+    if args.compare:
+        attach_compare(graph, args, ui)
     if suffix == ".json":
         data = json.dumps(graph.to_dict(), indent=1, allow_nan=False).encode()
     else:
@@ -109,13 +143,13 @@ def cmd_graph(args, ui) -> int:
         depth = graph.default_depth() if args.depth is None else args.depth
         view = graph.view(graph.expanded_to_depth(depth))
         if suffix == ".dot":
-            data = to_dot(graph, view, args.color_by).encode()
+            data = to_dot(graph, view, color_by).encode()
         else:
             from core.graph_layout import layout_view
 
             ui.bar.update("layout")
             layout = layout_view(graph, view, args.layout)
-            svg = to_svg(graph, view, layout, args.color_by, title=str(graph.meta.get("model", "")))
+            svg = to_svg(graph, view, layout, color_by, title=str(graph.meta.get("model", "")))
             if suffix == ".svg":
                 data = svg.encode()
             else:

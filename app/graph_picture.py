@@ -8,13 +8,16 @@ import sys
 
 
 def _app():
-    from PySide6.QtGui import QGuiApplication
+    # A QApplication, not a bare QGuiApplication: in a process that later opens widgets (the
+    # window after a PNG export, a test session) a QGuiApplication instance makes every
+    # QWidget abort with "Must construct a QApplication before a QWidget".
+    from PySide6.QtWidgets import QApplication
 
-    app = QGuiApplication.instance()
+    app = QApplication.instance()
     if app is None:
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform == "win32":
             os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-        app = QGuiApplication([sys.argv[0] if sys.argv else "gradexplorer"])
+        app = QApplication([sys.argv[0] if sys.argv else "gradexplorer"])
     return app
 
 

@@ -1,7 +1,7 @@
 """Capture overhead: gradexplorer beside its peers, same model and batch, same run.
 
     python -m benchmarks.capture_overhead [--models resnet50:8,vit_b_16:4,efficientnet_b0:8]
-                                          [--repeats 5] [--no-memory]
+                                          [--repeats 5] [--no-memory] [--kinds bare,stats,full]
 
 Prints, per model, the median time of a bare forward + backward (the same
 ``torch.autograd.grad`` over the trainable parameters that capture runs), and the median
@@ -275,6 +275,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--models", default="resnet50:8,vit_b_16:4,efficientnet_b0:8")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="comma-separated kinds to time (bare is always timed): " + ", ".join(KINDS))
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -284,15 +286,16 @@ def main(argv=None) -> list[dict]:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
+    kinds = ("bare", *(k for k in KINDS if k != "bare" and k in args.kinds.split(",")))
     rows = []
     for spec in args.models.split(","):
         name, _, b = spec.partition(":")
-        r = measure(name, int(b or 1), args.repeats)
+        r = measure(name, int(b or 1), args.repeats, kinds)
         if not args.no_memory:
-            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in KINDS if k not in r["missing"]}
+            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in kinds if k not in r["missing"]}
         rows.append(r)
         print(f"\n{name} batch {r['batch']} ({r['layers']} leaves): bare forward+backward {r['bare_s']:.2f} s")
-        for k in KINDS:
+        for k in kinds:
             if k in r["missing"]:
                 print(f"  {k:<10} not installed")
                 continue

@@ -624,9 +624,10 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
                 g = grad_of.get(id(p)) if p.requires_grad else None
                 rec.param_stats[pname] = rec.param_grads[pname] = None
                 if g is not None and recorder.full:
-                    rec.param_stats[pname], rec.param_grads[pname] = recorder.summaries.summarize_copy(g)
-                    if rec.param_grads[pname] is None:
-                        rec.param_grads[pname] = recorder.to_host(g, copy=True)
+                    # autograd.grad returned a tensor of our own that nothing modifies
+                    # later: kept as it is on the CPU (no copy), copied from a GPU.
+                    rec.param_stats[pname] = recorder.summaries.summarize(g)
+                    rec.param_grads[pname] = recorder.to_host(g, copy=False)
                 elif g is not None:
                     rec.param_stats[pname] = recorder.summaries.summarize(g)
             layers_out[name] = rec

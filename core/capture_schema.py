@@ -414,6 +414,7 @@ GRAPH = Record(
     },
     optional={"format": TEXT, "version": Integer(),
               "meta": Nullable(Record(required={}, optional={"node_values": Named(Integer()),
+                                                             "node_inputs": Named(Integer()),
                                                              "model": Nullable(TEXT)}))},
     then=_graph_relations,
     expected="a graph (nodes and edges)",

@@ -9,11 +9,13 @@ deviations from the block's first value and their squares, the magnitudes and th
 a second loop over the same block, still in the L1 cache, takes the minimum and maximum in
 the data's own float type (separate loops vectorise; LLVM left a loop that did both
 scalar). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
-again by a careful loop over its finite values (rare). Blocks are merged with Chan's
-formula, chunks of blocks run on numba's threads
-(``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and the
-chunks are merged by ``core.stats.merge_moments``. The histogram is counted afterwards over
-the strided sample ``core.stats.histogram_sample`` picks (every element for small tensors).
+again by a careful loop over its finite values (rare). Blocks are merged by
+``core.stats.chan_merge`` (compiled by numba), chunks of blocks run on numba's threads
+(``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and
+the chunks are merged at the end of the same compiled call. The
+histogram's elements (the strided sample ``core.stats.histogram_sample`` picks, every
+element for small tensors) are gathered while their block is in the cache and binned at
+the end of that call too: one call per tensor, whose result Python reads as one list.
 In full capture the same pass also writes the kept copy, block by block from the cache, so
 that the copy and the statistics cost one read of the tensor (``summarize(..., copy=True)``).
 
@@ -42,10 +44,7 @@ import torch
 from core.stats import (
     HIST_BINS,
     empty_stats,
-    histogram_in_float64,
-    histogram_range,
     histogram_sample,
-    merge_moments,
     no_finite_stats,
     stats_from_moments,
 )
@@ -67,6 +66,7 @@ _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
 _lock = threading.Lock()
 _parallel_lock = threading.Lock()
 _tables: dict = {}
+_keys: dict = {}
 #: Seconds spent compiling (or loading from the cache) per input dtype, in this process.
 compile_seconds: dict[str, float] = {}
 
@@ -85,8 +85,8 @@ def _build() -> dict[str, Any]:
 
     from core import cpu_stats_kernels as k
 
-    return {"serial": k.serial, "parallel": k.parallel, "histogram": k.histogram, "np": np,
-            "threads": numba.get_num_threads}
+    return {"serial": k.serial, "parallel": k.parallel, "threads": numba.get_num_threads(),
+            "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64)}
 
 
 def available() -> bool:
@@ -148,43 +148,43 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> An
         return None
     x, table = readable
     k = _state["kernels"]
-    np = k["np"]
     n = x.size
     if n == 0:
         stats = empty_stats()
         return (stats, t.detach().clone(memory_format=torch.contiguous_format)) if copy else stats
     use_table = table is not None
     if table is None:
-        table = _NO_TABLE.get("t")
-        if table is None:  # its dtype (not float32) tells the kernels to read x directly
-            table = _NO_TABLE["t"] = np.zeros(1, np.int8)
-    out = None
+        table = k["no_table"]  # its dtype (not float32) tells the kernels to read x directly
     if copy:
         dst = torch.empty(t.shape, dtype=t.dtype)
         out = dst.reshape(-1).view(torch.int16).numpy().view("uint16") if use_table else dst.reshape(-1).numpy()
     else:
         out = x[:0]
-    key = str(x.dtype) + ("/table" if use_table else "")
+    key = _keys.get((x.dtype, use_table))
+    if key is None:
+        key = _keys[(x.dtype, use_table)] = str(x.dtype) + ("/table" if use_table else "")
     first = key not in compile_seconds
     t0 = time.perf_counter() if first else 0.0
+    offset, step, count = histogram_sample(n, hist_limit)
+    wide = x.dtype == k["float64"]
     try:
         # The workqueue layer aborts the process on concurrent parallel launches (the
         # window's histogram while a capture runs): a busy pool means the serial kernel.
         if n > _SERIAL_LIMIT and _parallel_lock.acquire(blocking=False):
             try:
-                nchunks = max(1, min(k["threads"]() * _CHUNKS_PER_THREAD, n // 2048))
-                res = k["parallel"](x, table, copy, out, nchunks)
+                nchunks = max(1, min(k["threads"] * _CHUNKS_PER_THREAD, n // 2048))
+                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide)
             finally:
                 _parallel_lock.release()
         else:
-            res = k["serial"](x, table, copy, out)
+            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide)
     except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
         log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
         _state["kernels"] = False
         return None
     if first:
         compile_seconds[key] = time.perf_counter() - t0
-    got = _stats_of(res, x, table, n, hist_limit, k)
+    got = _stats_of(row.tolist(), counts, n, step == 1)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
         from core.stats import torch_stats
 
@@ -192,34 +192,19 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> An
     return (got, dst) if copy else got
 
 
-_NO_TABLE: dict = {}
-
-
-def _stats_of(res: Any, x: Any, table: Any, n: int, hist_limit: int | None, k: dict[str, Any]) -> dict | None:
+def _stats_of(row: list, counts: Any, n: int, exact: bool) -> dict | None:
     # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
     # on one-row arrays cost more than the kernel.
-    if len(res) == 1:
-        row = res[0].tolist()
-        m, mean, m2 = row[0], row[1], row[2]
-        sums = row
-    else:
-        sums = res.sum(axis=0).tolist()
-        m, mean, m2 = merge_moments(res[:, 0], res[:, 1], res[:, 2])
-        sums[5], sums[6] = float(res[:, 5].min()), float(res[:, 6].max())
-    nan_count, inf_count = int(sums[8]), int(sums[9])
+    m, mean, m2, sumabs, lo, hi, nonzero, nan_count, inf_count, sampled, hlo, hhi = row
+    nan_count, inf_count = int(nan_count), int(inf_count)
     if m == 0:
         return no_finite_stats(n, nan_count, inf_count)
-    sumsq, sumabs, lo, hi = sums[3], sums[4], sums[5], sums[6]
+    sumsq = m2 + m * mean * mean  # both terms >= 0: no cancellation
     amax = max(abs(lo), abs(hi))
     if not (math.isfinite(sumsq) and math.isfinite(m2) and math.isfinite(sumabs)) or (0 < amax < 1e-150):
         return None  # only float64 data gets here: its squares overflow or underflow
-    offset, step, count = histogram_sample(n, hist_limit)
-    hlo, hhi = histogram_range(lo, hi)
-    wide = x.dtype == k["np"].float64 or histogram_in_float64(hlo, hhi)
-    counts, sampled = k["histogram"](x, table, offset, step, count, hlo, hhi, wide)
-    exact = step == 1
-    hist = torch.from_numpy(counts).float()
+    hist = torch.from_numpy(counts)
     if not exact:
         hist = hist * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
-    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(sums[7]), nan_count,
-                              inf_count, hist, (float(hlo), float(hhi)), exact)
+    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), nan_count,
+                              inf_count, hist, (hlo, hhi), exact)

@@ -12,12 +12,16 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from core.stats import HIST_BINS
+from core.stats import HIST_BINS, chan_merge, histogram_in_float64, histogram_range
 
 #: Elements per block: the extremes' loop and the copy re-read a block from the L1 cache.
 BLOCK = 4096
-#: Columns of a chunk's result row.
-COLS = 10  # count, mean, m2, sumsq, sumabs, min, max, nonzero, nan, inf
+#: Columns of a chunk's row: finite count, mean, m2, sum of magnitudes, min, max,
+#: non-zero count, NaN count.
+COLS = 8
+#: Columns of the merged result: a chunk's, then the Inf count, the number of finite
+#: values the histogram counted, and its range (lower, upper edge).
+RESULT = 12
 
 _INF = np.inf
 #: Vectorised float64 sums; NaN and Inf semantics kept (no "nnan", "ninf").
@@ -74,8 +78,20 @@ fmin: Any = intrinsic(_fmin)
 fmax: Any = intrinsic(_fmax)
 
 
+#: ``core.stats.chan_merge`` compiled: the kernels merge blocks and chunks with the same
+#: function as everything else. (numba's on-disk cache tracks the kernels' own source
+#: file only: after editing it in core/stats.py, clear __pycache__ or touch this file.)
+_chan: Any = njit(inline="always")(chan_merge)
+_hist_range: Any = njit(inline="always")(histogram_range)
+_hist_in_float64: Any = njit(inline="always")(histogram_in_float64)
+
+
 @njit(cache=True, fastmath=_FASTMATH)  # not inline="always": that stopped vectorisation
-def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: Any, row: int) -> None:
+def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: Any, row: int,
+          offset: int, step: int, sample: Any) -> None:
+    """The moments of ``x[start:stop]`` into ``res[row]`` (see ``COLS``); the copy into
+    ``out`` when ``copy``; the histogram's sample elements (``offset + k * step``) of this
+    range into ``sample[k]``, read while their block is in the cache."""
     cnt = 0.0
     mean = 0.0
     m2 = 0.0
@@ -84,6 +100,7 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     hi = -_INF
     zeros = 0
     nnan = 0
+    k = max(0, (start - offset + step - 1) // step)  # the first sample index at or after start
     for b in range(start, stop, BLOCK):
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
@@ -92,11 +109,14 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         size = e - b
         if copy:
             out[b:e] = xb  # from the L1 cache: the copy costs no second read
+        while k < sample.size and offset + k * step < e:
+            sample[k] = load(x, table, offset + k * step)
+            k += 1
         # The fast loop: float64 sums of the deviations from the block's first value p
         # (a value inside the block keeps sum((v - p)^2) within BLOCK times the block's
         # m2, so m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings),
-        # sum of magnitudes, zero count. NaN or Inf anywhere in the block (or a float64
-        # square beyond float64) leaves bq non-finite: then the careful loop below.
+        # of the magnitudes, and the zero count. NaN or Inf anywhere in the block (or a
+        # float64 square beyond float64) leaves bq non-finite: then the careful loop.
         p = load(xb, table, 0)
         bs = 0.0
         bq = 0.0
@@ -128,12 +148,7 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
             nnan += bn
             if bc == 0.0:
                 continue
-        # Chan's merge of the block into the chunk.
-        tot = cnt + bc
-        delta = bmean - mean
-        mean += delta * (bc / tot)
-        m2 += bm2 + delta * delta * (cnt * bc / tot)
-        cnt = tot
+        cnt, mean, m2 = _chan(cnt, mean, m2, bc, bmean, bm2)
         sumabs += ba
         zeros += bz
         lo = min(lo, flo)
@@ -141,13 +156,11 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     res[row, 0] = cnt
     res[row, 1] = mean
     res[row, 2] = m2
-    res[row, 3] = m2 + cnt * mean * mean if cnt > 0.0 else 0.0  # sum of squares, no cancellation
-    res[row, 4] = sumabs
-    res[row, 5] = lo
-    res[row, 6] = hi
-    res[row, 7] = cnt - zeros
-    res[row, 8] = nnan
-    res[row, 9] = (stop - start) - cnt - nnan
+    res[row, 3] = sumabs
+    res[row, 4] = lo
+    res[row, 5] = hi
+    res[row, 6] = cnt - zeros
+    res[row, 7] = nnan
 
 
 @njit(cache=True, fastmath=_FASTMATH)
@@ -199,41 +212,73 @@ def _m2(bs: float, bq: float, bc: float) -> float:
     return 0.0 if m2 < 0.0 else m2
 
 
-@njit(cache=True, nogil=True)
-def serial(x: Any, table: Any, copy: bool, out: Any) -> Any:
-    res = np.empty((1, COLS), np.float64)
-    chunk(x, table, 0, x.size, copy, out, res, 0)
-    return res
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int) -> Any:
-    n = x.size
-    size = (n + nchunks - 1) // nchunks
-    res = np.empty((nchunks, COLS), np.float64)
-    for c in prange(nchunks):
-        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c)
-    return res
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def histogram(x: Any, table: Any, offset: int, step: int, count: int, lo: float, hi: float,
-              wide: bool) -> Any:
-    # torch.histc's arithmetic (float32 unless the range needs float64), so that the
-    # bins agree with the torch path's.
-    counts = np.zeros(HIST_BINS, np.float64)
+def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
+    """The chunks' rows merged into one (the ``RESULT`` columns) and the histogram of the
+    sample's finite values over their range (``core.stats.histogram_range``), in
+    ``torch.histc``'s arithmetic (float32 unless the data are float64 or the range needs
+    float64), so that the bins agree with the torch path's."""
+    out = np.zeros(RESULT, np.float64)
+    cnt = 0.0
+    mean = 0.0
+    m2 = 0.0
+    lo = _INF
+    hi = -_INF
+    for r in range(res.shape[0]):
+        cnt, mean, m2 = _chan(cnt, mean, m2, res[r, 0], res[r, 1], res[r, 2])
+        out[3] += res[r, 3]
+        lo = min(lo, res[r, 4])
+        hi = max(hi, res[r, 5])
+        out[6] += res[r, 6]
+        out[7] += res[r, 7]
+    out[0] = cnt
+    out[1] = mean
+    out[2] = m2
+    out[4] = lo
+    out[5] = hi
+    out[8] = n - cnt - out[7]
+    counts = np.zeros(HIST_BINS, np.float32)
+    if cnt == 0.0:
+        return out, counts
+    hlo, hhi = _hist_range(lo, hi)
+    wide = wide or _hist_in_float64(hlo, hhi)
+    lo32 = np.float32(hlo)
+    width32 = np.float32(np.float32(hhi) - lo32)
+    width = hhi - hlo
     sampled = 0.0
-    lo32 = np.float32(lo)
-    width32 = np.float32(np.float32(hi) - lo32)
-    width = hi - lo
-    for k in range(count):
-        v = load(x, table, offset + k * step)
+    for k in range(sample.size):
+        v = sample[k]
         if not abs(v) < _INF:
             continue
         sampled += 1.0
         if wide:
-            pos = int((v - lo) * HIST_BINS / width)
+            pos = int((v - hlo) * HIST_BINS / width)
         else:
             pos = int((np.float32(v) - lo32) * np.float32(HIST_BINS) / width32)
-        counts[min(max(pos, 0), HIST_BINS - 1)] += 1.0
-    return counts, sampled
+        counts[min(max(pos, 0), HIST_BINS - 1)] += np.float32(1.0)
+    out[9] = sampled
+    out[10] = hlo
+    out[11] = hhi
+    return out, counts
+
+
+@njit(cache=True, nogil=True)
+def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, count: int, wide: bool) -> Any:
+    """``finish`` of one chunk over all of ``x``: (result row, histogram counts)."""
+    res = np.empty((1, COLS), np.float64)
+    sample = np.empty(count, np.float64)
+    chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample)
+    return finish(res, x.size, sample, wide)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int, offset: int, step: int, count: int,
+             wide: bool) -> Any:
+    """``serial`` with ``nchunks`` chunks on numba's threads."""
+    n = x.size
+    size = (n + nchunks - 1) // nchunks
+    res = np.empty((nchunks, COLS), np.float64)
+    sample = np.empty(count, np.float64)
+    for c in prange(nchunks):
+        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample)
+    return finish(res, n, sample, wide)

@@ -318,6 +318,9 @@ class ModelGraph:
         values = self.meta.get("node_values", {})
         inputs = self.meta.get("node_inputs", {})
         op_of_value = {vid: nid for nid, vid in values.items() if self.nodes[nid].kind == "op"}
+        edges_of: dict[int, list[GraphEdge]] = {}
+        for e in self.edges:
+            edges_of.setdefault(e.tensor, []).append(e)
         n = 0
         for name, index, call in cap.iter_calls():
             node = self.module_node(name, index)
@@ -326,7 +329,7 @@ class ModelGraph:
             node.stats = node_stats_from_calls(call.stats)
             node.stats["flags"] = list(flags.get(name, []))
             n += 1
-            self._put_edge_grad(values.get(node.id), (call.stats or {}).get("grad_output"))
+            _put_edge_grad(edges_of, values.get(node.id), (call.stats or {}).get("grad_output"))
             # The gradient of the call's first input is the gradient of the op that made it
             # (a tensor hook sees the whole gradient of its tensor, from every consumer).
             grad_in = (call.stats or {}).get("grad_input")
@@ -335,16 +338,9 @@ class ModelGraph:
                 stats = node_stats_from_calls({"grad_output": grad_in})
                 stats["flags"] = (["nan/inf"] if stats["nonfinite"] else []) + (["zero"] if stats["zero"] else [])
                 self.nodes[op].stats = stats
-                self._put_edge_grad(values[op], grad_in)
+                _put_edge_grad(edges_of, values[op], grad_in)
         flag_by_neighbours(self, kinds=("op",))
         return n
-
-    def _put_edge_grad(self, value: int | None, grad: Mapping | None) -> None:
-        if grad is None or value is None:
-            return
-        for e in self.edges:
-            if e.tensor == value:
-                e.grad_l2 = _float(grad.get("l2"))
 
     # -- the JSON contract ----------------------------------------------------------
     def to_dict(self) -> dict:
@@ -396,6 +392,14 @@ class ModelGraph:
                 raise GradExplorerError(f"{source} has an edge to a node it lacks ({e.src} -> {e.dst}).",
                                         "Write it again with 'gradexplorer graph'.")
         return graph
+
+
+def _put_edge_grad(edges_of: Mapping[int, list[GraphEdge]], value: int | None, grad: Mapping | None) -> None:
+    """The gradient norm of the tensor ``value`` on every edge that carries it."""
+    if grad is None or value is None:
+        return
+    for e in edges_of.get(value, ()):
+        e.grad_l2 = _float(grad.get("l2"))
 
 
 def module_node_id(name: str, call: int) -> str:

@@ -15,6 +15,14 @@ and read once at the end). Module calls complete innermost first, so the first c
 inputs are finite and whose output is not is the innermost module where the value broke;
 when that module has children, it broke in its own forward code between them.
 
+The inputs of a call matter only when its output is not finite, so on the CPU an input
+not seen before (in a ResNet, the sum ``out += identity`` that its ReLU receives) is
+checked at the end of the call, and only when the output holds NaN/Inf: none of the
+aminmax passes in a finite capture. If the call changed that input in place (an in-place
+ReLU), its value on entry is gone: it counts as not finite, which puts the onset in the
+code that made it (the enclosing module's own forward code; standard in-place
+activations cannot turn finite values into NaN/Inf).
+
 ``onset_location`` gives the window the (layer, call, tensor) to mark and jump to;
 ``describe_onset`` the lines the CLI prints.
 """
@@ -48,6 +56,21 @@ def _counts(source: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
+class _Later:
+    """An input not seen before, checked only if the call's output is not finite."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.version = t._version
+
+    def resolve(self, tracker: OnsetTracker) -> Any:
+        if self.tensor._version != self.version:
+            return False  # changed in place by the call: its value on entry is gone
+        return tracker._source(self.tensor)
+
+
 class OnsetTracker:
     """Finiteness of every module call's inputs and output during one capture."""
 
@@ -60,11 +83,13 @@ class OnsetTracker:
         # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
         self.grads: list[tuple[dict, list]] = []
 
-    def _source(self, t: torch.Tensor, stats: dict | None = None) -> Any:
+    def _source(self, t: torch.Tensor, stats: dict | None = None, later: bool = False) -> Any:
         key = (id(t), t._version)
         seen = self._known.get(key)
         if seen is not None and seen[0]() is t:
             return seen[1]
+        if later and stats is None and t.device.type == "cpu" and (t.is_floating_point() or t.is_complex()):
+            return _Later(t)
         if stats is not None:
             source: Any = stats
         elif not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
@@ -87,7 +112,8 @@ class OnsetTracker:
             items = value if isinstance(value, (tuple, list)) else (value,)
             for v in items:
                 if isinstance(v, torch.Tensor):
-                    inputs.append(self._source(v))
+                    # The root's inputs (the batch) at once: "the input batch holds NaN/Inf".
+                    inputs.append(self._source(v, later=name != ""))
         self._open.setdefault(name, []).append((index, inputs))
 
     def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None, stats: dict | None = None) -> None:
@@ -98,6 +124,11 @@ class OnsetTracker:
             return
         index, inputs = stack.pop()
         source = None if output is None else self._source(output, stats)
+        if any(isinstance(s, _Later) for s in inputs):
+            # Undecided outputs (a device flag, statistics still to be filled) count as bad.
+            undecided = isinstance(source, torch.Tensor) or (isinstance(source, dict) and not source)
+            needed = undecided or _bad(source)
+            inputs = [(s.resolve(self) if needed else None) if isinstance(s, _Later) else s for s in inputs]
         has_children = next(module.children(), None) is not None
         self.events.append((name, index, type(module).__name__, has_children, inputs, source))
 

@@ -7,7 +7,7 @@ the extremes (exploding values are why people open it).
 Right: the variance is never taken as E[x²] − E[x]² (in float32 a constant 1e4 over 1e6
 values gave std 80.6, true 0). Every path accumulates in float64 and computes the sum of
 squared deviations per block around the block's own mean, then merges the blocks with
-Chan's formula (``merge_moments``); squares of float32 values cannot overflow float64, and
+Chan's formula (``chan_merge``); squares of float32 values cannot overflow float64, and
 float64 tensors whose squares would (|x| above about 1e150) or would underflow are scaled
 by a power of two first, which is exact. A statistic whose true value lies beyond float64
 (the L2 norm of many 1e308 values) is reported as ``inf`` and named in ``overflow``, so
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, TypeVar
 
 import torch
 
@@ -58,6 +59,10 @@ _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 6
 _SAFE_EXP = 480
 #: float32 maximum: a histogram range wider than this is binned in float64.
 _F32_MAX = 3.4028234663852886e38
+
+
+#: A count: int (MergeStats, GradientMoments) or float (the kernels' float64 rows).
+Count = TypeVar("Count", int, float)
 
 
 def _prime_at_least(n: int) -> int:
@@ -166,28 +171,35 @@ def torch_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT
                               hist, hist_range, exact, exponent)
 
 
-def merge_moments(counts, means, m2s) -> tuple[float, float, float]:
-    """Chan et al.'s merge of per-block (count, mean, sum of squared deviations) into the
-    whole's, exact in float64 whatever the blocks' means: (count, mean, m2).
+def chan_merge(na: Count, mean_a: Any, m2_a: Any, nb: Count, mean_b: Any, m2_b: Any) -> tuple[Count, Any, Any]:
+    """Chan, Golub and LeVeque's merge of two sets' (count, mean, sum of squared
+    deviations from the mean) into their union's: (count, mean, m2).
 
-    The parallel form: m2 = Σ m2_i + Σ n_i (mean_i − mean)², the within-block plus the
-    between-block sums of squares. Takes NumPy arrays (or anything ``numpy.asarray``
-    takes); blocks with a count of 0 are ignored.
+    The pairwise delta form, ``d = mean_b - mean_a``, ``mean = mean_a + d * nb / n``,
+    ``m2 = m2_a + m2_b + d^2 * na * nb / n``: exact when the means are equal (a constant
+    tensor's m2 stays 0), accurate when |mean| >> std, unlike sums of squares. A set with
+    a count of 0 is the identity. Plain arithmetic on floats, so that the numba kernels
+    (``core.cpu_stats_kernels``) compile this same function; every merge of moments in
+    ``core`` goes through it (``MergeStats.merge`` too). The means and m2s may be floats
+    or tensors of them (``GradientMoments``: element-wise).
     """
-    import numpy as np
+    if na == 0:
+        return nb, mean_b, m2_b
+    if nb == 0:
+        return na, mean_a, m2_a
+    n = na + nb
+    delta = mean_b - mean_a
+    return n, mean_a + delta * (nb / n), m2_a + m2_b + delta * delta * (na * (nb / n))
 
-    c = np.asarray(counts, dtype=np.float64)
-    mu = np.asarray(means, dtype=np.float64)
-    q = np.asarray(m2s, dtype=np.float64)
-    keep = c > 0
-    c, mu, q = c[keep], mu[keep], q[keep]
-    total = float(c.sum())
-    if total == 0:
-        return 0.0, float("nan"), 0.0
-    with np.errstate(over="ignore", invalid="ignore"):  # float64 data beyond 1e154: see callers
-        # The weighted mean of the blocks' means never overflows (each lies within [min, max]).
-        mean = float(np.dot(c / total, mu))
-        return total, mean, float(q.sum() + np.dot(c, (mu - mean) ** 2))
+
+def merge_moments(counts, means, m2s) -> tuple[float, float, float]:
+    """``chan_merge`` folded over any number of blocks' (count, mean, m2): the whole's
+    (count, mean, m2). Takes sequences of numbers; blocks with a count of 0 are ignored,
+    and no block at all gives (0, nan, 0)."""
+    n, mean, m2 = 0.0, float("nan"), 0.0
+    for c, mu, q in zip(counts, means, m2s):
+        n, mean, m2 = chan_merge(n, mean, m2, float(c), float(mu), float(q))
+    return n, mean, m2
 
 
 def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sumsq: float, l1: float,

@@ -229,6 +229,50 @@ def nonfinite_onset(source: str | os.PathLike | sqlite3.Connection, rank: int | 
     return Onset(int(first), layer, kind)
 
 
+def capture_onset(cap: Any) -> Onset | None:
+    """The first batch of a dataset capture (``core.dataset_capture``) with a NaN or Inf in
+    its per-batch series, and the first layer in forward order where it is (an activation
+    before a gradient; a parameter with its module). ``None`` when every value was finite.
+
+    Parameters
+    ----------
+    cap : Capture
+        Its ``meta["dataset"]["series"]`` is read; other captures have no onset.
+    """
+    series = (cap.meta.get("dataset") or {}).get("series")
+    if not series or "nonfinite" not in series["fields"]:
+        return None
+    col = list(series["fields"]).index("nonfinite")
+    batches = list(series["batch"])
+    first: int | None = None
+    hits: list[tuple[str, str]] = []
+    for name, arr in series["rows"].items():
+        counts = np.asarray(arr)[:, col]
+        bad = np.flatnonzero(counts > 0)
+        if bad.size == 0:
+            continue
+        at = int(batches[int(bad[0])])
+        layer, rest = name.split("#", 1)
+        kind = rest.split(":", 1)[1]
+        if first is None or at < first:
+            first, hits = at, [(layer, kind)]
+        elif at == first:
+            hits.append((layer, kind))
+    if first is None:
+        return None
+    order = {n: i for i, n in enumerate(getattr(cap, "layer_order", None) or list(getattr(cap, "layers", {})))}
+
+    def position(hit: tuple[str, str]) -> tuple:
+        layer, kind = hit
+        if layer in order:
+            return (order[layer], kind != "activation", kind)
+        owner = layer.rsplit(".", 1)[0]  # a parameter: with its module, after its rows
+        return (order.get(owner, len(order)), True, kind)
+
+    layer, kind = min(hits, key=position)
+    return Onset(first, layer, kind)
+
+
 @dataclass
 class Flag:
     """A layer whose output gradient vanished or exploded, continuously since ``since``."""

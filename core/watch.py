@@ -45,6 +45,7 @@ from torch import nn
 
 from core.errors import GradExplorerError
 from core.layer_recorder import LayerRecorder, RowKey
+from core.merge_stats_cpu import distance
 from core.selection import LayerSpec, resolve_layers
 from core.stats_merge import MergeStats
 from core.watch_log import WatchLogWriter, stats_row
@@ -99,6 +100,7 @@ class Watch:
         self.reports: list[tuple[int | None, str, str]] = []
         self._recorder: LayerRecorder | None = None
         self._weights_before: dict[str, torch.Tensor] = {}
+        self._weights_valid = False
         self._started = 0.0
         self._writer: WatchLogWriter | None = None
         self._open = False
@@ -148,6 +150,7 @@ class Watch:
             self._recorder.remove()
             self._recorder.rows = {}
         self._weights_before.clear()
+        self._weights_valid = False
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -164,7 +167,15 @@ class Watch:
             return
         self._started = time.time()
         with torch.no_grad():
-            self._weights_before = {n: p.detach().clone() for n, p in self.params.items()}
+            # The buffers stay between watched steps: copying into them costs a third of
+            # cloning fresh memory every time (the pages are already there).
+            for n, p in self.params.items():
+                buf = self._weights_before.get(n)
+                if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
+                    self._weights_before[n] = p.detach().clone()
+                else:
+                    buf.copy_(p.detach())
+        self._weights_valid = True
         self._recorder.install()
 
     # -- the step -----------------------------------------------------------------------------
@@ -194,16 +205,22 @@ class Watch:
             for pname, p in self.params.items():
                 if p.grad is not None:
                     rows[(pname, 0, "grad")] = MergeStats.of_tensor(p.grad)
-                before = self._weights_before.get(pname)
+                before = self._weights_before.get(pname) if self._weights_valid else None
                 if before is None:
                     continue
-                rows[(pname, 0, "weight")] = MergeStats.of_tensor(before)
+                weight = MergeStats.of_tensor(before)
+                rows[(pname, 0, "weight")] = weight
                 # Norms accumulated in float64. The difference of two nearby float32 weights
                 # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
-                w_norm = float(torch.linalg.vector_norm(before, dtype=torch.float64))
-                d_norm = float(torch.linalg.vector_norm(p.detach() - before, dtype=torch.float64))
+                if weight.count == weight.numel:  # all finite: the statistics hold the norm
+                    w_norm = weight.summary()["l2"]
+                else:
+                    w_norm = float(torch.linalg.vector_norm(before, dtype=torch.float64))
+                d_norm = distance(p, before)  # one compiled pass on the CPU, no temporary
+                if d_norm is None:
+                    d_norm = float(torch.linalg.vector_norm(p.detach() - before, dtype=torch.float64))
                 ratios[pname] = d_norm / w_norm if w_norm > 0 else (math.inf if d_norm > 0 else 0.0)
-        self._weights_before = {}
+        self._weights_valid = False
         reports = [(n, "selected but not called during this step") for n in self._recorder.not_called()]
         seconds = time.time() - self._started
         self._recorder.rows = {}

@@ -58,7 +58,6 @@ from core.graph_render import (
     COLOR_BY,
     FLAG_COLORS,
     STATISTIC_LABELS,
-    ColorScale,
     clip_route,
     color_scale,
     edge_widths,
@@ -558,12 +557,6 @@ class GraphPanel(QWidget):
             item.update()
         self._update_scale_label(self.graph, self._view)
 
-    def color_scale(self) -> ColorScale | None:
-        """The scale the visible nodes are coloured on (None for flags or without a view)."""
-        if self.graph is None or self._view is None or self.statistic == "flags":
-            return None
-        return color_scale(self.graph, self._view.nodes, self.statistic)
-
     def _update_scale_label(self, graph: ModelGraph, view) -> None:
         stat = self.statistic
         if stat == "flags":
@@ -772,3 +765,4 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
     session.batch_changed.connect(extract)
     controller.capture_shown.connect(on_capture)
     panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))
+    panel.graph_changed.connect(follow_state)  # a graph drawn after a run shows the layer in view

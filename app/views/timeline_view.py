@@ -267,12 +267,12 @@ class TimelineView(QWidget):
         kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
         self.timeline = None
         if self.source_kind == "capture":
-            from core.timeline import timeline_from_capture
+            from core.timeline import capture_onset, timeline_from_capture
 
             cap = self._capture
             if cap is None:
                 return
-            self._submit(lambda: (timeline_from_capture(cap, kind, stat), None), self._on_full)
+            self._submit(lambda: (timeline_from_capture(cap, kind, stat), capture_onset(cap)), self._on_full)
             return
         path = self.source
 
@@ -395,7 +395,8 @@ class TimelineView(QWidget):
         self._draw_selection()
         where = os.path.basename(self.source or "")
         span = f"{int(t.steps[0])} .. {int(t.steps[-1])}" if t.steps.size else "none yet"
-        onset = (f"; NaN/Inf from step {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
+        unit_one = "batch" if self.source_kind == "capture" else "step"
+        onset = (f"; NaN/Inf from {unit_one} {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
                  if self.onset else "")
         unit = "batches" if self.source_kind == "capture" else "steps"
         self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} {unit} ({span}){onset}"
@@ -421,7 +422,8 @@ class TimelineView(QWidget):
             self.onset_marker.setData([col + 0.5], [rows[0] + 0.5])
         else:
             self.onset_marker.setData([], [])
-        self.onset_text.setText(f"NaN/Inf from step {onset.step}: {onset.layer}")
+        unit = "batch" if self.source_kind == "capture" else "step"
+        self.onset_text.setText(f"NaN/Inf from {unit} {onset.step}: {onset.layer}")
         self.onset_text.setPos(col, 0)
 
     def _draw_selection(self) -> None:

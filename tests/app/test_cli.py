@@ -595,7 +595,8 @@ def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
     from core.options import CaptureOptions
 
     assert main([]) == 0
-    assert fake_gui == [{"options": CaptureOptions("demo:shapes"), "run": True, "screenshot": None}]
+    assert fake_gui == [{"options": CaptureOptions("demo:shapes"), "run": True, "screenshot": None,
+                         "capture": None}]
 
 
 def test_gui_flags_are_handed_to_launch_as_the_capture_commands_options(fake_gui, tmp_path, capsys):

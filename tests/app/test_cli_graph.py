@@ -152,3 +152,55 @@ def test_capture_colours_nodes_and_a_version1_file_without_graph(tmp_path, capsy
     torch.save(saved, cap_file)
     code, _, err = run(capsys, "graph", "-q", "--capture", cap_file, "--out", tmp_path / "h.json")
     assert_user_error(code, err, "carries no graph", "--model")
+
+
+def test_a_png_export_leaves_a_process_that_can_still_open_widgets():
+    """svg_to_png makes the Qt application when there is none: it must be one that widgets
+    accept (a bare QGuiApplication made every later QWidget abort the process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from app.graph_picture import svg_to_png\n"
+            "png = svg_to_png('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"/>')\n"
+            "from PySide6.QtWidgets import QWidget\n"
+            "w = QWidget()\n"
+            "print(png[:4] == b'\\x89PNG', type(w).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[2]), env={**__import__("os").environ,
+                                                                             "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "QWidget"]
+
+
+def test_compare_colours_nodes_by_how_b_differs_from_a(tmp_path, capsys, factory):
+    from core.capture_file import load_capture
+    from core.compare import compare
+    from core.graph_compare import divergence_values
+
+    a_file, b_file = tmp_path / "a.pt", tmp_path / "b.pt"
+    for path, extra in ((a_file, []), (b_file, ["--autocast", "bf16"])):
+        code, _, err = run(capsys, "capture", "--model", factory, "--trust", "--random", "2x4", *extra, "--out", path)
+        assert code == 0, err
+    out = tmp_path / "div.json"
+    code, _, err = run(capsys, "graph", "--capture", a_file, "--compare", b_file, "--out", out)
+    assert code == 0, err
+    stats = {n["id"]: n["stats"] for n in json.loads(out.read_text())["nodes"]}
+    result = compare(load_capture(a_file), load_capture(b_file))
+    assert result.calls
+    for c in result.calls:  # the numbers `gradexplorer diff` computes, on the nodes
+        want = divergence_values(c)
+        got = stats[f"m:{c.layer}:{c.call}"]
+        for key in ("div_grad", "div_activation", "grad_ratio"):
+            assert got[key] == pytest.approx(want[key])
+    assert any(stats[f"m:{c.layer}:{c.call}"]["div_grad"] > 0 for c in result.calls)  # bf16 differs
+    svg = tmp_path / "div.svg"
+    code, _, err = run(capsys, "graph", "--capture", a_file, "--compare", b_file, "--color-by", "grad_ratio",
+                       "--out", svg)
+    assert code == 0, err
+    assert "gradient norm ratio B / A, log scale, 1 in the middle" in svg.read_text()
+    code, _, err = run(capsys, "graph", "--capture", a_file, "--color-by", "div_grad", "--out", svg)
+    assert_user_error(code, err, "--compare")
+    code, _, err = run(capsys, "graph", "--model", factory, "--trust", "--random", "2x4", "--compare", b_file,
+                       "--out", svg)
+    assert_user_error(code, err, "--capture")

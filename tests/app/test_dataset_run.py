@@ -174,3 +174,18 @@ def test_a_new_run_makes_the_folder_run_stale(qtbot, demo, monkeypatch, folder):
             go_on.set()
     assert done.args[0] in ("cancelled", "stale") and run.args == ["ok"]
     assert demo.session.capture.meta["mode"] != "stats" or "dataset" not in demo.session.capture.meta
+
+
+def test_the_question_has_sane_defaults(qtbot):
+    from app.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
+
+    d = DatasetRunDialog(None, "/some/folder")
+    qtbot.addWidget(d)
+    assert d.values() == (DEFAULT_BATCH_SIZE, None)  # every sample
+    d.batch_spin.setValue(0)  # clamped to 1
+    d.max_spin.setValue(500)
+    assert d.values() == (1, 500)
+    from PySide6.QtWidgets import QLabel
+
+    texts = " ".join(label.text() for label in d.findChildren(QLabel))
+    assert "Statistics only" in texts and "/some/folder" in texts

@@ -208,6 +208,10 @@ def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbo
     assert panel.graph is not None and panel.graph.meta["model"]
     # Coloured by the run that the demo fixture made.
     assert any(n.stats for n in panel.graph if n.kind == "module")
+    # The layer the views show is selected in the graph drawn after the run.
+    shown = panel.graph.module_node(w.view_state.layer, w.view_state.call)
+    assert panel.selected == panel.graph.representative(shown.id, panel.expanded)
+    assert panel.items[panel.selected].selected_
     cap = w.session.capture
     name = next(n for n in cap.layers if panel.graph.module_node(n) is not None
                 and panel.graph.representative(panel.graph.module_node(n).id, panel.expanded) in panel.items

@@ -169,6 +169,32 @@ def test_dataset_capture_series(qtbot, view, tmp_path):
         view.open_capture(str(tmp_path / "ds.pt"))
     assert view.timeline.rows == ["0", "1", "2"] and list(view.timeline.steps) == [0, 1, 2, 3]
     assert view.heat_plot.getAxis("bottom").labelText == "batch"
+    assert not view.onset_line.isVisible() and not view.follow_box.isVisibleTo(view)
+
+
+def test_dataset_capture_onset_and_export(qtbot, view, tmp_path):
+    import torch
+    from torch import nn
+
+    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(12, 4)
+    x[7, 1] = float("inf")  # batch 2
+    cap = to_capture(capture_dataset(model, iter_tensor_batches(x, None, 3, range(4))), model, ["0", "1", "2"], {})
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.show_capture(cap, "in memory")
+    assert view.onset_line.isVisible() and view.onset_line.value() == 2
+    xs, ys = view.onset_marker.getData()
+    assert list(xs) == [2.5] and list(ys) == [0.5]  # on layer "0", the first in forward order
+    assert "NaN/Inf from batch 2 in 0" in view.status.text()
+    assert "NaN/Inf from batch 2: 0" in view.onset_text.toPlainText()
+    assert view.export_png(str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 0
+    assert view.export_csv(str(tmp_path / "t.csv"))
+    lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert lines[0].split(",")[1:] == ["0", "1", "2", "3"]
+    assert [ln.split(",")[0] for ln in lines[1:4]] == ["0", "1", "2"]
 
 
 def test_unreadable_file_says_so(qtbot, view, tmp_path):

@@ -145,3 +145,59 @@ def test_a_finite_capture_has_no_onset_and_the_onset_survives_the_file(tmp_path)
     del raw["nonfinite_onset"]  # a file from before the entry: still opens
     torch.save(raw, tmp_path / "old.pt")
     assert load_capture(tmp_path / "old.pt").nonfinite_onset is None
+
+
+class ResidualOverflow(nn.Module):
+    """``out += identity`` overflows in the module's own code, then an in-place ReLU takes
+    the sum (the ResNet pattern): the ReLU did not break it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.relu = nn.Linear(4, 4), nn.ReLU(inplace=True)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.fill_(3e38)
+
+    def forward(self, x):
+        out = self.fc(x)
+        out += torch.full_like(out, 3e38)  # 6e38: beyond float32
+        return self.relu(out)
+
+
+class Scaled(nn.Module):
+    """A child fed a tensor that no module produced (``h * k`` in the parent's code)."""
+
+    def __init__(self, k, child=None):
+        super().__init__()
+        self.k = k
+        self.fc, self.child = nn.Linear(4, 4), child or Divide()
+
+    def forward(self, x):
+        return self.child(self.fc(x) * self.k)
+
+
+@pytest.mark.parametrize("make,expected,own_code", [
+    (lambda: nn.Sequential(ResidualOverflow(), nn.Linear(4, 2)), "0", True),
+    (lambda: Scaled(2.0), "child", False),  # the input it got was finite: the Divide broke it
+    (lambda: Scaled(float("inf")), "", True),  # the parent's h * inf broke it first
+])
+def test_inputs_no_module_produced_are_checked_when_the_output_broke(make, expected, own_code):
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.rand(3, 4) + 0.5
+    assert first_bad_forward_call(model, x) == expected
+    cap = capture(model, x, mode="stats", target="sum")
+    f = cap.nonfinite_onset["forward"]
+    assert (f["layer"], f["own_code"]) == (expected, own_code)
+
+
+def test_a_finite_capture_checks_no_input_that_no_module_produced(monkeypatch):
+    """The aminmax passes of the tracker are spent only where an output broke."""
+    import core.nonfinite as nonfinite
+
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(nonfinite.torch, "aminmax", lambda t, *a, **k: calls.append(t.shape) or real(t, *a, **k))
+    cap = capture(Scaled(2.0, nn.Tanh()).eval(), torch.rand(3, 4) + 0.5, mode="stats", target="sum")
+    assert cap.nonfinite_onset is None
+    assert calls == [(12,)]  # the batch only (the root's input), not fc(x) * 2 entering the child

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core import cpu_stats
-from core.stats import HIST_BINS, merge_moments, tensor_stats, torch_stats
+from core.stats import HIST_BINS, chan_merge, merge_moments, tensor_stats, torch_stats
 from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
@@ -177,6 +177,23 @@ def test_chan_merge_equals_the_whole_and_ignores_empty_blocks():
     assert count == whole.size
     assert mean == pytest.approx(whole.mean(), rel=1e-15)
     assert m2 == pytest.approx(((whole - whole.mean()) ** 2).sum(), rel=1e-9)
+
+
+def test_chan_merge_is_exact_for_equal_means_and_the_one_merge_of_moments():
+    """The pairwise delta form: blocks of one constant merge to m2 = 0 exactly (the
+    weighted-mean form gave 4.4e-16), an empty side is the identity, and the mergeable
+    statistics of core.stats_merge use the same function."""
+    from core.stats_merge import MergeStats
+
+    n, mean, m2 = merge_moments([3, 999, 1, 0, 7], [3.25] * 5, [0.0] * 5)
+    assert (n, mean, m2) == (1010, 3.25, 0.0)
+    assert chan_merge(0, float("nan"), 0.0, 5, 1.5, 2.0) == (5, 1.5, 2.0)
+    assert chan_merge(5, 1.5, 2.0, 0, float("nan"), 0.0) == (5, 1.5, 2.0)
+    parts = [torch.full((k,), 3.25) for k in (999, 1, 37)]
+    merged = MergeStats.merge_all(MergeStats.of_tensor(p) for p in parts)
+    assert merged.m2 == 0.0 and merged.mean == 3.25 and merged.std == 0.0
+    a, b = MergeStats.of_tensor(_randn(100) + 5), MergeStats.of_tensor(_randn(50, 1) - 2)
+    assert ((a + b).count, (a + b).mean, (a + b).m2) == chan_merge(a.count, a.mean, a.m2, b.count, b.mean, b.m2)
 
 
 @pytest.mark.skipif(numba_missing, reason="numba is not installed")

@@ -128,3 +128,25 @@ def test_timeline_from_dataset_capture():
     t = timeline_from_capture(cap, "grad_output", "l2")
     assert t.rows == ["0", "1", "2"] and list(t.steps) == [0, 1, 2, 3]
     assert math.isclose(t.values[0, 0], stats.series[0][1]["0#0:grad_output"][2])
+
+
+def test_onset_of_a_dataset_capture():
+    import torch
+    from torch import nn
+
+    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+    from core.timeline import capture_onset
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(12, 4)
+    clean = capture_dataset(model, iter_tensor_batches(x, None, 3, range(4)))
+    assert capture_onset(to_capture(clean, model, ["0", "1", "2"], {})) is None
+    x[7, 1] = float("nan")  # sample 7: batch 2 of 3 samples
+    stats = capture_dataset(model, iter_tensor_batches(x, None, 3, range(4)))
+    cap = to_capture(stats, model, ["0", "1", "2"], {})
+    onset = capture_onset(cap)
+    assert (onset.step, onset.layer, onset.kind) == (2, "0", "activation")
+    # Batches merged out of order (ranks) keep their indices.
+    stats = capture_dataset(model, iter_tensor_batches(x, None, 3, [3, 2, 1, 0]))
+    assert capture_onset(to_capture(stats, model, ["0", "1", "2"], {})).step == 2
