@@ -535,3 +535,17 @@ def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
         assert counts is not None and counts[1].sum() > 0
     finally:
         w.shutdown()
+
+
+@pytest.mark.parametrize("key, noted", [("lstm", True), ("transformer", False), ("dict_output", False)])
+def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, capsys, tmp_path):
+    # The LSTM's per-token logits are (B, T, vocab); class targets read dim 1 (here the position).
+    kind = KINDS[key]
+    batch = _batch_file(kind, tmp_path)
+    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+                       "--target", kind.target, "--out", tmp_path / "c.pt")
+    assert code == 0, err
+    assert ("is read as (batch, 7 classes, 11 positions)" in err) == noted, err
+    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+                       "--target", "sum", "--out", tmp_path / "s.pt")
+    assert code == 0 and "classes" not in err
