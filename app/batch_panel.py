@@ -216,8 +216,14 @@ class BatchPanel(QWidget):
 
     # -- session -> widgets ---------------------------------------------------------------
     def _on_model_model_changed(self, model) -> None:
-        if model is not None and model.input_shape is not None:
-            self.shape_edit.setPlaceholderText("x".join(str(d) for d in (2, *model.input_shape)))
+        if model is None:
+            return
+        from core.batches.random_batches import random_shape_for
+
+        # The shape a bare "Random" makes: the model's input shape, else what its first layer
+        # takes (2x16 token ids for an embedding), never a picture's shape for a sequence model.
+        shape = random_shape_for(model.module, model.input_shape)
+        self.shape_edit.setPlaceholderText("x".join(map(str, shape)) if shape else "2x3x224x224")
 
     def _on_model_batch_changed(self, batch: Batch | None) -> None:
         self.list.clear()

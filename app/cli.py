@@ -463,6 +463,11 @@ def cmd_capture(args, ui: _UI) -> int:
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
                      + " (selected but not called in forward)")
     lines += _onset_lines(cap, flagged)
+    from core.targets import class_axis_note
+
+    axis = class_axis_note(tuple(cap.output.shape) if cap.output is not None else None, cap.meta.get("target", ""))
+    if axis:
+        ui.note(f"note: {axis}")
     lines.append(f"wrote     {human_size(size)} to {path.resolve()}")
     print("\n".join(lines), flush=True)
     return EXIT_OK

@@ -88,10 +88,10 @@ def build_graph(args, ui):
         from core.graph_grads import graph_gradients
 
         ui.bar.update("forward and backward")
-        graph = graph_gradients(loaded.module, batch.tensor, target=args.target, labels=job.labels)
+        graph = graph_gradients(loaded.module, batch.model_input, target=args.target, labels=job.labels)
     else:
         ui.bar.update("probing")
-        graph = extract_graph(loaded.module, first_sample(batch.tensor))
+        graph = extract_graph(loaded.module, first_sample(batch.model_input))
     graph.meta["model"] = loaded.name
     if cap is not None and graph.attach_capture(cap) == 0:
         ui.note(f"note: no layer of '{args.capture}' is in this model's graph; nodes are not coloured.")

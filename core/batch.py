@@ -37,7 +37,9 @@ class ModelInputs:
         """The first tensor, positional before keyword."""
         return next(v for v in self._values() if isinstance(v, torch.Tensor))
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
+        """The same arguments with ``fn`` applied to every tensor among them."""
+
         def one(v: Any) -> Any:
             return fn(v) if isinstance(v, torch.Tensor) else v
 
@@ -45,12 +47,12 @@ class ModelInputs:
 
     def to(self, device: torch.device | str) -> ModelInputs:
         """Every tensor moved to ``device``."""
-        return self._map(lambda t: t.to(device))
+        return self.map(lambda t: t.to(device))
 
     def __getitem__(self, index: slice) -> ModelInputs:
         """The same samples of every tensor that has the primary's batch size."""
         n = self.primary.shape[0]
-        return self._map(lambda t: t[index] if t.dim() and t.shape[0] == n else t)
+        return self.map(lambda t: t[index] if t.dim() and t.shape[0] == n else t)
 
     def __len__(self) -> int:
         return int(self.primary.shape[0])

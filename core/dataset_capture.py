@@ -27,9 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.capture import CancelFlag, _model_state_preserved
 from core.capture_data import CallRecord, Capture, LayerRecord
 from core.errors import CaptureCancelled, CaptureError, GradExplorerError
+from core.forward_errors import forward_fix
 from core.layer_recorder import LayerRecorder, RowKey
 from core.selection import LayerSpec, resolve_layers
 from core.stats_merge import GradientMoments, MergeStats, hist_edges
@@ -139,7 +141,7 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def capture_dataset(
     model: nn.Module,
-    batches: Iterable[tuple[int, torch.Tensor, torch.Tensor | None]],
+    batches: Iterable[tuple[int, torch.Tensor | ModelInputs, torch.Tensor | None]],
     *,
     layers: LayerSpec = None,
     target: str = "top1",
@@ -205,28 +207,31 @@ def capture_dataset(
             if cancel is not None and cancel.is_set():
                 raise CaptureCancelled()
             x = inputs.to(dev)
-            if not all_params and x.is_floating_point():
-                x = x.detach().requires_grad_(True)
+            # Several inputs (a .pt of a tuple or dict) run together; the first is the one
+            # differentiated when the model has no trainable parameters.
+            primary = x.primary if isinstance(x, ModelInputs) else x
+            if not all_params and primary.is_floating_point():
+                primary = primary.detach().requires_grad_(True)
             recorder.install()
             try:
                 try:
                     with torch.enable_grad():
-                        output = model(x)
+                        output = x.call(model, primary) if isinstance(x, ModelInputs) else model(primary)
                 except (GradExplorerError, CaptureCancelled):
                     raise
                 except Exception as exc:
                     raise CaptureError(
                         f"The model's forward failed on batch {index}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                        "Check that every input has the shape the model expects.") from exc
+                        forward_fix(exc)) from exc
                 scalar = target_scalar(output, tgt, labels)
-                wrt: list[torch.Tensor] = list(all_params.values()) or [x]
+                wrt: list[torch.Tensor] = list(all_params.values()) or [primary]
                 grads = torch.autograd.grad(scalar, wrt, allow_unused=True)
             finally:
                 recorder.remove()
             grad_of = dict(zip(all_params, grads)) if all_params else {}
             param_grads = {n: grad_of[n].detach() for n in params if grad_of.get(n) is not None}
-            stats.add_batch(index, int(inputs.shape[0]), recorder.rows, param_grads, snr=snr)
+            stats.add_batch(index, len(inputs), recorder.rows, param_grads, snr=snr)
             recorder.rows = {}
             del output, scalar, grads, grad_of, param_grads
             done += 1
@@ -269,9 +274,11 @@ def iter_image_batches(files: Sequence[Path], batch_size: int, loaded: Any, indi
         yield b, batch.tensor, batch.labels
 
 
-def iter_tensor_batches(tensor: torch.Tensor, labels: torch.Tensor | None, batch_size: int,
-                        indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-    """Batches ``indices`` of a tensor already in memory (a ``.pt`` input)."""
+def iter_tensor_batches(tensor: torch.Tensor | ModelInputs, labels: torch.Tensor | None, batch_size: int,
+                        indices: Iterable[int]
+                        ) -> Iterator[tuple[int, torch.Tensor | ModelInputs, torch.Tensor | None]]:
+    """Batches ``indices`` of a tensor already in memory (a ``.pt`` input; every input of a
+    tuple or dict file)."""
     for b in indices:
         sl = slice(b * batch_size, (b + 1) * batch_size)
         yield b, tensor[sl], None if labels is None else labels[sl]
@@ -305,16 +312,18 @@ class DatasetSource:
         self.sources = [str(s) for s in sources]
         self.loaded = loaded
         self.batch_size = batch_size
-        self._tensor: torch.Tensor | None = None
+        self._tensor: torch.Tensor | ModelInputs | None = None
         self._labels: torch.Tensor | None = None
         self._files: list[Path] = []
         one = self.sources[0] if len(self.sources) == 1 else ""
         if one.lower().endswith((".pt", ".pth")) and Path(one).is_file():
-            from core.batches import load_tensor_file
+            from core.batches import load_batch
 
-            tb = load_tensor_file(one)
-            n = len(tb.tensor) if max_samples is None else min(len(tb.tensor), max_samples)
-            self._tensor = tb.tensor[:n]
+            # load_batch, as for one capture: every input of a tuple or dict file (not only
+            # the first), named inputs checked, float inputs in the model's dtype.
+            tb = load_batch([one], loaded)
+            n = len(tb) if max_samples is None else min(len(tb), max_samples)
+            self._tensor = tb.model_input[:n]
             self._labels = tb.labels[:n] if tb.labels is not None else None
         else:
             self._files = dataset_files(self.sources, max_samples)
@@ -322,7 +331,7 @@ class DatasetSource:
         self.samples = n
         self.total = batch_count(n, batch_size)
 
-    def batches(self, indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    def batches(self, indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor | ModelInputs, torch.Tensor | None]]:
         """Batches ``indices`` (see :func:`shard`), loaded one at a time."""
         if self._tensor is not None:
             return iter_tensor_batches(self._tensor, self._labels, self.batch_size, indices)

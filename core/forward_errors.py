@@ -20,6 +20,8 @@ _SHAPE = re.compile(
 _DTYPE = re.compile(r"scalar type|dtype|expected .* to have one of the following scalar types|"
                     r"not implemented for '(?:Half|BFloat16|Long|Int|Bool)'", re.IGNORECASE)
 _BATCHNORM_ONE = "Expected more than 1 value per channel when training"
+# Python's words when forward(a, b) gets one tensor: a model of several inputs given one.
+_MISSING_INPUTS = re.compile(r"forward\(\) missing \d+ required (?:positional|keyword-only) argument")
 
 SHAPE_FIX = "Check that the batch has the shape the model expects."
 
@@ -39,6 +41,11 @@ def forward_fix(exc: BaseException) -> str:
         errors, the input's dtype for dtype errors, else to check the model on this batch.
     """
     text = str(exc)
+    if isinstance(exc, TypeError) and _MISSING_INPUTS.search(text):
+        return ("The model's forward takes more inputs than the batch gives: save them in one .pt file, "
+                "as a tuple in the forward's order or a dict named after its arguments, and give that "
+                "file as the input (--input FILE.pt; in the window, the batch panel's More ▸ Tensor file). A random "
+                "batch makes one tensor only.")
     if _BATCHNORM_ONE in text:
         return ("BatchNorm cannot train on one sample per channel: use a batch of 2 or more, or eval "
                 "mode (leave out --train; in the window, choose eval).")

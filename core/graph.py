@@ -41,8 +41,10 @@ from torch.overrides import (
     _push_on_torch_function_stack,
 )
 
+from core.batch import ModelInputs
 from core.capture import _first_tensor_input, primary_tensor
 from core.errors import CaptureError, GradExplorerError
+from core.forward_errors import forward_fix
 
 GRAPH_FORMAT = "gradexplorer.graph"
 GRAPH_VERSION = 1
@@ -460,6 +462,8 @@ def tensors_in(obj: Any, out: list, depth: int = 0) -> list:
     """Tensors in nested tuples, lists and dicts, in order."""
     if isinstance(obj, torch.Tensor):
         out.append(obj)
+    elif isinstance(obj, ModelInputs):
+        tensors_in([*obj.args, *obj.kwargs.values()], out, depth + 1)
     elif depth < 6:
         if isinstance(obj, Mapping):
             for v in obj.values():
@@ -719,7 +723,10 @@ class _OpMode(TorchFunctionMode):
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
-    """``model(x)``, ``model(*xs)`` for a tuple or list, ``model(**xs)`` for a dict."""
+    """``model(x)``, ``model(*xs)`` for a tuple or list, ``model(**xs)`` for a dict, and
+    ``model(*args, **kwargs)`` for :class:`core.batch.ModelInputs` (a batch of several inputs)."""
+    if isinstance(inputs, ModelInputs):
+        return inputs.call(model)
     if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
@@ -730,6 +737,8 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
 def _input_keys(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     if isinstance(inputs, torch.Tensor):
         return [("input", inputs)]
+    if isinstance(inputs, ModelInputs):  # positions by index, keywords by name
+        return _keyed_tensors(list(inputs.args)) + _keyed_tensors(inputs.kwargs)
     return _keyed_tensors(inputs)
 
 
@@ -774,7 +783,7 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
             raise CaptureError(
                 f"The model's forward failed{where}: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                "Check that the input has the shape and type the model expects.",
+                forward_fix(exc),
             ) from exc
     finally:
         for h in handles:
@@ -830,6 +839,8 @@ def first_sample(inputs: Any) -> Any:
     on the batch size, and one sample keeps the probe cheap."""
     if isinstance(inputs, torch.Tensor):
         return inputs[:1] if inputs.dim() > 0 else inputs
+    if isinstance(inputs, ModelInputs):
+        return inputs[:1]
     if isinstance(inputs, Mapping):
         return {k: first_sample(v) for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
@@ -857,7 +868,7 @@ def graph_for_capture(model: nn.Module, inputs: Any, cap: Any) -> ModelGraph:
     """
     device = next((p.device for p in model.parameters()), None)
     sample = first_sample(inputs)
-    if device is not None and isinstance(sample, torch.Tensor):
+    if device is not None and isinstance(sample, (torch.Tensor, ModelInputs)):
         sample = sample.to(device)
     graph = extract_graph(model, sample)
     graph.meta["probe_batch"] = 1

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.batch import ModelInputs
 from core.errors import CaptureError, GradExplorerError
 from core.graph import GraphRecorder, ModelGraph, record_forward, tensors_in
 from core.targets import Target, target_scalar
@@ -141,6 +142,8 @@ def graph_gradients(
     def prepared(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return x.detach().requires_grad_(True) if x.is_floating_point() else x
+        if isinstance(x, ModelInputs):
+            return ModelInputs(prepared(x.args), prepared(x.kwargs))
         if isinstance(x, Mapping):
             return {k: prepared(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)):

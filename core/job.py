@@ -609,13 +609,13 @@ class CaptureJob:
                 progress=self.progress, cancel=self.cancel, meta=meta, expected_calls=expected,
                 autocast=o.autocast,
             )
-            cap.graph = self._graph_for(cap, loaded.module, batch.tensor)
+            cap.graph = self._graph_for(cap, loaded.module, batch.model_input)
         self._timed("capture", start)
         cap.meta["timing"] = dict(self.timing)
         self.result = cap
         return cap
 
-    def _graph_for(self, cap: Capture, model: Any, inputs: torch.Tensor) -> dict | None:
+    def _graph_for(self, cap: Capture, model: Any, inputs: torch.Tensor | ModelInputs) -> dict | None:
         """The model graph the capture file carries (``core.graph``): one more forward of
         one sample, without gradients. A model whose graph cannot be found still gets its
         capture (the window then draws no graph)."""

@@ -29,10 +29,13 @@ class TokenSaliency:
         ``(T,)`` float64, non-negative.
     source : str
         Which gradient it was taken from, in words.
+    unit : str
+        What one value is about: ``"token"``, or ``"feature"`` for a ``(B, F)`` float input.
     """
 
     values: np.ndarray
     source: str
+    unit: str = "token"
 
 
 def is_sequence_input(input_shape: Sequence[int] | None) -> bool:
@@ -63,6 +66,13 @@ def token_saliency(capture: Capture, sample: int) -> TokenSaliency | None:
         return None
     s = min(max(int(sample), 0), x.shape[0] - 1)
     g = capture.input_grad
+    if x.dim() == 2 and x.is_floating_point():
+        # (B, F) floats are features (a tabular row, an MLP's input), not token ids: no layer
+        # holds their vectors, so only the input gradient tells, one value per feature.
+        if isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(x.shape):
+            return TokenSaliency(g[s].detach().to(torch.float64).cpu().abs().numpy(),
+                                 "|gradient with respect to the input| of each feature", unit="feature")
+        return None
     if x.dim() == 3 and isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(x.shape):
         return TokenSaliency(_norms(g[s]), "gradient with respect to the input, L2 norm over its features")
     b, t = int(x.shape[0]), int(x.shape[1])

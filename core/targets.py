@@ -165,6 +165,33 @@ def output_keys(output: Any) -> list[str]:
     return []
 
 
+def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target) -> str | None:
+    """What to tell the user when a class target reads a 3-D output, whose class axis is a guess.
+
+    Class targets (``top1``, ``class:N``, ``cross_entropy``) take dim 1 as the classes, as for
+    dense outputs ``(B, classes, positions)`` (Conv1d, segmentation). A sequence model's
+    per-token logits are ``(B, length, vocab)``, classes last: there dim 1 is the position.
+
+    Parameters
+    ----------
+    output_shape : tuple of int or None
+        The shape of the output the target reads.
+    target : str or Target
+
+    Returns
+    -------
+    str or None
+        One sentence for a 3-D output under a class target, else None.
+    """
+    t = parse_target(target)
+    if output_shape is None or len(output_shape) != 3 or t.kind not in ("top1", "class", "cross_entropy"):
+        return None
+    b, c, n = output_shape
+    return (f"the output ({b}, {c}, {n}) is read as (batch, {c} classes, {n} positions): {t} picks along "
+            f"dim 1; if it is per-token logits (batch, length, vocab), use --target sum or mean, or "
+            f"return them as (batch, vocab, length).")
+
+
 def target_scalar(
     output: Any, target: Target | str, labels: torch.Tensor | None = None
 ) -> torch.Tensor:

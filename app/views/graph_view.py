@@ -738,12 +738,15 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         if model is None:
             panel.set_graph(None)
             return
-        if batch is not None and len(batch):
-            sample = first_sample(batch.tensor)
-        elif model.input_shape and all(isinstance(d, int) for d in model.input_shape):
-            import torch
+        from core.batches.random_batches import random_batch_for
 
-            sample = torch.zeros((1, *model.input_shape))
+        # Every input of a several-input batch; without a batch, one sample that follows the
+        # model (its dtype, token ids for an Embedding), as the capture's default batch does.
+        made = None if batch is not None and len(batch) else random_batch_for(model.module, model.input_shape, n=1)
+        if batch is not None and len(batch):
+            sample = first_sample(batch.model_input)
+        elif made is not None:
+            sample = made.tensor
         else:
             panel.set_graph(None)
             panel.status.setText("No graph yet: load an input batch.")

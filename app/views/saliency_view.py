@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+import torch
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
@@ -112,6 +113,11 @@ class SaliencyView(CaptureView):
             self.show_message(STATS_ONLY_NOTE.format(what="the saliency of each token"))
             return
         sal = token_saliency(ctx.capture, ctx.sample)
+        x = ctx.capture.input
+        if sal is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point():
+            self.show_message("No input gradient in this capture: enable \"input gradient\" in the run options "
+                              "and run again to see how much the target depends on each input feature.")
+            return
         if sal is None:
             self.show_message("No gradient reached the tokens of this sequence input: capture the first "
                               "layer (the embedding) or enable \"input gradient\" and run again.")
@@ -119,14 +125,20 @@ class SaliencyView(CaptureView):
         self._map = sal.values[None, :]
         n = len(sal.values)
         self.token_bars.setOpts(x=np.arange(n), height=sal.values, width=0.8)
+        # One bar per token or feature: whole-number ticks only (0.5 steps read as positions).
+        step = max(1, int(np.ceil(n / 20)))
+        self.token_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)]])
+        self.token_plot.setLabel("bottom", sal.unit)
+        self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)" if sal.unit == "token"
+                                 else "saliency (|gradient|)")
         top = float(np.nanmax(sal.values)) if n and np.isfinite(sal.values).any() else 1.0
         self.token_plot.setRange(xRange=(-0.5, n - 0.5), yRange=(0, top if top > 0 else 1.0), padding=0.02)
         self.plot_widget.hide()
         self.token_widget.show()
         strongest = int(np.nanargmax(sal.values)) if n and np.isfinite(sal.values).any() else None
-        peak = f" · largest at token {strongest}" if strongest is not None else ""
+        peak = f" · largest at {sal.unit} {strongest}" if strongest is not None else ""
         self.info_label.setText(
-            f"Saliency of each token of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
+            f"Saliency of each {sal.unit} of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
             f" · input shape ({', '.join(map(str, ctx.input_shape))}) · {sal.source}{peak}"
         )
         self.show_content()

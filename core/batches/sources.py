@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
+
+import torch
 
 from core.batch import Batch, ModelInputs
 from core.batches.images import load_images
@@ -84,7 +87,33 @@ def load_batch(
     check_batch_shape(batch, model.input_shape if model is not None else None)
     if model is not None and batch.inputs is not None:
         _check_arguments(batch.inputs, model)
+    if model is not None:
+        _to_model_dtype(batch, model)
     return batch
+
+
+def _to_model_dtype(batch: Batch, model: LoadedModel) -> None:
+    # Pictures and saved tensors arrive in float32, which a fp16/bf16 model refuses
+    # ("Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the
+    # same"); the user cannot change what the image preprocess makes, so floating inputs
+    # take the dtype of the model's floating parameters, as a random batch does. A model
+    # that mixes dtypes is left to say what it wants; integer inputs (token ids) are kept.
+    dtypes = {t.dtype for t in itertools.chain(model.module.parameters(), model.module.buffers())
+              if t.is_floating_point()}
+    if len(dtypes) != 1:
+        return
+    dtype = dtypes.pop()
+    inputs = batch.inputs if batch.inputs is not None else ModelInputs((batch.tensor,))
+    if not any(isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != dtype
+               for v in [*inputs.args, *inputs.kwargs.values()]):
+        return
+    cast = inputs.map(lambda t: t.to(dtype) if t.is_floating_point() else t)
+    batch.tensor = cast.primary
+    if batch.inputs is not None:
+        batch.inputs = cast
+    name = str(dtype).replace("torch.", "")
+    step = f"cast to {name} (the model's dtype)"
+    batch.preprocessing = step if batch.preprocessing in ("", "none") else f"{batch.preprocessing}; {step}"
 
 
 def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
@@ -154,6 +183,17 @@ def _images(sources: list[str], model: LoadedModel | None) -> Batch:
     for source in sources:
         if not Path(source).expanduser().exists():
             raise missing_source(source)
+    vocab = recipe_for(model.module).vocab if model is not None else None
+    takes_pictures = model is not None and any(
+        isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.module.modules())
+    if vocab is not None and not takes_pictures:
+        # Pictures would reach the embedding as floats and fail deep in forward. A model with
+        # picture convolutions too (text and vision) may well take them: it is left to try.
+        raise BatchError(
+            f"this model starts with an embedding of {vocab} tokens: it takes token ids, not pictures;",
+            f"give a .pt file holding a (batch, length) int64 tensor of ids from 0 to {vocab - 1}, "
+            "or a random batch.",
+        )
     if model is not None and model.preprocess is not None:
         return load_images(sources, model.preprocess, model.preprocess_description)
     return load_images(sources)

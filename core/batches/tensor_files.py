@@ -126,7 +126,7 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -
     inputs = None
     if found.inputs is not None:
         # Every input as stored, the primary one checked and converted like a single input.
-        inputs = found.inputs._map(
+        inputs = found.inputs.map(
             lambda t: tensor if t is found.tensor else _as_batch_tensor(t, found.what, path, any_rank=True)[0]
         )
     n = int(tensor.shape[0])
