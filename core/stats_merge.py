@@ -125,7 +125,9 @@ def log2_histogram(x: torch.Tensor) -> torch.Tensor:
     x : torch.Tensor
         Real floating-point tensor on any device; NaN and Inf are not counted.
     """
-    x = x.detach().reshape(-1)
+    # Contiguous: the int16 view below needs unit stride (a strided view such as t[::2]
+    # stays strided through reshape).
+    x = x.detach().reshape(-1).contiguous()
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()  # exact: every half value is a float32 value
     if x.dtype == torch.float32:

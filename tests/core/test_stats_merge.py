@@ -165,6 +165,21 @@ def test_histogram_bins_of_known_values():
     np.testing.assert_array_equal(log2_histogram(values.double()).numpy(), h.numpy())
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_histogram_and_statistics_of_strided_views(compiled, monkeypatch):
+    import core.merge_stats_cpu
+
+    if not compiled:  # the torch path (no numba, or a GPU tensor) must take views too
+        monkeypatch.setattr(core.merge_stats_cpu, "fold_counts", lambda *a: None)
+        monkeypatch.setattr(core.merge_stats_cpu, "moments_and_counts", lambda *a: None)
+    base = torch.randn(2_000, generator=torch.Generator().manual_seed(3)) * 1e3
+    for view in (base[::2], base.view(40, 50).t(), base.view(40, 50)[:, 1]):
+        values = view.double().numpy().reshape(-1)
+        np.testing.assert_array_equal(log2_histogram(view).numpy(), reference_hist(values))
+        # The float32 tolerance of the other tests: the torch path sums deviations in float32.
+        check(MergeStats.of_tensor(view), reference(values), rtol=2e-6)
+
+
 def test_serialisation_round_trip():
     s = MergeStats.of_tensor(adversarial()["nan_inf"])
     back = MergeStats.from_dict(s.to_dict())
