@@ -168,6 +168,8 @@ class HistogramView(CaptureView):
         self.tensor_combo.setCurrentIndex(i if i >= 0 else 0)
         self.tensor_combo.blockSignals(False)
         sample_ok = not ctx.stats_only
+        dataset = ctx.capture is not None and bool(ctx.capture.meta.get("dataset"))
+        self.scope_combo.setItemText(0, "whole dataset" if dataset else _SCOPES[0][1])
         self.scope_combo.model().item(1).setEnabled(sample_ok)
         if not sample_ok and self.scope_combo.currentIndex() == 1:
             self.scope_combo.blockSignals(True)

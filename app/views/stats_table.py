@@ -104,6 +104,15 @@ class StatsTableView(CaptureView):
         call = self.context.call_record
         return "" if call is None else call.dtype
 
+    def _scope_text(self) -> str:
+        ctx = self.context
+        dataset = (ctx.capture.meta.get("dataset") if ctx.capture is not None else None) or {}
+        if dataset:
+            return (f"over the whole dataset ({dataset.get('samples')} samples in {dataset.get('batches')} "
+                    "batches, merged); parameter gradients are each batch's sum, merged")
+        n = ctx.batch_size
+        return f"over the whole batch ({n} sample{'s' if n != 1 else ''}); parameter gradients are summed over it"
+
     def _device_text(self) -> str:
         cap = self.context.capture
         return "" if cap is None else str(cap.meta.get("device", "unknown"))
@@ -135,8 +144,6 @@ class StatsTableView(CaptureView):
         self.info_label.setText(
             f"<b>{ctx.layer}</b> ({rec.type}){calls}{key} · shape {self._shape_text()} · {call.dtype} · "
             f"computed on <b>{self._device_text()}</b> · "
-            f"<span style='color:gray'>over the whole batch ({ctx.batch_size} sample"
-            f"{'s' if ctx.batch_size != 1 else ''}); parameter "
-            f"gradients are summed over it</span>"
+            f"<span style='color:gray'>{self._scope_text()}</span>"
         )
         self.show_content()

@@ -88,6 +88,10 @@ def test_log2_bars_sit_on_the_stored_edges_with_the_stored_counts(views):
     assert "2^10" in [t[1] for t in ticks] or any(t[1].startswith("-2^") for t in ticks)
     assert hv.zero_line.isVisible() and hv.zero_line.value() == ZERO_BIN + 0.5
     assert "whole dataset (4 samples in 2 batches" in hv.info_label.text()
+    assert hv.scope_combo.itemText(0) == "whole dataset"
+    table = views.stats_view
+    table.refresh()
+    assert "whole dataset (4 samples in 2 batches, merged)" in table.info_label.text()
     # Log counts keep the bins.
     hv.log_check.setChecked(True)
     x2, y2 = hv.curve.getData()
@@ -139,4 +143,4 @@ def test_ordinary_captures_keep_their_linear_bins(views):
     views.set_capture(cap, None)
     hv.set_tensor("activation")
     assert hv.plot.getAxis("bottom")._tickLevels is None
-    assert "whole batch (5 samples" in hv.info_label.text()
+    assert "whole batch (5 samples" in hv.info_label.text() and hv.scope_combo.itemText(0) == "whole batch"
