@@ -332,6 +332,8 @@ def _drew(view, shape: tuple) -> None:
     elif title == "Heatmap":
         image = view.current_image_array()
         assert image is not None and image.size and np.isfinite(image).any()
+        # Square cells for maps and vectors; a tokens × channels matrix fills the plot.
+        assert bool(view.plot.getViewBox().state["aspectLocked"]) == (len(shape) != 3)
     elif title == "Saliency":
         assert view.current_map() is not None
     elif title == "Grad-CAM":
