@@ -2,6 +2,7 @@
 
     python -m benchmarks.capture_overhead [--models resnet50:8,vit_b_16:4,efficientnet_b0:8]
                                           [--repeats 5] [--no-memory] [--kinds bare,stats,full]
+                                          [--threads 1 --clock cpu]
 
 Prints, per model, the median time of a bare forward + backward (the same
 ``torch.autograd.grad`` over the trainable parameters that capture runs), and the median
@@ -185,8 +186,11 @@ def _model(name: str):
     return torchvision.models.get_model(name).eval()
 
 
-def measure(name: str, batch: int, repeats: int, kinds=KINDS) -> dict:
-    """Median seconds of ``bare`` and the median ratio of every other installed kind."""
+def measure(name: str, batch: int, repeats: int, kinds=KINDS, clock: str = "wall") -> dict:
+    """Median seconds of ``bare`` and the median ratio of every other installed kind.
+    ``clock="cpu"``: the process's CPU time instead of the wall clock (with one thread, the
+    work done, which other jobs on the machine do not inflate as they do the wall clock)."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
     model = _model(name)
     x = torch.randn(batch, 3, 224, 224)
     fns = {k: make_kind(k, model) for k in kinds}
@@ -197,9 +201,9 @@ def measure(name: str, batch: int, repeats: int, kinds=KINDS) -> dict:
         fn(model, x)  # warm-up
     for _ in range(repeats):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = timer()
             result = fn(model, x)
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(timer() - t0)
             del result
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"model": name, "batch": batch, "layers": len(leaf_names(model)), "bare_s": med["bare"],
@@ -275,6 +279,10 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--models", default="resnet50:8,vit_b_16:4,efficientnet_b0:8")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch and numba threads (default: torch's default); 1 with --clock cpu on a shared machine")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time the process's CPU time (meaningful with --threads 1 while other jobs run)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="comma-separated kinds to time (bare is always timed): " + ", ".join(KINDS))
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -282,15 +290,19 @@ def main(argv=None) -> list[dict]:
     if args.child:
         _child(args.child, args.models)
         return []
+    if args.threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
+        torch.set_num_threads(args.threads)
     compiled = compile_seconds()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; statistics kernel first use: "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock; "
+          "statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
     kinds = ("bare", *(k for k in KINDS if k != "bare" and k in args.kinds.split(",")))
     rows = []
     for spec in args.models.split(","):
         name, _, b = spec.partition(":")
-        r = measure(name, int(b or 1), args.repeats, kinds)
+        r = measure(name, int(b or 1), args.repeats, kinds, args.clock)
         if not args.no_memory:
             r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in kinds if k not in r["missing"]}
         rows.append(r)
@@ -303,7 +315,7 @@ def main(argv=None) -> list[dict]:
             mem = r.get("peak_mib", {}).get(k)
             target = f"  (target <= {TARGETS[k]}x)" if k in TARGETS else ""
             print(f"  {k:<10} {ratio:>7}" + (f"   peak RSS {mem:,.0f} MiB" if mem else "") + target, flush=True)
-    print("\nmedian of repeats, interleaved, ratio to the bare forward+backward of the same run")
+    print(f"\nmedian of repeats, interleaved, ratio to the bare forward+backward of the same run ({args.clock} clock)")
     return rows
 
 

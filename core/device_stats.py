@@ -21,6 +21,11 @@ tensors, an exact histogram of a huge tensor) or once they failed to build, ``su
 falls back to ``tensor_stats``. ``GRADEXPLORER_FUSED_STATS=0`` turns the kernels off;
 ``GRADEXPLORER_FUSED_STATS=all`` with ``TRITON_INTERPRET=1`` runs them on CPU tensors, in
 Triton's interpreter (slow: for tests).
+
+``GRADEXPLORER_BATCHED_STATS=1`` keeps the gradients (``summarize_later``) and summarises
+them together with ``core.batched_stats`` at the end of the capture, or whenever
+``BATCH_BYTES`` of them are held: a fixed number of launches instead of two per tensor.
+Off by default until ``scripts/gpu_check.py`` (which times both) has measured it on a GPU.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BIG = 3.4028234663852886e38  # float32 max: the identity of finite min and max
 
 _kernels = None  # (partials, finish) once built; False when Triton is missing or failed
+#: Bytes of gradients ``DeferredStats.summarize_later`` keeps before summarising them
+#: together (the memory that batching costs).
+BATCH_BYTES = 1 << 30
 
 
 def _build_kernels():
@@ -243,6 +251,11 @@ class DeferredStats:
             fused = {"0": False, "all": True}.get(os.environ.get("GRADEXPLORER_FUSED_STATS", ""))
         self.fused = fused
         self._pending: list[tuple[dict, torch.Tensor, int, bool]] = []
+        # Gradients kept for core.batched_stats (GRADEXPLORER_BATCHED_STATS=1, not yet the
+        # default: to be measured on a GPU by scripts/gpu_check.py), with their bytes.
+        self.batched = os.environ.get("GRADEXPLORER_BATCHED_STATS") == "1"
+        self._later: list[tuple[dict, torch.Tensor]] = []
+        self._later_bytes = 0
 
     def _use_fused(self, t: torch.Tensor) -> bool:
         if self.fused is False or t.dtype not in _DTYPES or t.numel() == 0:
@@ -282,8 +295,32 @@ class DeferredStats:
                     return got
         return self.summarize(t), None
 
+    def summarize_later(self, t: torch.Tensor) -> dict:
+        """``summarize(t)`` for a tensor nothing will modify (a gradient handed to a hook):
+        with batching on, kept and summarised with the others by ``core.batched_stats`` at
+        ``resolve`` or once they hold ``BATCH_BYTES``, in a few operations for all."""
+        if not self.batched:
+            return self.summarize(t)
+        stats: dict = {}
+        self._later.append((stats, t.detach()))
+        self._later_bytes += t.numel() * t.element_size()
+        if self._later_bytes >= BATCH_BYTES:
+            self._flush_later()
+        return stats
+
+    def _flush_later(self) -> None:
+        from core.batched_stats import batched_stats
+
+        if self._later:
+            done = batched_stats([t for _s, t in self._later], self.hist_limit)
+            for (stats, _t), got in zip(self._later, done):
+                stats.update(got)
+        self._later.clear()
+        self._later_bytes = 0
+
     def resolve(self) -> None:
         """Fill the dicts of the fused summaries: one device-to-host copy for all."""
+        self._flush_later()
         if not self._pending:
             return
         table = torch.stack([row for _s, row, _n, _e in self._pending]).cpu().tolist()
@@ -292,4 +329,4 @@ class DeferredStats:
         self._pending.clear()
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._later)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import statistics
 import sys
 import time
@@ -337,10 +338,57 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
         t_bare = _median(bare, repeats, dev)
         t_stats = _median(lambda: capture(dev_model, xb, mode="stats", target=target), repeats, dev)
         t_full = _median(lambda: capture(dev_model, xb, mode="full", target=target), max(repeats // 3, 1), dev)
+        os.environ["GRADEXPLORER_BATCHED_STATS"] = "1"  # gradients summarised together (core.batched_stats)
+        try:
+            t_batched = _median(lambda: capture(dev_model, xb, mode="stats", target=target), repeats, dev)
+        finally:
+            del os.environ["GRADEXPLORER_BATCHED_STATS"]
         print(f"  overhead on {dev}, batch {b}: bare forward+backward {t_bare * 1000:.1f} ms; "
-              f"statistics-only {t_stats / t_bare:.2f}x ({t_stats * 1000:.0f} ms); "
-              f"full {t_full / t_bare:.2f}x ({t_full * 1000:.0f} ms)")
+              f"statistics-only {t_stats / t_bare:.2f}x ({t_stats * 1000:.0f} ms), with batched gradient "
+              f"statistics {t_batched / t_bare:.2f}x; full {t_full / t_bare:.2f}x ({t_full * 1000:.0f} ms)")
+        ok &= batched_against_per_tensor(dev_model, xb, repeats, dev)
     return ok
+
+
+def batched_against_per_tensor(model, x, repeats: int, dev: torch.device) -> bool:
+    """The gradients at every leaf output of one backward, summarised one by one as capture
+    does (``DeferredStats``: the fused kernels on a GPU) and all together
+    (``core.batched_stats``): the time of each, and the batched numbers against
+    ``tensor_stats`` of the same tensors."""
+    from core.batched_stats import batched_stats
+    from core.device_stats import DeferredStats
+    from core.selection import leaf_names
+    from core.stats import HIST_EXACT_LIMIT, tensor_stats
+
+    grads: list[torch.Tensor] = []
+    leaves = set(leaf_names(model))
+
+    def keep(module, args, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda g: grads.append(g.detach()))
+
+    handles = [m.register_forward_hook(keep) for n, m in model.named_modules() if n in leaves]
+    try:
+        out = model(x)
+        torch.autograd.grad(target_scalar(out), [p for p in model.parameters() if p.requires_grad])
+    finally:
+        for h in handles:
+            h.remove()
+
+    def one_by_one():
+        deferred = DeferredStats(HIST_EXACT_LIMIT)
+        for g in grads:
+            deferred.summarize(g)
+        deferred.resolve()
+
+    t_each = _median(one_by_one, repeats, dev)
+    t_all = _median(lambda: batched_stats(grads), repeats, dev)
+    worst = max((stats_error(b, tensor_stats(g)) for g, b in zip(grads, batched_stats(grads))), default=0.0)
+    good = worst <= STAT_TOL_32
+    print(f"  statistics of {len(grads)} gradients on {dev}: one by one {t_each * 1000:.1f} ms, "
+          f"batched {t_all * 1000:.1f} ms; batched vs tensor_stats: max relative error {worst:.1e} "
+          f"{'ok' if good else 'FAIL'}")
+    return good
 
 
 def main(argv=None) -> int:

@@ -456,3 +456,23 @@ def test_view_output_modified_in_place_still_gets_its_gradient():
     cap, _ = check_against_reference(model, x)
     assert cap["0"].calls[0].grad_output is not None
     assert cap["0"].calls[0].activation.min() < 0  # before the in-place ReLU
+
+
+def test_the_garbage_collector_is_left_as_it_was():
+    """Capture keeps the process's old objects out of the collector's passes while it runs
+    (gc.freeze) and puts them back afterwards, also when forward fails."""
+    import gc
+
+    frozen_during = []
+    model = SeedMLP()
+    handle = model.register_forward_hook(lambda m, a, o: frozen_during.append(gc.get_freeze_count()))
+    try:
+        before = gc.get_freeze_count()
+        capture(model, torch.randn(2, 10), mode="stats")
+        assert frozen_during and frozen_during[-1] > before
+        assert gc.get_freeze_count() == before
+        with pytest.raises(CaptureError):
+            capture(model, torch.randn(2, 4))
+        assert gc.get_freeze_count() == before
+    finally:
+        handle.remove()

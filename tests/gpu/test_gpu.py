@@ -78,7 +78,9 @@ def test_check_script_runs_end_to_end_on_the_cpu(capsys):
     assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
     out = capsys.readouterr().out
     assert "resnet18 batch 2:" in out and "FAIL" not in out
-    assert out.count(" ok") == 8 and "overhead on cpu, batch 3" in out
+    # 8 checks, then per timed batch (2 and 3) the batched statistics against tensor_stats.
+    assert out.count(" ok") == 10 and "overhead on cpu, batch 3" in out
+    assert out.count("gradients on cpu: one by one") == 2
 
 
 def test_well_conditioned_measures_batchnorm_statistics():
@@ -218,3 +220,15 @@ def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
     assert capture_module._pinned_budget() == 4 << 30
     monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: None)  # not Linux
     assert capture_module._pinned_budget() == 4 << 30
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_batched_statistics_on_the_gpu_equal_float64_numpy():
+    """core/batched_stats.py on CUDA tensors: the adversarial set, all at once."""
+    from core.batched_stats import batched_stats
+    from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+
+    tensors = [ADVERSARIAL[n]() for n in sorted(ADVERSARIAL)]
+    for t, s in zip(tensors, batched_stats([t.cuda() for t in tensors])):
+        assert_matches_reference(s, t)
