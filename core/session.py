@@ -554,7 +554,7 @@ class Session:
             if name in self.tree:
                 node = self.tree[name]
                 node.calls = len(layer.calls)
-                node.output_shapes = [tuple(c.shape) for c in layer.calls]
+                node.output_shapes = [tuple(c.shape) for c in layer.calls if c.shape or c.dtype]
                 node.output_dtype = layer.calls[0].dtype if layer.calls else ""
 
     # -- capture files --------------------------------------------------------------
@@ -575,7 +575,8 @@ class Session:
             for name, rec in cap.layers.items():
                 node = tree[name]
                 node.calls = len(rec.calls)
-                node.output_shapes = [tuple(c.shape) for c in rec.calls]
+                # A dataset capture records no shape (nor dtype): unknown, not a scalar.
+                node.output_shapes = [tuple(c.shape) for c in rec.calls if c.shape or c.dtype]
                 node.output_dtype = rec.calls[0].dtype if rec.calls else ""
             self.model, self.tree, self.output_keys, self.probe_error = None, tree, [], None
             self.batch, self.batch_sources = None, []

@@ -332,6 +332,8 @@ def _drew(view, shape: tuple) -> None:
     elif title == "Heatmap":
         image = view.current_image_array()
         assert image is not None and image.size and np.isfinite(image).any()
+        # Square cells for maps and vectors; a tokens × channels matrix fills the plot.
+        assert bool(view.plot.getViewBox().state["aspectLocked"]) == (len(shape) != 3)
     elif title == "Saliency":
         assert view.current_map() is not None
     elif title == "Grad-CAM":
@@ -549,3 +551,30 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
     code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
                        "--target", "sum", "--out", tmp_path / "s.pt")
     assert code == 0 and "classes" not in err
+
+
+@pytest.mark.parametrize("key", ["two_inputs", "fp16"])
+def test_opening_captures_without_the_model_shows_what_was_recorded(key, captures, qtbot, tmp_path, monkeypatch,
+                                                                     capsys):
+    # One batch: the head's per-sample shape. A dataset capture records no shape: blank, not "scalar".
+    from app.main_window import MainWindow
+    from app.module_tree import COL_SHAPE
+    from tests.app.conftest import CPU
+
+    monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
+    kind = KINDS[key]
+    _, one, batch = captures[key]
+    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+                       "--batch-size", "2", "--stats-only", "--out", tmp_path / "ds.pt", "-q")
+    assert code == 0, err
+    w = MainWindow(devices=CPU)
+    qtbot.addWidget(w)
+    try:
+        tree = w.tree_view.tree_model
+        want = {"two_inputs": "5", "fp16": "4"}[key]
+        for path, shown in ((one, want), (tmp_path / "ds.pt", "")):
+            with qtbot.waitSignal(w.file_done, timeout=TIMEOUT):
+                w.controller.open_capture(str(path))
+            assert tree.data(tree.index_of(kind.head, COL_SHAPE)) == shown
+    finally:
+        w.shutdown()

@@ -281,6 +281,9 @@ class HeatmapView(CaptureView):
         self.colorbar.setColorMap(cmap)
         self.colorbar.setLevels((lo, hi))
         rows, cols = hm.array.shape
+        # Square cells for pictures; a tokens × channels matrix fills the plot instead (a 7×16
+        # sequence drawn with square cells is a thin strip between empty margins).
+        self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
 
         what = TENSOR_LABELS[kind]
