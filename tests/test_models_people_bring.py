@@ -27,6 +27,7 @@ from core.nonfinite import onset_location
 from core.targets import target_scalar
 from tests import people_models
 from tests.app.test_cli import run
+from tests.picture_folders import write_pictures
 
 FACTORIES = Path(people_models.__file__)
 TIMEOUT = 60_000
@@ -472,13 +473,7 @@ def test_window_onset_link_jumps_to_the_poisoned_layer(key, qtbot, tmp_path, mon
 
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory) -> Path:
-    from PIL import Image
-
-    folder = tmp_path_factory.mktemp("pictures")
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
-    return folder
+    return write_pictures(tmp_path_factory.mktemp("pictures"), 3, size=(20, 24), stem="p")
 
 
 @pytest.mark.parametrize("key, source, needles", [

@@ -13,20 +13,14 @@ import pytest
 from app import cli
 from app.cli import main
 from core.capture_file import load_capture
+from tests.picture_folders import write_pictures
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory) -> Path:
-    from PIL import Image
-
-    folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for i in range(7):
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
-    (folder / "notes.txt").write_text("not an image")
-    return folder
+    return write_pictures(tmp_path_factory.mktemp("images"), 7, seed=0, note="notes.txt")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -12,20 +12,14 @@ from app import dialogs
 from core.dataset_capture import DatasetSource, capture_dataset
 from core.errors import BatchError, GradExplorerError
 from tests.conftest import assert_no_hooks
+from tests.picture_folders import write_pictures
 
 TIMEOUT = 60_000
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    from PIL import Image
-
-    out = tmp_path_factory.mktemp("folder")
-    rng = np.random.default_rng(1)
-    for i in range(7):
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out / f"img{i}.png")
-    (out / "readme.txt").write_text("not an image")
-    return out
+    return write_pictures(tmp_path_factory.mktemp("folder"), 7, seed=1, note="readme.txt")
 
 
 def start(qtbot, window, monkeypatch, path, batch_size=3, max_samples=None):
