@@ -114,7 +114,10 @@ def test_follows_a_growing_log_reading_off_the_ui_thread(qtbot, view, tmp_path, 
 def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
     path = tmp_path / "live.gxw"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), "60"], cwd=ROOT, env=env,
+    # 0.1 s a step: 6 s of writing that the view (polling every 0.1 s here) must follow as it
+    # grows; unpaced, the compiled watch wrote all 60 steps before the view's second poll.
+    proc = subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), "60", "0.1"], cwd=ROOT,
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         qtbot.waitUntil(lambda: path.exists() and proc.stdout.readline().startswith("done"), timeout=120_000)

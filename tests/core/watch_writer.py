@@ -1,9 +1,12 @@
 """A training that watches every step and says when each step is done (for the crash-safety
-and live-reading tests: run as ``python -m tests.core.watch_writer LOG STEPS``)."""
+and live-reading tests: run as ``python -m tests.core.watch_writer LOG STEPS [PAUSE_S]``; the
+pause after each step keeps a fast machine from writing the whole log between two polls of a
+reader)."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +17,7 @@ from core.watch import watch
 
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
+    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -26,6 +30,7 @@ def main() -> None:
             opt.step()
             w.step(loss=loss)
             print(f"done {i}", flush=True)
+            time.sleep(pause)
 
 
 if __name__ == "__main__":
