@@ -29,6 +29,7 @@ import statistics
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -106,11 +107,10 @@ class WandbStyle:
             h.remove()
 
 
-def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False) -> list[dict]:
-    """Ratios of each configuration to the unwatched step (see the module docstring)."""
+def resnet18_training(size: int, batch: int, device: str = "cpu") -> tuple[torch.nn.Module, Callable[[], torch.Tensor]]:
+    """The benchmarks' training: resnet18 (seeded), SGD with momentum, one fixed batch; returns
+    the model and a function that runs one step and returns its loss."""
     import torchvision
-
-    from core.watch import watch
 
     torch.manual_seed(0)
     dev = torch.device(device)
@@ -119,16 +119,26 @@ def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool =
     x = torch.randn(batch, 3, size, size, device=dev)
     y = torch.randint(0, 1000, (batch,), device=dev)
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
     def step() -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         return loss
+
+    return model, step
+
+
+def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False) -> list[dict]:
+    """Ratios of each configuration to the unwatched step (see the module docstring)."""
+    from core.watch import watch
+
+    dev = torch.device(device)
+    model, step = resnet18_training(size, batch, device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     folder = tempfile.mkdtemp(prefix="gx-watch-bench-")
     for _ in range(2):  # warm-up

@@ -19,28 +19,15 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 
 
 def measure(size: int = 112, batch: int = 16, steps: int = 6) -> dict[str, float]:
     """Ratios of the watched step, compiled and torch statistics, to the unwatched step."""
-    import torchvision
-
     import core.merge_stats_cpu as fast
+    from benchmarks.watch_overhead import resnet18_training
     from core.watch import watch
 
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, 1000, (batch,))
-
-    def step() -> torch.Tensor:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    model, step = resnet18_training(size, batch)
 
     times: dict[str, list[float]] = {"unwatched": [], "compiled": [], "torch": []}
     warm = 4  # the first watched steps compile (or load) the kernels
