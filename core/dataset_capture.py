@@ -300,6 +300,10 @@ class DatasetSource:
         Samples used (at most ``max_samples``).
     batch_size, total : int
         Samples per batch, and the number of batches.
+    dtype : str or None
+        The dtype of the batches' (first) input, as a capture's ``meta["dtype"]``
+        (``"float32"``, or the model's dtype that pictures are cast to); known once a
+        batch has been read.
     """
 
     def __init__(self, sources: Sequence[str], loaded: Any, batch_size: int, max_samples: int | None = None) -> None:
@@ -310,6 +314,7 @@ class DatasetSource:
             raise GradExplorerError(f"the maximum of {max_samples} samples is not a positive number;",
                                     "give how many samples to use at most, or leave it out for all.")
         self.sources = [str(s) for s in sources]
+        self.dtype: str | None = None
         self.loaded = loaded
         self.batch_size = batch_size
         self._tensor: torch.Tensor | ModelInputs | None = None
@@ -334,8 +339,14 @@ class DatasetSource:
     def batches(self, indices: Iterable[int]) -> Iterator[tuple[int, torch.Tensor | ModelInputs, torch.Tensor | None]]:
         """Batches ``indices`` (see :func:`shard`), loaded one at a time."""
         if self._tensor is not None:
-            return iter_tensor_batches(self._tensor, self._labels, self.batch_size, indices)
-        return iter_image_batches(self._files, self.batch_size, self.loaded, indices)
+            loaded = iter_tensor_batches(self._tensor, self._labels, self.batch_size, indices)
+        else:
+            loaded = iter_image_batches(self._files, self.batch_size, self.loaded, indices)
+        for item in loaded:
+            if self.dtype is None:
+                primary = item[1].primary if isinstance(item[1], ModelInputs) else item[1]
+                self.dtype = str(primary.dtype).replace("torch.", "")
+            yield item
 
     def describe(self) -> str:
         """``"7 samples from imgs/ in batches of 3"`` (the capture's ``meta["batch"]``)."""
@@ -460,7 +471,7 @@ def dataset_meta(loaded: Any, options: Any, source: DatasetSource, layers: Seque
         "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
         "batch": source.describe(), "batch_source": ", ".join(source.sources), "sample_names": None,
         "preprocessing": None, "labels": None, "input_grad": False, "autocast": None,
-        "target": str(options.target), "device": str(device), "dtype": None, "train": False, "world_size": world,
+        "target": str(options.target), "device": str(device), "dtype": source.dtype, "train": False, "world_size": world,
         "torch_version": str(torch.__version__),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "layer_order": list(layers), "call_order": None, "timing": None,

@@ -235,6 +235,9 @@ class CaptureViews(QWidget):
         self.sample_spin.setEnabled(b > 1)
         ctx = self._context()
         self.sample_name.setText(f"of {b}: {ctx.sample_name()}" if b else "")
+        # A statistics-only capture keeps no per-sample tensor: no sample to choose.
+        self.sample_spin.setVisible(not ctx.stats_only)
+        self.sample_name.setVisible(not ctx.stats_only)
 
         if self._capture is None:
             self.layer_label.setText("No capture")

@@ -62,6 +62,30 @@ def test_folder_capture(tmp_path, capsys, image_folder):
     assert code == 0, err
     assert load_capture(tmp_path / "few.pt").meta["dataset"]["samples"] == 3
 
+    # inspect names the dtype the batches had (it printed "dtype None")
+    assert got["meta"]["dtype"] == "float32"
+    code, stdout, err = run(capsys, "inspect", out)
+    assert code == 0, err
+    assert "dtype float32" in stdout
+
+
+def test_tensor_file_dataset_records_the_model_dtype(tmp_path, capsys):
+    # a bfloat16 model: the float32 tensors of the file are cast to its dtype
+    factory = tmp_path / "bf16_model.py"
+    factory.write_text("import torch\nfrom torch import nn\n\n\ndef build():\n"
+                       "    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).to(torch.bfloat16)\n")
+    data = tmp_path / "x.pt"
+    import torch
+
+    torch.save(torch.randn(10, 6), data)
+    out = tmp_path / "bf16.pt"
+    code, stdout, err = run(capsys, "capture", "--model", f"{factory}:build", "--trust", "--input", data,
+                            "--batch-size", "4", "--stats-only", "--out", out)
+    assert code == 0, err
+    cap = load_capture(out)
+    assert cap.meta["dtype"] == "bfloat16"
+    assert cap.meta["dataset"]["samples"] == 10
+
 
 @pytest.mark.parametrize("argv, needle", [
     (["--batch-size", "3"], "add --stats-only"),

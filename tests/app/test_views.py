@@ -489,6 +489,10 @@ def test_stats_only_capture_does_not_break_any_view(qtbot, cnn, tmp_path):
     np.testing.assert_array_equal(w.histogram_view.current_counts()[1],
                                   stats["conv2"].calls[0].stats["grad_output"]["hist"].numpy())
     assert not w.histogram_view.scope_combo.model().item(1).isEnabled()
+    assert not w.sample_spin.isVisible() and not w.sample_name.isVisible()  # no per-sample tensor
+    w.set_capture(cnn[0], batch)  # full capture: a sample to choose again
+    assert w.sample_spin.isVisible() and w.sample_name.isVisible()
+    w.set_capture(stats, batch)
     assert w.stats_view.message() == ""
     assert len(w.stats_view.rows()) == 5
     names, values = w.flow_view.series()
