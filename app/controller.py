@@ -36,6 +36,9 @@ class RunSettings(Protocol):
     def apply_target(self) -> None:
         """Write the target widgets to the session (raises ``GradExplorerError``)."""
 
+    #: Over the budget, keeping statistics only would fit.
+    stats_only_fits: bool
+
     def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
         """The estimate, and the over-budget warning or ``None``."""
 
@@ -329,9 +332,10 @@ class WindowController(QObject):
             return True
         if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
             self.show_error("Over the memory budget", GradExplorerError(
-                message, "Add --stats-only, tick fewer layers with --layers, or use a smaller batch."))
+                message, ("Add --stats-only, tick fewer layers with --layers, or use a smaller batch."
+                          if self.run_settings.stats_only_fits else "Use a smaller batch, or a larger --memory-budget.")))
             return False
-        choices = ([self.STATS_ONLY] if estimate.mode == "full" else []) + [self.RUN_ANYWAY]
+        choices = ([self.STATS_ONLY] if self.run_settings.stats_only_fits else []) + [self.RUN_ANYWAY]
         choice = dialogs.ask_item(self.dialog_parent, "gradexplorer: over the memory budget",
                                   f"{message}\n\nWhat would you like to do? (Cancel: don't run)",
                                   choices, False)

@@ -127,6 +127,8 @@ class RunPanel(QWidget):
         #: The estimate for the current settings (None: not known) and the budget warning.
         self.estimate: MemoryEstimate | None = None
         self.budget_message: str | None = None
+        #: Over the budget, keeping statistics only would fit (the dialog offers the switch).
+        self.stats_only_fits = False
         self._probed_tree = None  # (model module, per-sample bytes, tree) probed in a worker
         self._probe_runner = None
         self._estimate_timer = QTimer(self)
@@ -428,7 +430,7 @@ class RunPanel(QWidget):
 
     def update_estimate(self) -> MemoryEstimate | None:
         """Recompute the estimate and the budget warning now (also the debounced slot)."""
-        from core.memory_estimate import check_budget
+        from core.memory_estimate import budget_message, budget_shortfall, stats_only_fits
 
         self._estimate_timer.stop()
         try:
@@ -442,9 +444,11 @@ class RunPanel(QWidget):
             return None
         device = self.session.device if self.session.device != "auto" else "cpu"
         try:
-            message = check_budget(estimate, device, budget=self.session.memory_budget)
+            short = budget_shortfall(estimate, device, budget=self.session.memory_budget)
         except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
-            message = None
+            short = None
+        message = budget_message(estimate, short) if short is not None else None
+        self.stats_only_fits = short is not None and stats_only_fits(estimate, short)
         self._show_estimate(estimate, estimate.describe().split(" (")[0], estimate.describe(), message)
         return estimate
 

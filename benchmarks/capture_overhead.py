@@ -196,18 +196,35 @@ def measure(name: str, batch: int, repeats: int, kinds=KINDS, clock: str = "wall
     fns = {k: make_kind(k, model) for k in kinds}
     missing = [k for k, f in fns.items() if f is None]
     fns = {k: f for k, f in fns.items() if f is not None}
+    failed: dict[str, str] = {}
+
+    def peer_failed(k: str, exc: Exception) -> None:
+        # A peer that refuses (TorchLens's save budget on vit_b_16) is reported, and the
+        # others are still measured; gradexplorer's own kinds must run.
+        if k in ("bare", *TARGETS):
+            raise exc
+        failed[k] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        del fns[k]
+
+    for k, fn in list(fns.items()):
+        try:
+            fn(model, x)  # warm-up
+        except Exception as exc:  # noqa: BLE001 - reported per peer
+            peer_failed(k, exc)
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn(model, x)  # warm-up
     for _ in range(repeats):
-        for k, fn in fns.items():
+        for k, fn in list(fns.items()):
             t0 = timer()
-            result = fn(model, x)
+            try:
+                result = fn(model, x)
+            except Exception as exc:  # noqa: BLE001 - reported per peer
+                peer_failed(k, exc)
+                continue
             times[k].append(timer() - t0)
             del result
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(times[k]) for k in fns}
     out = {"model": name, "batch": batch, "layers": len(leaf_names(model)), "bare_s": med["bare"],
-           "missing": missing}
+           "missing": missing, "failed": failed}
     out.update({f"{k}_x": med[k] / med["bare"] for k in fns if k != "bare"})
     return out
 
@@ -304,12 +321,16 @@ def main(argv=None) -> list[dict]:
         name, _, b = spec.partition(":")
         r = measure(name, int(b or 1), args.repeats, kinds, args.clock)
         if not args.no_memory:
-            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in kinds if k not in r["missing"]}
+            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in kinds
+                             if k not in r["missing"] and k not in r["failed"]}
         rows.append(r)
         print(f"\n{name} batch {r['batch']} ({r['layers']} leaves): bare forward+backward {r['bare_s']:.2f} s")
         for k in kinds:
             if k in r["missing"]:
                 print(f"  {k:<10} not installed")
+                continue
+            if k in r["failed"]:
+                print(f"  {k:<10} failed: {r['failed'][k]}")
                 continue
             ratio = "1.00x" if k == "bare" else f"{r[k + '_x']:.2f}x"
             mem = r.get("peak_mib", {}).get(k)

@@ -544,6 +544,7 @@ class CaptureJob:
         return self.memory
 
     def _over_budget_error(self) -> OverBudget:
+        from core.memory_estimate import stats_only_fits
         from core.units import format_bytes
 
         est, short = self.memory, self.shortfall
@@ -562,10 +563,10 @@ class CaptureJob:
             problem = (f"the forward and backward pass need about {format_bytes(short.need)} on {short.device} "
                        f"but the budget is {format_bytes(short.budget)} ({source});")
         larger = f"a --memory-budget above {format_bytes(short.need)}"
-        if self.options.mode == "full":
+        if stats_only_fits(est, short):
             fix = (f"pass --stats-only (about {format_bytes(est.stats + est.io)}), fewer --layers "
                    f"or a smaller batch, {larger}, or --force to run anyway.")
-        else:
+        else:  # statistics only would not fit either: the batch is what must shrink
             fix = f"use a smaller batch, {larger}, or --force to run anyway."
         return OverBudget(problem, fix, est, self.over_budget)
 

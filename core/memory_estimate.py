@@ -545,13 +545,30 @@ def check_budget(estimate: MemoryEstimate, device: str | torch.device = "cpu",
     return None if short is None else budget_message(estimate, short)
 
 
+def stats_only_fits(estimate: MemoryEstimate, short: Shortfall) -> bool:
+    """Whether keeping statistics only would end this shortfall: the one case in which the
+    window and the CLI advise switching (advising it where it cannot fit sent users round).
+
+    Parameters
+    ----------
+    estimate : MemoryEstimate
+        The estimate of a full capture.
+    short : Shortfall
+        Its shortfall (:func:`budget_shortfall`).
+    """
+    if estimate.mode != "full" or short.device.type != "cpu":
+        return False  # on the GPU, forward and backward alone are over: statistics only needs them too
+    # what statistics only keeps, plus what running adds in RAM (need_ram in budget_shortfall)
+    return estimate.io + estimate.stats + (short.need - estimate.total) <= short.budget
+
+
 def budget_message(estimate: MemoryEstimate, short: Shortfall) -> str:
     """The window's words for a shortfall: the problem and what to do about it
     (:func:`check_budget`; the CLI says it in its flags, ``core.job.OverBudget``)."""
     if short.device.type == "cpu":
         share = "the memory budget you set" if short.set_by_user else "half of the free RAM"
         held = estimate.total
-        if estimate.mode == "full" and held > short.budget - (short.need - held):
+        if stats_only_fits(estimate, short):
             fix = ("Switch to statistics-only capture (about "
                    f"{format_bytes(estimate.stats + estimate.io)}), or tick fewer layers.")
         else:

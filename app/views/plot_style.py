@@ -55,6 +55,15 @@ def image_plot(layout: pg.GraphicsLayout, row: int = 0, col: int = 0, title: str
     return plot, image
 
 
+class IntegerAxis(pg.AxisItem):
+    """An axis of counts (steps, batches): ticks only at whole numbers, never "2.5"."""
+
+    def tickSpacing(self, minVal, maxVal, size):  # noqa: N802, N803 - pyqtgraph's names
+        whole = [(spacing, offset) for spacing, offset in super().tickSpacing(minVal, maxVal, size)
+                 if spacing >= 1 and float(spacing).is_integer()]
+        return whole or [(1.0, 0.0)]
+
+
 class Log10Axis(pg.AxisItem):
     """An axis for data already in log10: ticks read as the original values.
 

@@ -30,7 +30,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, colormap, style_plot_widget
+from app.views.plot_style import (
+    FLAG_COLOURS,
+    FOREGROUND,
+    SELECTED_COLOUR,
+    IntegerAxis,
+    colormap,
+    style_plot_widget,
+)
 from core.stats_merge import HIST_BINS, MAG_LOW, ZERO_BIN
 from core.timeline import Onset, Timeline, log_colour
 
@@ -164,7 +171,8 @@ class TimelineView(QWidget):
         self.hist_image = pg.ImageItem(axisOrder="row-major")
         self.hist_image.setColorMap(colormap(False))
         self.hist_plot.addItem(self.hist_image)
-        self.line_plot = self.hist_widget.addPlot(row=1, col=0, title="chosen layers")
+        self.line_plot = self.hist_widget.addPlot(row=1, col=0, title="chosen layers",
+                                                  axisItems={"bottom": IntegerAxis("bottom")})
         self.line_plot.addLegend(offset=(5, 5))
         self.line_plot.setMenuEnabled(False)
         for plot in (self.heat_plot, self.hist_plot, self.line_plot):
@@ -446,6 +454,7 @@ class TimelineView(QWidget):
             self.line_plot.plot(t.steps[ok].astype(float), v[ok], name=name,
                                 pen=pg.mkPen(pg.intColor(i, hues=max(len(self.selected), 3)), width=2))
         self.line_plot.setLabel("left", STAT_LABELS.get(t.stat, t.stat))
+        self.line_plot.setLabel("bottom", "batch" if self.source_kind == "capture" else "step")
         self._draw_histograms(first)
 
     def _draw_histograms(self, label: str) -> None:

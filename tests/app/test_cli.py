@@ -246,7 +246,9 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
     monkeypatch.setattr(core.devices, "free_memory", lambda device: 1000)
     out_file = tmp_path / "big.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
-    assert_user_error(code, err, "--stats-only", "free RAM", "--force")
+    # 500 B hold no statistics-only run either: the advice is a smaller batch, not --stats-only
+    assert_user_error(code, err, "smaller batch", "free RAM", "--force")
+    assert "--stats-only" not in err
     assert not out_file.exists()
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file,
                          "-q", "--force")
@@ -313,7 +315,8 @@ def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path,
     assert kept in note and f"({kept} kept" in error
     assert f"needs {format_bytes(expected.total + expected.transient)} of memory" in error
     assert f"the budget is {format_bytes(1024)} (set by --memory-budget)" in error
-    assert "--memory-budget above" in error and "--force" in error and "--stats-only" in error
+    assert "--memory-budget above" in error and "--force" in error and "smaller batch" in error
+    assert "--stats-only" not in error  # 1 KiB holds no statistics-only run either
     assert_user_error(*run(capsys, *argv, "-q")[::2], "1.0 KiB", "--memory-budget", "--force")
 
     monkeypatch.setattr(core.capture, "capture", real)

@@ -54,12 +54,27 @@ def test_estimate_follows_the_batch_size_and_shape(qtbot, demo, tmp_path):
 
 
 def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
+    # 1000 bytes: statistics only would not fit either, so it is not offered
     monkeypatch.setattr(core.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
     panel = demo.run_panel
     panel.update_estimate()
     assert panel.budget_label.isVisibleTo(panel) and "budget" in panel.budget_message
     assert "c0392b" in panel.budget_label.text()
+    assert "smaller batch" in panel.budget_message and "statistics-only" not in panel.budget_message
+    offered = []
+    monkeypatch.setattr(dialogs, "ask_item", lambda parent, title, label, items, editable=True:
+                        offered.append(items))
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert offered == [[MainWindow.RUN_ANYWAY]]
 
+    # a budget between what statistics only and a full capture need: the switch is offered
+    est = panel.estimate
+    transient = est.transient
+    between = (est.io + est.stats + est.total) // 2 + transient
+    monkeypatch.setattr(core.memory_estimate, "budget_bytes", lambda device="cpu": between)
+    panel.update_estimate()
+    assert "statistics-only" in panel.budget_message
     asked = []
 
     def choose(parent, title, label, items, editable=True):

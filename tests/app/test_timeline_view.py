@@ -77,6 +77,12 @@ def test_click_a_cell_for_histograms_and_lines(qtbot, view, tmp_path):
     assert len(view.line_plot.listDataItems()) == 2
     y = view.line_plot.listDataItems()[1].getData()[1]  # log10 of the values: the y axis is logarithmic
     assert 10 ** y[0] == pytest.approx(float(grad_of("d", 0).double().norm()), rel=1e-5)
+    # steps are whole numbers: no tick at 2.5, however few steps fit
+    axis = view.line_plot.getAxis("bottom")
+    for lo, hi in ((0, 9), (2, 4), (3, 3.6)):
+        values = [v for _spacing, level in axis.tickValues(lo, hi, 400) for v in level]
+        assert values and all(float(v).is_integer() for v in values), (lo, hi, values)
+    assert axis.labelText == "step"
 
 
 def test_statistic_and_kind_choices_reload(qtbot, view, tmp_path):

@@ -148,8 +148,19 @@ def test_over_the_budget_names_the_figure_and_the_ways_out():
     err = info.value
     assert format_bytes(err.estimate.total + err.estimate.transient) in err.problem
     assert "budget you set" in err.message
-    assert "--stats-only" in err.fix and "--force" in err.fix and "--layers" in err.fix
+    assert "--force" in err.fix and "--memory-budget above" in err.fix and "smaller batch" in err.fix
+    # 1000 bytes hold no statistics-only run either: advising one would send the user round
+    stats_need = CaptureJob(dataclasses.replace(MLP, mode="stats", memory_budget=1 << 40)).estimate()
+    assert stats_need is not None and stats_need.total + stats_need.transient > 1000
+    assert "--stats-only" not in err.fix
     assert job.result is None
+    # a budget between the two needs: statistics only fits, and the advice says so
+    full_need = err.estimate.total + err.estimate.transient
+    between = (stats_need.total + stats_need.transient + full_need) // 2
+    with pytest.raises(OverBudget) as info:
+        CaptureJob(dataclasses.replace(MLP, memory_budget=between)).run()
+    assert "--stats-only" in info.value.fix and "--layers" in info.value.fix
+    assert CaptureJob(dataclasses.replace(MLP, mode="stats", memory_budget=between)).run() is not None
     forced = CaptureJob(dataclasses.replace(MLP, memory_budget=1000, force=True))
     assert len(forced.run()) == 5 and forced.over_budget is not None
 
