@@ -331,9 +331,9 @@ class WindowController(QObject):
         if not message or estimate is None:
             return True
         if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
-            self.show_error("Over the memory budget", GradExplorerError(
-                message, ("Add --stats-only, tick fewer layers with --layers, or use a smaller batch."
-                          if self.run_settings.stats_only_fits else "Use a smaller batch, or a larger --memory-budget.")))
+            fix = ("Add --stats-only, tick fewer layers with --layers, or use a smaller batch."
+                   if self.run_settings.stats_only_fits else "Use a smaller batch, or a larger --memory-budget.")
+            self.show_error("Over the memory budget", GradExplorerError(message, fix))
             return False
         choices = ([self.STATS_ONLY] if self.run_settings.stats_only_fits else []) + [self.RUN_ANYWAY]
         choice = dialogs.ask_item(self.dialog_parent, "gradexplorer: over the memory budget",

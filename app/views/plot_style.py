@@ -58,7 +58,7 @@ def image_plot(layout: pg.GraphicsLayout, row: int = 0, col: int = 0, title: str
 class IntegerAxis(pg.AxisItem):
     """An axis of counts (steps, batches): ticks only at whole numbers, never "2.5"."""
 
-    def tickSpacing(self, minVal, maxVal, size):  # noqa: N802, N803 - pyqtgraph's names
+    def tickSpacing(self, minVal, maxVal, size):  # pyqtgraph's names
         whole = [(spacing, offset) for spacing, offset in super().tickSpacing(minVal, maxVal, size)
                  if spacing >= 1 and float(spacing).is_integer()]
         return whole or [(1.0, 0.0)]
