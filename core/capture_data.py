@@ -82,6 +82,10 @@ class Capture:
     nonfinite_onset : dict or None
         Where NaN/Inf began (``core.nonfinite``): ``{"forward": ..., "backward": ...}``,
         ``None`` when every value was finite (or the capture predates it).
+    model_inputs : dict or None
+        For a model of several inputs, every argument of its forward (CPU):
+        ``{"args": [...], "kwargs": {...}}``, so that ``model(*args, **kwargs)`` runs the
+        batch again; ``input`` is only the first tensor. ``None`` for one input.
     """
 
     meta: dict
@@ -91,6 +95,7 @@ class Capture:
     layers: dict[str, LayerRecord]
     graph: dict | None = None
     nonfinite_onset: dict | None = None
+    model_inputs: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
         return self.layers[name]
@@ -133,5 +138,9 @@ class Capture:
             layers[name] = LayerRecord(
                 rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
             )
+        inputs = None
+        if self.model_inputs is not None:
+            inputs = {"args": [mv(v) for v in self.model_inputs["args"]],
+                      "kwargs": {k: mv(v) for k, v in self.model_inputs["kwargs"].items()}}
         return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers,
-                       self.graph, self.nonfinite_onset)
+                       self.graph, self.nonfinite_onset, inputs)

@@ -87,6 +87,7 @@ def capture_to_dict(cap: Capture) -> dict:
         "layers": layers,
         "graph": _plain(cap.graph),
         "nonfinite_onset": _plain(cap.nonfinite_onset),
+        "model_inputs": _plain(cap.model_inputs),
     }
 
 
@@ -154,7 +155,7 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
         )
     meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
     return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,
-                   data.get("graph"), data.get("nonfinite_onset"))
+                   data.get("graph"), data.get("nonfinite_onset"), data.get("model_inputs"))
 
 
 def atomic_save(obj: object, path: str | os.PathLike, saver: Callable[[Any, Any], object] | None = None,

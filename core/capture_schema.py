@@ -420,10 +420,16 @@ GRAPH = Record(
     expected="a graph (nodes and edges)",
 )
 
+MODEL_INPUTS = Record(
+    required={"args": Items(PLAIN), "kwargs": Named(PLAIN)},
+    expected="a model's inputs (args and kwargs)",
+)
+
 CAPTURE = Record(
     required={"meta": META, "layers": Named(LAYER)},
     optional={"input": Nullable(Tensor(min_ndim=1)), "input_grad": Nullable(Tensor()),
-              "output": Nullable(Tensor()), "graph": Nullable(GRAPH), "nonfinite_onset": Nullable(ONSET)},
+              "output": Nullable(Tensor()), "graph": Nullable(GRAPH), "nonfinite_onset": Nullable(ONSET),
+              "model_inputs": Nullable(MODEL_INPUTS)},
     then=_input_relations,
     expected="a capture",
 )

@@ -57,6 +57,18 @@ def test_keyword_inputs_and_labels_from_a_dict(tmp_path):
     assert set(batch.inputs.kwargs) == {"frame1", "frame2"} and batch.labels.tolist() == [0, 3]
     model = TwoFrames().eval()
     torch.testing.assert_close(batch.inputs.call(model), model(frame1=f1, frame2=f2))
+    # the capture file keeps the keyword inputs, and they run the model again
+    from core.capture_file import load_capture, save_capture
+
+    cap = capture(model, batch.model_input, target="sum", mode="stats")
+    loaded = load_capture(save_capture(cap, tmp_path / "kw_cap.pt"))
+    kept = loaded.model_inputs
+    assert kept is not None and kept["args"] == [] and set(kept["kwargs"]) == {"frame1", "frame2"}
+    assert torch.equal(kept["kwargs"]["frame2"], f2)
+    torch.testing.assert_close(model(*kept["args"], **kept["kwargs"]), loaded.output)
+    # one input: nothing more than "input"
+    single = capture(nn.Sequential(nn.Flatten(), nn.Linear(192, 2)), f1, target="sum", mode="stats")
+    assert single.model_inputs is None
 
 
 def test_probe_and_capture_match_autograd(tmp_path):
@@ -111,6 +123,16 @@ def test_cli_capture_with_a_pair_file(tmp_path, capsys):
 
     cap = load_capture(out)
     assert set(cap.layers) >= {"a", "b"}
+    # every input is in the file (only the first was), and runs the model again
+    frames = _frames()
+    frames = list(frames.values()) if isinstance(frames, dict) else list(frames)
+    kept = cap.model_inputs
+    assert kept is not None and len(kept["args"]) == 2 and kept["kwargs"] == {}
+    for got, want in zip(kept["args"], frames):
+        assert torch.equal(got, want)
+    assert torch.equal(cap.input, frames[0])
+    raw = torch.load(out, weights_only=True)
+    assert torch.equal(raw["model_inputs"]["args"][1], frames[1])
 
 
 def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
