@@ -100,6 +100,11 @@ class HistogramView(CaptureView):
 
         self.tensor_combo.currentIndexChanged.connect(self._on_controls_changed)
         self.scope_combo.currentIndexChanged.connect(self._on_controls_changed)
+        # Until the user ticks or unticks it, log counts follow the bins: on for the log2 bins
+        # of a dataset (their counts span many powers of ten, and the rare huge gradients
+        # people look for would be invisible bars), off for value bins.
+        self._log_chosen = False
+        self.log_check.toggled.connect(self._on_log_chosen)
         self.log_check.toggled.connect(self._on_controls_changed)
 
     def set_context(self, context) -> None:
@@ -225,8 +230,15 @@ class HistogramView(CaptureView):
         self._draw(stats, scope_text)
         self.show_content()
 
+    def _on_log_chosen(self, _checked: bool) -> None:
+        self._log_chosen = True  # the default's own change is made with signals blocked
+
     def _draw(self, s: dict, scope_text: str) -> None:
         edges, counts, x = self._bars(s)
+        if not self._log_chosen and self.log_check.isChecked() != (s.get("hist_kind") == "log2"):
+            self.log_check.blockSignals(True)  # the default, not a change to redraw for
+            self.log_check.setChecked(s.get("hist_kind") == "log2")
+            self.log_check.blockSignals(False)
         log = self.log_check.isChecked()
         y = np.log10(counts + 1.0) if log else counts
         self.curve.setData(x, y)

@@ -73,10 +73,12 @@ def test_log2_bars_sit_on_the_stored_edges_with_the_stored_counts(views):
     np.testing.assert_array_equal(counts, truth)
     assert counts.sum() == len(VALUES)
     assert counts[ZERO_BIN - lo] == 5  # three zeros and two subnormals
-    # On the plot: one unit per bin (bin index), stepMode center, the counts as heights.
+    # On the plot: one unit per bin (bin index), stepMode center, the counts as heights,
+    # in log counts by default (log2 bins' counts span powers of ten).
+    assert hv.log_check.isChecked()
     x, y = hv.curve.getData()
     np.testing.assert_array_equal(x, np.arange(lo, hi + 1))
-    np.testing.assert_array_equal(y, full[lo:hi])
+    np.testing.assert_allclose(y, np.log10(full[lo:hi] + 1.0))
     # The axis reads as the edges: every tick at an integer position names that edge.
     ticks = hv.plot.getAxis("bottom")._tickLevels[0]
     assert len(ticks) >= 3
@@ -92,11 +94,15 @@ def test_log2_bars_sit_on_the_stored_edges_with_the_stored_counts(views):
     table = views.stats_view
     table.refresh()
     assert "whole dataset (4 samples in 2 batches, merged)" in table.info_label.text()
-    # Log counts keep the bins.
-    hv.log_check.setChecked(True)
+    # The user's choice wins from then on: linear counts keep the bins.
+    hv.log_check.click()
+    assert not hv.log_check.isChecked()
     x2, y2 = hv.curve.getData()
     np.testing.assert_array_equal(x2, x)
-    np.testing.assert_allclose(y2, np.log10(full[lo:hi] + 1.0))
+    np.testing.assert_array_equal(y2, full[lo:hi])
+    views.set_layer("lin")
+    hv.refresh()
+    assert not hv.log_check.isChecked()
 
 
 def test_counts_beyond_float32_precision_stay_exact(views):
