@@ -166,14 +166,18 @@ class TimelineView(QWidget):
         # histograms over steps, and lines
         self.hist_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.hist_widget)
-        self.hist_plot = self.hist_widget.addPlot(row=0, col=0, title="histograms over steps")
+        self.hist_plot = self.hist_widget.addPlot(row=0, col=0)
         self.hist_plot.setMenuEnabled(False)
         self.hist_image = pg.ImageItem(axisOrder="row-major")
         self.hist_image.setColorMap(colormap(False))
         self.hist_plot.addItem(self.hist_image)
-        self.line_plot = self.hist_widget.addPlot(row=1, col=0, title="chosen layers",
+        self.line_plot = self.hist_widget.addPlot(row=1, col=0,
                                                   axisItems={"bottom": IntegerAxis("bottom")})
-        self.line_plot.addLegend(offset=(5, 5))
+        # Titles and legend in the light foreground: pyqtgraph's default text was dark on
+        # the dark plots (unreadable).
+        self.hist_plot.setTitle("histograms over steps", color=FOREGROUND)
+        self.line_plot.setTitle("chosen layers", color=FOREGROUND)
+        self.line_plot.addLegend(offset=(5, 5), labelTextColor=FOREGROUND)
         self.line_plot.setMenuEnabled(False)
         for plot in (self.heat_plot, self.hist_plot, self.line_plot):
             for name in ("left", "bottom"):
@@ -459,8 +463,11 @@ class TimelineView(QWidget):
 
     def _draw_histograms(self, label: str) -> None:
         self.hist_image.clear()
-        if self.source_kind != "log":
-            self.hist_plot.setTitle("histograms over steps: only watch logs keep them per step")
+        has_histograms = self.source_kind == "log"
+        for axis in ("left", "bottom"):  # no empty axes under the message
+            self.hist_plot.showAxis(axis, has_histograms)
+        if not has_histograms:
+            self.hist_plot.setTitle("histograms over steps: only watch logs keep them per step", color=FOREGROUND)
             return
         layer, _, call = label.partition("#")
         kind, path = self.kind_combo.currentData(), self.source
@@ -480,7 +487,7 @@ class TimelineView(QWidget):
     def show_histograms(self, label: str, steps: np.ndarray, counts: np.ndarray) -> None:
         """Draw ``counts`` (steps × bins) as bins (rows, cropped to those used) × steps."""
         if counts.size == 0:
-            self.hist_plot.setTitle(f"{label}: no histograms")
+            self.hist_plot.setTitle(f"{label}: no histograms", color=FOREGROUND)
             return
         used = np.flatnonzero(counts.sum(axis=0))
         lo, hi = int(used[0]), int(used[-1]) + 1
@@ -494,7 +501,7 @@ class TimelineView(QWidget):
         self.hist_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(steps) if j % step_every == 0]])
         self.hist_plot.setTitle(f"{label}: {KIND_LABELS.get(self.kind_combo.currentData(), '')} histograms over steps "
-                                "(signed log2 bins, colour log10(1 + count))")
+                                "(signed log2 bins, colour log10(1 + count))", color=FOREGROUND)
 
     # -- export ---------------------------------------------------------------------------------
     def export_png(self, path: str | None = None) -> str | None:

@@ -179,6 +179,11 @@ def test_dataset_capture_series(qtbot, view, tmp_path):
     assert view.timeline.rows == ["0", "1", "2"] and list(view.timeline.steps) == [0, 1, 2, 3]
     assert view.heat_plot.getAxis("bottom").labelText == "batch"
     assert not view.onset_line.isVisible() and not view.follow_box.isVisibleTo(view)
+    view.select_layer("1")
+    # no per-batch histograms in a dataset capture: the message, without empty axes under it
+    assert "only watch logs" in view.hist_plot.titleLabel.text
+    assert not view.hist_plot.getAxis("left").isVisible() and not view.hist_plot.getAxis("bottom").isVisible()
+    assert view.line_plot.getAxis("bottom").labelText == "batch"
 
 
 def test_dataset_capture_onset_and_export(qtbot, view, tmp_path):
