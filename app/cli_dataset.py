@@ -86,6 +86,7 @@ def cmd_capture_dataset(args, ui) -> int:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         own_group = True
+    finished = False
     try:
         loaded = job.load_model()
         selected = resolve_layers(loaded.module, args.layers or None)
@@ -113,6 +114,7 @@ def cmd_capture_dataset(args, ui) -> int:
         else:
             merged = stats
         if rank != 0 or merged is None:
+            finished = True
             return EXIT_OK
         meta = dataset_meta(loaded, options, source, selected, device, world, time.perf_counter() - t_start)
         cap = to_capture(merged, loaded.module, selected, meta)
@@ -123,9 +125,16 @@ def cmd_capture_dataset(args, ui) -> int:
         path = save_capture(cap, out)
         ui.bar.close()
         _print_summary(cap, merged, path, time.perf_counter() - t_start)
+        finished = True
         return EXIT_OK
     finally:
         if own_group:
+            if finished:
+                # Every rank leaves together: a rank that destroyed the group while rank 0
+                # still received its statistics aborted at exit, about one run in fifteen
+                # ("terminate called without an active exception"). Not after a failure:
+                # the other ranks may never arrive.
+                dist.barrier()
             dist.destroy_process_group()
 
 

@@ -332,7 +332,7 @@ class WindowController(QObject):
             return True
         if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
             fix = ("Add --stats-only, tick fewer layers with --layers, or use a smaller batch."
-                   if self.run_settings.stats_only_fits else "Use a smaller batch, or a larger --memory-budget.")
+                   if self.run_settings.stats_only_fits else "Or pass a larger --memory-budget.")
             self.show_error("Over the memory budget", GradExplorerError(message, fix))
             return False
         choices = ([self.STATS_ONLY] if self.run_settings.stats_only_fits else []) + [self.RUN_ANYWAY]

@@ -390,12 +390,14 @@ META = Record(
 
 _ONSET_COUNT = Nullable(COUNT)
 ONSET = Record(required={}, optional={
-    "forward": Nullable(Record(required={"layer": Nullable(TEXT), "type": TEXT},
-                               optional={"call": Nullable(COUNT), "own_code": Flag(),
+    # "call" is always written (None for the input batch and parameters): required, since
+    # the readers name it (a file without it gave inspect a KeyError).
+    "forward": Nullable(Record(required={"layer": Nullable(TEXT), "type": TEXT, "call": Nullable(COUNT)},
+                               optional={"own_code": Flag(),
                                          "nan_count": _ONSET_COUNT, "inf_count": _ONSET_COUNT})),
-    "backward": Nullable(Record(required={"layer": TEXT, "type": TEXT, "tensor": Text(
+    "backward": Nullable(Record(required={"layer": TEXT, "type": TEXT, "call": Nullable(COUNT), "tensor": Text(
         valid=_onset_tensor, expected="activation, grad_output, grad_input or param:NAME")},
-        optional={"call": Nullable(COUNT), "nan_count": _ONSET_COUNT, "inf_count": _ONSET_COUNT})),
+        optional={"nan_count": _ONSET_COUNT, "inf_count": _ONSET_COUNT})),
 })
 
 GRAPH = Record(

@@ -120,6 +120,8 @@ def test_unattended_window_refuses_over_budget_instead_of_asking(qtbot, window, 
         window.run()  # the autouse fixture fails the test if ask_item opens
     assert done.args == ["cancelled"]
     title, exc = shown_errors[-1]
-    assert title == "Over the memory budget" and "--stats-only" in exc.fix
+    # one byte holds no statistics-only run either: the flag that helps, not --stats-only
+    assert title == "Over the memory budget" and "--memory-budget" in exc.fix and "--stats-only" not in exc.fix
+    assert "smaller batch" in exc.problem
     assert "error: Over the memory budget: " in capsys.readouterr().err
     assert window.session.capture is None

@@ -141,6 +141,12 @@ def test_the_graph_and_the_onset_are_checked(tmp_path, valid):
     data = copy.deepcopy(valid)
     data["nonfinite_onset"]["backward"]["tensor"] = "param"
     refused(tmp_path, data, "field nonfinite_onset.backward.tensor is 'param', expected activation, grad_output")
+    data = copy.deepcopy(valid)
+    del data["nonfinite_onset"]["forward"]["call"]  # the readers name the call: inspect raised KeyError
+    refused(tmp_path, data, "field nonfinite_onset.forward.call is missing")
+    data = copy.deepcopy(valid)
+    data["model_inputs"] = {"args": "frames", "kwargs": {}}
+    refused(tmp_path, data, "field model_inputs.args is a str")
 
 
 def test_unknown_keys_holding_plain_data_still_open(tmp_path, valid):
