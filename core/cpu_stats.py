@@ -5,10 +5,11 @@ conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than a
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of
 ``cpu_stats_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
-deviations from the block's first value and their squares, the magnitudes and the zeros;
-a second loop over the same block, still in the L1 cache, takes the minimum and maximum in
-the data's own float type (separate loops vectorise; LLVM left a loop that did both
-scalar). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
+deviations from the block's first value and their squares, and the magnitudes; a second
+loop over the same block, still in the L1 cache, takes the minimum and maximum in the
+data's own float type, and a third counts its zeros in that type (separate loops
+vectorise; LLVM left a loop that did both scalar, and the zero count cost 30% of the
+float64 loop). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
 again by a careful loop over its finite values (rare). Blocks are merged by
 ``core.stats.chan_merge`` (compiled by numba), chunks of blocks run on numba's threads
 (``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and
