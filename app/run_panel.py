@@ -341,8 +341,9 @@ class RunPanel(QWidget):
             self._update_run_enabled()
 
     def set_progress(self, stage: str, done: int, total: int) -> None:
-        if total <= 0:
+        if total <= 0:  # a stage of unknown length (loading, the kernels' first compile): say which
             self.progress.setRange(0, 0)
+            self.progress.setFormat(f"{stage}…")
             return
         # forward is the first half of the bar, backward the second.
         half = 1000

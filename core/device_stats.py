@@ -287,9 +287,9 @@ class DeferredStats:
         copy is ``None`` where that path does not apply: copy it yourself."""
         if t.device.type == "cpu" and not self._use_fused(t):
             from core import cpu_stats
-            from core.stats import _fused_cpu_enabled
+            from core.stats import fused_cpu_enabled
 
-            if _fused_cpu_enabled():
+            if fused_cpu_enabled():
                 got = cpu_stats.summarize(t, self.hist_limit, copy=True)
                 if got is not None:
                     return got

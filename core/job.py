@@ -23,6 +23,7 @@ never a GUI thread.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextlib import AbstractContextManager
@@ -46,11 +47,14 @@ STAGE_DOWNLOAD = "downloading weights"
 STAGE_LOAD_MODEL = "loading model"
 STAGE_LOAD_BATCH = "loading batch"
 STAGE_PROBE = "probing"
+#: Compiling the CPU statistics kernels, once per machine (``core.cpu_stats.prepare``).
+STAGE_KERNELS = "preparing the statistics kernels (compiled once per machine)"
 
 INPUT_HINT = "give --input FILES, --random [SHAPE] (e.g. 2x3x224x224) or --demo-input"
 
 __all__ = [
     "STAGE_DOWNLOAD",
+    "STAGE_KERNELS",
     "STAGE_LOAD_BATCH",
     "STAGE_LOAD_MODEL",
     "STAGE_PROBE",
@@ -601,6 +605,7 @@ class CaptureJob:
         tree = self.tree if self.probe_error is None else None
         expected = tree.expected_calls() if tree is not None and tree.probed else None
         meta = self.metadata()
+        self._prepare_kernels(loaded.module, batch.model_input)
         self.check_cancel()
         start = time.perf_counter()
         with self._held():
@@ -615,6 +620,26 @@ class CaptureJob:
         cap.meta["timing"] = dict(self.timing)
         self.result = cap
         return cap
+
+    def _prepare_kernels(self, model: Any, inputs: torch.Tensor | ModelInputs) -> None:
+        """Compile the CPU statistics kernels for the dtypes this capture will summarise,
+        as a stage of its own: on a fresh machine that is about 10 s per dtype, which
+        otherwise looked like a forward stuck at its first call."""
+        from core import cpu_stats
+
+        if self.device.type != "cpu":
+            return
+        values = [*inputs.args, *inputs.kwargs.values()] if isinstance(inputs, ModelInputs) else [inputs]
+        dtypes = {t.dtype for t in itertools.chain(model.parameters(), model.buffers(), values)
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        dtypes |= {torch.float32}  # statistics of float32 gradients under autocast, and a float32 fallback
+        if self.options.autocast:
+            dtypes.add(torch.bfloat16 if self.options.autocast == "bf16" else torch.float16)
+        if cpu_stats.needs_preparing(dtypes):
+            self._report(STAGE_KERNELS)
+            start = time.perf_counter()
+            cpu_stats.prepare(sorted(dtypes, key=str))
+            self._timed("kernels", start)
 
     def _graph_for(self, cap: Capture, model: Any, inputs: torch.Tensor | ModelInputs) -> dict | None:
         """The model graph the capture file carries (``core.graph``): one more forward of

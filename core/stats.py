@@ -85,7 +85,8 @@ def _as_real(t: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _fused_cpu_enabled() -> bool:
+def fused_cpu_enabled() -> bool:
+    """Whether CPU tensors go through the fused kernels (``GRADEXPLORER_CPU_KERNEL=0``: no)."""
     return os.environ.get("GRADEXPLORER_CPU_KERNEL", "1") != "0"
 
 
@@ -113,7 +114,7 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
         edge of the last), ``hist_exact`` (bool), ``overflow`` (tuple of the names of
         statistics beyond the float64 range, shown as inf; usually empty).
     """
-    if t.device.type == "cpu" and _fused_cpu_enabled():
+    if t.device.type == "cpu" and fused_cpu_enabled():
         from core import cpu_stats
 
         stats = cpu_stats.summarize(t, hist_exact_limit)

@@ -103,3 +103,13 @@ def test_over_budget_run_can_be_declined_before_anything_runs(qtbot, demo, monke
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
         demo.run()
     assert done.args == ["ok"] and demo.session.capture.mode == "full"
+
+
+def test_a_stage_of_unknown_length_is_named_on_the_bar(demo):
+    from core.job import STAGE_KERNELS
+
+    bar = demo.run_panel.progress
+    demo.run_panel.set_progress(STAGE_KERNELS, 0, 0)  # the kernels' first compile: ~10 s, say what it is
+    assert bar.maximum() == 0 and bar.format() == f"{STAGE_KERNELS}…"
+    demo.run_panel.set_progress("forward", 3, 10)
+    assert bar.maximum() == 2000 and bar.format() == "forward 3/10"

@@ -12,6 +12,7 @@ from core.batch import Batch
 from core.errors import CaptureCancelled, GradExplorerError
 from core.job import (
     STAGE_DOWNLOAD,
+    STAGE_KERNELS,
     STAGE_LOAD_BATCH,
     STAGE_LOAD_MODEL,
     STAGE_PROBE,
@@ -29,7 +30,12 @@ def no_hooks_left(model: torch.nn.Module) -> bool:
     return all(not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) for m in model.modules())
 
 
-def test_run_matches_autograd_and_reports_each_stage():
+def test_run_matches_autograd_and_reports_each_stage(monkeypatch):
+    from core import cpu_stats
+
+    # As in a fresh process: the kernels are prepared as a stage of their own, before forward.
+    monkeypatch.setattr(cpu_stats, "_prepared", set())
+    kernels = [STAGE_KERNELS] if cpu_stats.needs_preparing([torch.float32]) else []
     stages: list[str] = []
     job = CaptureJob(MLP, lambda stage, done, total: stages.append(stage))
     cap = job.run()
@@ -38,8 +44,14 @@ def test_run_matches_autograd_and_reports_each_stage():
     ref = reference(job.loaded.module, job.batch.tensor, names)
     assert compare(cap, ref, names) < 1e-5
     order = list(dict.fromkeys(stages))
-    assert order == [STAGE_LOAD_MODEL, STAGE_LOAD_BATCH, STAGE_PROBE, "forward", "backward"]
-    assert set(cap.meta["timing"]) == {"load_model", "load_batch", "probe", "capture"}
+    assert order == [STAGE_LOAD_MODEL, STAGE_LOAD_BATCH, STAGE_PROBE, *kernels, "forward", "backward"]
+    assert set(cap.meta["timing"]) == {"load_model", "load_batch", "probe", "capture"} | (
+        {"kernels"} if kernels else set())
+    if kernels:
+        assert torch.float32 in cpu_stats._prepared
+        again: list[str] = []  # once per process
+        CaptureJob(MLP, lambda stage, done, total: again.append(stage)).run()
+        assert STAGE_KERNELS not in again
     assert job.memory is not None and job.memory.calls == 5
     assert no_hooks_left(job.loaded.module)
 
@@ -163,6 +175,23 @@ def test_over_the_budget_names_the_figure_and_the_ways_out():
     assert CaptureJob(dataclasses.replace(MLP, mode="stats", memory_budget=between)).run() is not None
     forced = CaptureJob(dataclasses.replace(MLP, memory_budget=1000, force=True))
     assert len(forced.run()) == 5 and forced.over_budget is not None
+
+
+def test_kernels_prepared_for_the_dtypes_the_capture_summarises(monkeypatch):
+    from core import cpu_stats
+
+    if not cpu_stats.available():
+        pytest.skip("numba kernels unavailable")
+    monkeypatch.setattr(cpu_stats, "_prepared", set())
+    job = CaptureJob(dataclasses.replace(MLP, autocast="bf16"))
+    job.run()
+    # float32 parameters and batch, bfloat16 activations under autocast
+    assert cpu_stats._prepared == {torch.float32, torch.bfloat16}
+    monkeypatch.setenv("GRADEXPLORER_CPU_KERNEL", "0")  # the fused path switched off: nothing to prepare
+    monkeypatch.setattr(cpu_stats, "_prepared", set())
+    stages: list[str] = []
+    CaptureJob(MLP, lambda stage, done, total: stages.append(stage)).run()
+    assert STAGE_KERNELS not in stages and cpu_stats._prepared == set()
 
 
 def test_autocast_bf16_matches_autograd_under_autocast():
