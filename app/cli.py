@@ -648,7 +648,8 @@ def cmd_inspect(args, ui: _UI) -> int:
                     f"mode {meta.mode}  train {yes_no.get(meta.train, meta.train)}")),
         ("created", f"{meta.created}  torch {meta.torch_version}"),
         ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
-                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}")),
+                   f"  input grad {'yes' if cap.input_grad is not None else 'no'}"
+                   + _all_inputs_text(cap.model_inputs))),
         ("layers", f"{len(names)} ({counted(n_calls, 'call')})"),
     ]
     if meta.batch:
@@ -693,6 +694,21 @@ def cmd_inspect(args, ui: _UI) -> int:
         for name in chosen:
             _print_layer_details(name, cap.layers[name])
     return EXIT_OK
+
+
+def _all_inputs_text(model_inputs: dict | None) -> str:
+    """``"  (all inputs: 2 positional 2x3x8x8, 2x3x8x8; mask 2x8)"`` for a model of several inputs."""
+    if not model_inputs:
+        return ""
+
+    def shown(v) -> str:
+        return fmt_shape(tuple(v.shape)) if hasattr(v, "shape") else type(v).__name__
+
+    parts = []
+    if model_inputs["args"]:
+        parts.append(f"{len(model_inputs['args'])} positional " + ", ".join(shown(v) for v in model_inputs["args"]))
+    parts += [f"{k} {shown(v)}" for k, v in model_inputs["kwargs"].items()]
+    return f"  (all inputs: {'; '.join(parts)})"
 
 
 def _label_text(index: int, categories) -> str:

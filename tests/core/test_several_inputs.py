@@ -133,6 +133,8 @@ def test_cli_capture_with_a_pair_file(tmp_path, capsys):
     assert torch.equal(cap.input, frames[0])
     raw = torch.load(out, weights_only=True)
     assert torch.equal(raw["model_inputs"]["args"][1], frames[1])
+    assert main(["inspect", str(out)]) == 0
+    assert "(all inputs: 2 positional 2x3x8x8, 2x3x8x8)" in capsys.readouterr().out
 
 
 def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
