@@ -203,8 +203,12 @@ def test_capture_without_model_draws_the_graph_it_carries(qtbot):
 def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbot, demo):
     w = demo
     panel = w.graph_panel
-    with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
-        w.module_tabs.setCurrentWidget(panel)
+    w.module_tabs.setCurrentWidget(panel)
+    # Not a wait for layout_done: the graph the run's capture carries may have been laid out
+    # before the tab opened, its signal gone before anyone waited (a loaded CI machine timed
+    # out so). Wait until the panel has drawn a graph and nothing is pending.
+    qtbot.waitUntil(lambda: panel.graph is not None and bool(panel.items) and not panel.layouts.is_busy()
+                    and not panel.extractions.is_busy(), timeout=TIMEOUT)
     assert panel.graph is not None and panel.graph.meta["model"]
     # Coloured by the run that the demo fixture made.
     assert any(n.stats for n in panel.graph if n.kind == "module")
