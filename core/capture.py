@@ -674,13 +674,15 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             "seconds": round(time.perf_counter() - t0, 4),
         })
         model_inputs = None
+        primary = inputs.detach().cpu()
         if several is not None:  # every argument, so that a notebook can run the batch again
             kept = several.map(lambda t: t.detach().cpu())
             model_inputs = {"args": list(kept.args), "kwargs": dict(kept.kwargs)}
+            primary = kept.primary  # one host copy of it (from a GPU, .cpu() twice made two)
         return Capture(
             meta=info,
             model_inputs=model_inputs,
-            input=inputs.detach().cpu(),
+            input=primary,
             output=y.detach().to("cpu", copy=True),
             input_grad=x_grad.detach().cpu() if x_grad is not None else None,
             layers=layers_out,

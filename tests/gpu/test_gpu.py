@@ -232,3 +232,19 @@ def test_batched_statistics_on_the_gpu_equal_float64_numpy():
     tensors = [ADVERSARIAL[n]() for n in sorted(ADVERSARIAL)]
     for t, s in zip(tensors, batched_stats([t.cuda() for t in tensors])):
         assert_matches_reference(s, t)
+
+
+@needs_cuda
+def test_several_inputs_on_the_gpu_keep_one_host_copy_of_the_first():
+    from core.batch import ModelInputs
+    from tests.core.test_several_inputs import TwoFrames, _frames
+
+    torch.manual_seed(0)
+    model = TwoFrames().eval()
+    f1, f2 = _frames()
+    cap = capture(model, ModelInputs((f1, f2)), target="sum", device="cuda", mode="stats")
+    assert cap.input.device.type == "cpu" and torch.equal(cap.input, f1)
+    first = cap.model_inputs["args"][0]
+    assert torch.equal(first, f1) and torch.equal(cap.model_inputs["args"][1], f2)
+    # the file holds the first input once: "input" is the same host tensor
+    assert cap.input.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
