@@ -130,10 +130,15 @@ def captures(tmp_path_factory):
         folder = tmp_path_factory.mktemp(key)
         batch = _batch_file(kind, folder)
         out = folder / "cap.pt"
-        code = _cli("capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+        code = _cli("capture", *model_args(kind, batch),
                     "--target", kind.target, "--input-grad", "--out", out, "-q")
         made[key] = (code, out, batch)
     return made
+
+
+def model_args(kind, batch) -> list:
+    """The flags that open ``kind``'s factory (trusted) on ``batch``, for any command."""
+    return ["--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch]
 
 
 def _cli(*argv) -> int:
@@ -208,7 +213,7 @@ def test_graph_with_gradients_matches_autograd(key, captures, capsys, tmp_path):
     kind = KINDS[key]
     _, _, batch = captures[key]
     out = tmp_path / "g.json"
-    code, _, err = run(capsys, "graph", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "graph", *model_args(kind, batch),
                        "--grads", "--target", kind.target, "--out", out, "-q")
     assert code == 0, err
     data = json.loads(out.read_text())
@@ -224,7 +229,7 @@ def test_graph_with_gradients_matches_autograd(key, captures, capsys, tmp_path):
     else:
         want = float(input_grad.double().norm())
         assert leaving[0]["grad_l2"] == pytest.approx(want, rel=2e-2 if key in ("fp16", "bf16") else 1e-4)
-    code, _, err = run(capsys, "graph", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "graph", *model_args(kind, batch),
                        "--out", tmp_path / "g.svg", "-q")
     assert code == 0, err
     assert kind.head.rsplit(".", 1)[-1] in (tmp_path / "g.svg").read_text()
@@ -235,7 +240,7 @@ def test_dataset_capture_merges_what_the_model_gives(key, captures, capsys, tmp_
     kind = KINDS[key]
     _, _, batch = captures[key]
     out = tmp_path / "ds.pt"
-    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "capture", *model_args(kind, batch),
                        "--target", kind.target, "--batch-size", "2", "--stats-only", "--out", out, "-q")
     assert code == 0, err
     check_capture_data(torch.load(out, weights_only=True), str(out))
@@ -539,11 +544,11 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
     # The LSTM's per-token logits are (B, T, vocab); class targets read dim 1 (here the position).
     kind = KINDS[key]
     batch = _batch_file(kind, tmp_path)
-    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "capture", *model_args(kind, batch),
                        "--target", kind.target, "--out", tmp_path / "c.pt")
     assert code == 0, err
     assert ("is read as (batch, 7 classes, 11 positions)" in err) == noted, err
-    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "capture", *model_args(kind, batch),
                        "--target", "sum", "--out", tmp_path / "s.pt")
     assert code == 0 and "classes" not in err
 
@@ -559,7 +564,7 @@ def test_opening_captures_without_the_model_shows_what_was_recorded(key, capture
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
     kind = KINDS[key]
     _, one, batch = captures[key]
-    code, _, err = run(capsys, "capture", "--model", f"{FACTORIES}:{kind.factory}", "--trust", "--input", batch,
+    code, _, err = run(capsys, "capture", *model_args(kind, batch),
                        "--batch-size", "2", "--stats-only", "--out", tmp_path / "ds.pt", "-q")
     assert code == 0, err
     w = MainWindow(devices=CPU)
