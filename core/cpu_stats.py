@@ -11,9 +11,10 @@ data's own float type, and a third counts its zeros in that type (separate loops
 vectorise; LLVM left a loop that did both scalar, and the zero count cost 30% of the
 float64 loop). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
 again by a careful loop over its finite values (rare). Blocks are merged by
-``core.stats.chan_merge`` (compiled by numba), chunks of blocks run on numba's threads
-(``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads), and
-the chunks are merged at the end of the same compiled call. The
+``core.stats.chan_merge`` (compiled by numba). Tensors of over a million values, on a
+machine with four or more numba threads, are cut into chunks of blocks that run on numba's
+threads (``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads),
+and the chunks are merged at the end of the same compiled call. The
 histogram's elements (the strided sample ``core.stats.histogram_sample`` picks, every
 element for small tensors) are gathered while their block is in the cache and binned at
 the end of that call too: one call per tensor, whose result Python reads as one list.
@@ -53,8 +54,15 @@ from core.stats import (
 
 log = logging.getLogger(__name__)
 
-#: Tensors up to this many elements run on the calling thread (no parallel region).
-_SERIAL_LIMIT = 1 << 16
+#: Tensors up to this many elements run on the calling thread (no parallel region): inside
+#: a capture, a parallel launch for fewer cost more than it saved (resnet50 at batch 8, its
+#: 194 tensors of 64Ki to 1Mi values: 0.80 ns per value in parallel, 0.55 serial).
+_SERIAL_LIMIT = 1 << 20
+#: With fewer numba threads than this, every tensor runs serially. Inside a capture on the
+#: two-core build machine the parallel pass was slower than the serial one even on
+#: resnet50's largest tensors (0.38 against 0.36 ns per value): torch's threads hold both
+#: cores between its operations, and one core already reads memory as fast as two there.
+_PARALLEL_MIN_THREADS = 4
 #: Chunks per thread of a parallel pass: several, so that an unlucky thread does not hold the rest.
 _CHUNKS_PER_THREAD = 4
 
@@ -127,7 +135,7 @@ def prepare(dtypes: Any) -> list[torch.dtype]:
     for d in dtypes:
         if not needs_preparing([d]):
             continue
-        for n in (8, _SERIAL_LIMIT + 1):  # the serial and the parallel kernel
+        for n in (8, _SERIAL_LIMIT + 1):  # the serial kernel, and the parallel one where used
             summarize(torch.zeros(n, dtype=d), None)
         _prepared.add(d)
         done.append(d)
@@ -202,7 +210,8 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> An
     try:
         # The workqueue layer aborts the process on concurrent parallel launches (the
         # window's histogram while a capture runs): a busy pool means the serial kernel.
-        if n > _SERIAL_LIMIT and _parallel_lock.acquire(blocking=False):
+        if (n > _SERIAL_LIMIT and k["threads"] >= _PARALLEL_MIN_THREADS
+                and _parallel_lock.acquire(blocking=False)):
             try:
                 nchunks = max(1, min(k["threads"] * _CHUNKS_PER_THREAD, n // 2048))
                 row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide)

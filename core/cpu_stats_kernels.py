@@ -14,8 +14,10 @@ from numba.extending import intrinsic, overload
 
 from core.stats import HIST_BINS, chan_merge, histogram_in_float64, histogram_range
 
-#: Elements per block: the extremes' loop and the copy re-read a block from the L1 cache.
-BLOCK = 4096
+#: Elements per block: the extremes' and zeros' loops and the copy re-read a block from the
+#: L1 cache. Reading float32 from memory on one core of the build machine (an AMD EPYC),
+#: blocks of 2048 took 0.29 ns per value, of 4096 0.38 (1024 to 16384 measured: 0.29-0.38).
+BLOCK = 2048
 #: Columns of a chunk's row: finite count, mean, m2, sum of magnitudes, min, max,
 #: non-zero count, NaN count.
 COLS = 8
@@ -139,11 +141,11 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                 v = native(xb, table, i)
                 blo = fmin(blo, v)
                 bhi = fmax(bhi, v)
-            # Zeros in the data's own type too (float32 counts are exact up to 2^24):
-            # counted in the float64 loop they cost 30% of the pass.
-            nz = np.float32(0.0)
+            # Zeros in the data's own type too, into int32 lanes (one masked add per
+            # vector): counted in the float64 loop they cost 30% of the pass.
+            nz = np.int32(0)
             for i in range(size):
-                nz += np.float32(native(xb, table, i) == 0)
+                nz += np.int32(native(xb, table, i) == 0)
             bz = int(nz)
             flo = np.float64(blo)
             fhi = np.float64(bhi)

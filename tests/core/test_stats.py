@@ -4,6 +4,7 @@ run the same cases in tests/core/test_device_stats.py, in Triton's interpreter.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ def _mixed():
 def _block_edges():
     """NaN and Inf on the first elements of the fused kernel's blocks (the value its fast
     loop shifts by), a block with nothing finite, and a partial last block."""
-    block = 4096  # core.cpu_stats_kernels.BLOCK
+    block = 2048  # core.cpu_stats_kernels.BLOCK
     t = 1000 + 0.01 * _randn(5 * block + 3, 4)
     t[0] = float("nan")
     t[block] = float("inf")
@@ -53,7 +54,7 @@ def _outlier_shifts():
     """Large mean, tiny spread, and each block's first value (the shift of the kernel's
     sums) an outlier a million spreads away: the shifted sums stay exact enough."""
     t = 1e4 + 1e-3 * _randn(300_000, 5).double()
-    t[::4096] = 1e4 + 1e3
+    t[::2048] = 1e4 + 1e3
     return t
 
 
@@ -132,10 +133,42 @@ def assert_matches_reference(got: dict, t: torch.Tensor) -> None:
     assert got["hist"].shape == (HIST_BINS,)
 
 
+@contextlib.contextmanager
+def parallel_kernel():
+    """The numba kernel's parallel path for every tensor over 65,536 values, whatever the
+    number of cores (by default it runs only with four or more threads, and over a
+    million values); yields the list of element counts it ran on."""
+    ran: list[int] = []
+    kernels = cpu_stats._state["kernels"]
+    parallel = kernels["parallel"]
+
+    def counted(x, *args):
+        ran.append(x.size)
+        return parallel(x, *args)
+
+    saved = cpu_stats._SERIAL_LIMIT, cpu_stats._PARALLEL_MIN_THREADS
+    cpu_stats._SERIAL_LIMIT, cpu_stats._PARALLEL_MIN_THREADS = 1 << 16, 1
+    kernels["parallel"] = counted
+    try:
+        yield ran
+    finally:
+        cpu_stats._SERIAL_LIMIT, cpu_stats._PARALLEL_MIN_THREADS = saved
+        kernels["parallel"] = parallel
+
+
+def _parallel_stats(t):
+    with parallel_kernel() as ran:
+        got = tensor_stats(t)
+    assert ran == ([t.numel()] if t.numel() > 1 << 16 else []), ran  # the parallel path did run
+    return got
+
+
 PATHS = {
     "default": tensor_stats,
     "torch": torch_stats,
 }
+if not numba_missing:
+    PATHS["parallel"] = _parallel_stats
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -289,11 +322,13 @@ def test_statistics_from_several_threads_at_once_are_right():
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    with parallel_kernel() as ran:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
     assert not errors
+    assert ran  # some launches were parallel (the others, serial meanwhile)
     for i, runs in results.items():
         for got in runs:
             assert_matches_reference(got, tensors[i])
