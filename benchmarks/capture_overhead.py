@@ -275,13 +275,15 @@ def _child(kind: str, spec: str) -> None:
 
 def compile_seconds() -> dict:
     """First use of the numba statistics kernel in a fresh process: from an empty cache
-    (compiling) and from the on-disk cache (loading). Empty when numba is missing."""
+    (compiling) and from the on-disk cache that run wrote (loading). Empty when numba is
+    missing."""
     code = ("import json, time, torch; t = time.perf_counter(); from core import cpu_stats; "
             "ok = cpu_stats.available() and cpu_stats.summarize(torch.randn(100_000), 1 << 14) is not None; "
             "print(json.dumps({'ok': bool(ok), 'seconds': time.perf_counter() - t}))")
     out = {}
     with tempfile.TemporaryDirectory() as empty:
-        for label, env in (("cold", dict(os.environ, NUMBA_CACHE_DIR=empty)), ("cached", dict(os.environ))):
+        env = dict(os.environ, NUMBA_CACHE_DIR=empty)
+        for label in ("cold", "cached"):
             done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT,
                                   env=env, timeout=600)
             if done.returncode == 0:
@@ -311,7 +313,8 @@ def main(argv=None) -> list[dict]:
         os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
         torch.set_num_threads(args.threads)
     compiled = compile_seconds()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock; "
+    pages = "2 MiB pages" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "4 KiB pages"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {pages}, {args.clock} clock; "
           "statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
