@@ -133,20 +133,9 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
             k += 1
         if bq < _INF:
             bc = float(size)
-            # Extremes in a loop of their own: with other sums in it, LLVM did not
-            # vectorise the min/max reductions (nor the sums).
-            blo = native(xb, table, 0)
-            bhi = blo
-            for i in range(size):
-                v = native(xb, table, i)
-                blo = fmin(blo, v)
-                bhi = fmax(bhi, v)
-            # Zeros in the data's own type too, into int32 lanes (one masked add per
-            # vector): counted in the float64 loop they cost 30% of the pass.
-            nz = np.int32(0)
-            for i in range(size):
-                nz += np.int32(native(xb, table, i) == 0)
-            bz = int(nz)
+            # Extremes and zeros in a loop of their own (with the float64 sums in it, LLVM
+            # vectorised nothing), in the data's own type, compiled for finite values.
+            blo, bhi, bz = finite_extremes_and_zeros(xb, table)
             flo = np.float64(blo)
             fhi = np.float64(bhi)
             bmean = p + bs / bc
@@ -169,6 +158,28 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     res[row, 5] = hi
     res[row, 6] = cnt - zeros
     res[row, 7] = nnan
+
+
+#: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
+#: maxnum become plain vector min and max, and the zero count joins their loop (0.07 ns
+#: per value from the L1 cache, against 0.14 for two loops with NaN semantics).
+_FINITE_FASTMATH = _FASTMATH | {"nnan", "ninf"}
+
+
+@njit(cache=True, fastmath=_FINITE_FASTMATH)
+def finite_extremes_and_zeros(xb: Any, table: Any) -> Any:
+    """(min, max, zero count) of a block whose values are all finite (the fast loop's
+    sum of squares was finite), in the data's own type: float32 lanes for float32 and
+    half types, twice as many as float64's."""
+    blo = native(xb, table, 0)
+    bhi = blo
+    nz = np.int32(0)  # a block holds far fewer than 2^31 values
+    for i in range(xb.size):
+        v = native(xb, table, i)
+        blo = fmin(blo, v)
+        bhi = fmax(bhi, v)
+        nz += np.int32(v == 0)
+    return blo, bhi, int(nz)
 
 
 @njit(cache=True, fastmath=_FASTMATH)

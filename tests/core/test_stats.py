@@ -90,7 +90,10 @@ ADVERSARIAL = {
     "outlier_block_shifts_float64": _outlier_shifts,
     "outlier_block_shifts_float32": lambda: _outlier_shifts().float(),
     "float64_1e200_one_block": lambda: torch.cat([_randn(10_000).double(), 1e200 * _randn(100).double()]),
-    "one_block_plus_one": lambda: _randn(4097) - 3.0,
+    "one_block_plus_one": lambda: _randn(2049) - 3.0,
+    "two_blocks_plus_one": lambda: _randn(4097) - 3.0,
+    "signed_zeros": lambda: torch.tensor([-0.0, 0.0, -0.0, 2.5, -1e-30] * 30_000),
+    "only_zeros_both_signs": lambda: torch.tensor([-0.0, 0.0] * 3000),
 }
 
 
