@@ -313,8 +313,7 @@ def main(argv=None) -> list[dict]:
         os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
         torch.set_num_threads(args.threads)
     compiled = compile_seconds()
-    pages = "2 MiB pages" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "4 KiB pages"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {pages}, {args.clock} clock; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock; "
           "statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
