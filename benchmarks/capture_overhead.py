@@ -323,8 +323,18 @@ def main(argv=None) -> list[dict]:
         name, _, b = spec.partition(":")
         r = measure(name, int(b or 1), args.repeats, kinds, args.clock)
         if not args.no_memory:
-            r["peak_mib"] = {k: peak_rss_mib(name, r["batch"], k) for k in kinds
-                             if k not in r["missing"] and k not in r["failed"]}
+            r["peak_mib"], r["memory_failed"] = {}, {}
+            for k in kinds:
+                if k in r["missing"] or k in r["failed"]:
+                    continue
+                try:
+                    r["peak_mib"][k] = peak_rss_mib(name, r["batch"], k)
+                except RuntimeError as exc:
+                    # A peer that refuses in the fresh process (TorchLens's save budget) is
+                    # reported beside its time; gradexplorer's own kinds must run.
+                    if k in ("bare", *TARGETS):
+                        raise
+                    r["memory_failed"][k] = str(exc).strip()
         rows.append(r)
         print(f"\n{name} batch {r['batch']} ({r['layers']} leaves): bare forward+backward {r['bare_s']:.2f} s")
         for k in kinds:
@@ -337,7 +347,9 @@ def main(argv=None) -> list[dict]:
             ratio = "1.00x" if k == "bare" else f"{r[k + '_x']:.2f}x"
             mem = r.get("peak_mib", {}).get(k)
             target = f"  (target <= {TARGETS[k]}x)" if k in TARGETS else ""
-            print(f"  {k:<10} {ratio:>7}" + (f"   peak RSS {mem:,.0f} MiB" if mem else "") + target, flush=True)
+            why = r.get("memory_failed", {}).get(k)
+            memory = f"   peak RSS {mem:,.0f} MiB" if mem else (f"   peak RSS not measured: {why}" if why else "")
+            print(f"  {k:<10} {ratio:>7}" + memory + target, flush=True)
     print(f"\nmedian of repeats, interleaved, ratio to the bare forward+backward of the same run ({args.clock} clock)")
     return rows
 
