@@ -214,6 +214,11 @@ def measure(name: str, batch: int, repeats: int, kinds=KINDS, clock: str = "wall
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in list(fns.items()):
+            if k == "bare" and len(fns) > 1:
+                # Settle first: after the previous repeat's last peer (TorchLens's 10 GB on
+                # resnet50) the allocator's state made the next bare pass 40% slower, and
+                # every ratio of that run with it.
+                fn(model, x)
             t0 = timer()
             try:
                 result = fn(model, x)
