@@ -232,6 +232,30 @@ def _m2(bs: float, bq: float, bc: float) -> float:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _positions(sample: Any, lo32: Any, width32: Any, pos: Any) -> None:
+    """The bin of each sampled value in ``torch.histc``'s float32 arithmetic (the same
+    expression as ``core.stats``'s torch path); ``HIST_BINS`` for NaN and Inf. Selects,
+    not branches, so that LLVM can vectorise the loop."""
+    for k in range(sample.size):
+        v = sample[k]
+        ok = abs(v) < _INF
+        f = np.float32(v) if ok else lo32
+        p = min(max(int((f - lo32) * np.float32(HIST_BINS) / width32), 0), HIST_BINS - 1)
+        pos[k] = p if ok else HIST_BINS
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _positions_wide(sample: Any, hlo: float, width: float, pos: Any) -> None:
+    """``_positions`` in float64 (float64 data, or a range float32 cannot hold)."""
+    for k in range(sample.size):
+        v = sample[k]
+        ok = abs(v) < _INF
+        f = v if ok else hlo
+        p = min(max(int((f - hlo) * HIST_BINS / width), 0), HIST_BINS - 1)
+        pos[k] = p if ok else HIST_BINS
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     """The chunks' rows merged into one (the ``RESULT`` columns) and the histogram of the
     sample's finite values over their range (``core.stats.histogram_range``), in
@@ -264,17 +288,20 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     lo32 = np.float32(hlo)
     width32 = np.float32(np.float32(hhi) - lo32)
     width = hhi - hlo
-    sampled = 0.0
-    for k in range(sample.size):
-        v = sample[k]
-        if not abs(v) < _INF:
-            continue
-        sampled += 1.0
-        if wide:
-            pos = int((v - hlo) * HIST_BINS / width)
-        else:
-            pos = int((np.float32(v) - lo32) * np.float32(HIST_BINS) / width32)
-        counts[min(max(pos, 0), HIST_BINS - 1)] += np.float32(1.0)
+    # Positions first (a loop of selects: a division per value), then the tally: in one
+    # loop the two ran scalar: 21 against 14 us for a sample of 16,384 values. NaN and Inf
+    # go to an extra bin that is not returned.
+    pos = np.empty(sample.size, np.int32)
+    if wide:
+        _positions_wide(sample, hlo, width, pos)
+    else:
+        _positions(sample, lo32, width32, pos)
+    tally = np.zeros(HIST_BINS + 1, np.int64)
+    for k in range(pos.size):
+        tally[pos[k]] += 1
+    for b in range(HIST_BINS):
+        counts[b] = np.float32(tally[b])
+    sampled = float(sample.size - tally[HIST_BINS])
     out[9] = sampled
     out[10] = hlo
     out[11] = hhi
