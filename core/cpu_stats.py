@@ -5,11 +5,11 @@ conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than a
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of
 ``cpu_stats_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
-deviations from the block's first value and their squares, and the magnitudes; a second
-loop over the same block, still in the L1 cache, takes the minimum and maximum in the
-data's own float type, and a third counts its zeros in that type (separate loops
-vectorise; LLVM left a loop that did both scalar, and the zero count cost 30% of the
-float64 loop). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
+deviations from the block's first value and their squares, and the magnitudes. When those
+sums are finite, so is every value of the block, and a second loop over it, still in the L1
+cache, takes the minimum and maximum and counts the zeros in the data's own float type,
+compiled without NaN semantics (apart, the two loops vectorise; LLVM left a loop that did
+both scalar). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
 again by a careful loop over its finite values (rare). Blocks are merged by
 ``core.stats.chan_merge`` (compiled by numba). Tensors of over a million values, on a
 machine with four or more numba threads, are cut into chunks of blocks that run on numba's
@@ -60,8 +60,8 @@ log = logging.getLogger(__name__)
 _SERIAL_LIMIT = 1 << 20
 #: With fewer numba threads than this, every tensor runs serially. Inside a capture on the
 #: two-core build machine the parallel pass was slower than the serial one even on
-#: resnet50's largest tensors (0.38 against 0.36 ns per value): torch's threads hold both
-#: cores between its operations, and one core already reads memory as fast as two there.
+#: resnet50's largest tensors (0.33-0.36 against 0.28-0.30 ns per value), and alone it
+#: gained little: there one core already reads memory about as fast as two.
 _PARALLEL_MIN_THREADS = 4
 #: Chunks per thread of a parallel pass: several, so that an unlucky thread does not hold the rest.
 _CHUNKS_PER_THREAD = 4
