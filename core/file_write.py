@@ -294,6 +294,12 @@ class _Sink:
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
+        if self._fh.closed:
+            # After a failed or interrupted save, torch's zip writer still finishes the
+            # archive from its destructor, into the file closed meanwhile: an exception
+            # there aborts the process (std::terminate, exit -6 instead of 130 on Ctrl+C).
+            # Nothing of it is kept (the temporary file is removed): discard it.
+            return size
         self.attempted = self.written + size
         try:
             count = self._fh.write(data)
@@ -305,7 +311,8 @@ class _Sink:
         return size if count is None else count
 
     def flush(self) -> None:
-        self._fh.flush()
+        if not self._fh.closed:
+            self._fh.flush()
 
     def writable(self) -> bool:
         return True
