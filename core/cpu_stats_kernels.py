@@ -231,27 +231,29 @@ def _m2(bs: float, bq: float, bc: float) -> float:
     return 0.0 if m2 < 0.0 else m2
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _positions(sample: Any, lo32: Any, width32: Any, pos: Any) -> None:
-    """The bin of each sampled value in ``torch.histc``'s float32 arithmetic (the same
-    expression as ``core.stats``'s torch path); ``HIST_BINS`` for NaN and Inf. Selects,
-    not branches, so that LLVM can vectorise the loop."""
-    for k in range(sample.size):
-        v = sample[k]
-        ok = abs(v) < _INF
-        f = np.float32(v) if ok else lo32
-        p = min(max(int((f - lo32) * np.float32(HIST_BINS) / width32), 0), HIST_BINS - 1)
-        pos[k] = p if ok else HIST_BINS
+def like(v: Any, lo: Any) -> Any:  # pragma: no cover - replaced by the overload in compiled code
+    """``v`` in the float type of ``lo``: float32 when the histogram is binned in float32."""
+    raise NotImplementedError
+
+
+@overload(like, inline="always")
+def _like(v, lo):  # type: ignore[no-untyped-def]
+    if lo == types.float32:
+        return lambda v, lo: np.float32(v)
+    return lambda v, lo: v
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _positions_wide(sample: Any, hlo: float, width: float, pos: Any) -> None:
-    """``_positions`` in float64 (float64 data, or a range float32 cannot hold)."""
+def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
+    """The bin of each sampled value in ``torch.histc``'s arithmetic, float32 or float64
+    as ``lo`` and ``width`` are (the same expression as ``core.stats``'s torch path);
+    ``HIST_BINS`` for NaN and Inf. Selects, not branches, so that LLVM can vectorise the
+    loop."""
     for k in range(sample.size):
         v = sample[k]
         ok = abs(v) < _INF
-        f = v if ok else hlo
-        p = min(max(int((f - hlo) * HIST_BINS / width), 0), HIST_BINS - 1)
+        f = like(v, lo) if ok else lo
+        p = min(max(int((f - lo) * like(HIST_BINS, lo) / width), 0), HIST_BINS - 1)
         pos[k] = p if ok else HIST_BINS
 
 
@@ -293,7 +295,7 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     # go to an extra bin that is not returned.
     pos = np.empty(sample.size, np.int32)
     if wide:
-        _positions_wide(sample, hlo, width, pos)
+        _positions(sample, hlo, width, pos)
     else:
         _positions(sample, lo32, width32, pos)
     tally = np.zeros(HIST_BINS + 1, np.int64)
