@@ -11,6 +11,10 @@ load hits them alike; then the peak resident memory of each kind, measured in a 
 process (the model, one warm-up and one run). Kinds:
 
 - ``stats``, ``full``: gradexplorer statistics-only and full capture of every leaf layer;
+- ``read``: a forward hook per leaf that only reads the output once, and the gradient
+  through a tensor hook (``torch.sum`` in float32, torch's multithreaded reduction): no
+  statistic of those tensors can cost less, so this is the floor beneath ``stats``, and
+  what ``stats`` costs above it is arithmetic (float64 sums) and bookkeeping, not memory;
 - ``clone``: a naive forward hook per leaf that clones the output and, through a tensor
   hook, the gradient (what full capture must not cost more than);
 - ``naive``: a forward hook per leaf computing each statistic separately, as a tutorial does;
@@ -46,7 +50,7 @@ from core.capture import capture
 from core.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("bare", "stats", "full", "clone", "naive", "wandb", "torchlens", "captum")
+KINDS = ("bare", "stats", "full", "read", "clone", "naive", "wandb", "torchlens", "captum")
 TARGETS = {"stats": 1.2, "full": 1.4}
 
 
@@ -71,6 +75,20 @@ def _with_hooks(model, x, hook):
     finally:
         for h in handles:
             h.remove()
+
+
+def read(model, x):
+    """A forward hook per leaf that reads the output once, and its gradient once."""
+    sums = []
+
+    def hook(module, inputs, output):
+        if isinstance(output, torch.Tensor):
+            sums.append(output.detach().sum())
+            if output.requires_grad:
+                output.register_hook(lambda g: sums.append(g.sum()))
+
+    _with_hooks(model, x, hook)
+    return sums
 
 
 def clone(model, x):
@@ -170,7 +188,7 @@ def _captum(model):
 
 def make_kind(kind: str, model):
     """The callable ``fn(model, x)`` of a kind, or ``None`` when its package is missing."""
-    simple = {"bare": bare, "clone": clone, "naive": naive, "wandb": wandb_style,
+    simple = {"bare": bare, "read": read, "clone": clone, "naive": naive, "wandb": wandb_style,
               "stats": lambda m, x: capture(m, x, mode="stats"),
               "full": lambda m, x: capture(m, x, mode="full")}
     if kind in simple:
