@@ -102,6 +102,12 @@ def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
 PINNED_SHARE = 0.25
 
 
+#: Share of the device memory free at a capture's start that ``keep_on_device`` may fill
+#: with kept tensors; the rest is left to forward and backward. Past it, tensors are
+#: copied to the host as without the option.
+KEEP_SHARE = 0.5
+
+
 def _pinned_budget() -> int:
     from core.devices import _meminfo_bytes
 
@@ -138,7 +144,8 @@ class _Recorder:
 
     def __init__(self, model: nn.Module, selected: list[str], mode: str, device: torch.device,
                  progress: ProgressCallback | None, cancel: CancelFlag | None,
-                 expected_calls: int, hist_limit: int | None, mutated: dict | None = None):
+                 expected_calls: int, hist_limit: int | None, mutated: dict | None = None,
+                 keep_on_device: bool = False):
         self.model = model
         self.selected = set(selected)
         self.full = mode == "full"
@@ -149,6 +156,13 @@ class _Recorder:
         self.summaries = DeferredStats(hist_limit)
         self.onset = OnsetTracker()  # where NaN/Inf began (core/nonfinite.py)
         self.pinned_left: int | None = None  # bytes, measured at the first GPU copy
+        # Bytes of device memory kept tensors may still take (keep_on_device); None: none.
+        self.device_left: int | None = None
+        if keep_on_device and self.full and device.type != "cpu":
+            from core.devices import free_memory
+
+            free = free_memory(device)
+            self.device_left = int(free * KEEP_SHARE) if free is not None else None
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
         self.open_calls: dict[str, list[CallRecord]] = {}
@@ -187,6 +201,18 @@ class _Recorder:
                 return t.to("cpu", non_blocking=True)
             return t.to("cpu")
         return t.to("cpu", copy=copy)
+
+    def keep(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
+        """What a full capture keeps of ``t``: ``t`` itself (or a copy of it on its device,
+        with ``copy``) while the ``keep_on_device`` budget lasts, else ``to_host``."""
+        t = t.detach()
+        if self.device_left is not None and t.device.type != "cpu":
+            size = t.numel() * t.element_size()
+            if size <= self.device_left:
+                self.device_left -= size
+                return t.clone() if copy else t
+            self.device_left = 0  # full: the next tensors go to the host, in order
+        return self.to_host(t, copy)
 
     # -- progress and cancel ------------------------------------------------------
     def _tick(self, stage: str, done: int, total: int, force: bool = False) -> None:
@@ -261,11 +287,13 @@ class _Recorder:
             call.stats["activation"], call.activation = seen[1], seen[2]
         else:
             copied = True
+            # Known from the last run not to be modified later: kept without a copy where
+            # it stays (on the CPU, or on the device with keep_on_device).
+            unmodified = self.mutated is not None and self.mutated.get((name, index)) is False
             with torch.no_grad():
                 if not self.full:
                     call.stats["activation"] = self.summaries.summarize(y)
-                elif y.device.type == "cpu" and self.mutated is not None and self.mutated.get((name, index)) is False:
-                    # Known from the last run not to be modified later: no copy needed.
+                elif y.device.type == "cpu" and unmodified:
                     call.stats["activation"] = self.summaries.summarize(y)
                     call.activation = y.detach()
                     copied = False
@@ -274,7 +302,8 @@ class _Recorder:
                     # the CPU the pass that computes the statistics writes it (one read).
                     call.stats["activation"], call.activation = self.summaries.summarize_copy(y)
                     if call.activation is None:
-                        call.activation = self.to_host(y, copy=True)
+                        call.activation = self.keep(y, copy=not unmodified)
+                        copied = y.numel() == 0 or call.activation.data_ptr() != y.data_ptr()
             self.activations[value_key] = (weakref.ref(y), call.stats["activation"], call.activation)
             if self.full:
                 self.outputs.append((name, index, y, y._version, copied))
@@ -309,7 +338,7 @@ class _Recorder:
                 self.onset.grad(stats, sinks)
                 # Autograd does not modify a gradient it has handed to a hook while we hold
                 # it, so on the CPU it is kept as it is (the tests compare after backward).
-                kept = self.to_host(grad, copy=False) if self.full else None
+                kept = self.keep(grad, copy=False) if self.full else None
             for rec, name in sinks:
                 rec.stats[name] = stats
                 if kept is not None:
@@ -426,6 +455,7 @@ def capture(
     expected_calls: int | None = None,
     hist_exact_limit: int | None = None,
     autocast: str | None = None,
+    keep_on_device: bool = False,
 ) -> Capture:
     """Run one forward and backward pass and record gradients at the selected modules.
 
@@ -468,6 +498,13 @@ def capture(
         Run forward under ``torch.autocast`` with this dtype on the capture device
         (activations and their gradients are then of that dtype; parameter gradients stay
         in the parameters' dtype).
+    keep_on_device : bool
+        Full mode on a GPU: keep activations and gradients (of the layers, the parameters
+        and the input) in device memory instead of copying them to the host, while they
+        fit in ``KEEP_SHARE`` of the memory free there when the capture starts (later ones
+        are copied as without the option). ``Capture.on_host`` copies them when they are
+        viewed or saved (``core.capture_file.save_capture`` does). No effect on the CPU
+        or in statistics-only mode.
 
     Returns
     -------
@@ -482,7 +519,7 @@ def capture(
     settings = _CaptureSettings(
         layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad, device=device,
         train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
-        hist_exact_limit=hist_exact_limit, autocast=autocast,
+        hist_exact_limit=hist_exact_limit, autocast=autocast, keep_on_device=keep_on_device,
     )
     with _old_objects_frozen():
         try:
@@ -522,6 +559,7 @@ class _CaptureSettings:
     expected_calls: int | None
     hist_exact_limit: int | None
     autocast: str | None
+    keep_on_device: bool = False
 
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -567,6 +605,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         model, selected, mode, run_device or _model_device(model) or torch.device("cpu"),
         progress, cancel, expected_calls or n_modules,
         HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit, mutated,
+        keep_on_device=settings.keep_on_device,
     )
     dev = recorder.device
     t0 = time.perf_counter()
@@ -643,13 +682,16 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
                 rec.param_stats[pname] = rec.param_grads[pname] = None
                 if g is not None and recorder.full:
                     # autograd.grad returned a tensor of our own that nothing modifies
-                    # later: kept as it is on the CPU (no copy), copied from a GPU.
+                    # later: kept as it is on the CPU (no copy), copied from a GPU unless
+                    # kept there.
                     rec.param_stats[pname] = recorder.summaries.summarize(g)
-                    rec.param_grads[pname] = recorder.to_host(g, copy=False)
+                    rec.param_grads[pname] = recorder.keep(g, copy=False)
                 elif g is not None:
                     rec.param_stats[pname] = recorder.summaries.summarize(g)
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
+        # Queued before the wait below, as the other copies are.
+        kept_x_grad = recorder.keep(x_grad, copy=False) if x_grad is not None else None
         if dev.type == "cuda":
             # Copies to pinned host memory and the statistics kernels were queued without
             # waiting: wait for all of them, once, before anything is read.
@@ -686,7 +728,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             model_inputs=model_inputs,
             input=primary,
             output=y.detach().to("cpu", copy=True),
-            input_grad=x_grad.detach().cpu() if x_grad is not None else None,
+            input_grad=kept_x_grad,
             layers=layers_out,
             nonfinite_onset=recorder.onset.result(layers_out, order),
         )

@@ -123,6 +123,31 @@ class Capture:
             for i, call in enumerate(layer.calls):
                 yield name, i, call
 
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the capture holds (batch, output, input gradient, the layers' tensors)."""
+        singles = [self.input, self.output, self.input_grad]
+        if self.model_inputs is not None:
+            singles += [*self.model_inputs["args"], *self.model_inputs["kwargs"].values()]
+        for t in singles:
+            if isinstance(t, torch.Tensor):
+                yield t
+        for rec in self.layers.values():
+            for c in rec.calls:
+                for t in (c.activation, c.grad_output, c.grad_input):
+                    if isinstance(t, torch.Tensor):
+                        yield t
+            for g in rec.param_grads.values():
+                if isinstance(g, torch.Tensor):
+                    yield g
+
+    def on_host(self) -> Capture:
+        """This capture with every tensor in host memory: itself when they all are, else a
+        copy (``to("cpu")``). A capture that kept its tensors on the GPU
+        (``core.capture.capture(..., keep_on_device=True)``) is copied when viewed or saved."""
+        if all(t.device.type == "cpu" for t in self.tensors()):
+            return self
+        return self.to("cpu")
+
     def to(self, device: str | torch.device) -> Capture:
         """A copy with every tensor moved to ``device``."""
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -190,8 +190,9 @@ def _tensor_bytes(obj: object) -> int:
 
 def save_capture(cap: Capture, path: str | os.PathLike) -> Path:
     """Export a capture to ``path`` (atomically; refused at once when the disk has less free
-    space than its tensors take). See README.md for the format."""
-    data = capture_to_dict(cap)
+    space than its tensors take). See README.md for the format. Tensors a capture kept on
+    its GPU are copied to the host first: the file loads anywhere."""
+    data = capture_to_dict(cap.on_host())
     return atomic_save(data, path, expected_size=_tensor_bytes(data))
 
 

@@ -78,8 +78,10 @@ def test_check_script_runs_end_to_end_on_the_cpu(capsys):
     assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
     out = capsys.readouterr().out
     assert "resnet18 batch 2:" in out and "FAIL" not in out
-    # 8 checks, then per timed batch (2 and 3) the batched statistics against tensor_stats.
-    assert out.count(" ok") == 10 and "overhead on cpu, batch 3" in out
+    # 8 checks, then per timed batch (2 and 3) full capture kept on the device against the
+    # host copies, and the batched statistics against tensor_stats.
+    assert out.count(" ok") == 12 and "overhead on cpu, batch 3" in out
+    assert out.count("tensors stayed there") == 2
     assert out.count("gradients on cpu: one by one") == 2
 
 
@@ -174,12 +176,17 @@ class _FakeCudaTensor:
     """Stands in for a CUDA tensor where there is none: records how it was copied."""
 
     is_cuda = True
+    device = torch.device("cuda", 0)
 
     def __init__(self, nbytes):
         self.nbytes = nbytes
         self.copied = None
 
     def detach(self):
+        return self
+
+    def clone(self):
+        self.copied = "cloned on the device"
         return self
 
     def numel(self):
@@ -211,6 +218,48 @@ def test_gpu_copies_are_queued_into_pinned_memory_within_the_budget(monkeypatch)
     copied, kept = recorder.to_host(cpu, copy=True), recorder.to_host(cpu, copy=False)
     assert torch.equal(copied, cpu) and copied.data_ptr() != cpu.data_ptr()
     assert kept.data_ptr() == cpu.data_ptr()
+
+
+def test_keep_on_device_keeps_tensors_there_until_its_share_of_free_memory_is_used(monkeypatch):
+    from core import capture as capture_module, devices
+
+    monkeypatch.setattr(capture_module, "_pinned_budget", lambda: 1 << 30)
+    monkeypatch.setattr(devices, "free_memory", lambda device: 200 << 20)  # KEEP_SHARE of it: 100 MiB
+    recorder = capture_module._Recorder(nn.Linear(2, 2), [], "full", torch.device("cuda", 0),
+                                        None, None, 1, None, keep_on_device=True)
+    assert recorder.device_left == int((200 << 20) * capture_module.KEEP_SHARE)
+    tensors = [_FakeCudaTensor(n << 20) for n in (50, 30, 40, 5)]
+    kept = [recorder.keep(t, copy=c) for t, c in zip(tensors, (True, False, False, False))]
+    assert all(k is t for k, t in zip(kept, tensors))
+    # An activation a later in-place op may change is cloned on the device; a gradient is
+    # kept as it is; 40 MiB do not fit in the 20 left: from there on, copies to the host
+    # (in order, so the 5 MiB after it go too).
+    assert [t.copied for t in tensors] == ["cloned on the device", None, "pinned, queued", "pinned, queued"]
+    assert recorder.device_left == 0
+    # Without the option, or in statistics-only mode, everything goes to the host as before.
+    for mode, keep in (("full", False), ("stats", True)):
+        plain = capture_module._Recorder(nn.Linear(2, 2), [], mode, torch.device("cuda", 0),
+                                         None, None, 1, None, keep_on_device=keep)
+        t = _FakeCudaTensor(1 << 20)
+        plain.keep(t, copy=False)
+        assert plain.device_left is None and t.copied == "pinned, queued"
+
+
+def test_keep_on_device_on_the_cpu_is_the_plain_capture():
+    """On the CPU the option changes nothing: the same tensors, still exact."""
+    from tests.core.test_capture import check_against_reference
+
+    model = _small_net()
+    x = torch.randn(2, 3, 8, 8)
+    kept, _ = check_against_reference(model, x, keep_on_device=True, input_grad=True)
+    plain = capture(model, x, input_grad=True)
+    assert kept.on_host() is kept
+    pairs = list(zip(kept.tensors(), plain.tensors(), strict=True))
+    # input, output, input gradient; 8 layers' activation and gradients at output and
+    # input; weight and bias gradients of 2 convolutions, the BatchNorm and the Linear
+    assert len(pairs) == 3 + 8 * 3 + 4 * 2
+    for a, b in pairs:
+        assert a.device.type == "cpu" and torch.equal(a, b)
 
 
 def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
@@ -248,3 +297,57 @@ def test_several_inputs_on_the_gpu_keep_one_host_copy_of_the_first():
     assert torch.equal(first, f1) and torch.equal(cap.model_inputs["args"][1], f2)
     # the file holds the first input once: "input" is the same host tensor
     assert cap.input.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+
+
+class _InPlaceAfterLinear(nn.Module):
+    """A Linear whose output a ReLU(inplace) changes: its kept activation must be a copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 32), nn.ReLU(inplace=True), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_on_device_keeps_exact_tensors_on_the_gpu_and_saves_them_to_the_host(tmp_path, dtype):
+    from core.capture_file import load_capture, save_capture
+    from tests.ground_truth import compare, reference
+
+    torch.manual_seed(0)
+    model = _InPlaceAfterLinear().cuda().to(dtype)
+    x = torch.randn(8, 16, device="cuda", dtype=dtype)
+    names = ["fc1", "act", "fc2"]
+    ref = reference(model, x, names, input_grad=True)
+    for run in range(2):  # the second run knows which outputs are modified in place
+        cap = capture(model, x, layers=names, keep_on_device=True, input_grad=True)
+        layer_tensors = [t for n in names for c in cap[n].calls for t in (c.activation, c.grad_output)]
+        assert all(t.is_cuda for t in layer_tensors) and cap.input_grad.is_cuda, run
+        assert all(g.is_cuda for n in names for g in cap[n].param_grads.values()), run
+        assert compare(cap.on_host(), ref, names) < (1e-5 if dtype == torch.float32 else 1e-2), run
+        # fc1's output was changed in place by the ReLU after the capture took it
+        assert cap["fc1"].calls[0].activation.min() < 0
+    saved = load_capture(save_capture(cap, tmp_path / "kept.pt"))
+    assert all(t.device.type == "cpu" for t in saved.tensors())
+    assert torch.equal(saved["fc1"].calls[0].activation, cap["fc1"].calls[0].activation.cpu())
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_keep_on_device_past_its_budget_copies_the_rest_to_the_host(monkeypatch):
+    from core import capture as capture_module
+
+    model = _small_net().cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    plain = capture(model, x)
+    free = torch.cuda.mem_get_info()[0]
+    # room for about the first two layers' tensors only
+    monkeypatch.setattr(capture_module, "KEEP_SHARE", (2 * 3 * 2 * 8 * 16 * 16 * 4) / free)
+    cap = capture(model, x, keep_on_device=True)
+    devices = [c.activation.device.type for _n, _i, c in cap.iter_calls()]
+    assert "cuda" in devices and "cpu" in devices
+    for (_n, _i, a), (_m, _j, b) in zip(cap.iter_calls(), plain.iter_calls(), strict=True):
+        assert torch.allclose(a.activation.cpu(), b.activation, rtol=1e-5, atol=1e-6)
