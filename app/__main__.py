@@ -1,7 +1,5 @@
 """``python -m app``: the same as the ``gradexplorer`` command."""
 
-import sys
+from app.cli import run
 
-from app.cli import main
-
-sys.exit(main())
+run()
