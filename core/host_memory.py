@@ -6,9 +6,13 @@ trimmed once it passes twice that. The next capture then faults the same memory 
 by page, at about 1 µs per 4 KiB page on the build machine. A full capture keeps what it records
 (1.4 GB on resnet50 at batch 8) while forward and backward still allocate, so each capture took
 about 150,000 such faults on resnet50 and 200,000 on efficientnet_b0: more than computing the
-statistics. Raised thresholds keep the freed memory in the process, for the next capture to reuse,
-as PyTorch's caching allocator does on a GPU. The cost: the process's resident memory stays near
-its peak until it exits, or until :func:`release_freed_memory`.
+statistics. A raised trim threshold keeps freed memory in the process for the next capture to
+reuse, as PyTorch's caching allocator does on a GPU, up to a bound: an eighth of the machine's
+memory, at most 2 GiB (unbounded, the overhead benchmark's process kept the 10 GB TorchLens had
+freed, and the kernel's out-of-memory killer ended it). The mmap threshold is fixed at glibc's own
+dynamic maximum, 32 MiB, so larger blocks are handed back at once, as by default. The cost: the
+process's resident memory stays up to that bound above what it uses, until it exits or calls
+:func:`release_freed_memory`.
 
 The ``gradexplorer`` command and the window call :func:`reuse_freed_memory` when they start; a
 notebook or training script that captures repeatedly can call it too (or set glibc's own
@@ -26,9 +30,22 @@ from typing import Any
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-#: The largest value mallopt takes (an int): blocks up to 2 GiB come from the heap and stay
-#: there when freed; larger ones are still mapped on their own.
-_KEEP = 2**31 - 1
+#: Blocks up to this size come from the heap; glibc's dynamic threshold would reach it at the
+#: first free of such a block anyway (its maximum on 64-bit), but setting the trim threshold
+#: ends the dynamic one, and its start value (128 KiB) would map far more blocks.
+MMAP_THRESHOLD = 32 << 20
+#: The most free memory kept at the top of the heap (mallopt takes an int).
+KEEP_AT_MOST = 2**31 - 1
+#: ... and at most this share of the machine's memory.
+KEEP_SHARE = 1 / 8
+
+
+def kept_bytes() -> int:
+    """The free memory a process keeps for reuse after :func:`reuse_freed_memory`."""
+    from core.devices import _meminfo_bytes
+
+    total = _meminfo_bytes("MemTotal")
+    return min(KEEP_AT_MOST, int(total * KEEP_SHARE)) if total else 256 << 20
 
 
 def _glibc() -> Any:
@@ -58,9 +75,8 @@ def reuse_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    # The mmap threshold first: setting either one ends glibc's dynamic threshold, and the
-    # default it would fall back to (128 KiB) maps far more blocks than before.
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP) == 1)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                and libc.mallopt(_M_TRIM_THRESHOLD, kept_bytes()) == 1)
 
 
 def release_freed_memory() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,19 +12,23 @@ import pytest
 from core import host_memory
 from tests.conftest import ROOT
 
-# Rounds of four 48 MiB tensors, each written and then freed: what a capture's gradients
-# and copies do to the C library. Prints the page faults of each round.
+# Five full captures of resnet18 in a row, each freed before the next, as in a loop over
+# batches or a benchmark. Prints the page faults of each capture.
 ROUNDS = """
-import json, resource, sys, torch
+import json, resource, sys, torch, torchvision
+from core.capture import capture
 from core.host_memory import reuse_freed_memory
 took = reuse_freed_memory() if sys.argv[1] == "keep" else None
+torch.manual_seed(0)
+model = torchvision.models.resnet18().eval()
+x = torch.randn(4, 3, 112, 112)
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 counts = []
-for _ in range(6):
+for _ in range(5):
     before = faults()
-    held = [torch.ones(12 << 20) for _ in range(4)]
-    del held
+    cap = capture(model, x, mode="full")
+    del cap
     counts.append(faults() - before)
 print(json.dumps({"took": took, "faults": counts}))
 """
@@ -31,22 +36,30 @@ print(json.dumps({"took": took, "faults": counts}))
 glibc_only = pytest.mark.skipif(host_memory._glibc() is None, reason="needs glibc")
 
 
-def _rounds(mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, check=True)
+def _rounds(mode: str, script: str = ROUNDS) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300, check=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @glibc_only
 def test_freed_memory_is_reused_without_faulting_it_in_again():
-    pages = 4 * (48 << 20) // 4096  # one round's memory, in 4 KiB pages
-    default, kept = _rounds("default"), _rounds("keep")
+    kept = _rounds("keep")
     assert kept["took"] is True
-    # glibc's default: blocks over 32 MiB are mapped and unmapped, every round faults anew
-    assert all(n > pages // 2 for n in default["faults"]), default
-    # kept: the first rounds fault memory in (torch's 64-byte aligned blocks do not fit
-    # exactly in the ones freed before, until glibc has sorted those), then it is reused
-    assert kept["faults"][0] > pages // 2 and all(n < pages // 20 for n in kept["faults"][-2:]), kept
+    # The first capture faults its memory in (about 45,000 pages here); the later ones reuse
+    # it. (glibc's default hands part of it back and faults it in again at most captures:
+    # about 5,600 pages each here, though not at every run, so it is not asserted.)
+    assert kept["faults"][0] > 10_000 and max(kept["faults"][2:]) < 1000, kept
+
+
+def test_the_bound_is_a_share_of_the_machines_memory_and_at_most_2_gib(monkeypatch):
+    from core import devices
+
+    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 8 << 30)
+    assert host_memory.kept_bytes() == 1 << 30
+    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 64 << 30)
+    assert host_memory.kept_bytes() == 2**31 - 1
 
 
 @glibc_only
