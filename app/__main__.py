@@ -1,5 +1,7 @@
 """``python -m app``: the same as the ``gradexplorer`` command."""
 
-from app.cli import run
+import sys
 
-run()
+from app.cli import main
+
+sys.exit(main())

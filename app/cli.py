@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from app.cli_format import (
     ProgressBar,
@@ -258,15 +258,6 @@ def _version() -> str:
 # ---------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------
-
-
-def run() -> NoReturn:
-    """The ``gradexplorer`` command: ``main`` on the command line, in a process that keeps
-    the memory captures free for the next one (``core.host_memory``)."""
-    from core.host_memory import reuse_freed_memory
-
-    reuse_freed_memory()
-    sys.exit(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

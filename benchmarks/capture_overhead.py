@@ -24,9 +24,6 @@ process (the model, one warm-up and one run). Kinds:
 - ``captum``: Captum ``LayerGradientXActivation`` over the convolutions and linears (when
   installed; it keeps no gradient and no statistics, so it is a floor rather than a peer).
 
-The process keeps freed memory for reuse (``core.host_memory.reuse_freed_memory``), as the
-``gradexplorer`` command and the window do; ``--glibc-default`` measures with glibc's default
-instead (freed blocks handed back to the system, so every capture faults its memory in again).
 Also the first-use compile time of the CPU statistics kernel (numba), from an empty cache
 and from the on-disk cache. Random init, CPU, eval mode, float32; the target is the top-1
 logit. Targets (issue 13): statistics-only <= 1.2x, full <= 1.4x. ``pip install
@@ -50,7 +47,6 @@ import torch
 import torchvision
 
 from core.capture import capture
-from core.host_memory import reuse_freed_memory
 from core.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,14 +252,14 @@ def measure(name: str, batch: int, repeats: int, kinds=KINDS, clock: str = "wall
     return out
 
 
-def peak_rss_mib(name: str, batch: int, kind: str, glibc_default: bool = False) -> float | None:
+def peak_rss_mib(name: str, batch: int, kind: str) -> float | None:
     """Peak resident memory (MiB) of a fresh process while it runs ``kind`` twice on the
     model (the peak is reset after the imports and the model are built, so that it is the
     run's; where the kernel does not allow that, the process's peak); ``None`` when the
     kind is not installed."""
-    command = [sys.executable, "-m", "benchmarks.capture_overhead", "--child", kind, "--models", f"{name}:{batch}",
-               *(["--glibc-default"] if glibc_default else [])]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.capture_overhead", "--child", kind,
+                           "--models", f"{name}:{batch}"], check=False, capture_output=True, text=True, cwd=ROOT,
+                          timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
     return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
@@ -331,12 +327,8 @@ def main(argv=None) -> list[dict]:
                     help="cpu: time the process's CPU time (meaningful with --threads 1 while other jobs run)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="comma-separated kinds to time (bare is always timed): " + ", ".join(KINDS))
-    ap.add_argument("--glibc-default", action="store_true",
-                    help="let glibc hand freed memory back to the system, as it does by default (the command and "
-                         "the window keep it for reuse: core.host_memory)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    kept = False if args.glibc_default else reuse_freed_memory()
     if args.child:
         _child(args.child, args.models)
         return []
@@ -344,8 +336,7 @@ def main(argv=None) -> list[dict]:
         os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
         torch.set_num_threads(args.threads)
     compiled = compile_seconds()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock, freed memory "
-          f"{'kept for reuse' if kept else 'handed back (glibc default)'}; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock; "
           "statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
@@ -360,7 +351,7 @@ def main(argv=None) -> list[dict]:
                 if k in r["missing"] or k in r["failed"]:
                     continue
                 try:
-                    r["peak_mib"][k] = peak_rss_mib(name, r["batch"], k, args.glibc_default)
+                    r["peak_mib"][k] = peak_rss_mib(name, r["batch"], k)
                 except RuntimeError as exc:
                     # A peer that refuses in the fresh process (TorchLens's save budget) is
                     # reported beside its time; gradexplorer's own kinds must run.
