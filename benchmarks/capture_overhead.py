@@ -77,37 +77,33 @@ def _with_hooks(model, x, hook):
             h.remove()
 
 
-def read(model, x):
-    """A forward hook per leaf that reads the output once, and its gradient once."""
-    sums = []
+def _per_tensor(model, x, fn):
+    """A forward hook per leaf calling ``fn`` on its output and, through a tensor hook, on
+    that output's gradient; what ``fn`` returned, kept until the end."""
+    got = []
 
     def hook(module, inputs, output):
         if isinstance(output, torch.Tensor):
-            sums.append(output.detach().sum())
+            got.append(fn(output.detach()))
             if output.requires_grad:
-                output.register_hook(lambda g: sums.append(g.sum()))
+                output.register_hook(lambda g: got.append(fn(g.detach())))
 
     _with_hooks(model, x, hook)
-    return sums
+    return got
+
+
+def read(model, x):
+    """Each output and gradient read once (a float32 sum)."""
+    return _per_tensor(model, x, torch.sum)
 
 
 def clone(model, x):
-    """A forward hook per leaf keeping a clone of the output and of its gradient."""
-    kept = []
-
-    def hook(module, inputs, output):
-        if isinstance(output, torch.Tensor):
-            kept.append(output.detach().clone())
-            if output.requires_grad:
-                output.register_hook(lambda g: kept.append(g.detach().clone()))
-
-    _with_hooks(model, x, hook)
-    return kept
+    """A clone of each output and of its gradient, kept."""
+    return _per_tensor(model, x, torch.clone)
 
 
 def naive(model, x):
-    """A forward hook per leaf; every statistic computed separately, as in a tutorial."""
-    records = []
+    """Every statistic of each output and gradient computed separately, as in a tutorial."""
 
     def stats(t):
         t = t.detach()
@@ -116,14 +112,7 @@ def naive(model, x):
                 torch.isnan(t).sum().item(), torch.isinf(t).sum().item(),
                 torch.histc(t.float(), 64, t.min().item(), t.max().item())]
 
-    def hook(module, inputs, output):
-        if isinstance(output, torch.Tensor):
-            records.append(stats(output))
-            if output.requires_grad:
-                output.register_hook(lambda g: records.append(stats(g)))
-
-    _with_hooks(model, x, hook)
-    return records
+    return _per_tensor(model, x, stats)
 
 
 def _wandb_histogram(t: torch.Tensor):
