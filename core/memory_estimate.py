@@ -411,18 +411,12 @@ def measure_capture_memory(capture: Capture) -> int:
             else:
                 total += sys.getsizeof(value)
 
-    add(capture.input)
-    add(capture.output)
-    add(capture.input_grad)
+    for t in capture.tensors():
+        add(t)
     for _name, _i, call in capture.iter_calls():
-        add(call.activation)
-        add(call.grad_output)
-        add(call.grad_input)
         for stats in call.stats.values():
             add_stats(stats)
     for layer in capture.layers.values():
-        for g in layer.param_grads.values():
-            add(g)
         for stats in layer.param_stats.values():
             add_stats(stats)
     return total

@@ -21,6 +21,10 @@ from core.stats import HIST_BINS, chan_merge, merge_moments, tensor_stats, torch
 from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
+if numba_missing:
+    BLOCK = 2048  # only the torch path runs: any block size makes the same cases
+else:
+    from core.cpu_stats_kernels import BLOCK  # the fused kernel's block: its edges are cases below
 
 
 def _randn(n, seed=0):
@@ -39,7 +43,7 @@ def _mixed():
 def _block_edges():
     """NaN and Inf on the first elements of the fused kernel's blocks (the value its fast
     loop shifts by), a block with nothing finite, and a partial last block."""
-    block = 2048  # core.cpu_stats_kernels.BLOCK
+    block = BLOCK
     t = 1000 + 0.01 * _randn(5 * block + 3, 4)
     t[0] = float("nan")
     t[block] = float("inf")
@@ -54,7 +58,7 @@ def _outlier_shifts():
     """Large mean, tiny spread, and each block's first value (the shift of the kernel's
     sums) an outlier a million spreads away: the shifted sums stay exact enough."""
     t = 1e4 + 1e-3 * _randn(300_000, 5).double()
-    t[::2048] = 1e4 + 1e3
+    t[::BLOCK] = 1e4 + 1e3
     return t
 
 
@@ -90,8 +94,8 @@ ADVERSARIAL = {
     "outlier_block_shifts_float64": _outlier_shifts,
     "outlier_block_shifts_float32": lambda: _outlier_shifts().float(),
     "float64_1e200_one_block": lambda: torch.cat([_randn(10_000).double(), 1e200 * _randn(100).double()]),
-    "one_block_plus_one": lambda: _randn(2049) - 3.0,
-    "two_blocks_plus_one": lambda: _randn(4097) - 3.0,
+    "one_block_plus_one": lambda: _randn(BLOCK + 1) - 3.0,
+    "two_blocks_plus_one": lambda: _randn(2 * BLOCK + 1) - 3.0,
     "signed_zeros": lambda: torch.tensor([-0.0, 0.0, -0.0, 2.5, -1e-30] * 30_000),
     "only_zeros_both_signs": lambda: torch.tensor([-0.0, 0.0] * 3000),
 }
