@@ -149,9 +149,18 @@ class Capture:
         return self.to("cpu")
 
     def to(self, device: str | torch.device) -> Capture:
-        """A copy with every tensor moved to ``device``."""
+        """A copy with every tensor moved to ``device``; a tensor that several records share
+        (one gradient for two layers, one value for an Identity and its input) is moved
+        once and stays shared."""
+        moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t.to(device) if isinstance(t, torch.Tensor) else t
+            if not isinstance(t, torch.Tensor):
+                return t
+            got = moved.get(id(t))
+            if got is None:
+                got = moved[id(t)] = (t, t.to(device))  # t held: its id stays its own
+            return got[1]
 
         layers = {}
         for name, rec in self.layers.items():

@@ -476,3 +476,61 @@ def test_the_garbage_collector_is_left_as_it_was():
         assert gc.get_freeze_count() == before
     finally:
         handle.remove()
+
+
+class TwoBranches(nn.Module):
+    """``a(x) + b(x)``: the addition's backward hands the one gradient object it received
+    to both branches, so the outputs of ``a`` and ``b`` get the same gradient tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(6, 6)
+        self.a = nn.Linear(6, 5)
+        self.b = nn.Linear(6, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(self.a(h) + self.b(h))
+
+
+@pytest.mark.parametrize("mode", ["stats", "full"])
+def test_a_gradient_handed_to_two_hooks_is_summarised_once(mode, monkeypatch):
+    import core.device_stats as device_stats
+
+    torch.manual_seed(3)
+    model = TwoBranches()
+    x = torch.randn(4, 6)
+    summarised = []
+    real = device_stats.tensor_stats
+
+    def counting(t, *args, **kwargs):
+        summarised.append(t)
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(device_stats, "tensor_stats", counting)
+    before = snapshot(model)
+    cap = capture(model, x, mode=mode)
+    assert_unchanged(model, before)
+    a, b = cap["a"].calls[0], cap["b"].calls[0]
+    # Ground truth: autograd on the same graph gives both branch outputs one gradient.
+    h = model.stem(x)
+    ya, yb = model.a(h), model.b(h)
+    out = model.head(ya + yb)
+    ga, gb = torch.autograd.grad(out.max(1).values.sum(), (ya, yb))
+    assert torch.equal(ga, gb)
+    want = tensor_stats(ga.double())
+    for call in (a, b):
+        for key in ("mean", "std", "min", "max", "l2", "mean_abs"):
+            assert call.stats["grad_output"][key] == pytest.approx(want[key], rel=1e-6, abs=1e-9)
+    assert a.stats["grad_output"] is b.stats["grad_output"]
+    if mode == "full":
+        assert a.grad_output is b.grad_output and torch.allclose(a.grad_output, ga)
+        moved = cap.to("meta")  # a move keeps what records share shared
+        assert moved["a"].calls[0].grad_output is moved["b"].calls[0].grad_output
+        assert moved["a"].calls[0].grad_output.device.type == "meta"
+    # Every tensor summarised once: no two summaries of the same gradient object.
+    ids = [id(t) for t in summarised]
+    assert len(ids) == len(set(ids))
+    grads_summarised = [t for t in summarised if t.shape == ga.shape and torch.equal(t, ga)]
+    assert len(grads_summarised) == 1
