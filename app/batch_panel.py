@@ -25,6 +25,7 @@ from app.settings import AppSettings
 from core.batch import Batch
 from core.capture_data import Capture
 from core.class_names import class_name, top_classes
+from core.targets import class_dim_of
 from core.session import Session
 
 THUMB = 64
@@ -277,7 +278,9 @@ class BatchPanel(QWidget):
             if capture is not None and capture.input is not None:
                 self._show_capture_inputs(capture)
             return
-        preds = top_classes(capture.output, self.session.categories) if capture is not None else []
+        preds = (top_classes(capture.output, self.session.categories,
+                             class_dim=class_dim_of(capture.meta.get("target")))
+                 if capture is not None else [])
         for i in range(self.list.count()):
             self.list.item(i).setText(self._item_text(i, preds[i] if i < len(preds) else None))
 
@@ -287,7 +290,7 @@ class BatchPanel(QWidget):
 
         self.list.clear()
         meta = capture_meta(capture)
-        preds = top_classes(capture.output, meta.categories)
+        preds = top_classes(capture.output, meta.categories, class_dim=class_dim_of(capture.meta.get("target")))
         x = capture.input
         source = f" from {meta.batch_source}" if meta.batch_source else ""
         self.source_label.setText(f"<b>{len(x)} samples</b> ({'×'.join(str(d) for d in x.shape[1:])}) "

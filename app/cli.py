@@ -143,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--random", metavar="SHAPE", help="a random batch of SHAPE, e.g. 2x3x224x224")
     gui.add_argument("--labels", metavar="LABELS", help="class indices or names for the batch, e.g. 3,1,0")
     gui.add_argument("--layers", nargs="+", metavar="PATTERN", help="layers to tick: names or globs ('layer4.*')")
-    gui.add_argument("--target", metavar="T", help="top1, class:N, sum, mean or cross_entropy, optionally @key")
+    gui.add_argument("--target", metavar="T",
+                     help="top1, class:N, sum, mean or cross_entropy, optionally ,dim=-1 (classes last) "
+                          "and @key")
     gui.add_argument("--device", metavar="D", help="auto, cpu, cuda:0, mps")
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
     _add_memory_budget(gui)
@@ -166,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", nargs="+", metavar="PATTERN",
                    help="module names or glob patterns ('layer4.*'); default: every leaf module")
     p.add_argument("--target", default="top1", metavar="T",
-                   help="top1 (default), class:N, sum, mean or cross_entropy; add @key to pick a "
+                   help="top1 (default), class:N, sum, mean or cross_entropy; add ,dim=-1 when the "
+                        "classes are the last dim (per-token logits (B, length, vocab)), @key to pick a "
                         "dict/tuple output element")
     p.add_argument("--device", default="auto", metavar="D", help="auto (default), cpu, cuda:0, mps")
     p.add_argument("--stats-only", action="store_true",

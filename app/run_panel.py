@@ -23,6 +23,7 @@ from core.devices import DeviceInfo
 from core.errors import GradExplorerError
 from core.memory_estimate import MemoryEstimate
 from core.session import Session
+from core.targets import CLASS_KINDS, Target, parse_target
 
 TARGETS = (
     ("top1", "Top-1 logit (predicted class)"),
@@ -30,6 +31,12 @@ TARGETS = (
     ("sum", "Sum of outputs"),
     ("mean", "Mean of outputs"),
     ("cross_entropy", "Cross-entropy with labels"),
+)
+
+#: The class axes offered in the window (the CLI's ``,dim=D`` takes any).
+CLASS_DIMS = (
+    ("dim 1: (batch, classes, …)", 1),
+    ("last dim: (batch, length, vocab)", -1),
 )
 
 
@@ -83,6 +90,16 @@ class RunPanel(QWidget):
         self.labels_edit.setPlaceholderText("labels: indices or names, comma separated")
         self.key_combo = QComboBox(self)
         self.key_combo.setToolTip("Which element of the model's dict/tuple output the target uses")
+        # Shown for class targets when the output has positions ((B, C, L) or more) or the
+        # session's target names an axis: a sequence model's per-token logits (B, length,
+        # vocab) hold their classes last, where dim 1 would pick among positions.
+        self.class_dim_combo = QComboBox(self)
+        for text, dim in CLASS_DIMS:
+            self.class_dim_combo.addItem(text, dim)
+        self.class_dim_combo.setToolTip(
+            "Which dim of the output holds the classes: dim 1 for classifiers, segmentation and "
+            "Conv1d outputs (B, classes, …); the last for a sequence model's per-token logits "
+            "(B, length, vocab)")
         self.key_label = QLabel("Output", self)
 
         self.eval_radio = QRadioButton("eval", self)
@@ -146,6 +163,7 @@ class RunPanel(QWidget):
         form.addRow("", self.class_edit)
         form.addRow("", self.labels_edit)
         form.addRow(self.key_label, self.key_combo)
+        form.addRow("Classes on", self.class_dim_combo)
         modes = QHBoxLayout()
         modes.addWidget(self.eval_radio)
         modes.addWidget(self.train_radio)
@@ -176,6 +194,7 @@ class RunPanel(QWidget):
         self.target_combo.currentIndexChanged.connect(self._on_target_changed)
         self.class_edit.editingFinished.connect(self._on_target_changed)
         self.key_combo.currentIndexChanged.connect(self._on_target_changed)
+        self.class_dim_combo.currentIndexChanged.connect(self._on_target_changed)
         self.labels_edit.editingFinished.connect(self._on_labels_changed)
         self.train_radio.toggled.connect(self._on_train_changed)
         self.stats_radio.toggled.connect(self._on_capture_kind_changed)
@@ -186,6 +205,8 @@ class RunPanel(QWidget):
         session.settings_changed.connect(self._on_model_settings_changed)
         session.model_changed.connect(self._on_model_model_changed)
         session.selection_changed.connect(lambda _s: self._update_run_enabled())
+        session.tree_changed.connect(lambda _t: self._form.setRowVisible(
+            self.class_dim_combo, self._class_dim_shown(self.target_combo.currentData())))
         session.batch_changed.connect(lambda _b: self._reset_idle())
         for signal in (session.model_changed, session.tree_changed, session.batch_changed,
                        session.selection_changed, session.settings_changed):
@@ -205,17 +226,33 @@ class RunPanel(QWidget):
 
     def target_text(self) -> str:
         """The target as ``parse_target`` reads it, from the widgets."""
-        key = self.target_combo.currentData()
-        if key != "class":
-            return key
+        kind = self.target_combo.currentData()
+        dim = self.class_dim_combo.currentData() if kind in CLASS_KINDS else 1
+        if kind != "class":
+            return str(Target(kind, class_dim=dim or 1))
         text = self.class_edit.text().strip()
         if not text:
-            return "class:0"
-        if text.lstrip("-").isdigit():
-            return f"class:{int(text)}"
-        from core.batches import parse_labels
+            index = 0
+        elif text.lstrip("-").isdigit():
+            index = int(text)
+        else:
+            from core.batches import parse_labels
 
-        return f"class:{int(parse_labels(text, 1, self.session.categories)[0])}"
+            index = int(parse_labels(text, 1, self.session.categories)[0])
+        if index < 0:
+            raise GradExplorerError(f"Target class {index} is negative.", "Use a class index from 0.")
+        return str(Target("class", index, class_dim=dim or 1))
+
+    def _class_dim_shown(self, kind: str) -> bool:
+        """Whether the class axis is a choice: a class target on an output with positions,
+        or a target that already names an axis."""
+        if kind not in CLASS_KINDS:
+            return False
+        if self.class_dim_combo.currentData() not in (None, 1):
+            return True
+        tree = self.session.tree
+        shapes = tree.root.output_shapes if tree is not None else []
+        return bool(shapes) and len(shapes[0]) >= 3
 
     def apply_target(self) -> None:
         """Write the target widgets to the session (raises GradExplorerError when invalid)."""
@@ -229,6 +266,7 @@ class RunPanel(QWidget):
         self.labels_edit.setVisible(kind == "cross_entropy")
         self._form.setRowVisible(self.class_edit, kind == "class")
         self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
+        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(kind))
         try:
             self.apply_target()
             self.status_label.setText("")
@@ -259,18 +297,26 @@ class RunPanel(QWidget):
         s = self.session
         blockers = [QSignalBlocker(w) for w in (self.device_combo, self.target_combo, self.train_radio,
                                                 self.eval_radio, self.full_radio, self.stats_radio,
-                                                self.input_grad_check, self.key_combo)]
+                                                self.input_grad_check, self.key_combo,
+                                                self.class_dim_combo)]
         i = self.device_combo.findData(s.device)
         if i >= 0:
             self.device_combo.setCurrentIndex(i)
-        kind = s.target.split(":")[0]
+        target = parse_target(s.target)
+        kind = target.kind
         i = self.target_combo.findData(kind)
         if i >= 0:
             self.target_combo.setCurrentIndex(i)
         if kind == "class" and not self.class_edit.hasFocus():
-            index = int(s.target.split(":")[1])
+            index = target.class_index or 0
             cats = s.categories or []
             self.class_edit.setText(cats[index] if index < len(cats) else str(index))
+        if kind in CLASS_KINDS:  # sum and mean name no axis: the one chosen stays for later
+            i = self.class_dim_combo.findData(target.class_dim)
+            if i < 0:  # an axis set elsewhere (--target top1,dim=2): offered as it is
+                self.class_dim_combo.addItem(f"dim {target.class_dim}", target.class_dim)
+                i = self.class_dim_combo.count() - 1
+            self.class_dim_combo.setCurrentIndex(i)
         if not self.labels_edit.hasFocus():
             self.labels_edit.setText(s.labels_text)
         self.train_radio.setChecked(s.train)
@@ -285,6 +331,7 @@ class RunPanel(QWidget):
         self.class_edit.setVisible(kind == "class")
         self._form.setRowVisible(self.class_edit, kind == "class")
         self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
+        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(kind))
 
     def _reset_idle(self) -> None:
         if not self._running:

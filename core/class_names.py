@@ -32,7 +32,7 @@ def class_name(index: int, categories: Sequence[str] | None) -> str:
 
 
 def top_classes(output: torch.Tensor | None, categories: Sequence[str] | None,
-                k: int = 5) -> list[list[tuple[str, float]]]:
+                k: int = 5, class_dim: int = 1) -> list[list[tuple[str, float]]]:
     """Per sample, the ``k`` most probable classes (softmax over logits) with probabilities.
 
     Parameters
@@ -42,13 +42,21 @@ def top_classes(output: torch.Tensor | None, categories: Sequence[str] | None,
         first.
     categories : sequence of str, optional
     k : int
+    class_dim : int
+        The dim that holds the classes (the target's, ``core.targets.Target.class_dim``):
+        -1 for per-token logits ``(B, length, vocab)``.
 
     Returns
     -------
     list of list of (str, float)
         Empty when the output is not floating ``(B, C, ...)`` with more than one class.
     """
-    if output is None or output.dim() < 2 or output.shape[1] < 2 or not output.is_floating_point():
+    if output is None or output.dim() < 2 or not output.is_floating_point():
+        return []
+    if not -output.dim() <= class_dim < output.dim() or class_dim % output.dim() == 0:
+        return []
+    output = output.movedim(class_dim, 1)
+    if output.shape[1] < 2:
         return []
     logits = output.detach().float()
     if logits.dim() > 2:

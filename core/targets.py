@@ -36,15 +36,26 @@ class Target:
     output_key : str or None
         Which element of a dict/tuple output to use (``"out"``, ``"aux"``, ``"0"``);
         ``None`` picks ``"out"`` or the first element.
+    class_dim : int
+        The output's class axis for ``top1``, ``class`` and ``cross_entropy``: 1 for
+        ``(B, classes, *positions)`` (classifiers, segmentation, Conv1d), -1 for a sequence
+        model's per-token logits ``(B, length, vocab)``. Any dim but the batch's (0).
     """
 
     kind: str = "top1"
     class_index: int | None = None
     output_key: str | None = None
+    class_dim: int = 1
 
     def __str__(self) -> str:
         s = f"class:{self.class_index}" if self.kind == "class" else self.kind
+        if self.class_dim != 1 and self.kind in CLASS_KINDS:
+            s += f",dim={self.class_dim}"
         return f"{s}@{self.output_key}" if self.output_key is not None else s
+
+
+#: Targets that read a class axis (``Target.class_dim``).
+CLASS_KINDS = ("top1", "class", "cross_entropy")
 
 
 def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
@@ -53,8 +64,10 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
     Parameters
     ----------
     spec : str or Target
-        ``"top1"``, ``"class:N"``, ``"sum"``, ``"mean"``, ``"cross_entropy"``, optionally
-        followed by ``@key`` to pick an output element (``"top1@aux"``).
+        ``"top1"``, ``"class:N"``, ``"sum"``, ``"mean"``, ``"cross_entropy"``; the class
+        targets optionally followed by ``,dim=D`` for an output whose classes are not on
+        dim 1 (``"top1,dim=-1"`` for per-token logits ``(B, length, vocab)``); then
+        optionally ``@key`` to pick an output element (``"top1@aux"``).
     output_key : str, optional
         Overrides the ``@key`` part.
 
@@ -65,7 +78,7 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
     """
     if isinstance(spec, Target):
         if output_key is not None:
-            return Target(spec.kind, spec.class_index, output_key)
+            return Target(spec.kind, spec.class_index, output_key, spec.class_dim)
         return spec
     text = str(spec).strip()
     key = None
@@ -73,6 +86,45 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
         text, key = text.split("@", 1)
         key = key.strip() or None
     key = output_key if output_key is not None else key
+    text, class_dim = _split_class_dim(text, spec)
+    target = _parse_kind(text, spec, key)
+    if class_dim != 1:
+        if target.kind not in CLASS_KINDS:
+            raise GradExplorerError(
+                f"Target '{spec}' has a class axis, but {target.kind} reads no classes.",
+                "Drop the ',dim=...' part, or use top1, class:N or cross_entropy.",
+            )
+        target = Target(target.kind, target.class_index, target.output_key, class_dim)
+    return target
+
+
+def _split_class_dim(text: str, spec: object) -> tuple[str, int]:
+    """``"top1,dim=-1"`` -> ``("top1", -1)``; no ``,dim=`` part -> ``(text, 1)``."""
+    if "," not in text:
+        return text, 1
+    text, clause = text.split(",", 1)
+    name, _, value = clause.replace(" ", "").partition("=")
+    if name.lower() != "dim":
+        raise GradExplorerError(
+            f"Target '{spec}' has an unknown part ',{clause.strip()}'.",
+            "The only part after a comma is the class axis, e.g. top1,dim=-1.",
+        )
+    try:
+        dim = int(value)
+    except ValueError:
+        raise GradExplorerError(
+            f"Target '{spec}' has no class axis number after 'dim='.",
+            "Write it as top1,dim=-1 (classes last) or top1,dim=2.",
+        ) from None
+    if dim == 0:
+        raise GradExplorerError(
+            f"Target '{spec}' puts the classes on dim 0, the batch.",
+            "Use dim=1 for (B, classes, ...) or dim=-1 for (B, length, vocab).",
+        )
+    return text, dim
+
+
+def _parse_kind(text: str, spec: object, key: str | None) -> Target:
     name = text.strip().lower().replace("-", "_")
     if name in ("crossentropy", "ce", "loss"):
         name = "cross_entropy"
@@ -93,8 +145,19 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
     hint = f" Did you mean '{near[0]}'?" if near else ""
     raise GradExplorerError(
         f"Unknown target '{spec}'.{hint}",
-        "Use top1, class:N, sum, mean or cross_entropy (add @key to pick a dict/tuple output).",
+        "Use top1, class:N, sum, mean or cross_entropy (add ,dim=-1 when the classes are last, "
+        "@key to pick a dict/tuple output).",
     )
+
+
+def class_dim_of(target: str | Target | None) -> int:
+    """The class axis a target reads (``Target.class_dim``); 1 for targets that read none
+    and for text that is no target (a capture file from elsewhere)."""
+    try:
+        t = parse_target(target or "top1")
+    except GradExplorerError:
+        return 1
+    return t.class_dim if t.kind in CLASS_KINDS else 1
 
 
 def select_output(output: Any, key: str | None = None) -> torch.Tensor:
@@ -184,12 +247,13 @@ def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target) 
         One sentence for a 3-D output under a class target, else None.
     """
     t = parse_target(target)
-    if output_shape is None or len(output_shape) != 3 or t.kind not in ("top1", "class", "cross_entropy"):
+    if (output_shape is None or len(output_shape) != 3 or t.kind not in CLASS_KINDS
+            or t.class_dim != 1):
         return None
     b, c, n = output_shape
+    last = Target(t.kind, t.class_index, t.output_key, -1)
     return (f"the output ({b}, {c}, {n}) is read as (batch, {c} classes, {n} positions): {t} picks along "
-            f"dim 1; if it is per-token logits (batch, length, vocab), use --target sum or mean, or "
-            f"return them as (batch, vocab, length).")
+            f"dim 1; if it is per-token logits (batch, length, vocab), use --target {last}.")
 
 
 def target_scalar(
@@ -229,6 +293,15 @@ def target_scalar(
             f"shape {tuple(y.shape)}.",
             "Use the sum or mean target for this model.",
         )
+    dim = target.class_dim
+    if not (-y.dim() <= dim < y.dim()) or dim % y.dim() == 0:
+        raise GradExplorerError(
+            f"Target '{target}' reads the classes on dim {dim}, but the output has shape "
+            f"{tuple(y.shape)} (dims 1..{y.dim() - 1} besides the batch).",
+            "Pick the dim that holds the classes, e.g. dim=-1 for (B, length, vocab).",
+        )
+    # The class axis second, as cross_entropy and the messages below expect.
+    y = y.movedim(dim, 1)
     classes = y.shape[1]
     if target.kind == "top1":
         return y.max(dim=1).values.sum()
@@ -252,6 +325,12 @@ def target_scalar(
         raise GradExplorerError(
             f"There are {labels.shape[0]} labels for a batch of {y.shape[0]}.",
             "Give one label per sample.",
+        )
+    if labels.dim() > 1 and tuple(labels.shape[1:]) != tuple(y.shape[2:]):
+        raise GradExplorerError(
+            f"The labels have shape {tuple(labels.shape)}, the output's positions "
+            f"{tuple(y.shape[2:])} (batch {y.shape[0]}, {classes} classes on dim {dim}).",
+            "Give one label per sample, or one per sample and position (B, *positions).",
         )
     if labels.min() < 0 or labels.max() >= classes:
         raise GradExplorerError(

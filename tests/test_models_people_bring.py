@@ -548,9 +548,15 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
                        "--target", kind.target, "--out", tmp_path / "c.pt")
     assert code == 0, err
     assert ("is read as (batch, 7 classes, 11 positions)" in err) == noted, err
+    suggested = f"use --target {kind.target},dim=-1." in err
+    assert suggested == noted, err
     code, _, err = run(capsys, "capture", *model_args(kind, batch),
                        "--target", "sum", "--out", tmp_path / "s.pt")
     assert code == 0 and "classes" not in err
+    if noted:  # the axis the note suggests is taken, and silences it
+        code, _, err = run(capsys, "capture", *model_args(kind, batch), "--target",
+                           f"{kind.target},dim=-1", "--out", tmp_path / "d.pt")
+        assert code == 0 and "classes" not in err, err
 
 
 @pytest.mark.parametrize("key", ["two_inputs", "fp16"])
@@ -576,5 +582,62 @@ def test_opening_captures_without_the_model_shows_what_was_recorded(key, capture
             with qtbot.waitSignal(w.file_done, timeout=TIMEOUT):
                 w.controller.open_capture(str(path))
             assert tree.data(tree.index_of(kind.head, COL_SHAPE)) == shown
+    finally:
+        w.shutdown()
+
+
+def test_the_window_offers_the_class_axis_for_per_token_logits(qtbot, tmp_path, monkeypatch):
+    """The LSTM's output is (B, T, vocab): the run panel offers "Classes on", and the last
+    dim gives the gradients of the top-1 token logit (autograd on a scalar written by hand).
+    A model with (B, classes) output does not show the row."""
+    from app.main_window import MainWindow
+    from tests.app.conftest import CPU
+
+    monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
+    w = MainWindow(devices=CPU)
+    qtbot.addWidget(w)
+    w.show()
+    panel = w.run_panel
+    try:
+        two_d = KINDS["two_inputs"]
+        with qtbot.waitSignal(w.run_done, timeout=TIMEOUT):
+            w.load_model(f"{FACTORIES}:{two_d.factory}", trust=True,
+                         inputs=[str(_batch_file(two_d, tmp_path, "frames.pt"))], run=True)
+        assert not panel.class_dim_combo.isVisible()
+
+        kind = KINDS["lstm"]
+        with qtbot.waitSignal(w.run_done, timeout=TIMEOUT):
+            w.load_model(f"{FACTORIES}:{kind.factory}", trust=True, inputs=[str(_batch_file(kind, tmp_path))],
+                         run=True)
+        qtbot.waitUntil(panel.class_dim_combo.isVisible, timeout=TIMEOUT)
+        panel.class_dim_combo.setCurrentIndex(panel.class_dim_combo.findData(-1))
+        assert w.session.target == "top1,dim=-1"
+        with qtbot.waitSignal(w.run_done, timeout=TIMEOUT) as done:
+            w.run()
+        assert done.args == ["ok"]
+        cap = w.session.capture
+        assert cap.meta["target"] == "top1,dim=-1"
+
+        model = kind.model()
+        heads = []
+        handle = model.get_submodule(kind.head).register_forward_hook(lambda m, a, o: heads.append(o))
+        try:
+            logits = model(kind.make_batch())
+        finally:
+            handle.remove()
+        want = torch.autograd.grad(logits.max(dim=-1).values.sum(), heads[0])[0]
+        _close(cap[kind.head].calls[0].grad_output, want, torch.float32)
+        # The batch panel's predictions are over the vocabulary (the target's axis), averaged
+        # over the tokens, not over the 7 positions.
+        probs = torch.softmax(logits.detach().double().mean(1), dim=1)[0]
+        best = int(probs.argmax())
+        text = w.batch_panel.list.item(0).text()
+        assert f"1. class {best}  {float(probs[best]) * 100:.1f}%" in text, text
+
+        # Switching the target to sum hides the row; back to a class target shows it again.
+        panel.target_combo.setCurrentIndex(panel.target_combo.findData("sum"))
+        assert not panel.class_dim_combo.isVisible() and w.session.target == "sum"
+        panel.target_combo.setCurrentIndex(panel.target_combo.findData("class"))
+        assert panel.class_dim_combo.isVisible() and w.session.target == "class:0,dim=-1"
     finally:
         w.shutdown()

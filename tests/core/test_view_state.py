@@ -112,6 +112,23 @@ def test_class_names_and_top_classes():
     assert top_classes(torch.zeros(2, 1), None) == []
 
 
+def test_top_classes_of_per_token_logits_read_the_target_axis():
+    from core.targets import class_dim_of
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 9, 5)  # (B, length, vocab)
+    top = top_classes(logits, None, k=5, class_dim=class_dim_of("top1,dim=-1"))
+    # Ground truth: the softmax of the logits averaged over the 9 positions, in float64.
+    want = torch.softmax(logits.double().mean(1), dim=1)
+    for s in range(2):
+        assert len(top[s]) == 5  # five classes of the vocabulary, not of the 9 positions
+        for name, p in top[s]:
+            assert math.isclose(p, float(want[s, int(name.split()[1])]), rel_tol=1e-6)
+    assert sum(p for _, p in top[0]) == pytest.approx(1.0, rel=1e-6)
+    assert class_dim_of("sum") == 1 and class_dim_of("no such target") == 1 and class_dim_of(None) == 1
+    assert top_classes(logits, None, class_dim=0) == [] and top_classes(logits, None, class_dim=3) == []
+
+
 @pytest.mark.parametrize("tokens, input_shape, grid", [
     (197, (1, 3, 224, 224), TokenGrid(14, True)),   # vit_b_16
     (197, None, TokenGrid(14, True)),               # input unknown: the plain rule
