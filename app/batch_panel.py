@@ -25,8 +25,8 @@ from app.settings import AppSettings
 from core.batch import Batch
 from core.capture_data import Capture
 from core.class_names import class_name, top_classes
-from core.targets import class_dim_of
 from core.session import Session
+from core.targets import class_dim_of
 
 THUMB = 64
 
