@@ -59,7 +59,8 @@ def ask_source(parent: QWidget | None, devices: list[str] | None = None):
         files = dialogs.ask_open_files(parent, "Input images or a .pt tensor", dialogs.IMAGE_FILTER)
         return Variant(batch=BatchSpec(inputs=tuple(files))) if files else None
     if choice == CHOICES[7]:
-        text = dialogs.ask_text(parent, "Another target", "Target (top1, class:N, sum, mean, cross_entropy):")
+        text = dialogs.ask_text(parent, "Another target",
+                               "Target (top1, class:N, sum, mean, cross_entropy; ,dim=-1 when the classes are last):")
         return Variant(target=text) if text else None
     device = dialogs.ask_item(parent, "Another device", "Device:", devices or ["cpu", "cuda:0", "mps"])
     return Variant(device=device) if device else None

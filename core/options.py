@@ -119,7 +119,8 @@ class CaptureOptions:
     layers : tuple of str
         Module names or glob patterns; empty means every leaf module.
     target : str
-        ``top1``, ``class:N``, ``sum``, ``mean`` or ``cross_entropy``, optionally ``@key``.
+        ``top1``, ``class:N``, ``sum``, ``mean`` or ``cross_entropy``, optionally ``,dim=D``
+        (the class axis, ``core.targets.parse_target``) and ``@key``.
     device : str
         ``auto``, ``cpu``, ``cuda:0``, ``mps``.
     mode : {"full", "stats"}
