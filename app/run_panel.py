@@ -205,8 +205,7 @@ class RunPanel(QWidget):
         session.settings_changed.connect(self._on_model_settings_changed)
         session.model_changed.connect(self._on_model_model_changed)
         session.selection_changed.connect(lambda _s: self._update_run_enabled())
-        session.tree_changed.connect(lambda _t: self._form.setRowVisible(
-            self.class_dim_combo, self._class_dim_shown(self.target_combo.currentData())))
+        session.tree_changed.connect(lambda _t: self._show_class_dim_row())
         session.batch_changed.connect(lambda _b: self._reset_idle())
         for signal in (session.model_changed, session.tree_changed, session.batch_changed,
                        session.selection_changed, session.settings_changed):
@@ -239,9 +238,10 @@ class RunPanel(QWidget):
             from core.batches import parse_labels
 
             index = int(parse_labels(text, 1, self.session.categories)[0])
-        if index < 0:
-            raise GradExplorerError(f"Target class {index} is negative.", "Use a class index from 0.")
-        return str(Target("class", index, class_dim=dim or 1))
+        return str(Target("class", index, class_dim=dim or 1))  # the session's parse_target checks it
+
+    def _show_class_dim_row(self) -> None:
+        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(self.target_combo.currentData()))
 
     def _class_dim_shown(self, kind: str) -> bool:
         """Whether the class axis is a choice: a class target on an output with positions,
@@ -266,7 +266,7 @@ class RunPanel(QWidget):
         self.labels_edit.setVisible(kind == "cross_entropy")
         self._form.setRowVisible(self.class_edit, kind == "class")
         self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
-        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(kind))
+        self._show_class_dim_row()
         try:
             self.apply_target()
             self.status_label.setText("")
@@ -331,7 +331,7 @@ class RunPanel(QWidget):
         self.class_edit.setVisible(kind == "class")
         self._form.setRowVisible(self.class_edit, kind == "class")
         self._form.setRowVisible(self.labels_edit, kind == "cross_entropy")
-        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(kind))
+        self._show_class_dim_row()
 
     def _reset_idle(self) -> None:
         if not self._running:

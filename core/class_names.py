@@ -53,7 +53,9 @@ def top_classes(output: torch.Tensor | None, categories: Sequence[str] | None,
     """
     if output is None or output.dim() < 2 or not output.is_floating_point():
         return []
-    if not -output.dim() <= class_dim < output.dim() or class_dim % output.dim() == 0:
+    from core.targets import is_class_axis
+
+    if not is_class_axis(class_dim, output.dim()):
         return []
     output = output.movedim(class_dim, 1)
     if output.shape[1] < 2:

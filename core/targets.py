@@ -129,7 +129,7 @@ def _parse_kind(text: str, spec: object, key: str | None) -> Target:
     if name in ("crossentropy", "ce", "loss"):
         name = "cross_entropy"
     if name.startswith(("class:", "class=")):
-        raw = name[6:]
+        raw = text.strip()[6:]  # the number as written: "-3" is negative, not "_3"
         try:
             index = int(raw)
         except ValueError:
@@ -151,13 +151,17 @@ def _parse_kind(text: str, spec: object, key: str | None) -> Target:
 
 
 def class_dim_of(target: str | Target | None) -> int:
-    """The class axis a target reads (``Target.class_dim``); 1 for targets that read none
-    and for text that is no target (a capture file from elsewhere)."""
+    """The class axis a target reads (``Target.class_dim``; 1 for targets that read none);
+    1 for text that is no target (a capture file from elsewhere)."""
     try:
-        t = parse_target(target or "top1")
+        return parse_target(target or "top1").class_dim
     except GradExplorerError:
         return 1
-    return t.class_dim if t.kind in CLASS_KINDS else 1
+
+
+def is_class_axis(dim: int, ndim: int) -> bool:
+    """Whether ``dim`` names an axis of an ``ndim``-dim output other than the batch's."""
+    return -ndim <= dim < ndim and dim % ndim != 0
 
 
 def select_output(output: Any, key: str | None = None) -> torch.Tensor:
@@ -294,7 +298,7 @@ def target_scalar(
             "Use the sum or mean target for this model.",
         )
     dim = target.class_dim
-    if not (-y.dim() <= dim < y.dim()) or dim % y.dim() == 0:
+    if not is_class_axis(dim, y.dim()):
         raise GradExplorerError(
             f"Target '{target}' reads the classes on dim {dim}, but the output has shape "
             f"{tuple(y.shape)} (dims 1..{y.dim() - 1} besides the batch).",

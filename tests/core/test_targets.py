@@ -46,6 +46,8 @@ def test_the_class_axis_is_read_and_written_back(text, want):
     ("top1,dim=0", "the batch"),
     ("top1,dim=last", "no class axis number"),
     ("top1,axis=-1", "unknown part"),
+    ("class:-3", "class -3 is negative"),
+    ("class:-3,dim=-1", "class -3 is negative"),
 ])
 def test_a_bad_class_axis_is_named(text, says):
     with pytest.raises(GradExplorerError, match=says):
