@@ -16,9 +16,11 @@ transfers bring the results to the host. The numbers are those of ``core.stats.t
 tensors (rare in a capture) go through ``tensor_stats`` one by one.
 
 Device-agnostic torch code: tested on CPU tensors against float64 NumPy; on a GPU,
-``scripts/gpu_check.py`` times it against the per-tensor kernels. Capture uses it for the
-gradients when ``GRADEXPLORER_BATCHED_STATS=1`` (``core.device_stats.DeferredStats``), not
-yet by default: no GPU has measured it.
+``scripts/gpu_check.py`` times it against the per-tensor kernels. Capture uses it when
+``GRADEXPLORER_BATCHED_STATS=1`` (``core.device_stats.DeferredStats``): for the layers' and
+the parameters' gradients at the end of backward, and for the outputs that the model's
+last capture saw no in-place op change at the end of forward. Not yet by default: no GPU
+has measured it.
 """
 
 from __future__ import annotations

@@ -184,7 +184,11 @@ class _Recorder:
         self.grads_expected = 0
         self.grads_seen = 0
         self.last_report = 0.0
-        # Outputs seen in forward: (name, call index, tensor, version, copied).
+        # Outputs seen in forward: (name, call index, tensor, version, whether the record
+        # relies on it staying unchanged). Held to the end of forward in full mode, and
+        # with batched statistics (which learn from them which outputs they may leave for
+        # later); statistics-only capture otherwise holds no output.
+        self.track_outputs = self.full or self.summaries.batched
         self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
         # (name, call index) in the order the calls returned: core.compare's forward order.
         self.call_order: list[list] = []
@@ -292,27 +296,35 @@ class _Recorder:
             # last child's output): one summary and one copy serve both records.
             call.stats["activation"], call.activation = seen[1], seen[2]
         else:
-            copied = True
+            # Whether what is recorded of y relies on y staying as it is until the end of
+            # forward (kept without a copy, or summarised there): checked by check_outputs.
+            relies = False
             # Known from the last run not to be modified later: kept without a copy where
-            # it stays (on the CPU, or on the device with keep_on_device).
+            # it stays (on the CPU, or on the device with keep_on_device), and with batched
+            # statistics summarised together with the other such outputs after forward.
             unmodified = self.mutated is not None and self.mutated.get((name, index)) is False
             with torch.no_grad():
-                if not self.full:
+                if unmodified and self.summaries.batches(y):
+                    call.stats["activation"] = self.summaries.summarize_later(y)
+                    relies = True
+                    if self.full:
+                        call.activation = self.keep(y, copy=False)
+                elif not self.full:
                     call.stats["activation"] = self.summaries.summarize(y)
                 elif y.device.type == "cpu" and unmodified:
                     call.stats["activation"] = self.summaries.summarize(y)
                     call.activation = y.detach()
-                    copied = False
+                    relies = True
                 else:
                     # A copy now: a later in-place op (ReLU(inplace), +=) would change y. On
                     # the CPU the pass that computes the statistics writes it (one read).
                     call.stats["activation"], call.activation = self.summaries.summarize_copy(y)
                     if call.activation is None:
                         call.activation = self.keep(y, copy=not unmodified)
-                        copied = y.numel() == 0 or call.activation.data_ptr() != y.data_ptr()
+                        relies = y.numel() > 0 and call.activation.data_ptr() == y.data_ptr()
             self.activations[value_key] = (weakref.ref(y), call.stats["activation"], call.activation)
-            if self.full:
-                self.outputs.append((name, index, y, y._version, copied))
+            if self.track_outputs:
+                self.outputs.append((name, index, y, y._version, relies))
         self.onset.leave(name, module, y, call.stats["activation"])
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output")
@@ -373,18 +385,20 @@ class _Recorder:
 
     def check_outputs(self) -> None:
         """After forward: learn which outputs were modified in place; rerun if one that was
-        kept without a copy was."""
-        if not self.full:
+        kept without a copy, or left to be summarised now, was. Then summarise the outputs
+        left for now (batched statistics), together."""
+        if not self.track_outputs:
             return
         known = _MUTATED_OUTPUTS.setdefault(self.model, {})
         surprise = False
-        for n, i, t, v, copied in self.outputs:
+        for n, i, t, v, relies in self.outputs:
             changed = t._version != v
             known[(n, i)] = changed
-            surprise |= changed and not copied
+            surprise |= changed and relies
         self.outputs.clear()
         if surprise:
             raise _CopyNeeded()
+        self.summaries.flush()
 
     def forward_failed_at(self) -> str:
         return self.running[-1] if self.running else ""
@@ -693,14 +707,14 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             for pname, p in module.named_parameters(recurse=False):
                 g = grad_of.get(id(p)) if p.requires_grad else None
                 rec.param_stats[pname] = rec.param_grads[pname] = None
-                if g is not None and recorder.full:
-                    # autograd.grad returned a tensor of our own that nothing modifies
-                    # later: kept as it is on the CPU (no copy), copied from a GPU unless
-                    # kept there.
-                    rec.param_stats[pname] = recorder.summaries.summarize(g)
+                if g is None:
+                    continue
+                # autograd.grad returned a tensor of our own that nothing modifies later:
+                # summarised with the gradients when they are batched, kept as it is on
+                # the CPU (no copy), copied from a GPU unless kept there.
+                rec.param_stats[pname] = recorder.summaries.summarize_later(g)
+                if recorder.full:
                     rec.param_grads[pname] = recorder.keep(g, copy=False)
-                elif g is not None:
-                    rec.param_stats[pname] = recorder.summaries.summarize(g)
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
         # Queued before the wait below, as the other copies are.

@@ -22,10 +22,14 @@ falls back to ``tensor_stats``. ``GRADEXPLORER_FUSED_STATS=0`` turns the kernels
 ``GRADEXPLORER_FUSED_STATS=all`` with ``TRITON_INTERPRET=1`` runs them on CPU tensors, in
 Triton's interpreter (slow: for tests).
 
-``GRADEXPLORER_BATCHED_STATS=1`` keeps the gradients (``summarize_later``) and summarises
-them together with ``core.batched_stats`` at the end of the capture, or whenever
-``BATCH_BYTES`` of them are held: a fixed number of launches instead of two per tensor.
-Off by default until ``scripts/gpu_check.py`` (which times both) has measured it on a GPU.
+``GRADEXPLORER_BATCHED_STATS=1`` keeps the tensors handed to ``summarize_later`` (the
+layers' gradients, the parameters' gradients, and the activations that the last capture of
+the model saw no in-place op change) and summarises them together with
+``core.batched_stats`` when ``flush`` is called (the capture calls it at the end of forward
+and in ``resolve``), or whenever ``BATCH_BYTES`` of them are held: a fixed number of
+launches instead of two per tensor. Off by default until ``scripts/gpu_check.py`` (which
+times both) has measured it on a GPU; CPU tensors only with ``GRADEXPLORER_BATCHED_STATS=all``
+(the numba pass per tensor is faster there).
 """
 
 from __future__ import annotations
@@ -251,9 +255,14 @@ class DeferredStats:
             fused = {"0": False, "all": True}.get(os.environ.get("GRADEXPLORER_FUSED_STATS", ""))
         self.fused = fused
         self._pending: list[tuple[dict, torch.Tensor, int, bool]] = []
-        # Gradients kept for core.batched_stats (GRADEXPLORER_BATCHED_STATS=1, not yet the
-        # default: to be measured on a GPU by scripts/gpu_check.py), with their bytes.
-        self.batched = os.environ.get("GRADEXPLORER_BATCHED_STATS") == "1"
+        # Tensors kept for core.batched_stats (GRADEXPLORER_BATCHED_STATS=1, not yet the
+        # default: to be measured on a GPU by scripts/gpu_check.py), with their bytes. On
+        # the CPU the fused numba pass per tensor is several times faster than batching
+        # (resnet18: 1.4x against 9x a bare pass), so CPU tensors are batched only with
+        # GRADEXPLORER_BATCHED_STATS=all (how tests run this path without a GPU).
+        batched = os.environ.get("GRADEXPLORER_BATCHED_STATS", "")
+        self.batched = batched in ("1", "all")
+        self._batch_cpu = batched == "all"
         self._later: list[tuple[dict, torch.Tensor]] = []
         self._later_bytes = 0
 
@@ -295,20 +304,26 @@ class DeferredStats:
                     return got
         return self.summarize(t), None
 
+    def batches(self, t: torch.Tensor) -> bool:
+        """Whether ``summarize_later(t)`` keeps ``t`` for a batch (else it summarises it now)."""
+        return self.batched and (self._batch_cpu or t.device.type != "cpu")
+
     def summarize_later(self, t: torch.Tensor) -> dict:
-        """``summarize(t)`` for a tensor nothing will modify (a gradient handed to a hook):
-        with batching on, kept and summarised with the others by ``core.batched_stats`` at
-        ``resolve`` or once they hold ``BATCH_BYTES``, in a few operations for all."""
-        if not self.batched:
+        """``summarize(t)`` for a tensor nothing will modify before the next ``flush`` (a
+        gradient handed to a hook, an output known to stay as it is): with batching on,
+        kept and summarised with the others by ``core.batched_stats`` at ``flush`` or once
+        they hold ``BATCH_BYTES``, in a few operations for all."""
+        if not self.batches(t):
             return self.summarize(t)
         stats: dict = {}
         self._later.append((stats, t.detach()))
         self._later_bytes += t.numel() * t.element_size()
         if self._later_bytes >= BATCH_BYTES:
-            self._flush_later()
+            self.flush()
         return stats
 
-    def _flush_later(self) -> None:
+    def flush(self) -> None:
+        """Summarise the tensors kept by ``summarize_later`` now, together, and let them go."""
         from core.batched_stats import batched_stats
 
         if self._later:
@@ -320,7 +335,7 @@ class DeferredStats:
 
     def resolve(self) -> None:
         """Fill the dicts of the fused summaries: one device-to-host copy for all."""
-        self._flush_later()
+        self.flush()
         if not self._pending:
             return
         table = torch.stack([row for _s, row, _n, _e in self._pending]).cpu().tolist()

@@ -50,7 +50,7 @@ def test_block_edges_constants_and_all_nan_tensors_side_by_side():
 
 @pytest.mark.parametrize("budget", [1 << 30, 1])
 def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypatch, budget):
-    """GRADEXPLORER_BATCHED_STATS=1: the gradients' statistics are kept and summarised
+    """GRADEXPLORER_BATCHED_STATS=all (=1 on CPU tensors): the gradients' statistics are kept and summarised
     together at the end of the capture (or whenever BATCH_BYTES are held: 1 byte flushes
     at every gradient), with the same numbers and the same NaN/Inf onset."""
     import torchvision
@@ -67,7 +67,7 @@ def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypat
     calls = []
     real = module.batched_stats
     monkeypatch.setattr(module, "batched_stats", lambda ts, limit: calls.append(len(ts)) or real(ts, limit))
-    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
     monkeypatch.setattr(device_stats, "BATCH_BYTES", budget)
     batched = capture(model, x, mode="stats")
     assert calls and (len(calls) == 1 if budget > 1 else max(calls) == 1)
@@ -87,3 +87,128 @@ def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypat
                 assert torch.allclose(a["hist"], b["hist"], rtol=1e-5)
     assert compared > 50
     assert batched.nonfinite_onset == plain.nonfinite_onset
+
+
+def _cases():
+    import torchvision
+
+    from tests import people_models
+
+    def resnet18():
+        torch.manual_seed(0)
+        return torchvision.models.resnet18(num_classes=10).eval()
+
+    return {
+        # In-place ReLUs after BatchNorm, `out += identity`: outputs changed after their hook.
+        "resnet18": (resnet18, lambda: torch.randn(2, 3, 64, 64), "top1"),
+        "lstm": (people_models.lstm, lambda: torch.randint(0, 11, (3, 7)), "sum"),
+        "transformer": (people_models.transformer, lambda: torch.randint(0, 11, (3, 5)), "top1"),
+        "dict_output": (people_models.dict_output, lambda: torch.randn(4, 5), "top1@out"),
+        "bf16": (people_models.bf16, lambda: torch.randn(2, 3, 64, 64, dtype=torch.bfloat16), "top1"),
+    }
+
+
+@pytest.mark.parametrize("mode", ["stats", "full"])
+@pytest.mark.parametrize("case", sorted(_cases()))
+def test_outputs_known_to_stay_unchanged_are_summarised_together_after_forward(monkeypatch, case, mode):
+    """With batched statistics, a capture summarises the outputs that the model's last capture
+    saw no in-place op change together, at the end of forward (one batch before backward's),
+    and their statistics are those of the value the module returned (float64 NumPy of the
+    tensors plain autograd records), as are the gradients' and the parameters' ones."""
+    import core.batched_stats as module
+    from core.capture import capture
+    from core.selection import leaf_names
+    from tests.core.test_stats import numpy_reference
+    from tests.ground_truth import reference
+
+    make, inputs, target = _cases()[case]
+    model, x = make(), inputs()
+    names = leaf_names(model)
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
+    sizes = []
+    real = module.batched_stats
+    monkeypatch.setattr(module, "batched_stats", lambda ts, limit: sizes.append(len(ts)) or real(ts, limit))
+    capture(model, x, mode=mode, target=target)  # learns which outputs in-place ops change
+    assert len(sizes) == 1  # the first capture leaves no output for later: gradients only
+    sizes.clear()
+    cap = capture(model, x, mode=mode, target=target)
+    assert len(sizes) == 2 and sizes[0] > 0, sizes  # outputs at the end of forward, then gradients
+    ref = reference(model, x, names, target=target)
+
+    checked = 0
+    for name in names:
+        for call, want in zip(cap[name].calls, ref["calls"][name], strict=True):
+            got = call.stats["activation"]
+            if want["activation"] is None:
+                continue
+            r = numpy_reference(want["activation"])
+            assert got["numel"] == r["numel"] and got["nan_count"] == r["nan_count"], name
+            # min and max exactly: an output an in-place ReLU changed later would read min 0.
+            assert (got["min"], got["max"]) == (r["min"], r["max"]), name
+            assert got["mean"] == pytest.approx(r["mean"], rel=1e-9, abs=1e-12 * max(abs(r["min"]), abs(r["max"])))
+            if mode == "full":
+                assert torch.equal(call.activation, want["activation"]), name
+            for kind in ("grad_output", "grad_input"):
+                g = want[kind]
+                assert (call.stats[kind] is None) == (g is None), (name, kind)
+                if g is not None:
+                    scale = float(g.abs().max()) or 1.0
+                    assert call.stats[kind]["mean"] == pytest.approx(float(g.double().mean()), abs=1e-5 * scale)
+                    assert call.stats[kind]["max"] == pytest.approx(float(g.max()), abs=1e-5 * scale)
+            checked += 1
+        for pname, g in ref["params"][name].items():
+            if g is not None:
+                scale = float(g.abs().max()) or 1.0
+                assert cap[name].param_stats[pname]["l2"] == pytest.approx(float(g.double().norm()), abs=1e-5 * scale)
+    assert checked >= 3
+
+
+def test_an_output_changed_in_place_only_in_a_later_capture_is_summarised_before_the_change(monkeypatch):
+    """The last capture saw no in-place op change fc's output, so this one leaves it for the
+    end of forward; an in-place ReLU changes it this time: the capture notices (version
+    counter) and runs again summarising it at once, so its minimum is still negative."""
+    from torch import nn
+
+    from core.capture import _MUTATED_OUTPUTS, capture
+
+    class Flip(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.inplace_next = False
+
+        def forward(self, x):
+            h = self.fc(x)
+            h = h.relu_() if self.inplace_next else h.relu()
+            return h.sum(1, keepdim=True)
+
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
+    torch.manual_seed(0)
+    model, x = Flip(), torch.randn(3, 4)
+    capture(model, x, mode="stats")
+    assert _MUTATED_OUTPUTS[model][("fc", 0)] is False
+    model.inplace_next = True
+    cap = capture(model, x, mode="stats")
+    want = model.fc(x).detach()
+    assert float(want.min()) < 0
+    assert cap["fc"].calls[0].stats["activation"]["min"] == float(want.min())
+    assert cap["fc"].calls[0].stats["activation"]["mean"] == pytest.approx(float(want.double().mean()), rel=1e-9)
+    assert _MUTATED_OUTPUTS[model][("fc", 0)] is True
+
+
+def test_on_the_cpu_batching_waits_for_all(monkeypatch):
+    """GRADEXPLORER_BATCHED_STATS=1 batches device tensors only: on the CPU the fused pass per
+    tensor is faster, and a capture there runs as without the variable."""
+    import core.batched_stats as module
+    from core.capture import capture
+    from tests import people_models
+
+    model, x = people_models.dict_output(), torch.randn(4, 5)
+    calls = []
+    monkeypatch.setattr(module, "batched_stats", lambda ts, limit: calls.append(len(ts)))
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
+    for _ in range(2):
+        cap = capture(model, x, mode="stats", target="top1@out")
+    assert calls == []
+    want = model.body(x).detach()
+    assert cap["body"].calls[0].stats["activation"]["max"] == float(want.max())

@@ -78,10 +78,12 @@ def test_check_script_runs_end_to_end_on_the_cpu(capsys):
     assert gc.check_model("resnet18", 2, 1, device="cpu", size=64, timing_batch=3)
     out = capsys.readouterr().out
     assert "resnet18 batch 2:" in out and "FAIL" not in out
-    # 8 checks, then per timed batch (2 and 3) full capture kept on the device against the
-    # host copies, and the batched statistics against tensor_stats.
-    assert out.count(" ok") == 12 and "overhead on cpu, batch 3" in out
+    # 8 checks, then per timed batch (2 and 3): a capture with batched statistics against
+    # one without, full capture kept on the device against the host copies, and the batched
+    # statistics of the gradients against tensor_stats.
+    assert out.count(" ok") == 14 and "overhead on cpu, batch 3" in out
     assert out.count("tensors stayed there") == 2
+    assert out.count("with batched statistics") == 4
     assert out.count("gradients on cpu: one by one") == 2
 
 
@@ -281,6 +283,33 @@ def test_batched_statistics_on_the_gpu_equal_float64_numpy():
     tensors = [ADVERSARIAL[n]() for n in sorted(ADVERSARIAL)]
     for t, s in zip(tensors, batched_stats([t.cuda() for t in tensors])):
         assert_matches_reference(s, t)
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["stats", "full"])
+def test_batched_capture_on_the_gpu_equals_the_cpu_capture(monkeypatch, mode):
+    """GRADEXPLORER_BATCHED_STATS=1 on a GPU: the second capture leaves the outputs the first
+    saw unchanged (the convolutions', not the BatchNorm's that ReLU(inplace) changes) for one
+    batch at the end of forward; every statistic still equals the CPU capture's."""
+    import core.batched_stats as module
+
+    gc = _gpu_check()
+    torch.backends.cudnn.allow_tf32 = False
+    cpu_model = _small_net()
+    gpu_model = copy.deepcopy(cpu_model).cuda()
+    x = torch.randn(4, 3, 16, 16)
+    ref = capture(cpu_model, x, input_grad=True)
+    sizes = []
+    real = module.batched_stats
+    monkeypatch.setattr(module, "batched_stats", lambda ts, limit: sizes.append(len(ts)) or real(ts, limit))
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
+    capture(gpu_model, x.cuda(), mode=mode, input_grad=True)
+    sizes.clear()
+    got = capture(gpu_model, x.cuda(), mode=mode, input_grad=True, keep_on_device=mode == "full")
+    assert len(sizes) == 2 and sizes[0] > 0, sizes
+    t_err, s_err, t_at, s_at = gc.compare_captures(got.on_host(), ref, tensors=mode == "full")
+    assert t_err <= 1e-4 and s_err <= 1e-4, (t_at, s_at)
 
 
 @needs_cuda
