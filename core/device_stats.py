@@ -327,7 +327,14 @@ class DeferredStats:
         from core.batched_stats import batched_stats
 
         if self._later:
-            done = batched_stats([t for _s, t in self._later], self.hist_limit)
+            tensors = [t for _s, t in self._later]
+            try:
+                done = batched_stats(tensors, self.hist_limit)
+            except Exception as exc:  # noqa: BLE001 - its buffers can exhaust a full GPU: one at a time
+                log.warning("batched statistics failed (%s: %s): summarising one tensor at a time",
+                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                self.batched = False  # for the rest of this capture
+                done = [tensor_stats(t, self.hist_limit) for t in tensors]
             for (stats, _t), got in zip(self._later, done):
                 stats.update(got)
         self._later.clear()

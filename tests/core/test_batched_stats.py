@@ -212,3 +212,35 @@ def test_on_the_cpu_batching_waits_for_all(monkeypatch):
     assert calls == []
     want = model.body(x).detach()
     assert cap["body"].calls[0].stats["activation"]["max"] == float(want.max())
+
+
+def test_a_batch_that_fails_is_summarised_one_tensor_at_a_time(monkeypatch, caplog):
+    """The batch's buffers can exhaust a GPU that forward and backward have filled: then the
+    kept tensors are summarised one by one, with the same numbers, and the capture goes on."""
+    import core.batched_stats as module
+    from core.capture import capture
+    from tests import people_models
+
+    model, x = people_models.transformer(), torch.randint(0, 11, (3, 5))
+    plain = capture(model, x, mode="stats")
+    failed = []
+
+    def out_of_memory(tensors, limit):
+        failed.append(len(tensors))
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(module, "batched_stats", out_of_memory)
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
+    for _ in range(2):
+        got = capture(model, x, mode="stats")
+    assert failed and "batched statistics failed (RuntimeError: CUDA out of memory" in caplog.text
+    for name, i, call in plain.iter_calls():
+        for kind, a in call.stats.items():
+            b = got[name].calls[i].stats[kind]
+            assert (a is None) == (b is None), (name, kind)
+            if a is not None:
+                assert b["mean"] == pytest.approx(a["mean"], rel=1e-12, abs=1e-15), (name, kind)
+                assert (b["min"], b["max"], b["numel"]) == (a["min"], a["max"], a["numel"]), (name, kind)
+    for name, layer in plain.layers.items():
+        for p, a in layer.param_stats.items():
+            assert got[name].param_stats[p]["l2"] == pytest.approx(a["l2"], rel=1e-12), (name, p)
