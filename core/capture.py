@@ -188,7 +188,7 @@ class _Recorder:
         # relies on it staying unchanged). Held to the end of forward in full mode, and
         # with batched statistics (which learn from them which outputs they may leave for
         # later); statistics-only capture otherwise holds no output.
-        self.track_outputs = self.full or self.summaries.batched
+        self.track_outputs = self.full or self.summaries.batches_on(device)
         self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
         # (name, call index) in the order the calls returned: core.compare's forward order.
         self.call_order: list[list] = []

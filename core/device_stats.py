@@ -304,9 +304,13 @@ class DeferredStats:
                     return got
         return self.summarize(t), None
 
+    def batches_on(self, device: torch.device) -> bool:
+        """Whether ``summarize_later`` keeps tensors on ``device`` for a batch."""
+        return self.batched and (self._batch_cpu or device.type != "cpu")
+
     def batches(self, t: torch.Tensor) -> bool:
         """Whether ``summarize_later(t)`` keeps ``t`` for a batch (else it summarises it now)."""
-        return self.batched and (self._batch_cpu or t.device.type != "cpu")
+        return self.batches_on(t.device)
 
     def summarize_later(self, t: torch.Tensor) -> dict:
         """``summarize(t)`` for a tensor nothing will modify before the next ``flush`` (a
