@@ -167,20 +167,8 @@ def test_an_output_changed_in_place_only_in_a_later_capture_is_summarised_before
     """The last capture saw no in-place op change fc's output, so this one leaves it for the
     end of forward; an in-place ReLU changes it this time: the capture notices (version
     counter) and runs again summarising it at once, so its minimum is still negative."""
-    from torch import nn
-
     from core.capture import _MUTATED_OUTPUTS, capture
-
-    class Flip(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-            self.inplace_next = False
-
-        def forward(self, x):
-            h = self.fc(x)
-            h = h.relu_() if self.inplace_next else h.relu()
-            return h.sum(1, keepdim=True)
+    from tests.core.test_capture import Flip
 
     monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
     torch.manual_seed(0)

@@ -362,18 +362,21 @@ def test_repeated_full_captures_stay_exact():
         assert compare(cap, ref, names) < TOL
 
 
+class Flip(nn.Module):
+    """fc's output is left alone until ``inplace_next`` is set: then ReLU changes it in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.inplace_next = False
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = h.relu_() if self.inplace_next else h.relu()
+        return h.sum(1, keepdim=True)
+
+
 def test_output_modified_in_place_only_on_a_later_run_is_still_recorded_right():
-    class Flip(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-            self.inplace_next = False
-
-        def forward(self, x):
-            h = self.fc(x)
-            h = h.relu_() if self.inplace_next else h.relu()
-            return h.sum(1, keepdim=True)
-
     model = Flip()
     x = torch.randn(3, 4)
     capture(model, x)  # learns: fc's output is not modified in place
