@@ -50,9 +50,10 @@ def test_block_edges_constants_and_all_nan_tensors_side_by_side():
 
 @pytest.mark.parametrize("budget", [1 << 30, 1])
 def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypatch, budget):
-    """GRADEXPLORER_BATCHED_STATS=all (=1 on CPU tensors): the gradients' statistics are kept and summarised
-    together at the end of the capture (or whenever BATCH_BYTES are held: 1 byte flushes
-    at every gradient), with the same numbers and the same NaN/Inf onset."""
+    """GRADEXPLORER_BATCHED_STATS=all (=1 takes device tensors only): the gradients'
+    statistics are kept and summarised together at the end of the capture (or whenever
+    BATCH_BYTES are held: 1 byte flushes at every gradient), with the same numbers and the
+    same NaN/Inf onset."""
     import torchvision
 
     from core import device_stats
