@@ -275,8 +275,11 @@ class DeferredStats:
             return False
         return fused_available()
 
-    def summarize(self, t: torch.Tensor) -> dict:
+    def summarize(self, t: torch.Tensor, into: dict | None = None) -> dict:
+        """The statistics dict of ``t``: filled now, or by ``resolve`` for a tensor the fused
+        GPU kernels summarise. ``into``: fill that (empty) dict instead of a new one."""
         global _kernels
+        stats: dict = {} if into is None else into
         if self._use_fused(t):
             try:
                 row, n, exact = launch(t, self.hist_limit)
@@ -285,10 +288,13 @@ class DeferredStats:
                             type(exc).__name__, exc)
                 _kernels = False
             else:
-                stats: dict = {}
                 self._pending.append((stats, row, n, exact))
                 return stats
-        return tensor_stats(t, self.hist_limit)
+        got = tensor_stats(t, self.hist_limit)
+        if into is None:
+            return got
+        into.update(got)
+        return into
 
     def summarize_copy(self, t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
         """``summarize(t)`` and, for a CPU tensor, a copy of it written by the same pass
@@ -331,16 +337,18 @@ class DeferredStats:
         from core.batched_stats import batched_stats
 
         if self._later:
-            tensors = [t for _s, t in self._later]
             try:
-                done = batched_stats(tensors, self.hist_limit)
+                done = batched_stats([t for _s, t in self._later], self.hist_limit)
             except Exception as exc:  # noqa: BLE001 - its buffers can exhaust a full GPU: one at a time
                 log.warning("batched statistics failed (%s: %s): summarising one tensor at a time",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
                 self.batched = False  # for the rest of this capture
-                done = [tensor_stats(t, self.hist_limit) for t in tensors]
-            for (stats, _t), got in zip(self._later, done):
-                stats.update(got)
+                # The per-tensor kernels (small buffers), resolved with the other rows.
+                for stats, t in self._later:
+                    self.summarize(t, into=stats)
+            else:
+                for (stats, _t), got in zip(self._later, done):
+                    stats.update(got)
         self._later.clear()
         self._later_bytes = 0
 

@@ -233,3 +233,35 @@ def test_a_batch_that_fails_is_summarised_one_tensor_at_a_time(monkeypatch, capl
     for name, layer in plain.layers.items():
         for p, a in layer.param_stats.items():
             assert got[name].param_stats[p]["l2"] == pytest.approx(a["l2"], rel=1e-12), (name, p)
+
+
+def test_a_failed_batch_of_device_tensors_goes_to_the_per_tensor_kernels(monkeypatch):
+    """Where the fused per-tensor kernels apply (GPU tensors), a failed batch falls back to
+    them, not to the torch operations (whose float64 temporaries would need more of a full
+    GPU): their rows fill the very dicts the records already hold, at ``resolve``."""
+    from core import device_stats
+
+    launched = []
+
+    def fake_launch(t, limit):
+        launched.append(t)
+        return torch.tensor([float(len(launched))]), t.numel(), True
+
+    def failing(tensors, limit):
+        raise RuntimeError("CUDA out of memory")
+
+    import core.batched_stats as module
+
+    monkeypatch.setattr(module, "batched_stats", failing)
+    monkeypatch.setattr(device_stats, "launch", fake_launch)
+    monkeypatch.setattr(device_stats, "stats_from_row", lambda values, n, exact: {"row": values, "numel": n})
+    monkeypatch.setattr(device_stats.DeferredStats, "_use_fused", lambda self, t: True)
+    monkeypatch.setattr(device_stats, "tensor_stats", lambda t, limit: pytest.fail("torch path taken"))
+    monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
+    summaries = device_stats.DeferredStats(1 << 14)
+    a, b = torch.randn(10), torch.randn(20)
+    held = [summaries.summarize_later(a), summaries.summarize_later(b)]
+    assert held == [{}, {}] and not launched
+    summaries.resolve()
+    assert len(launched) == 2 and torch.equal(launched[0], a) and torch.equal(launched[1], b)
+    assert held == [{"row": [1.0], "numel": 10}, {"row": [2.0], "numel": 20}]
