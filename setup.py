@@ -1,25 +1,41 @@
-"""What pyproject.toml cannot say: the repository's top-level ``resources/`` folder (the
-demos' weights and pictures) ships inside the wheel as the data package ``core.resources``,
-where ``core.demos`` finds it with ``importlib.resources``. Everything else about the
-package is in pyproject.toml.
+"""What pyproject.toml cannot say: how the repository's folders become the one import
+package ``gradexplorer`` (docs/ARCHITECTURE.md, "One package from three folders").
+
+- ``core/`` is the package itself: ``gradexplorer`` and its subpackages (the engine and the
+  public API in ``core/__init__.py``);
+- ``app/`` is ``gradexplorer.app`` (the window and the command line);
+- ``resources/`` is the data package ``gradexplorer.resources`` (the demos' weights and
+  pictures, found with ``importlib.resources``).
+
+setuptools' ``package_dir`` maps the three; editable installs honour it through their
+import finder. Everything else about the package is in pyproject.toml.
 """
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-RESOURCES = ROOT / "resources"
-# Every folder under resources/ is a data package of its own, so that setuptools neither
-# warns that it looks importable nor leaves it out.
-DATA_PACKAGES = ["core.resources"] + [
-    "core.resources." + ".".join(folder.relative_to(RESOURCES).parts)
-    for folder in sorted(RESOURCES.rglob("*"))
-    if folder.is_dir() and folder.name != "__pycache__"
-]
+FOLDERS = {"gradexplorer": "core", "gradexplorer.app": "app", "gradexplorer.resources": "resources"}
 
+
+def _packages(package: str, folder: str, *, data: bool = False) -> list[str]:
+    """The package of ``folder`` and of every folder below it that is one (every folder, for
+    the data package: setuptools would otherwise warn that it looks importable, or leave it out)."""
+    base = ROOT / folder
+    found = [package]
+    for sub in sorted(base.rglob("*")):
+        if not sub.is_dir() or sub.name == "__pycache__":
+            continue
+        if data or (sub / "__init__.py").is_file():
+            found.append(".".join([package, *sub.relative_to(base).parts]))
+    return found
+
+
+PACKAGES = [name for package, folder in FOLDERS.items()
+            for name in _packages(package, folder, data=package == "gradexplorer.resources")]
 setup(
-    packages=[*find_packages(include=["core*", "app*"]), *DATA_PACKAGES],
-    package_dir={"core.resources": "resources"},
-    package_data={name: ["*"] for name in DATA_PACKAGES},
+    packages=PACKAGES,
+    package_dir=FOLDERS,
+    package_data={name: ["*"] for name in PACKAGES if name.startswith("gradexplorer.resources")},
 )

@@ -15,8 +15,8 @@ import time
 import torch
 import torchvision
 
-from core.capture import capture
-from core.errors import CaptureCancelled
+from gradexplorer.base.errors import CaptureCancelled
+from gradexplorer.capturing.capture import capture
 
 
 def measure(name: str = "resnet50", batch: int = 8, repeats: int = 10, size: int = 224, seed: int = 0) -> dict:

@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 import torchvision
 
-from core.capture import capture
-from core.selection import leaf_names
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("bare", "stats", "full", "read", "clone", "naive", "wandb", "torchlens", "captum")

@@ -31,7 +31,7 @@ def extraction(model, x, repeats: int) -> dict:
     """Bare no-grad forward and extraction, interleaved (bare, extract, bare, extract...) so
     that a load that comes and goes on a shared machine hits both alike; the ratio is the
     median of the per-pair ratios."""
-    from core.graph import extract_graph
+    from gradexplorer.model_graph.graph import extract_graph
 
     model.eval()
 
@@ -54,7 +54,7 @@ def window(graph, engine: str, frames: int) -> dict:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.views.graph_view import GraphPanel
+    from gradexplorer.app.views.graph_view import GraphPanel
 
     app = QApplication.instance() or QApplication([])
     panel = GraphPanel(engine=engine)
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     print(f"extraction  {args.model} 1x3x{args.size}x{args.size}: {ex['extract_s']:.3f} s "
           f"(bare no-grad forward {ex['bare_forward_s']:.3f} s, ratio {ex['ratio']:.2f}; torch threads "
           f"{torch.get_num_threads()})")
-    from core.graph import extract_graph
+    from gradexplorer.model_graph.graph import extract_graph
 
     graph = extract_graph(model, x)
     print(f"graph       {len(graph.nodes)} nodes ({sum(1 for n in graph if n.kind == 'module')} module calls, "

@@ -2,7 +2,7 @@
 
     python -m benchmarks.memory_estimate [--quick]
 
-For each model: the estimate (``core.memory_estimate.estimate_capture_memory``, from a
+For each model: the estimate (``gradexplorer.capturing.memory_estimate.estimate_capture_memory``, from a
 probe) and the measured bytes (``measure_capture_memory`` of the real capture) of a full
 capture of every leaf layer with the input gradient, and of a statistics-only capture.
 Target (issue 4): within +-15%.
@@ -15,9 +15,9 @@ import argparse
 import torch
 import torchvision
 
-from core.capture import capture
-from core.memory_estimate import estimate_capture_memory, format_bytes, measure_capture_memory
-from core.module_tree import ModuleTree
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.memory_estimate import estimate_capture_memory, format_bytes, measure_capture_memory
+from gradexplorer.capturing.module_tree import ModuleTree
 
 
 def _models(quick: bool):

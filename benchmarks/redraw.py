@@ -3,7 +3,7 @@
     python -m benchmarks.redraw [--quick] [--model resnet50] [--batch 8] [--size 224]
 
 Opens the real ``MainWindow`` offscreen and gives it a model (random init) and a random
-batch, makes one full capture of every leaf with ``core.capture.capture`` and hands it to
+batch, makes one full capture of every leaf with ``gradexplorer.capturing.capture.capture`` and hands it to
 the session the way a finished run is (``Session.finish_run``), so the window shows it
 as after a run: the Grad-CAM tab in front, on the default layer.
 
@@ -144,12 +144,12 @@ def measure_redraw(model: str = "resnet50", batch: int = 8, size: int = 224, lay
         itself), ``arrive_ms`` (the capture reaching the window until painted),
         ``leaves``, ``model``, ``batch``, ``size``.
     """
-    from app.main_window import MainWindow
-    from core.batches import random_batch
-    from core.capture import capture
-    from core.devices import DeviceInfo
-    from core.models import load_model
-    from core.session import prepare_model
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.base.devices import DeviceInfo
+    from gradexplorer.batches import random_batch
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.models import load_model
+    from gradexplorer.pipeline.session import prepare_model
 
     settings_dir = tempfile.TemporaryDirectory()
     old_settings = os.environ.get("GRADEXPLORER_SETTINGS")

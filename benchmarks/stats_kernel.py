@@ -3,7 +3,7 @@
     python -m benchmarks.stats_kernel [--numel 6422528] [--repeats 15]
     NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 python -m benchmarks.stats_kernel   # one thread
 
-Prints nanoseconds per value (median of repeats) of ``core.cpu_stats.summarize`` (what a
+Prints nanoseconds per value (median of repeats) of ``gradexplorer.stats.cpu.summarize`` (what a
 capture's hooks run on each CPU tensor, with the capture's histogram sample), of
 ``torch.sum``, ``torch.aminmax`` and ``Tensor.clone``, on a float32 tensor of ``--numel``
 values (default: resnet50's 8×256×56×56 activations) in two states:
@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from core import cpu_stats
-from core.stats import HIST_EXACT_LIMIT
+from gradexplorer.stats import cpu as cpu_stats
+from gradexplorer.stats.moments import HIST_EXACT_LIMIT
 
 
 def ns_per_value(fn: Callable[[torch.Tensor], object], numel: int, repeats: int, fresh: bool) -> float:

@@ -68,7 +68,7 @@ class _Ticker:
 
 
 def _wait(signal, timeout_s: float = 600.0):
-    from app.signal_wait import wait_for_signal
+    from gradexplorer.app.window.signal_wait import wait_for_signal
 
     return wait_for_signal(signal, timeout_s=timeout_s)
 
@@ -88,9 +88,9 @@ def _app():
 
 
 def _window():
-    from app import dialogs
-    from app.main_window import MainWindow
-    from core.devices import DeviceInfo
+    from gradexplorer.app.window import dialogs
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.base.devices import DeviceInfo
 
     # The budget question would be a modal dialog: answer it (and say so in the figures).
     asked: list[str] = []
@@ -127,7 +127,7 @@ def measure_ui_stall(model: str = "resnet50", batch: int = 8, switch_interval: f
         counts; ``run_s``; ``layers``; ``tree``: build and show times (s) for
         ``efficientnet_v2_l``.
     """
-    from core.batches import random_batch
+    from gradexplorer.batches import random_batch
 
     settings_dir = tempfile.TemporaryDirectory()
     os.environ["GRADEXPLORER_SETTINGS"] = os.path.join(settings_dir.name, "settings.ini")
@@ -181,8 +181,8 @@ def measure_ui_stall(model: str = "resnet50", batch: int = 8, switch_interval: f
 def _tree_show(w, app, ticker: _Ticker) -> dict:
     """The largest net in the window: build time (worker side), UI-thread show time, and
     the longest stall during its load through the real model worker."""
-    from core.module_tree import ModuleTree
-    from core.session import PreparedModel
+    from gradexplorer.capturing.module_tree import ModuleTree
+    from gradexplorer.pipeline.session import PreparedModel
 
     out: dict = {"model": LARGEST}
     ticker.start()

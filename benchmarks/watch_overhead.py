@@ -1,4 +1,4 @@
-"""Watch overhead: a training step watched by ``core.watch`` vs the same step unwatched.
+"""Watch overhead: a training step watched by ``gradexplorer.recording.watch`` vs the same step unwatched.
 
     python -m benchmarks.watch_overhead [--size 224] [--batch 16] [--device cpu]
 
@@ -131,7 +131,7 @@ def resnet18_training(size: int, batch: int, device: str = "cpu") -> tuple[torch
 
 def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False) -> list[dict]:
     """Ratios of each configuration to the unwatched step (see the module docstring)."""
-    from core.watch import watch
+    from gradexplorer.recording.watch import watch
 
     dev = torch.device(device)
     model, step = resnet18_training(size, batch, device)

@@ -1,4 +1,4 @@
-"""The watch's statistics on the CPU: the compiled path (``core.merge_stats_cpu``) against
+"""The watch's statistics on the CPU: the compiled path (``gradexplorer.stats.merge_cpu``) against
 the torch path, in the same run.
 
     python -m benchmarks.watch_stats_path [--size 112] [--batch 16] [--steps 6]
@@ -23,9 +23,9 @@ import torch
 
 def measure(size: int = 112, batch: int = 16, steps: int = 6) -> dict[str, float]:
     """Ratios of the watched step, compiled and torch statistics, to the unwatched step."""
-    import core.merge_stats_cpu as fast
+    import gradexplorer.stats.merge_cpu as fast
     from benchmarks.watch_overhead import resnet18_training
-    from core.watch import watch
+    from gradexplorer.recording.watch import watch
 
     model, step = resnet18_training(size, batch)
 

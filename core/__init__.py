@@ -1,0 +1,102 @@
+"""gradexplorer: see the gradients inside a PyTorch model.
+
+The public API, for notebooks and scripts::
+
+    import gradexplorer as gx
+
+    cap = gx.capture(model, x, layers="layer4.*")       # one forward and backward, hooked
+    cap["layer4.1.conv2"].calls[0].grad_output          # the gradient at that layer's output
+    gx.save_capture(cap, "r18.pt"); gx.load_capture("r18.pt")
+
+    with gx.watch(model, "run.gxw", every=10) as w:      # inside your training loop
+        ...; w.step(loss=loss)
+    gx.read_timeline("run.gxw")                          # layers × steps, as arrays
+
+Names
+-----
+capture, Capture
+    Record activations, gradients and their statistics at the selected modules
+    (``gradexplorer.capturing``).
+save_capture, load_capture
+    The ``.pt`` capture file (``gradexplorer.files``).
+capture_dataset
+    Statistics over many batches, merged exactly (``gradexplorer.recording.dataset``).
+watch, read_timeline
+    Watch a training loop into a ``.gxw`` log, and read it back over steps
+    (``gradexplorer.recording``).
+compare
+    Where two captures diverge, layer by layer and call by call (``gradexplorer.comparison``).
+graph
+    The model's data-flow graph from one probe forward (``gradexplorer.model_graph``).
+load_model
+    A torchvision name, demo, checkpoint or factory, loaded for inspection
+    (``gradexplorer.models``).
+GradExplorerError
+    Every failure the user can cause: ``problem`` and ``fix`` say what happened and what
+    to do.
+explore
+    The window on a live model.
+
+Importing ``gradexplorer`` loads none of these: each is imported on first use, so the
+package imports without Qt and without compiling the statistics kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = metadata.version("gradexplorer")
+except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "0+unknown"
+
+#: Each public name and the module that defines it (with the name it has there).
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "capture": ("gradexplorer.capturing.capture", "capture"),
+    "Capture": ("gradexplorer.capturing.data", "Capture"),
+    "save_capture": ("gradexplorer.files.capture_file", "save_capture"),
+    "load_capture": ("gradexplorer.files.capture_file", "load_capture"),
+    "capture_dataset": ("gradexplorer.recording.dataset", "capture_dataset"),
+    "watch": ("gradexplorer.recording.watch", "watch"),
+    "read_timeline": ("gradexplorer.recording.timeline", "read_timeline"),
+    "compare": ("gradexplorer.comparison.compare", "compare"),
+    "graph": ("gradexplorer.model_graph.graph", "extract_graph"),
+    "load_model": ("gradexplorer.models", "load_model"),
+    "GradExplorerError": ("gradexplorer.base.errors", "GradExplorerError"),
+    "explore": ("gradexplorer.app.explore", "explore"),
+}
+
+__all__ = [
+    "capture", "Capture", "save_capture", "load_capture", "capture_dataset", "watch", "read_timeline",
+    "compare", "graph", "load_model", "GradExplorerError", "explore", "__version__",
+]
+
+if TYPE_CHECKING:
+    from gradexplorer.app.explore import explore
+    from gradexplorer.base.errors import GradExplorerError
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.capturing.data import Capture
+    from gradexplorer.comparison.compare import compare
+    from gradexplorer.files.capture_file import load_capture, save_capture
+    from gradexplorer.model_graph.graph import extract_graph as graph
+    from gradexplorer.models import load_model
+    from gradexplorer.recording.dataset import capture_dataset
+    from gradexplorer.recording.timeline import read_timeline
+    from gradexplorer.recording.watch import watch
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (PEP 562), and keep it."""
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'gradexplorer' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

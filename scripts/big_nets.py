@@ -5,7 +5,7 @@
 For each model (random init, batch 1, at its pretrained weights' input size), in a fresh
 subprocess so that the peak is its own: a statistics-only capture of every leaf layer,
 then a full capture of a subset; prints the time, the peak resident memory of the process
-(``ru_maxrss``), what the capture holds and what ``core.memory_estimate`` predicted.
+(``ru_maxrss``), what the capture holds and what ``gradexplorer.capturing.memory_estimate`` predicted.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def one(name: str) -> dict:
     import torch
     import torchvision
 
-    from core.capture import capture
-    from core.memory_estimate import estimate_capture_memory, measure_capture_memory
-    from core.module_tree import ModuleTree
-    from core.selection import resolve_layers
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.capturing.memory_estimate import estimate_capture_memory, measure_capture_memory
+    from gradexplorer.capturing.module_tree import ModuleTree
+    from gradexplorer.capturing.selection import resolve_layers
 
     def peak() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(one(args.one)))
         return 0
-    from core.memory_estimate import format_bytes
+    from gradexplorer.capturing.memory_estimate import format_bytes
 
     print(f"{'model':<16} {'input':<12} {'mode':<5} {'layers':>6} {'time':>7} {'peak RSS':>9} "
           f"{'held':>9} {'estimate':>9}")

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from core.watch import watch
+from gradexplorer.recording.watch import watch
 
 
 def main(out: str) -> None:

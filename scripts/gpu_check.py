@@ -125,7 +125,7 @@ def recomputed_on_gpu(model, x, names):
     """Activations of ``names`` (first call) and parameter gradients for the check's target,
     computed where ``model`` is, without gradexplorer's capture, and copied with a plain
     synchronous ``.cpu()``."""
-    from core.capture import primary_tensor
+    from gradexplorer.capturing.capture import primary_tensor
 
     acts = {}
 
@@ -187,7 +187,7 @@ def _median(fn, repeats: int, device: torch.device) -> float:
 
 def stats_path(device: torch.device) -> str:
     """How statistics are computed on ``device``: fused kernels or torch operations."""
-    from core import device_stats
+    from gradexplorer.stats import device as device_stats
 
     if device.type == "cuda" and device_stats.fused_available():
         return "fused Triton kernels"
@@ -198,7 +198,7 @@ def own_stats_error(cap) -> tuple[float, str]:
     """The largest disagreement between a full capture's statistics and ``tensor_stats`` of
     its own captured tensors: the device's statistics path (the fused kernels on a GPU)
     against the CPU's, on exactly the same values."""
-    from core.stats import tensor_stats
+    from gradexplorer.stats.summary import tensor_stats
 
     worst, at = 0.0, ""
     for name, i, call in cap.iter_calls():
@@ -246,8 +246,8 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
     """
     import torchvision
 
-    from core.capture import capture
-    from core.selection import leaf_names
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.capturing.selection import leaf_names
 
     dev = torch.device(device)
     target = f"class:{TARGET_CLASS}"
@@ -350,7 +350,7 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
         kept_good = kept_err <= TENSOR_TOL and kept_stat_err <= STAT_TOL
         ok &= kept_good
         del kept
-        # Batched statistics (core.batched_stats): the gradients, the parameters' gradients and
+        # Batched statistics (gradexplorer.stats.batched): the gradients, the parameters' gradients and
         # the outputs the last capture saw unchanged, summarised together in a few launches.
         plain = capture(dev_model, xb, mode="stats", target=target)
         # "all": the CPU tensors too, so that this script's run on the CPU (its test) takes
@@ -385,12 +385,13 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
 def batched_against_per_tensor(model, x, repeats: int, dev: torch.device) -> bool:
     """The gradients at every leaf output of one backward, summarised one by one as capture
     does (``DeferredStats``: the fused kernels on a GPU) and all together
-    (``core.batched_stats``): the time of each, and the batched numbers against
+    (``gradexplorer.stats.batched``): the time of each, and the batched numbers against
     ``tensor_stats`` of the same tensors."""
-    from core.batched_stats import batched_stats
-    from core.device_stats import DeferredStats
-    from core.selection import leaf_names
-    from core.stats import HIST_EXACT_LIMIT, tensor_stats
+    from gradexplorer.capturing.selection import leaf_names
+    from gradexplorer.stats.batched import batched_stats
+    from gradexplorer.stats.device import DeferredStats
+    from gradexplorer.stats.moments import HIST_EXACT_LIMIT
+    from gradexplorer.stats.summary import tensor_stats
 
     grads: list[torch.Tensor] = []
     leaves = set(leaf_names(model))

@@ -76,8 +76,8 @@ def shoot(app, panel, path: Path, expand=(), settle: float = 0.5) -> None:
 def main(out: str = "docs") -> int:
     from PySide6.QtWidgets import QApplication
 
-    from app.views.graph_view import GraphPanel
-    from core.graph_grads import graph_gradients
+    from gradexplorer.app.views.graph_view import GraphPanel
+    from gradexplorer.model_graph.grads import graph_gradients
 
     out_dir = Path(out)
     out_dir.mkdir(exist_ok=True)
@@ -127,9 +127,9 @@ def main(out: str = "docs") -> int:
 def compare_shot(app, path: Path) -> None:
     """resnet18 in float32 against bf16 autocast (statistics only), the compare window's
     Graph tab coloured by the relative L2 difference of the output gradients."""
-    from app.compare_window import CompareWindow
-    from core.capture import capture
-    from core.graph import graph_for_capture
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.model_graph.graph import graph_for_capture
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

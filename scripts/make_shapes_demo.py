@@ -5,7 +5,7 @@ Run from the repository root (about 5 minutes on one CPU core, no GPU, no networ
     .venv/bin/python scripts/make_shapes_demo.py
 
 Writes
-    resources/demo_shapes/shapes_cnn.pt          state_dict of ``core.demos.ShapesCNN`` (float32)
+    resources/demo_shapes/shapes_cnn.pt          state_dict of ``gradexplorer.models.demos.ShapesCNN`` (float32)
     resources/demo_shapes/samples/<class>_<k>.png   2 sample pictures per class, 64x64
     resources/demo_shapes/samples/labels.json    file name -> class name
 
@@ -13,7 +13,7 @@ Deterministic: fixed seeds, ``torch.use_deterministic_algorithms(True)`` and one
 thread (a fixed count keeps reductions in the same order; one also keeps the run fast on
 a busy machine, where two threads fighting for cores can be several times slower), so
 the same machine rebuilds the same weights. Every epoch sees fresh pictures from
-:mod:`core.shapes`. Seeds used here: training ``TRAIN_SEED + epoch``, validation
+:mod:`gradexplorer.models.shape_pictures`. Seeds used here: training ``TRAIN_SEED + epoch``, validation
 ``VAL_SEED``, samples ``SAMPLES_SEED``. Tests draw fresh pictures from other seeds (see
 tests/core/test_demos.py).
 
@@ -45,9 +45,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import demos, shapes
-from core.capture import capture
-from core.gradcam import grad_cam
+from gradexplorer.analysis.gradcam import grad_cam
+from gradexplorer.capturing.capture import capture
+from gradexplorer.models import demos, shape_pictures as shapes
 
 TRAIN_SEED = 1000
 VAL_SEED = 2
@@ -76,7 +76,7 @@ def _check_normalisation(images: torch.Tensor) -> None:
     print(f"data mean {mean.numpy().round(3)} std {std.numpy().round(3)} "
           f"(constants {shapes.MEAN} / {shapes.STD})")
     if (mean - torch.tensor(shapes.MEAN)).abs().max() > 0.02 or (std - torch.tensor(shapes.STD)).abs().max() > 0.02:
-        raise SystemExit("core.shapes.MEAN/STD no longer match the generator: update them")
+        raise SystemExit("gradexplorer.models.shape_pictures.MEAN/STD no longer match the generator: update them")
 
 
 @torch.no_grad()

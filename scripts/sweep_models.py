@@ -26,10 +26,10 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.capture import capture
-from core.models import load_model
-from core.module_tree import ModuleTree
-from core.selection import leaf_names
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.capturing.selection import leaf_names
+from gradexplorer.models import load_model
 from tests.ground_truth import compare, reference
 
 

@@ -25,9 +25,9 @@ FREE_FORM: tuple[tuple, ...] = ()
 def valid_capture_dict() -> dict:
     """A small full capture of ``demo:seed-mlp`` with the input gradient, the graph the job
     attaches, and a NaN/Inf onset entry: every part of the format is present."""
-    from core.capture_file import capture_to_dict
-    from core.job import CaptureJob
-    from core.options import BatchSpec, CaptureOptions
+    from gradexplorer.files.capture_file import capture_to_dict
+    from gradexplorer.pipeline.job import CaptureJob
+    from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
     options = CaptureOptions("demo:seed-mlp", batch=BatchSpec(random="3x10"), device="cpu", input_grad=True)
     cap = CaptureJob(options).run()

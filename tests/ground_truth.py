@@ -1,4 +1,4 @@
-"""Reference gradients by plain autograd, independent of core.capture.
+"""Reference gradients by plain autograd, independent of gradexplorer.capturing.capture.
 
 Every selected module's first input and primary output are replaced by clones through
 forward pre-hooks and forward hooks. The originals are then never touched by later
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.capture import primary_tensor
-from core.targets import target_scalar
+from gradexplorer.capturing.capture import primary_tensor
+from gradexplorer.capturing.targets import target_scalar
 
 
 def _replace_primary(output: Any, key: str, new: torch.Tensor) -> Any:

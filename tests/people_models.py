@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.demos import ShapesCNN
+from gradexplorer.models.demos import ShapesCNN
 from tests.app.test_sequences import TokenModel
 from tests.core.test_compare import DictOut, TinySeq
 from tests.core.test_several_inputs import TwoFrames

@@ -1,5 +1,6 @@
 """The documentation inside the repository stays true to the code: what the code cites
-exists here, and README's "Project layout" names every module (and nothing that is gone)."""
+exists here, and the Layout of docs/ARCHITECTURE.md names every module (and nothing that
+is gone)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,51 @@ CODE_FOLDERS = ("core", "app", "tests", "benchmarks", "scripts")
 
 
 def _layout_block() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Project layout", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     return section.split("```", 2)[1]
+
+
+_ENTRY = re.compile(r"^[\w.]+/?$")
+
+
+def _layout_paths() -> set[str]:
+    """The paths the layout names, read as a tree: two spaces of indent per folder level;
+    a line starts with one or more names (``a.py, b.py``) and then, after two spaces, what
+    they are for. Lines that start with no such name continue the line above."""
+    paths: set[str] = set()
+    folders: list[tuple[int, str]] = []
+    for line in _layout_block().splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        names = [n.strip() for n in re.split(r"\s{2,}", line.strip(), maxsplit=1)[0].split(",")]
+        names = [n.split(" ", 1)[0] for n in names]
+        if not names or not all(_ENTRY.match(n) and n.endswith(("/", ".py")) for n in names):
+            continue
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        prefix = "".join(f for _, f in folders)
+        for name in names:
+            paths.add(prefix + name)
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append((indent, names[0]))
+    return paths
+
+
+def _modules() -> list[str]:
+    """Every module and package of core/ and app/ that the layout should name, as a path."""
+    names = []
+    for folder in ("core", "app"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if "__pycache__" in rel:
+                continue
+            if path.suffix == ".py" and path.stem != "__init__":
+                names.append(rel)
+            elif path.is_dir() and (path / "__init__.py").is_file():
+                names.append(rel + "/")
+    return names
 
 
 def test_documents_cited_by_the_code_are_in_the_repository():
@@ -30,31 +73,15 @@ def test_documents_cited_by_the_code_are_in_the_repository():
     )
 
 
-def _modules() -> list[str]:
-    """Every module and package of core/ and app/ that the layout should name."""
-    names = []
-    for folder in ("core", "app"):
-        for path in sorted((ROOT / folder).iterdir()):
-            if path.suffix == ".py" and path.stem not in ("__init__", "__main__"):
-                names.append(f"{folder}/{path.name}")
-            elif path.is_dir() and (path / "__init__.py").is_file():
-                names.append(f"{folder}/{path.name}/")
-    return names
-
-
-def test_readme_layout_names_every_module():
-    block = _layout_block()
-    words = set(re.findall(r"[\w.]+/?", block))
-    unnamed = [m for m in _modules() if m.split("/", 1)[1] not in words]
+def test_layout_names_every_module():
+    named = _layout_paths()
+    unnamed = [m for m in _modules() if m not in named]
     assert not unnamed, (
-        f"README.md's Project layout does not name {unnamed}: add each with a few words on what it is for"
+        f"docs/ARCHITECTURE.md's Layout does not name {unnamed}: add each under its folder, "
+        "with a few words on what it is for"
     )
 
 
-def test_readme_layout_names_nothing_that_is_gone():
-    block = _layout_block()
-    named = set(re.findall(r"\b([a-z_]\w*\.py)\b", block))
-    existing = {p.name for folder in CODE_FOLDERS for p in (ROOT / folder).rglob("*.py")}
-    existing |= {p.name for p in ROOT.glob("*.py")}
-    gone = sorted(named - existing)
-    assert not gone, f"README.md's Project layout names files that do not exist: {gone}"
+def test_layout_names_nothing_that_is_gone():
+    gone = sorted(p for p in _layout_paths() if not (ROOT / p.rstrip("/")).exists())
+    assert not gone, f"docs/ARCHITECTURE.md's Layout names files that do not exist: {gone}"

@@ -3,7 +3,7 @@
 The matrix: a token LSTM, a token Transformer encoder, a model of two inputs (positional, and
 keyword inputs from a dict ``.pt``), a dict output (target ``top1@out``), an fp16 model and a
 bf16 model fed float32 data, through ``gradexplorer capture`` (one batch and a dataset),
-``graph``, ``diff``, ``inspect`` (captures and watch logs), ``core.watch``, NaN/Inf onset,
+``graph``, ``diff``, ``inspect`` (captures and watch logs), ``gradexplorer.recording.watch``, NaN/Inf onset,
 the capture schema, and the window (every view tab, the Graph tab, the compare window's
 graph, the timeline window). Ground truth is plain autograd on the same model and batch.
 The factories live in ``tests/people_models.py`` (``file.py:fn`` for the CLI and the window).
@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.batch import ModelInputs
-from core.capture_file import load_capture, save_capture
-from core.capture_schema import check_capture_data
-from core.nonfinite import onset_location
-from core.targets import target_scalar
+from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.capturing.nonfinite import onset_location
+from gradexplorer.capturing.targets import target_scalar
+from gradexplorer.files.capture_file import load_capture, save_capture
+from gradexplorer.files.schema import check_capture_data
 from tests import people_models
 from tests.app.test_cli import run
 from tests.picture_folders import write_pictures
@@ -142,7 +142,7 @@ def model_args(kind, batch) -> list:
 
 
 def _cli(*argv) -> int:
-    from app.cli import main
+    from gradexplorer.app.cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -195,7 +195,7 @@ def test_inspect_and_diff_of_a_capture(key, captures, capsys, tmp_path):
     assert rel and len(rows) > 1
     assert all(float(r.split(",")[i] or 0) == 0 for r in rows[1:] for i in rel)
     # Against the model with its head's weight nudged: exit 1, the head diverges.
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
 
     model = kind.model()
     with torch.no_grad():
@@ -254,7 +254,7 @@ def test_dataset_capture_merges_what_the_model_gives(key, captures, capsys, tmp_
 
 @pytest.mark.parametrize("key", IDS)
 def test_nonfinite_onset_names_the_poisoned_layer(key, capsys, tmp_path):
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
 
     kind = KINDS[key]
     model = kind.model()
@@ -272,7 +272,7 @@ def test_nonfinite_onset_names_the_poisoned_layer(key, capsys, tmp_path):
 def _train_with_watch(kind: Kind, path: Path, steps: int = 3) -> float:
     """A few SGD steps of loss = ½‖primary output‖², watched every step; returns the norm of
     d loss / d (the head's output) at step 0, by autograd on that step's graph."""
-    from core.watch import watch
+    from gradexplorer.recording.watch import watch
 
     model = kind.model().train()
     inputs = _model_dtype_inputs(kind, model)
@@ -300,7 +300,7 @@ def _train_with_watch(kind: Kind, path: Path, steps: int = 3) -> float:
 
 @pytest.mark.parametrize("key", IDS)
 def test_watch_logs_equal_autograd_and_inspect_reads_them(key, capsys, tmp_path):
-    from core.watch_log import open_log
+    from gradexplorer.recording.watch_log import open_log
 
     kind = KINDS[key]
     path = tmp_path / "run.gxw"
@@ -349,8 +349,8 @@ def _drew(view, shape: tuple) -> None:
 
 @pytest.mark.parametrize("key", IDS)
 def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
-    from app import error_dialog
-    from app.main_window import MainWindow
+    from gradexplorer.app.window import error_dialog
+    from gradexplorer.app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -399,8 +399,8 @@ def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key", ["lstm", "keywords", "dict_output", "bf16"])
 def test_compare_window_graph_is_coloured_by_divergence(key, captures, qtbot, tmp_path):
-    from app.compare_window import CompareWindow
-    from core.capture import capture
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer.capturing.capture import capture
 
     kind = KINDS[key]
     _, out, _ = captures[key]
@@ -425,7 +425,7 @@ def test_compare_window_graph_is_coloured_by_divergence(key, captures, qtbot, tm
 
 @pytest.mark.parametrize("key", ["transformer", "two_inputs", "fp16"])
 def test_timeline_window_shows_the_watch_log(key, qtbot, tmp_path):
-    from app.timeline_window import TimelineWindow
+    from gradexplorer.app.window.timeline_window import TimelineWindow
 
     path = tmp_path / "run.gxw"
     _train_with_watch(KINDS[key], path)
@@ -442,7 +442,7 @@ def test_timeline_window_shows_the_watch_log(key, qtbot, tmp_path):
 
 @pytest.mark.parametrize("key", ["lstm", "two_inputs", "bf16"])
 def test_window_onset_link_jumps_to_the_poisoned_layer(key, qtbot, tmp_path, monkeypatch):
-    from app.main_window import MainWindow
+    from gradexplorer.app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -504,8 +504,8 @@ def test_a_batch_the_model_cannot_take_is_refused_in_words(key, source, needles,
 
 @pytest.mark.parametrize("key", ["bf16", "lstm"])
 def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
-    from app import dialogs, error_dialog
-    from app.main_window import MainWindow
+    from gradexplorer.app.window import dialogs, error_dialog
+    from gradexplorer.app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -563,8 +563,8 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
 def test_opening_captures_without_the_model_shows_what_was_recorded(key, captures, qtbot, tmp_path, monkeypatch,
                                                                      capsys):
     # One batch: the head's per-sample shape. A dataset capture records no shape: blank, not "scalar".
-    from app.main_window import MainWindow
-    from app.module_tree import COL_SHAPE
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.module_tree_view import COL_SHAPE
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -590,7 +590,7 @@ def test_the_window_offers_the_class_axis_for_per_token_logits(qtbot, tmp_path, 
     """The LSTM's output is (B, T, vocab): the run panel offers "Classes on", and the last
     dim gives the gradients of the top-1 token logit (autograd on a scalar written by hand).
     A model with (B, classes) output does not show the row."""
-    from app.main_window import MainWindow
+    from gradexplorer.app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))

@@ -1,6 +1,6 @@
 """A wheel works: built from this tree, installed (not editable) into a fresh virtual
 environment and run from another folder, the CLI and the window find the demo's weights and
-pictures, which the wheel carries as the package ``core.resources``.
+pictures, which the wheel carries as the package ``gradexplorer.resources``.
 
 The fresh environment borrows torch, PySide6 and the other dependencies from the running
 interpreter's site-packages through a ``.pth`` file (no download, and it works on a fresh
@@ -53,8 +53,15 @@ def wheel_venv(tmp_path_factory) -> Path:
           "-w", str(base / "dist"), str(source)], cwd=base)
     (wheel,) = (base / "dist").glob("gradexplorer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "core/resources/demo_shapes/shapes_cnn.pt" in names, names
-    assert "core/resources/demo_shapes/samples/labels.json" in names, names
+    top = {name.split("/", 1)[0] for name in names}
+    (dist_info,) = (name for name in top if name.endswith(".dist-info"))
+    assert top == {"gradexplorer", dist_info}, f"the wheel installs more than one top-level name: {sorted(top)}"
+    top_level = f"{dist_info}/top_level.txt"
+    if top_level in names:
+        assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["gradexplorer"]
+    assert "gradexplorer/resources/demo_shapes/shapes_cnn.pt" in names, names
+    assert "gradexplorer/resources/demo_shapes/samples/labels.json" in names, names
+    assert "gradexplorer/app/cli/main.py" in names and "gradexplorer/capturing/capture.py" in names
 
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
@@ -78,14 +85,55 @@ def _bin(venv: Path, name: str) -> str:
     return str(venv / ("Scripts" if os.name == "nt" else "bin") / name)
 
 
-def test_installed_wheel_imports_from_itself(wheel_venv, tmp_path):
-    proc = _run([_bin(wheel_venv, "python"), "-c",
-                 "import core, core.demos; print(core.__file__); print(core.demos.SHAPES_CHECKPOINT)"],
-                cwd=tmp_path, env=_env())
-    core_file, checkpoint = proc.stdout.strip().splitlines()
-    assert Path(core_file).is_relative_to(wheel_venv), core_file
-    assert not Path(core_file).is_relative_to(ROOT), core_file
+@pytest.fixture()
+def users_folder(tmp_path) -> Path:
+    """A notebook's folder with modules of the user's own named ``core`` and ``app``: importing
+    either is a failure (nothing of gradexplorer may be found under those names)."""
+    for name in ("core", "app"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the user\\'s own {name}.py was imported')\n")
+    return tmp_path
+
+
+NOTEBOOK = """
+import sys
+import torch
+import gradexplorer as gx
+from gradexplorer.models.demos import SHAPES_CHECKPOINT
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+x = torch.randn(2, 5)
+cap = gx.capture(model, x, target="top1")
+# autograd on the same graph: the target top1 is the sum over the batch of each sample's top logit
+a1 = model[1](model[0](x))
+logits = model[2](a1)
+score = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+(g1,) = torch.autograd.grad(score, [a1])
+assert torch.allclose(cap["1"].calls[0].grad_output, g1, atol=1e-6), "the gradient differs from autograd"
+gx.save_capture(cap, "cap.pt")
+back = gx.load_capture("cap.pt")
+assert torch.equal(back["1"].calls[0].grad_output, cap["1"].calls[0].grad_output)
+assert "core" not in sys.modules and "app" not in sys.modules
+print(gx.__file__)
+print(SHAPES_CHECKPOINT)
+"""
+
+
+def test_installed_wheel_imports_from_itself(wheel_venv, users_folder):
+    proc = _run([_bin(wheel_venv, "python"), "-c", NOTEBOOK], cwd=users_folder, env=_env())
+    package_file, checkpoint = proc.stdout.strip().splitlines()[-2:]
+    assert Path(package_file).is_relative_to(wheel_venv), package_file
+    assert not Path(package_file).is_relative_to(ROOT), package_file
     assert Path(checkpoint).is_relative_to(wheel_venv) and Path(checkpoint).is_file(), checkpoint
+    assert (users_folder / "cap.pt").is_file()
+
+
+def test_python_m_gradexplorer_beside_the_users_modules(wheel_venv, users_folder):
+    proc = _run([_bin(wheel_venv, "python"), "-m", "gradexplorer", "capture", "--model", "demo:seed-mlp",
+                 "--out", "m.pt"], cwd=users_folder, env=_env())
+    assert "wrote" in proc.stdout, proc.stdout
+    data = torch.load(users_folder / "m.pt", weights_only=True)
+    assert data["format"] == "gradexplorer.capture" and data["meta"]["model"] == "demo:seed-mlp"
 
 
 def test_installed_cli_captures_the_shapes_demo(wheel_venv, tmp_path):

@@ -23,17 +23,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.export import png_bytes, write_export
-from app.views.flow_view import GradientFlowView
-from app.views.gradcam_view import GradCamView
-from app.views.heatmap_view import HeatmapView
-from app.views.histogram_view import HistogramView
-from app.views.saliency_view import SaliencyView
-from app.views.stats_table import StatsTableView
-from app.views.view_context import CaptureView, ViewContext
-from core.batch import Batch
-from core.capture_data import Capture
-from core.view_state import ViewState, calls_of, clamp
+from gradexplorer.app.views.export import png_bytes, write_export
+from gradexplorer.app.views.flow_view import GradientFlowView
+from gradexplorer.app.views.gradcam_view import GradCamView
+from gradexplorer.app.views.heatmap_view import HeatmapView
+from gradexplorer.app.views.histogram_view import HistogramView
+from gradexplorer.app.views.saliency_view import SaliencyView
+from gradexplorer.app.views.stats_table import StatsTableView
+from gradexplorer.app.views.view_context import CaptureView, ViewContext
+from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.pipeline.view_state import ViewState, calls_of, clamp
 
 __all__ = [
     "CaptureViews",
@@ -133,9 +133,9 @@ class CaptureViews(QWidget):
 
     def set_capture(self, capture: Capture | None, batch: Batch | None = None) -> None:
         """Show a capture (None clears). Keeps the selected layer if the capture has it,
-        else opens on ``core.capture_summary``'s default layer."""
+        else opens on ``gradexplorer.analysis.summary``'s default layer."""
         self._capture = capture
-        # A dataset capture (core.dataset_capture) was not made from the batch on show:
+        # A dataset capture (gradexplorer.recording.dataset) was not made from the batch on show:
         # its samples are the folder's, and their names are not that batch's.
         self._batch = None if capture is not None and capture.meta.get("dataset") else batch
         self.flow_view.set_capture(capture)

@@ -1,4 +1,4 @@
-"""A horizontal colour bar for the graph view: the gradient of a ``core.graph_render.ColorScale``
+"""A horizontal colour bar for the graph view: the gradient of a ``gradexplorer.model_graph.render.ColorScale``
 with a tick and a label at every power of ten, and the exact range at its ends.
 
 The scale (its range, colours and ticks) is computed in ``core``; this widget only draws
@@ -11,7 +11,7 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QLinearGradient, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from core.graph_render import ColorScale, range_labels
+from gradexplorer.model_graph.render import ColorScale, range_labels
 
 
 class ColorBarWidget(QWidget):

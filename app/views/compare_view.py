@@ -1,7 +1,7 @@
 """Where two captures diverge: a table sorted by divergence, A | B | A−B heatmaps on one
 symmetric colour scale, and the gradient flow of both with their ratio.
 
-Everything drawn here is computed in ``core.compare`` (the comparison, the heatmap triple,
+Everything drawn here is computed in ``gradexplorer.comparison.compare`` (the comparison, the heatmap triple,
 the flow comparison); this view only lays it out.
 """
 
@@ -29,11 +29,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.plot_style import FOREGROUND, SELECTED_COLOUR, Log10Axis, colormap, image_plot, style_plot_widget
-from core.capture_data import Capture
-from core.compare import CallDiff, Comparison, HeatmapTriple, flow_comparison, heatmap_triple
-from core.errors import GradExplorerError
-from core.heatmaps import layout_of
+from gradexplorer.analysis.heatmaps import layout_of
+from gradexplorer.app.views.plot_style import (
+    FOREGROUND,
+    SELECTED_COLOUR,
+    Log10Axis,
+    colormap,
+    image_plot,
+    style_plot_widget,
+)
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.data import Capture
+from gradexplorer.comparison.compare import CallDiff, Comparison, HeatmapTriple, flow_comparison, heatmap_triple
 
 #: Table columns.
 COLUMNS = ("Layer", "Call", "Type", "Act rel L2", "Grad rel L2", "Grad ‖B‖/‖A‖", "Status")
@@ -234,7 +241,7 @@ class CompareView(QWidget):
     # -- public API -------------------------------------------------------------------
     def set_comparison(self, a: Capture, b: Capture, result: Comparison,
                        mapping: dict[str, str] | None = None) -> None:
-        """Show ``result`` (``core.compare.compare(a, b)``); selects the top row."""
+        """Show ``result`` (``gradexplorer.comparison.compare.compare(a, b)``); selects the top row."""
         self.a, self.b, self.result, self.mapping = a, b, result, dict(mapping or {})
         self.summary_label.setText(self._summary_html())
         self._fill_table()

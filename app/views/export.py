@@ -13,7 +13,7 @@ from pathlib import Path
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice
 from PySide6.QtWidgets import QWidget
 
-from core.file_write import atomic_write_bytes
+from gradexplorer.base.file_write import atomic_write_bytes
 
 
 def write_export(data: bytes, path: str | os.PathLike) -> Path:

@@ -10,10 +10,10 @@ from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, Log10Axis, style_plot_widget
-from core.capture_data import Capture
-from core.capture_summary import summarize
-from core.gradient_flow import FLAGS, METRIC_LABELS, flow_series
+from gradexplorer.analysis.gradient_flow import FLAGS, METRIC_LABELS, flow_series
+from gradexplorer.analysis.summary import summarize
+from gradexplorer.app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, Log10Axis, style_plot_widget
+from gradexplorer.capturing.data import Capture
 
 _KINDS = (("grad_output", "output gradient"), ("grad_input", "input gradient"),
           ("param", "parameter gradients"), ("activation", "activation"))

@@ -8,12 +8,12 @@ from PIL import Image
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
-from app.views.plot_style import image_plot, style_plot_widget
-from app.views.view_context import CaptureView
-from core.class_names import class_name
-from core.errors import GradExplorerError
-from core.gradcam import cam_grid, cam_unavailable_reason, grad_cam, overlay, turbo
-from core.heatmaps import display_image
+from gradexplorer.analysis.class_names import class_name
+from gradexplorer.analysis.gradcam import cam_grid, cam_unavailable_reason, grad_cam, overlay, turbo
+from gradexplorer.analysis.heatmaps import display_image
+from gradexplorer.app.views.plot_style import image_plot, style_plot_widget
+from gradexplorer.app.views.view_context import CaptureView
+from gradexplorer.base.errors import GradExplorerError
 
 
 class GradCamView(CaptureView):

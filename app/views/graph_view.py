@@ -49,12 +49,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.run_worker import TaskRunner
-from app.views.color_bar import ColorBarWidget
-from core.errors import GradExplorerError
-from core.graph import ModelGraph, extract_graph, first_sample
-from core.graph_layout import Layout, layout_view, node_label, preload_engines
-from core.graph_render import (
+from gradexplorer.app.views.color_bar import ColorBarWidget
+from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.nonfinite import onset_location
+from gradexplorer.model_graph.graph import ModelGraph, extract_graph, first_sample
+from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
+from gradexplorer.model_graph.render import (
     COLOR_BY,
     FLAG_COLORS,
     STATISTIC_LABELS,
@@ -66,7 +67,6 @@ from core.graph_render import (
     node_value,
     text_color,
 )
-from core.nonfinite import onset_location
 
 #: Colour of selection, search hits and ticked layers.
 SELECT_COLOR = QColor("#e6550d")
@@ -322,7 +322,7 @@ class GraphPanel(QWidget):
         self.layouts = TaskRunner("graph layout", self)
         # igraph (the layout of big views) takes 0.3-1.2 s to import, holding the GIL: it is
         # imported in a worker when the panel is made (the window's start-up), not in the
-        # first layout (core.graph_layout.preload_engines).
+        # first layout (gradexplorer.model_graph.layout.preload_engines).
         self.preloads = TaskRunner("graph layout libraries", self)
         self.preloads.start(lambda progress, cancel: preload_engines())
         self.extractions = TaskRunner("graph extraction", self)
@@ -678,18 +678,18 @@ class GraphPanel(QWidget):
         if self.graph is None or self.layout is None:
             return None
         if path is None:
-            from app import dialogs
+            from gradexplorer.app.window import dialogs
 
             path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
             if not path:
                 return None
-        from core.file_write import atomic_write_bytes
-        from core.graph_render import to_svg
+        from gradexplorer.base.file_write import atomic_write_bytes
+        from gradexplorer.model_graph.render import to_svg
 
         svg = to_svg(self.graph, self._view, self.layout, self.statistic,
                      title=str(self.graph.meta.get("model", "")))
         if path.lower().endswith(".png"):
-            from app.graph_picture import svg_to_png
+            from gradexplorer.app.views.graph_picture import svg_to_png
 
             data = svg_to_png(svg)
         else:
@@ -738,7 +738,7 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         if model is None:
             panel.set_graph(None)
             return
-        from core.batches.random_batches import random_batch_for
+        from gradexplorer.batches.random_batches import random_batch_for
 
         # Every input of a several-input batch; without a batch, one sample that follows the
         # model (its dtype, token ids for an Embedding), as the capture's default batch does.

@@ -18,10 +18,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
-from app.views.view_context import TENSOR_LABELS, CaptureView
-from core.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
-from core.view_state import ViewState
+from gradexplorer.analysis.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.pipeline.view_state import ViewState
 
 _TENSORS = ("grad_output", "activation", "grad_x_activation")
 _DISPLAYS = (

@@ -1,8 +1,8 @@
 """Histogram of the selected tensor, from the capture's statistics (so it works in stats mode).
 
 Ordinary captures hold ``hist_bins`` equal-width bins over the tensor's range, drawn on a
-linear value axis. Dataset captures (``hist_kind == "log2"``, ``core.dataset_capture``)
-hold counts in fixed signed log2-magnitude bins (``core.stats_merge``): one bar per power
+linear value axis. Dataset captures (``hist_kind == "log2"``, ``gradexplorer.recording.dataset``)
+hold counts in fixed signed log2-magnitude bins (``gradexplorer.stats.merge``): one bar per power
 of two, the zero bin in the middle. Those are drawn on their own bins: the x axis is the
 bin index (every octave one unit wide, negatives to the left of zero), its ticks read as
 the bins' edges (``2^-7``, ``-2^3``), and the counts are the exact integer ones.
@@ -17,9 +17,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
-from app.views.view_context import TENSOR_LABELS, CaptureView
-from core.stats import tensor_stats
+from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
+from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.stats.summary import tensor_stats
 
 _SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
 
@@ -35,11 +35,11 @@ def edge_label(value: float) -> str:
 
 def log2_edges(capture) -> np.ndarray:
     """The signed log2 bins' edges of a dataset capture (its ``meta["dataset"]``, else
-    ``core.stats_merge``'s, which the capture's are)."""
+    ``gradexplorer.stats.merge``'s, which the capture's are)."""
     meta = getattr(capture, "meta", None) or {}
     edges = (meta.get("dataset") or {}).get("hist_edges")
     if edges is None:
-        from core.stats_merge import hist_edges
+        from gradexplorer.stats.merge import hist_edges
 
         return hist_edges()
     return np.asarray(edges.numpy() if hasattr(edges, "numpy") else edges, dtype=np.float64)
@@ -248,7 +248,7 @@ class HistogramView(CaptureView):
         left.enableAutoSIPrefix(not log)
         bottom = self.plot.getAxis("bottom")
         if s.get("hist_kind") == "log2":
-            from core.stats_merge import ZERO_BIN
+            from gradexplorer.stats.merge import ZERO_BIN
 
             # Ticks on the bins' edges, about seven of them; the zero bin (|x| < 2^-126) is
             # labelled 0 at its centre, and edges too near it are left out (they would overlap).

@@ -1,5 +1,5 @@
 """Input-gradient saliency: |d target / d input|, max over channels, next to the input;
-for a sequence input, a bar per token (``core.saliency``)."""
+for a sequence input, a bar per token (``gradexplorer.analysis.saliency``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pyqtgraph as pg
 import torch
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
-from app.views.view_context import STATS_ONLY_NOTE, CaptureView
-from core.heatmaps import display_image, saliency_map, symmetric_levels
-from core.saliency import is_sequence_input, token_saliency
+from gradexplorer.analysis.heatmaps import display_image, saliency_map, symmetric_levels
+from gradexplorer.analysis.saliency import is_sequence_input, token_saliency
+from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from gradexplorer.app.views.view_context import STATS_ONLY_NOTE, CaptureView
 
 
 class SaliencyView(CaptureView):

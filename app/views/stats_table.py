@@ -11,8 +11,8 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from app.views.export import write_export
-from app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.app.views.export import write_export
+from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
 
 #: (header, stats key) of the columns after the tensor's name.
 COLUMNS = (

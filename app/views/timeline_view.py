@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.plot_style import (
+from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
     FOREGROUND,
     SELECTED_COLOUR,
@@ -38,8 +38,8 @@ from app.views.plot_style import (
     colormap,
     style_plot_widget,
 )
-from core.stats_merge import HIST_BINS, MAG_LOW, ZERO_BIN
-from core.timeline import Onset, Timeline, log_colour
+from gradexplorer.recording.timeline import Onset, Timeline, log_colour
+from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
 KIND_LABELS = {
     "grad_output": "output gradient",
@@ -52,7 +52,7 @@ STAT_LABELS = {
     "l2": "L2 norm", "mean_abs": "mean |x|", "max_abs": "max |x|", "std": "std", "mean": "mean",
     "nonfinite": "NaN + Inf count", "zero_fraction": "zero fraction", "update_ratio": "update ratio |Δw|/|w|",
 }
-#: The series fields of dataset captures (core.dataset_capture.SERIES_FIELDS).
+#: The series fields of dataset captures (gradexplorer.recording.dataset.SERIES_FIELDS).
 CAPTURE_STATS = ("l2", "mean", "std", "max_abs", "nonfinite")
 
 
@@ -224,7 +224,7 @@ class TimelineView(QWidget):
 
     def open_capture(self, path: str) -> None:
         """Show a dataset capture's per-batch series (loaded in the worker)."""
-        from core.capture_file import load_capture
+        from gradexplorer.files.capture_file import load_capture
 
         self.timer.stop()
         self.source, self.source_kind = os.fspath(path), "capture"
@@ -279,7 +279,7 @@ class TimelineView(QWidget):
         kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
         self.timeline = None
         if self.source_kind == "capture":
-            from core.timeline import capture_onset, timeline_from_capture
+            from gradexplorer.recording.timeline import capture_onset, timeline_from_capture
 
             cap = self._capture
             if cap is None:
@@ -289,7 +289,7 @@ class TimelineView(QWidget):
         path = self.source
 
         def read():
-            from core.timeline import nonfinite_onset, read_timeline
+            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
 
             return read_timeline(path, kind, stat), nonfinite_onset(path)
 
@@ -302,7 +302,7 @@ class TimelineView(QWidget):
         last = int(self.timeline.steps[-1]) if self.timeline.steps.size else -1
 
         def read():
-            from core.timeline import nonfinite_onset, read_timeline
+            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
 
             return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
 
@@ -473,7 +473,7 @@ class TimelineView(QWidget):
         kind, path = self.kind_combo.currentData(), self.source
 
         def read():
-            from core.timeline import layer_histograms
+            from gradexplorer.recording.timeline import layer_histograms
 
             return layer_histograms(path, layer, int(call or 0), kind)
 
@@ -507,7 +507,7 @@ class TimelineView(QWidget):
     def export_png(self, path: str | None = None) -> str | None:
         """Save the view as it is drawn (asks for a file when ``path`` is None)."""
         if path is None:
-            from app import dialogs
+            from gradexplorer.app.window import dialogs
 
             path = dialogs.ask_save_file(self, "Export timeline as PNG", "timeline.png", "PNG images (*.png)")
             if not path:
@@ -519,13 +519,13 @@ class TimelineView(QWidget):
 
     def export_csv(self, path: str | None = None) -> str | None:
         """Save the matrix shown, layers × steps, with the loss (asks when ``path`` is None)."""
-        from core.errors import GradExplorerError
-        from core.timeline import timeline_csv
+        from gradexplorer.base.errors import GradExplorerError
+        from gradexplorer.recording.timeline import timeline_csv
 
         if self.timeline is None:
             return None
         if path is None:
-            from app import dialogs
+            from gradexplorer.app.window import dialogs
 
             path = dialogs.ask_save_file(self, "Export timeline as CSV", "timeline.csv", "CSV files (*.csv)")
             if not path:

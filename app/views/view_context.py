@@ -13,11 +13,11 @@ import torch
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
-from core.batch import Batch
-from core.capture_data import CallRecord, Capture, LayerRecord
-from core.capture_summary import input_shape_of
-from core.heatmaps import grad_x_activation
-from core.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
+from gradexplorer.analysis.heatmaps import grad_x_activation
+from gradexplorer.analysis.summary import input_shape_of
+from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.pipeline.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
 STATS_ONLY_NOTE = (
@@ -54,14 +54,14 @@ class ViewContext:
     @property
     def input_shape(self) -> tuple[int, ...] | None:
         """The model input's shape (batch first), when one tensor was fed; it tells a
-        sequence from a picture (``core.token_grid``)."""
+        sequence from a picture (``gradexplorer.analysis.token_grid``)."""
         return input_shape_of(self.capture, self.batch)
 
     @property
     def batch_size(self) -> int:
         if self.capture is not None:
             dataset = self.capture.meta.get("dataset")
-            if dataset:  # a dataset capture (core.dataset_capture): every sample it saw
+            if dataset:  # a dataset capture (gradexplorer.recording.dataset): every sample it saw
                 return int(dataset.get("samples", 0))
             if self.capture.input is not None and self.capture.input.dim() > 0:
                 return int(self.capture.input.shape[0])
@@ -76,7 +76,7 @@ class ViewContext:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
         if self.capture is not None:  # a capture opened from a file names its samples
-            from core.capture_meta import capture_meta
+            from gradexplorer.files.meta import capture_meta
 
             return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"

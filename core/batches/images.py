@@ -1,7 +1,7 @@
 """Image files and folders, read into a preprocessed batch.
 
 Also home of the fallback preprocessing, torchvision's classification recipe, used for
-images when the model brings none (and by ``core.models`` for torchvision models without
+images when the model brings none (and by ``gradexplorer.models`` for torchvision models without
 weights).
 """
 
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from core.batch import Batch
-from core.batches.labels import LabelSpec, parse_labels
-from core.batches.paths import SOURCES_HINT, display_path, missing_source
-from core.errors import BatchError, listing
+from gradexplorer.base.errors import BatchError, listing
+from gradexplorer.batches.labels import LabelSpec, parse_labels
+from gradexplorer.batches.paths import SOURCES_HINT, display_path, missing_source
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models.preprocess import DEFAULT_PREPROCESS_DESCRIPTION, default_preprocess
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -29,14 +30,6 @@ if TYPE_CHECKING:
 #: their ending, so any format Pillow reads works when asked for by name.
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-#: The fallback preprocessing (:func:`default_preprocess`) in words.
-DEFAULT_PREPROCESS_DESCRIPTION = (
-    "resize shorter side to 256 px, center crop 224×224, scale to [0, 1], "
-    "normalise with ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)"
-)
-
 # Originals kept for thumbnails and overlays are shrunk to this many pixels on their
 # longer side: a folder of 24-megapixel photos would otherwise hold gigabytes.
 MAX_KEPT_IMAGE_SIDE = 1024
@@ -44,30 +37,6 @@ MAX_KEPT_IMAGE_SIDE = 1024
 _IMAGE_FIX = "choose PNG or JPEG files (BMP, WebP and TIFF also work)"
 
 _truncation_lock = threading.Lock()
-
-
-def default_preprocess() -> Callable[[Image.Image], torch.Tensor]:
-    """The preprocess used for images when the model brings none.
-
-    Resize the shorter side to 256 px (bilinear, antialiased), center crop 224×224,
-    convert to a float tensor in [0, 1] and normalise with the ImageNet mean and
-    standard deviation: the recipe of torchvision's classification weights.
-
-    Returns
-    -------
-    callable
-        Maps one RGB ``PIL.Image`` to a ``(3, 224, 224)`` float32 tensor.
-    """
-    from torchvision import transforms
-
-    return transforms.Compose(
-        [
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
 
 
 @contextlib.contextmanager

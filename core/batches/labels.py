@@ -9,7 +9,7 @@ from typing import TypeAlias
 
 import torch
 
-from core.errors import BatchError
+from gradexplorer.base.errors import BatchError
 
 #: What a user or a file may give as labels: ``"3,1,0"``, ``"tabby"``, ``3``, ``[3, 1, 0]``,
 #: a tensor of class indices (:func:`parse_labels`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.errors import BatchError
+from gradexplorer.base.errors import BatchError
 
 #: Every kind of input, for messages that must say what else would work.
 SOURCES_HINT = (

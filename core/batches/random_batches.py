@@ -10,8 +10,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from core.batch import Batch
-from core.errors import BatchError
+from gradexplorer.base.errors import BatchError
+from gradexplorer.capturing.inputs import Batch
 
 # 2 GiB of float32; a typo such as 8x3x2240x2240 should be refused, not swap the machine.
 MAX_RANDOM_ELEMENTS = 2**29

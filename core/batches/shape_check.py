@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.batch import Batch
-from core.errors import BatchError
+from gradexplorer.base.errors import BatchError
+from gradexplorer.capturing.inputs import Batch
 
 
 def _fmt_shape(dims: Sequence) -> str:

@@ -10,24 +10,24 @@ from pathlib import Path
 
 import torch
 
-from core.batch import Batch, ModelInputs
-from core.batches.images import load_images
-from core.batches.labels import parse_labels
-from core.batches.paths import SOURCES_HINT, missing_source
-from core.batches.random_batches import (
+from gradexplorer.base.errors import BatchError, listing
+from gradexplorer.batches.images import load_images
+from gradexplorer.batches.labels import parse_labels
+from gradexplorer.batches.paths import SOURCES_HINT, missing_source
+from gradexplorer.batches.random_batches import (
     looks_like_shape,
     random_batch,
     random_batch_for,
     recipe_for,
 )
-from core.batches.shape_check import check_batch_shape
-from core.batches.tensor_files import (
+from gradexplorer.batches.shape_check import check_batch_shape
+from gradexplorer.batches.tensor_files import (
     TENSOR_SUFFIXES,
     load_tensor_file,
     looks_like_tensor_file,
 )
-from core.errors import BatchError, listing
-from core.loaded_model import LoadedModel
+from gradexplorer.capturing.inputs import Batch, ModelInputs
+from gradexplorer.models.loaded_model import LoadedModel
 
 
 def load_batch(
@@ -46,7 +46,7 @@ def load_batch(
           with seed 0. ``"random"`` alone uses two samples of ``model.input_shape``.
         - one ``.pt``/``.pth`` file (or another ``torch.save`` zip archive, such as a
           capture file): :func:`load_tensor_file`.
-        - ``"demo"``: the demo batch of the demo model ``model`` (``core.demos``).
+        - ``"demo"``: the demo batch of the demo model ``model`` (``gradexplorer.models.demos``).
         - image files and folders: :func:`load_images` with the model's preprocess
           (the default ImageNet preprocess when the model has none).
     model : LoadedModel, optional
@@ -146,7 +146,7 @@ def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
             raise BatchError(
                 "'demo' inputs need a demo model;", "load a model such as 'demo:shapes' first."
             )
-        from core.demos import demo_batch  # imported late to keep core.batches light
+        from gradexplorer.models.demos import demo_batch  # imported late to keep gradexplorer.batches light
 
         return demo_batch(model.spec)
     if lowered == "random" or lowered.startswith("random:"):
@@ -197,30 +197,3 @@ def _images(sources: list[str], model: LoadedModel | None) -> Batch:
     if model is not None and model.preprocess is not None:
         return load_images(sources, model.preprocess, model.preprocess_description)
     return load_images(sources)
-
-
-def describe(batch: Batch) -> str:
-    """One line about a batch, for status bars and the CLI.
-
-    Parameters
-    ----------
-    batch : Batch
-
-    Returns
-    -------
-    str
-        E.g. ``"8 images (3×224×224) from ~/cats, preprocessing: resize ..."``.
-    """
-    tensor = batch.tensor
-    sample = "×".join(str(d) for d in tensor.shape[1:]) if tensor.dim() > 1 else "scalar"
-    source = batch.source
-    head, sep, tail = source.partition(" from ")
-    if sep and head[:1].isdigit():
-        text = f"{head} ({sample}) from {tail}"
-    else:
-        n = int(tensor.shape[0]) if tensor.dim() else 1
-        text = f"{n} sample{'s' if n != 1 else ''} ({sample}) from {source}"
-    if batch.labels is not None:
-        text += ", with labels"
-    return f"{text}, preprocessing: {batch.preprocessing}"
-

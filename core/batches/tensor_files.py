@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 import torch
 
-from core.batch import Batch, ModelInputs
-from core.batches.images import IMAGE_SUFFIXES
-from core.batches.labels import LabelSpec, checked_label_tensor, parse_labels
-from core.batches.paths import display_path
-from core.capture_file import FORMAT as CAPTURE_FORMAT
-from core.errors import BatchError
-from core.pickle_scan import refusal, short_reason
+from gradexplorer.base.errors import BatchError
+from gradexplorer.batches.images import IMAGE_SUFFIXES
+from gradexplorer.batches.labels import LabelSpec, checked_label_tensor, parse_labels
+from gradexplorer.batches.paths import display_path
+from gradexplorer.capturing.inputs import Batch, ModelInputs
+from gradexplorer.files.capture_file import FORMAT as CAPTURE_FORMAT
+from gradexplorer.files.pickle_scan import refusal, short_reason
 
 TENSOR_SUFFIXES = frozenset({".pt", ".pth"})
 

@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 import torchvision
 
-from core.capture_file import FORMAT as CAPTURE_FORMAT
-from core.errors import ModelLoadError, TrustRequired
-from core.loaded_model import LoadedModel
-from core.models.factories import describe_factory, load_factory, parse_factory
-from core.models.files import (
+from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.files.capture_file import FORMAT as CAPTURE_FORMAT
+from gradexplorer.models.factories import describe_factory, load_factory, parse_factory
+from gradexplorer.models.files import (
     check_file,
     is_export_archive,
     is_torchscript,
@@ -35,14 +34,15 @@ from core.models.files import (
     torchscript_error,
     zip_members,
 )
-from core.models.pickles import load_export, pickled_module, read_checkpoint
-from core.models.state_dicts import find_state_dict
-from core.models.torchvision_models import (
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.pickles import load_export, pickled_module, read_checkpoint
+from gradexplorer.models.state_dicts import find_state_dict
+from gradexplorer.models.torchvision_models import (
     load_torchvision,
     load_with_arch,
     torchvision_name,
 )
-from core.weights import model_task
+from gradexplorer.models.weights import model_task
 
 __all__ = ["load_model", "check_capturable", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
 
@@ -110,7 +110,7 @@ def load_model(
         )
     if text.startswith("demo:"):
         _refuse_extras(text, weights=weights, arch=arch)
-        from core.demos import (
+        from gradexplorer.models.demos import (
             load_demo,  # demos import model code this module does not need
         )
 

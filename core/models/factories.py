@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 from torch import nn
 
-from core.errors import ModelLoadError, TrustRequired
-from core.loaded_model import LoadedModel
-from core.models.files import import_path
-from core.models.state_dicts import load_state_into, read_weights
+from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.models.files import import_path
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.state_dicts import load_state_into, read_weights
 
 _FACTORY = re.compile(r"^(?P<target>.+):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -92,7 +92,7 @@ def load_factory(
             subject=describe_factory(factory),
         )
     # A factory file imports its neighbours; a module name is looked up in the current
-    # folder too, as `python -m app` does (the console script's path lacks it).
+    # folder too, as `python -m gradexplorer` does (the console script's path lacks it).
     with import_path(file.parent if file is not None else Path.cwd()):
         function = _resolve(spec, factory, file)
         result = _call(spec, function)

@@ -9,7 +9,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from core.errors import ModelLoadError
+from gradexplorer.base.errors import ModelLoadError
 
 #: Endings that mark a ``--model`` or ``--weights`` value as a file even before it exists.
 FILE_SUFFIXES = frozenset(

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError, TrustRequired, listing
-from core.loaded_model import LoadedModel
-from core.models.files import import_path
-from core.pickle_scan import refusal, short_reason
+from gradexplorer.base.errors import ModelLoadError, TrustRequired, listing
+from gradexplorer.files.pickle_scan import refusal, short_reason
+from gradexplorer.models.files import import_path
+from gradexplorer.models.loaded_model import LoadedModel
 
 #: Where whole models sit inside a checkpoint dict.
 MODULE_KEYS = ("model", "module", "net")
@@ -68,7 +68,7 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
         )
     try:
         # The classes of a pickled model usually live in the user's own module: look in
-        # the current folder as `python -m app` does (the console script's path lacks it).
+        # the current folder as `python -m gradexplorer` does (the console script's path lacks it).
         with import_path(Path.cwd()):
             return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # whatever the pickled code raises

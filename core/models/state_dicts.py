@@ -11,9 +11,9 @@ from typing import NamedTuple, TypeGuard
 import torch
 from torch import nn
 
-from core.errors import ModelLoadError, listing
-from core.models.files import check_file
-from core.pickle_scan import refusal, short_reason
+from gradexplorer.base.errors import ModelLoadError, listing
+from gradexplorer.files.pickle_scan import refusal, short_reason
+from gradexplorer.models.files import check_file
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")

@@ -18,18 +18,18 @@ from PIL import Image
 from torch import nn
 from torchvision.models import WeightsEnum
 
-from core.batches.images import DEFAULT_PREPROCESS_DESCRIPTION, default_preprocess
-from core.errors import ModelLoadError
-from core.loaded_model import LoadedModel
-from core.models.files import check_file, looks_like_path
-from core.models.state_dicts import (
+from gradexplorer.base.errors import ModelLoadError
+from gradexplorer.models.files import check_file, looks_like_path
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.preprocess import DEFAULT_PREPROCESS_DESCRIPTION, default_preprocess
+from gradexplorer.models.state_dicts import (
     FitReport,
     fit_report,
     load_state_into,
     match_keys,
     read_weights,
 )
-from core.weights import (
+from gradexplorer.models.weights import (
     fetch_weights,
     is_cached,
     load_cached_state_dict,
@@ -269,9 +269,9 @@ def preprocessing(weights: WeightsEnum | None, task: str) -> Preprocessing:
     ----------
     weights : WeightsEnum or None
         The weights whose ``transforms()`` describe the inputs; ``None`` for the fallback,
-        torchvision's classification recipe (``core.batches.images.default_preprocess``).
+        torchvision's classification recipe (``gradexplorer.models.preprocess.default_preprocess``).
     task : str
-        The model's task (``core.weights.model_task``): video models take clips.
+        The model's task (``gradexplorer.models.weights.model_task``): video models take clips.
 
     Returns
     -------
@@ -335,7 +335,7 @@ def fit_torchvision(
     the file shows: the number of classes of a fine-tuned classifier, the auxiliary
     classifiers GoogLeNet and Inception v3 have at their defaults. Key prefixes
     (Lightning's "model.", DataParallel's "module.") are removed when that makes the keys
-    fit (:func:`~core.models.state_dicts.match_keys`).
+    fit (:func:`~gradexplorer.models.state_dicts.match_keys`).
 
     Returns
     -------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.devices import DeviceInfo
+from gradexplorer.base.devices import DeviceInfo
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
@@ -13,7 +13,7 @@ CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 @pytest.fixture
 def window(qtbot):
     """The main window on the CPU, not yet loaded."""
-    from app.main_window import MainWindow
+    from gradexplorer.app.window.main_window import MainWindow
 
     w = MainWindow(devices=CPU)
     qtbot.addWidget(w)
@@ -40,7 +40,7 @@ def _throwaway_settings(tmp_path, monkeypatch):
 @pytest.fixture
 def shown_errors(monkeypatch):
     """Replace the error dialog: every error shown is appended here instead."""
-    from app import error_dialog
+    from gradexplorer.app.window import error_dialog
 
     errors: list[tuple[str, BaseException]] = []
     monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: errors.append((title, exc)))
@@ -50,10 +50,10 @@ def shown_errors(monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_modal_dialogs(monkeypatch):
     """A test that reaches a real modal dialog fails instead of hanging."""
-    from app import dialogs
+    from gradexplorer.app.window import dialogs
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a modal dialog was opened in a test; monkeypatch app.dialogs")
+        raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.window.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
                  "ask_item", "confirm_trust", "ask_dataset_run"):

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from app import dialogs
-from core.devices import DeviceInfo
-from core.errors import GradExplorerError
+from gradexplorer.app.window import dialogs
+from gradexplorer.base.devices import DeviceInfo
+from gradexplorer.base.errors import GradExplorerError
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
@@ -144,7 +144,7 @@ def test_nan_in_the_input_is_captured_not_a_crash(nan_run):
 
 
 def test_nan_in_the_input_is_flagged_in_the_tree_and_flow_chart(nan_run):
-    from core.gradient_flow import layer_flags
+    from gradexplorer.analysis.gradient_flow import layer_flags
 
     cap = nan_run.session.capture
     first = cap.layer_order[0]
@@ -256,20 +256,20 @@ def test_weights_not_cached_while_offline_name_the_file_and_folder(qtbot, demo, 
                                                                   tmp_path):
     from urllib.error import URLError
 
-    import core.weights
+    import gradexplorer.models.weights
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
 
     def offline(*args, **kwargs):
         raise URLError("[Errno -3] Temporary failure in name resolution")
 
-    monkeypatch.setattr(core.weights, "urlopen", offline)
+    monkeypatch.setattr(gradexplorer.models.weights, "urlopen", offline)
     before = _state(demo)
     with qtbot.waitSignal(demo.error_shown, timeout=TIMEOUT):
         demo.load_model("resnet18", weights="DEFAULT")
     problem, fix = _message(shown_errors[-1][1])
-    enum = core.weights.resolve_weights("resnet18", "DEFAULT")
-    target = core.weights.weights_file(enum)
+    enum = gradexplorer.models.weights.resolve_weights("resnet18", "DEFAULT")
+    target = gradexplorer.models.weights.weights_file(enum)
     assert target.name in problem and str(target.parent) in problem
     assert str(tmp_path) in str(target)
     _assert_intact_and_runs(qtbot, demo, before)
@@ -332,7 +332,7 @@ def test_simulated_cuda_out_of_memory(qtbot, demo, shown_errors, monkeypatch):
 
 
 def test_capture_file_from_a_newer_version(qtbot, demo, shown_errors, monkeypatch, tmp_path):
-    from core.capture_file import VERSION, capture_to_dict
+    from gradexplorer.files.capture_file import VERSION, capture_to_dict
 
     data = capture_to_dict(demo.session.capture)
     data["version"] = VERSION + 1
@@ -351,16 +351,16 @@ def test_capture_file_from_a_newer_version(qtbot, demo, shown_errors, monkeypatc
 @pytest.mark.parametrize("code, words", [(errno.EROFS, "permission denied"), (errno.ENOSPC, "disk is full")])
 def test_export_to_a_read_only_folder_or_a_full_disk_leaves_no_file(qtbot, demo, shown_errors, monkeypatch,
                                                                     tmp_path, code, words):
-    import core.capture_file
+    import gradexplorer.files.capture_file
 
     # The file's bytes are written, then the disk says no (atomic_save binds torch.save
     # as a default argument, so the failure is injected at the fsync that follows).
-    real_fsync = core.capture_file.os.fsync
+    real_fsync = gradexplorer.files.capture_file.os.fsync
 
     def failing(fd):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(core.capture_file.os, "fsync", failing)
+    monkeypatch.setattr(gradexplorer.files.capture_file.os, "fsync", failing)
     folder = tmp_path / "export"
     folder.mkdir()
     path = folder / "cap.pt"
@@ -372,7 +372,7 @@ def test_export_to_a_read_only_folder_or_a_full_disk_leaves_no_file(qtbot, demo,
     problem, fix = _message(shown_errors[-1][1])
     assert words in problem
     assert list(folder.iterdir()) == []  # no half-written file, no temporary left
-    monkeypatch.setattr(core.capture_file.os, "fsync", real_fsync)
+    monkeypatch.setattr(gradexplorer.files.capture_file.os, "fsync", real_fsync)
     _assert_intact_and_runs(qtbot, demo, before)
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import build_parser, capture_options, main
-from core.capture_file import save_capture
-from core.capture_meta import VOLATILE_KEYS
-from core.job import STAGE_KERNELS, CaptureJob, probe_model
-from core.options import BatchSpec, CaptureOptions
-from core.session import Session
+from gradexplorer.app.cli.main import build_parser, capture_options, main
+from gradexplorer.files.capture_file import save_capture
+from gradexplorer.files.meta import VOLATILE_KEYS
+from gradexplorer.pipeline.job import STAGE_KERNELS, CaptureJob, probe_model
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
+from gradexplorer.pipeline.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "resources" / "demo_shapes" / "samples"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import cli
-from app.cli import main
-from app.cli_format import ProgressBar, fmt_num, human_size, table
+from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli.format import ProgressBar, fmt_num, human_size, table
+from gradexplorer.app.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 QT_MODULES = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "pyqtgraph", "superqt", "qtpy")
@@ -139,7 +139,7 @@ def test_capture_seed_mlp_matches_autograd(tmp_path, capsys):
     assert x.shape == (4, 10)
 
     # Ground truth: the same seeded MLP, written out by hand, differentiated by autograd.
-    from core.demos import SeedMLP
+    from gradexplorer.models.demos import SeedMLP
 
     m = SeedMLP()
     h1 = m.fc1(x)
@@ -227,7 +227,7 @@ def test_capture_demo_model_without_input_uses_its_batch(tmp_path, capsys):
     out_file = tmp_path / "demo.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--out", out_file, "-q")
     assert code == 0, err
-    from core.demos import demo_batch
+    from gradexplorer.models.demos import demo_batch
 
     data = torch.load(out_file, weights_only=True)
     torch.testing.assert_close(data["input"], demo_batch("demo:seed-mlp").tensor)
@@ -241,9 +241,9 @@ def test_capture_random_without_shape_takes_the_model_input_shape(tmp_path, caps
 
 
 def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys, monkeypatch):
-    import core.devices
+    import gradexplorer.base.devices
 
-    monkeypatch.setattr(core.devices, "free_memory", lambda device: 1000)
+    monkeypatch.setattr(gradexplorer.base.devices, "free_memory", lambda device: 1000)
     out_file = tmp_path / "big.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
     # 500 B hold no statistics-only run either: the advice is a smaller batch, not --stats-only
@@ -259,9 +259,9 @@ def test_capture_refuses_a_full_capture_over_the_memory_budget(tmp_path, capsys,
 def test_the_estimate_and_the_budget_error_show_the_same_figure(tmp_path, capsys, monkeypatch):
     import re
 
-    import core.devices
+    import gradexplorer.base.devices
 
-    monkeypatch.setattr(core.devices, "free_memory", lambda device: 40_000)
+    monkeypatch.setattr(gradexplorer.base.devices, "free_memory", lambda device: 40_000)
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "64x10", "--out",
                          tmp_path / "b.pt")
     assert code == 1
@@ -272,7 +272,7 @@ def test_the_estimate_and_the_budget_error_show_the_same_figure(tmp_path, capsys
 
 
 def test_one_layer_one_call_one_sample_read_in_the_singular(tmp_path, capsys):
-    from core.units import counted
+    from gradexplorer.base.units import counted
 
     assert [counted(1, "layer"), counted(0, "call"), counted(2, "leaf", "leaves"), counted(1234, "call")] == \
         ["1 layer", "0 calls", "2 leaves", "1,234 calls"]
@@ -287,19 +287,19 @@ def test_one_layer_one_call_one_sample_read_in_the_singular(tmp_path, capsys):
 
 
 def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path, capsys, monkeypatch):
-    import core.capture
-    from core.batches import random_batch
-    from core.memory_estimate import estimate_capture_memory
-    from core.models import load_model
-    from core.module_tree import ModuleTree
-    from core.selection import resolve_layers
-    from core.units import format_bytes
+    import gradexplorer.capturing.capture
+    from gradexplorer.base.units import format_bytes
+    from gradexplorer.batches import random_batch
+    from gradexplorer.capturing.memory_estimate import estimate_capture_memory
+    from gradexplorer.capturing.module_tree import ModuleTree
+    from gradexplorer.capturing.selection import resolve_layers
+    from gradexplorer.models import load_model
 
     def no_forward(*args, **kwargs):
         raise AssertionError("the capture ran")
 
-    real = core.capture.capture
-    monkeypatch.setattr(core.capture, "capture", no_forward)
+    real = gradexplorer.capturing.capture.capture
+    monkeypatch.setattr(gradexplorer.capturing.capture, "capture", no_forward)
     out_file = tmp_path / "x.pt"
     argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "--memory-budget", "1KiB"]
     code, out, err = run(capsys, *argv)
@@ -319,18 +319,18 @@ def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path,
     assert "--stats-only" not in error  # 1 KiB holds no statistics-only run either
     assert_user_error(*run(capsys, *argv, "-q")[::2], "1.0 KiB", "--memory-budget", "--force")
 
-    monkeypatch.setattr(core.capture, "capture", real)
+    monkeypatch.setattr(gradexplorer.capturing.capture, "capture", real)
     code, out, err = run(capsys, *argv[:-1], "1GiB", "-q")
     assert code == 0, err
     assert out_file.is_file()
 
 
 def test_capture_prints_the_same_estimate_as_core(tmp_path, capsys):
-    from core.batches import random_batch
-    from core.memory_estimate import estimate_capture_memory
-    from core.models import load_model
-    from core.module_tree import ModuleTree
-    from core.selection import resolve_layers
+    from gradexplorer.batches import random_batch
+    from gradexplorer.capturing.memory_estimate import estimate_capture_memory
+    from gradexplorer.capturing.module_tree import ModuleTree
+    from gradexplorer.capturing.selection import resolve_layers
+    from gradexplorer.models import load_model
 
     out_file = tmp_path / "e.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file)
@@ -434,12 +434,12 @@ def test_usage_error_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_internal_error_exit_70_traceback_only_with_debug(tmp_path, capsys, monkeypatch):
-    import core.capture
+    import gradexplorer.capturing.capture
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(core.capture, "capture", broken)
+    monkeypatch.setattr(gradexplorer.capturing.capture, "capture", broken)
     argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", tmp_path / "x.pt", "-q"]
     code, out, err = run(capsys, *argv)
     assert code == cli.EXIT_INTERNAL
@@ -451,12 +451,12 @@ def test_internal_error_exit_70_traceback_only_with_debug(tmp_path, capsys, monk
 
 
 def test_keyboard_interrupt_exits_130_and_leaves_no_file(tmp_path, capsys, monkeypatch):
-    import core.capture
+    import gradexplorer.capturing.capture
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(core.capture, "capture", interrupted)
+    monkeypatch.setattr(gradexplorer.capturing.capture, "capture", interrupted)
     out_file = tmp_path / "x.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
     assert code == cli.EXIT_INTERRUPTED
@@ -576,26 +576,26 @@ def test_devices_lists_the_cpu(capsys):
 
 
 # ---------------------------------------------------------------------------
-# the desktop app path (app.gui faked: the CLI's job is to hand over the flags)
+# the desktop app path (gradexplorer.app.window.launch faked: the CLI's job is to hand over the flags)
 # ---------------------------------------------------------------------------
 
 
 @pytest.fixture
 def fake_gui(monkeypatch):
     calls = []
-    module = types.ModuleType("app.gui")
+    module = types.ModuleType("gradexplorer.app.window.launch")
 
     def launch(options=None, **kwargs):
         calls.append({"options": options, **kwargs})
         return 0
 
     module.launch = launch
-    monkeypatch.setitem(sys.modules, "app.gui", module)
+    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.launch", module)
     return calls
 
 
 def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
-    from core.options import CaptureOptions
+    from gradexplorer.pipeline.options import CaptureOptions
 
     assert main([]) == 0
     assert fake_gui == [{"options": CaptureOptions("demo:shapes"), "run": True, "screenshot": None,
@@ -603,7 +603,7 @@ def test_no_subcommand_opens_the_gui_on_its_demo(fake_gui, capsys):
 
 
 def test_gui_flags_are_handed_to_launch_as_the_capture_commands_options(fake_gui, tmp_path, capsys):
-    from core.options import BatchSpec
+    from gradexplorer.pipeline.options import BatchSpec
 
     shot = tmp_path / "out.png"
     settings = ["--model", "resnet18", "--weights", "DEFAULT", "--input", "cat.jpg", "dog.jpg",
@@ -645,7 +645,7 @@ def test_a_capture_file_as_the_only_argument_opens_in_the_window(fake_gui, mlp_c
 
 
 def test_gui_random_input_and_bad_screenshot_folder(fake_gui, tmp_path, capsys):
-    from core.options import BatchSpec
+    from gradexplorer.pipeline.options import BatchSpec
 
     assert main(["--model", "demo:seed-mlp", "--random", "4x10"]) == 0
     assert fake_gui[-1]["options"].batch == BatchSpec(random="4x10") and fake_gui[-1]["run"] is False
@@ -734,7 +734,7 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_elsewhere():
 def test_python_dash_m_app_capture(tmp_path):
     out_file = tmp_path / "sub.pt"
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "capture", "--model", "demo:seed-mlp", "--random", "4x10",
+        [sys.executable, "-m", "gradexplorer", "capture", "--model", "demo:seed-mlp", "--random", "4x10",
          "--out", str(out_file)],
         cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )
@@ -743,7 +743,7 @@ def test_python_dash_m_app_capture(tmp_path):
     assert list(torch.load(out_file, weights_only=True)["layers"]) == ["fc1", "relu1", "fc2", "relu2", "fc3"]
 
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "capture", "--model", "resnt18", "--random", "1x3x8x8",
+        [sys.executable, "-m", "gradexplorer", "capture", "--model", "resnt18", "--random", "1x3x8x8",
          "--out", str(tmp_path / "x.pt"), "--quiet"],
         cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )
@@ -755,7 +755,7 @@ def test_cli_capture_imports_no_qt(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from app.cli import main
+        from gradexplorer.app.cli.main import main
         code = main(["capture", "--model", "demo:seed-mlp", "--random", "4x10",
                      "--out", {str(tmp_path / 'q.pt')!r}, "-q"])
         code = code or main(["inspect", {str(tmp_path / 'q.pt')!r}])
@@ -778,7 +778,7 @@ def test_gui_refuses_pyside_release_that_crashes_on_old_python(monkeypatch, caps
     import sys as _sys
     from importlib import metadata
 
-    from app import cli
+    from gradexplorer.app.cli import main as cli
 
     monkeypatch.setattr(metadata, "version", lambda name: "6.12.0")
     monkeypatch.setattr(_sys, "version_info", (3, 11, 7, "final", 0))

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import cli
-from app.cli import main
-from core.capture_file import load_capture
+from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli.main import main
+from gradexplorer.files.capture_file import load_capture
 from tests.picture_folders import write_pictures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,11 +104,12 @@ def test_bad_arguments(tmp_path, capsys, image_folder, argv, needle):
 def test_torchrun_two_processes_equal_one(tmp_path, image_folder):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     common = ["--model", "demo:shapes", "--input", str(image_folder), "--batch-size", "2", "--stats-only", "-q"]
-    single = subprocess.run([sys.executable, "-m", "app", "capture", *common, "--out", str(tmp_path / "one.pt")],
+    single = subprocess.run([sys.executable, "-m", "gradexplorer", "capture", *common,
+                             "--out", str(tmp_path / "one.pt")],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stderr
     dist = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "app", "capture", *common, "--out", str(tmp_path / "two.pt")],
+                           "-m", "gradexplorer", "capture", *common, "--out", str(tmp_path / "two.pt")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert dist.returncode == 0, dist.stderr[-3000:]
     one, two = entries(tmp_path / "one.pt"), entries(tmp_path / "two.pt")

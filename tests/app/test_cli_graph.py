@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from core.graph import ModelGraph
+from gradexplorer.model_graph.graph import ModelGraph
 from tests.app.test_cli import QT_MODULES, ROOT, assert_user_error, run, subprocess_env
 
 FACTORY = textwrap.dedent(
@@ -95,7 +95,7 @@ def test_pictures(tmp_path, capsys, factory):
 def test_json_and_dot_import_no_qt(tmp_path, factory):
     code = textwrap.dedent(f"""
         import sys
-        from app.cli import main
+        from gradexplorer.app.cli.main import main
         for suffix in ("json", "dot", "svg"):
             assert main(["graph", "--model", {factory!r}, "--trust", "--random", "2x4",
                          "--out", {str(tmp_path)!r} + "/g." + suffix]) == 0
@@ -161,7 +161,7 @@ def test_a_png_export_leaves_a_process_that_can_still_open_widgets():
     import sys
     from pathlib import Path
 
-    code = ("from app.graph_picture import svg_to_png\n"
+    code = ("from gradexplorer.app.views.graph_picture import svg_to_png\n"
             "png = svg_to_png('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"/>')\n"
             "from PySide6.QtWidgets import QWidget\n"
             "w = QWidget()\n"
@@ -174,9 +174,9 @@ def test_a_png_export_leaves_a_process_that_can_still_open_widgets():
 
 
 def test_compare_colours_nodes_by_how_b_differs_from_a(tmp_path, capsys, factory):
-    from core.capture_file import load_capture
-    from core.compare import compare
-    from core.graph_compare import divergence_values
+    from gradexplorer.comparison.compare import compare
+    from gradexplorer.files.capture_file import load_capture
+    from gradexplorer.model_graph.compare import divergence_values
 
     a_file, b_file = tmp_path / "a.pt", tmp_path / "b.pt"
     for path, extra in ((a_file, []), (b_file, ["--autocast", "bf16"])):

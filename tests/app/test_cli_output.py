@@ -1,5 +1,5 @@
 """`gradexplorer capture --out`: refused before anything runs when it would destroy a file or
-cannot be written; special files are never replaced (core.file_write)."""
+cannot be written; special files are never replaced (gradexplorer.base.file_write)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 import pytest
 import torch
 
-from app.cli import main
+from gradexplorer.app.cli.main import main
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX special files")
 
@@ -30,12 +30,12 @@ def assert_refused(code: int, err: str, *words: str) -> None:
 @pytest.fixture
 def no_capture(monkeypatch):
     """Fails the test if a model is loaded: the refusals come before any work."""
-    import core.models
+    import gradexplorer.models
 
     def forbidden(*a, **k):
         raise AssertionError("the model was loaded before --out was checked")
 
-    monkeypatch.setattr(core.models, "load_model", forbidden)
+    monkeypatch.setattr(gradexplorer.models, "load_model", forbidden)
 
 
 def test_out_same_as_input_is_refused_and_the_input_kept(tmp_path, capsys, no_capture):
@@ -94,13 +94,13 @@ def test_out_to_a_private_null_device_writes_through(tmp_path, capsys):
 
 
 def test_an_estimate_larger_than_the_free_space_stops_before_the_capture(tmp_path, capsys, monkeypatch):
-    import core.capture
+    import gradexplorer.capturing.capture
 
     def forbidden(*a, **k):
         raise AssertionError("the capture ran")
 
-    monkeypatch.setattr(core.capture, "capture", forbidden)
-    monkeypatch.setattr(core.file_write, "_free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(gradexplorer.capturing.capture, "capture", forbidden)
+    monkeypatch.setattr(gradexplorer.base.file_write, "_free_bytes", lambda folder: 1000)
     code, _, err = run(capsys, "capture", "--model", "demo:shapes", "--out", tmp_path / "c.pt")
     assert_refused(code, err, "needs about", "1000 B free", "disk")
     assert list(tmp_path.iterdir()) == []

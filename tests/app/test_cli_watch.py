@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app import cli
-from app.cli import main
-from core.watch import watch
+from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli.main import main
+from gradexplorer.recording.watch import watch
 
 
 def make_log(path, nan_at: int = 3, steps: int = 5):

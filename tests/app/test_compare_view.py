@@ -1,4 +1,4 @@
-"""The compare view and window, headless: what is drawn is what core.compare computed."""
+"""The compare view and window, headless: what is drawn is what gradexplorer.comparison.compare computed."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from app import compare_window, dialogs, error_dialog
-from app.compare_window import CHOICES, CompareWindow, compare_with
-from app.views.compare_view import CompareView
-from core.capture import capture
-from core.capture_file import save_capture
-from core.compare import compare, flow_comparison, heatmap_triple
+from gradexplorer.app.views.compare_view import CompareView
+from gradexplorer.app.window import compare_window, dialogs, error_dialog
+from gradexplorer.app.window.compare_window import CHOICES, CompareWindow, compare_with
+from gradexplorer.capturing.capture import capture
+from gradexplorer.comparison.compare import compare, flow_comparison, heatmap_triple
+from gradexplorer.files.capture_file import save_capture
 
 
 class Net(nn.Module):
@@ -205,9 +205,9 @@ def test_sequence_and_dict_output_models_draw(qtbot):
 
 
 def test_window_graph_tab_colours_nodes_by_divergence_and_follows_the_table(qtbot, pair):
-    from core.graph import graph_for_capture
-    from core.graph_compare import DIVERGENCE_BY, divergence_values
-    from core.graph_render import color_scale
+    from gradexplorer.model_graph.compare import DIVERGENCE_BY, divergence_values
+    from gradexplorer.model_graph.graph import graph_for_capture
+    from gradexplorer.model_graph.render import color_scale
 
     a, b, result = pair
     torch.manual_seed(0)
@@ -221,7 +221,7 @@ def test_window_graph_tab_colours_nodes_by_divergence_and_follows_the_table(qtbo
     for stat in DIVERGENCE_BY:
         panel.color_by.setCurrentIndex(panel.color_by.findData(stat))
         scale = color_scale(panel.graph, panel.items, stat)
-        for c in result.calls:  # each node's colour is core.compare's figure for that call
+        for c in result.calls:  # each node's colour is gradexplorer.comparison.compare's figure for that call
             nid = panel.graph.module_node(c.layer, c.call).id
             assert panel.items[nid].fill.name() == scale.color(divergence_values(c)[stat])
     # The ratio: a diverging bar symmetric around 1.

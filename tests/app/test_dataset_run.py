@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import dialogs
-from core.dataset_capture import DatasetSource, capture_dataset
-from core.errors import BatchError, GradExplorerError
+from gradexplorer.app.window import dialogs
+from gradexplorer.base.errors import BatchError, GradExplorerError
+from gradexplorer.recording.dataset import DatasetSource, capture_dataset
 from tests.conftest import assert_no_hooks
 from tests.picture_folders import write_pictures
 
@@ -171,7 +171,7 @@ def test_a_new_run_makes_the_folder_run_stale(qtbot, demo, monkeypatch, folder):
 
 
 def test_the_question_has_sane_defaults(qtbot):
-    from app.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
+    from gradexplorer.app.window.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
 
     d = DatasetRunDialog(None, "/some/folder")
     qtbot.addWidget(d)

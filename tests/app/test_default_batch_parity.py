@@ -1,4 +1,4 @@
-"""The window and the CLI pick the same batch when the user names none (core.job.default_batch_spec).
+"""The window and the CLI pick the same batch when the user names none (gradexplorer.pipeline.job.default_batch_spec).
 
 The window's side is its model-load task (what a worker runs when a model is opened); the
 CLI's side is `capture`'s arguments -> options -> job, and one real `capture` run.
@@ -12,11 +12,11 @@ import threading
 import pytest
 import torch
 
-from app import cli
-from app.controller import load_model_task
-from app.model_panel import ModelRequest
-from core.job import CaptureJob
-from core.options import BatchSpec
+from gradexplorer.app.cli import main as cli
+from gradexplorer.app.window.controller import load_model_task
+from gradexplorer.app.window.model_panel import ModelRequest
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import BatchSpec
 
 NETS = textwrap.dedent(
     """
@@ -97,7 +97,7 @@ def test_cli_capture_without_input_says_what_it_made(nets, tmp_path, capsys):
     assert "no input was given: 2 random samples of token ids in [0, 30)" in err and "--input" in err
     # Said in the summary too, which -q keeps.
     assert "batch     2x16 (2 random samples, no --input given)" in stdout
-    from core.capture_file import load_capture
+    from gradexplorer.files.capture_file import load_capture
 
     capture = load_capture(out)
     _sources, window_batch = _window_pick(f"{nets}:lm", True)

@@ -10,10 +10,10 @@ import torch
 import torchvision
 from PySide6.QtCore import Qt
 
-from app.views.graph_view import GraphPanel
-from core.graph import extract_graph
-from core.graph_grads import graph_gradients
-from core.graph_render import tick_label
+from gradexplorer.app.views.graph_view import GraphPanel
+from gradexplorer.model_graph.grads import graph_gradients
+from gradexplorer.model_graph.graph import extract_graph
+from gradexplorer.model_graph.render import tick_label
 
 TIMEOUT = 60_000
 
@@ -75,7 +75,7 @@ def test_double_click_expands_in_place_and_a_frame_collapses(qtbot, panel, r18_g
     first = panel.items["m:layer2.0.conv1:0"].rect.center()
     assert (first.x(), first.y()) == pytest.approx((old.x(), old.y()))
     # Edges stay consistent: one scene path per visible edge.
-    from app.views.graph_view import GraphEdgeItem
+    from gradexplorer.app.views.graph_view import GraphEdgeItem
 
     edges = [i for i in panel.canvas.scene().items() if isinstance(i, GraphEdgeItem)]
     assert len(edges) == len(r18_graph.view(panel.expanded).edges)
@@ -160,7 +160,7 @@ def test_log_colour_bar_follows_the_statistic(qtbot, panel):
 
 
 def test_export_svg_and_png(panel, tmp_path, monkeypatch):
-    from app import dialogs
+    from gradexplorer.app.window import dialogs
 
     svg = panel.export(str(tmp_path / "g.svg"))
     text = (tmp_path / "g.svg").read_text()
@@ -186,7 +186,7 @@ def test_extraction_runs_in_a_worker(qtbot):
 
 
 def test_capture_without_model_draws_the_graph_it_carries(qtbot):
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
     x = torch.randn(3, 4)

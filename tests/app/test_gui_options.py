@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import app.gui
-from app import cli
-from app.gui import start
+import gradexplorer.app.window.launch
+from gradexplorer.app.cli import main as cli
+from gradexplorer.app.window.launch import start
 from tests.app.conftest import TIMEOUT
 
 SETTINGS = ["--model", "demo:seed-mlp", "--random", "4x10", "--layers", "fc1", "fc3", "--target", "sum",
@@ -22,7 +22,7 @@ def fake_launch(monkeypatch):
         calls.append((options, run, screenshot))
         return 0
 
-    monkeypatch.setattr(app.gui, "launch", launch)
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch", launch)
     return calls
 
 
@@ -44,7 +44,7 @@ def test_the_window_runs_with_the_options_the_cli_builds(qtbot, window, fake_lau
 
 
 def test_a_device_that_is_not_here_is_shown_and_the_window_still_loads(qtbot, window, shown_errors):
-    from core.options import CaptureOptions
+    from gradexplorer.pipeline.options import CaptureOptions
 
     with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
         start(window, CaptureOptions("demo:seed-mlp", device="cuda:7", target="sum"))
@@ -65,7 +65,7 @@ def test_the_command_line_opens_runs_and_saves_the_window(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
                PYTHONPATH=str(root))
-    result = subprocess.run([sys.executable, "-m", "app", *SETTINGS, "--run", "--screenshot", str(shot)],
+    result = subprocess.run([sys.executable, "-m", "gradexplorer", *SETTINGS, "--run", "--screenshot", str(shot)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.stat().st_size > 10_000

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from app.views import CaptureViews
-from app.views.histogram_view import edge_label
-from core.capture import capture
-from core.dataset_capture import DatasetStats, to_capture
-from core.stats_merge import HIST_BINS, ZERO_BIN, MergeStats, hist_edges
+from gradexplorer.app.views import CaptureViews
+from gradexplorer.app.views.histogram_view import edge_label
+from gradexplorer.capturing.capture import capture
+from gradexplorer.recording.dataset import DatasetStats, to_capture
+from gradexplorer.stats.merge import HIST_BINS, ZERO_BIN, MergeStats, hist_edges
 
 # Values spread over many octaves, both signs, zeros and float32 subnormals, none on an
 # edge (so that which bar holds them does not depend on how edges are closed).

@@ -8,12 +8,12 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from app import dialogs, error_dialog
-from app.main_window import MainWindow
-from app.settings import AppSettings
-from core.capture_summary import default_layer
-from core.devices import DeviceInfo
-from core.errors import BatchError, GradExplorerError, TrustRequired
+from gradexplorer.analysis.summary import default_layer
+from gradexplorer.app.window import dialogs, error_dialog
+from gradexplorer.app.window.main_window import MainWindow
+from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base.devices import DeviceInfo
+from gradexplorer.base.errors import BatchError, GradExplorerError, TrustRequired
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 TIMEOUT = 60_000
@@ -29,7 +29,7 @@ def test_demo_loads_and_runs_through_the_worker(demo):
     assert cap.meta["model"] == "demo:shapes" and cap.meta["categories"][0]
     # The tree shows gradient norms, the batch panel the predictions.
     model = demo.tree_view.tree_model
-    from app.module_tree import COL_GRAD
+    from gradexplorer.app.window.module_tree_view import COL_GRAD
 
     assert model.data(model.index_of("classifier", COL_GRAD))
     text = demo.batch_panel.list.item(0).text()
@@ -184,17 +184,17 @@ def test_a_bug_shows_details_and_the_app_stays_usable(qtbot, demo, shown_errors,
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    import core.capture
+    import gradexplorer.capturing.capture
 
-    real = core.capture.capture
-    monkeypatch.setattr("core.capture.capture", broken)
+    real = gradexplorer.capturing.capture.capture
+    monkeypatch.setattr("gradexplorer.capturing.capture.capture", broken)
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
         demo.run()
     assert done.args == ["failed"]
     message, fix, details = error_dialog.describe(shown_errors[-1][1])
     assert "ZeroDivisionError" in message and "bug" in fix and "boom" in details
     # Only this patch is undone: conftest's dialog and settings patches stay.
-    monkeypatch.setattr("core.capture.capture", real)
+    monkeypatch.setattr("gradexplorer.capturing.capture.capture", real)
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
         demo.run()
     assert done.args == ["ok"]
@@ -294,7 +294,7 @@ def test_launch_with_screenshot(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
                PYTHONPATH=str(root))
-    code = f"from app.gui import launch; raise SystemExit(launch(screenshot={str(shot)!r}))"
+    code = f"from gradexplorer.app.window.launch import launch; raise SystemExit(launch(screenshot={str(shot)!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -305,7 +305,7 @@ def test_dropping_files_on_the_batch_panel_loads_them(qtbot, demo):
     from PySide6.QtCore import QMimeData, QPointF, QUrl
     from PySide6.QtGui import QDropEvent
 
-    from core.demos import SHAPES_SAMPLES
+    from gradexplorer.models.demos import SHAPES_SAMPLES
 
     files = sorted(SHAPES_SAMPLES.glob("*.png"))[:2]
     mime = QMimeData()
@@ -334,7 +334,7 @@ def test_default_layer_of_a_resnet_is_the_last_blocks_output(name, expected):
     relu's last call), not its last BatchNorm, which misses the identity branch."""
     import torchvision
 
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
 
     cap = capture(torchvision.models.get_model(name).eval(), torch.randn(1, 3, 64, 64), mode="stats")
     assert default_layer(cap) == expected

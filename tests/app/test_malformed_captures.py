@@ -12,8 +12,8 @@ import io
 
 import pytest
 
-from app.cli import EXIT_INTERNAL, EXIT_OK, EXIT_USER, main
-from app.cli_diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
+from gradexplorer.app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
+from gradexplorer.app.cli.main import EXIT_INTERNAL, EXIT_OK, EXIT_USER, main
 from tests.app.conftest import TIMEOUT
 from tests.capture_mutations import Mutation, mutations, names_the_field, save, valid_capture_dict
 
@@ -118,7 +118,7 @@ def test_the_window_shows_a_dialog_and_keeps_the_previous_capture(qtbot, window,
 
 
 def test_compare_with_a_malformed_file_shows_a_dialog(qtbot, shown_errors, tmp_path, valid):
-    from app.compare_window import CompareWindow
+    from gradexplorer.app.window.compare_window import CompareWindow
 
     good = save(valid, tmp_path / "good.pt")
     bad = save(_variant(valid, WINDOW_CASES[0]), tmp_path / "bad.pt")
@@ -149,7 +149,7 @@ def test_gradexplorer_capture_file_opens_it_in_the_window_or_says_which_field(tm
     bad = save(_variant(valid, WINDOW_CASES[0]), tmp_path / "bad.pt")
     for path, code in ((good, 0), (bad, 1)):
         shot = tmp_path / f"{path.stem}.png"
-        result = subprocess.run([sys.executable, "-m", "app", str(path), "--screenshot", str(shot)],
+        result = subprocess.run([sys.executable, "-m", "gradexplorer", str(path), "--screenshot", str(shot)],
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         assert result.returncode == code, result.stderr[-2000:]
         assert shot.stat().st_size > 0 and "Traceback" not in result.stderr

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import core.memory_estimate
-from app import dialogs
-from app.main_window import MainWindow
-from core.devices import DeviceInfo
+import gradexplorer.capturing.memory_estimate
+from gradexplorer.app.window import dialogs
+from gradexplorer.app.window.main_window import MainWindow
+from gradexplorer.base.devices import DeviceInfo
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
@@ -55,7 +55,7 @@ def test_estimate_follows_the_batch_size_and_shape(qtbot, demo, tmp_path):
 
 def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
     # 1000 bytes: statistics only would not fit either, so it is not offered
-    monkeypatch.setattr(core.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
+    monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
     panel = demo.run_panel
     panel.update_estimate()
     assert panel.budget_label.isVisibleTo(panel) and "budget" in panel.budget_message
@@ -72,7 +72,7 @@ def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
     est = panel.estimate
     transient = est.transient
     between = (est.io + est.stats + est.total) // 2 + transient
-    monkeypatch.setattr(core.memory_estimate, "budget_bytes", lambda device="cpu": between)
+    monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": between)
     panel.update_estimate()
     assert "statistics-only" in panel.budget_message
     asked = []
@@ -91,7 +91,7 @@ def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
 
 
 def test_over_budget_run_can_be_declined_before_anything_runs(qtbot, demo, monkeypatch):
-    monkeypatch.setattr(core.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
+    monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
     monkeypatch.setattr(dialogs, "ask_item", lambda *a, **k: None)
     started = []
     demo.run_runner.started.connect(started.append)
@@ -106,7 +106,7 @@ def test_over_budget_run_can_be_declined_before_anything_runs(qtbot, demo, monke
 
 
 def test_a_stage_of_unknown_length_is_named_on_the_bar(demo):
-    from core.job import STAGE_KERNELS
+    from gradexplorer.pipeline.job import STAGE_KERNELS
 
     bar = demo.run_panel.progress
     demo.run_panel.set_progress(STAGE_KERNELS, 0, 0)  # the kernels' first compile: ~10 s, say what it is

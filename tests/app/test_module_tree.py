@@ -10,7 +10,7 @@ from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QStyle, QStyleOptionViewItem
 from torch import nn
 
-from app.module_tree import (
+from gradexplorer.app.window.module_tree_view import (
     BADGES_ROLE,
     BAR_ROLE,
     COL_GRAD,
@@ -19,10 +19,10 @@ from app.module_tree import (
     ModuleTreeModel,
     ModuleTreePanel,
 )
-from core.batch import Batch
-from core.loaded_model import LoadedModel
-from core.module_tree import ModuleTree
-from core.session import PreparedModel, Session, prepare_model
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.session import PreparedModel, Session, prepare_model
 
 CHECKED, UNCHECKED, PARTIAL = Qt.CheckState.Checked, Qt.CheckState.Unchecked, Qt.CheckState.PartiallyChecked
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from app.views import CaptureViews
-from core.capture import capture
-from core.capture_summary import default_layer
+from gradexplorer.analysis.summary import default_layer
+from gradexplorer.app.views import CaptureViews
+from gradexplorer.capturing.capture import capture
 
 
 class TokenModel(nn.Module):

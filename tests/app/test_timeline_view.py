@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, Qt
 
-from core.timeline import log_colour, read_timeline
+from gradexplorer.recording.timeline import log_colour, read_timeline
 from tests.core.test_timeline import grad_of, write_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ TIMEOUT = 60_000
 
 @pytest.fixture
 def view(qtbot):
-    from app.views.timeline_view import TimelineView
+    from gradexplorer.app.views.timeline_view import TimelineView
 
     v = TimelineView(poll_ms=100)
     qtbot.addWidget(v)
@@ -64,7 +64,7 @@ def test_click_a_cell_for_histograms_and_lines(qtbot, view, tmp_path):
     qtbot.mouseClick(view.heat_widget.viewport(), Qt.MouseButton.LeftButton, pos=widget_pos)
     qtbot.waitUntil(lambda: view.selected == ["b"], timeout=TIMEOUT)
     qtbot.waitUntil(lambda: view.hist_image.image is not None, timeout=TIMEOUT)
-    from core.stats_merge import MergeStats
+    from gradexplorer.stats.merge import MergeStats
 
     img = view.hist_image.image  # bins used x steps
     assert img.shape[1] == 10
@@ -96,7 +96,7 @@ def test_statistic_and_kind_choices_reload(qtbot, view, tmp_path):
 
 
 def test_follows_a_growing_log_reading_off_the_ui_thread(qtbot, view, tmp_path, monkeypatch):
-    import core.timeline as timeline
+    import gradexplorer.recording.timeline as timeline
 
     threads = []
     real = timeline.read_timeline
@@ -143,7 +143,7 @@ def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
 
 
 def test_export_png_and_csv(qtbot, view, tmp_path, monkeypatch):
-    from app import dialogs
+    from gradexplorer.app.window import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)
@@ -168,8 +168,8 @@ def test_dataset_capture_series(qtbot, view, tmp_path):
     import torch
     from torch import nn
 
-    from core.capture_file import save_capture
-    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.files.capture_file import save_capture
+    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
     stats = capture_dataset(model, iter_tensor_batches(torch.randn(10, 4), None, 3, range(4)))
@@ -190,7 +190,7 @@ def test_dataset_capture_onset_and_export(qtbot, view, tmp_path):
     import torch
     from torch import nn
 
-    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
@@ -220,7 +220,7 @@ def test_unreadable_file_says_so(qtbot, view, tmp_path):
 
 
 def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
-    from app import dialogs
+    from gradexplorer.app.window import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)

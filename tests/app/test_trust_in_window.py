@@ -10,7 +10,7 @@ import textwrap
 
 import torch
 
-from app import dialogs
+from gradexplorer.app.window import dialogs
 from tests.app.conftest import TIMEOUT
 
 
@@ -101,7 +101,8 @@ def test_screenshot_mode_refuses_an_untrusted_factory_with_the_message_on_stderr
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
                PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-m", "app", "--model", f"{factory}:build", "--screenshot", str(shot)],
+    result = subprocess.run([sys.executable, "-m", "gradexplorer", "--model", f"{factory}:build",
+                             "--screenshot", str(shot)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stderr[-2000:]
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]

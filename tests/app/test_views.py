@@ -11,12 +11,12 @@ from PIL import Image
 from PySide6.QtCore import QPoint, QPointF, Qt
 from torch import nn
 
-from app.views import CaptureViews, GradientFlowView
-from core.batch import Batch
-from core.capture import capture
-from core.capture_summary import default_layer
-from core.gradcam import grad_cam
-from core.gradient_flow import flow_series
+from gradexplorer.analysis.gradcam import grad_cam
+from gradexplorer.analysis.gradient_flow import flow_series
+from gradexplorer.analysis.summary import default_layer
+from gradexplorer.app.views import CaptureViews, GradientFlowView
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.inputs import Batch
 
 
 class TinyCNN(nn.Module):
@@ -181,8 +181,8 @@ def test_vit_tokens_show_a_14x14_grid(qtbot):
 
 def test_redraw_of_a_512x28x28_map_follows_display_and_sample(qtbot):
     act = torch.randn(2, 512, 28, 28)
-    from core.capture_data import CallRecord, Capture, LayerRecord
-    from core.stats import tensor_stats
+    from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+    from gradexplorer.stats.summary import tensor_stats
     call = CallRecord(act, act.clone(), None,
                       {"activation": tensor_stats(act), "grad_output": tensor_stats(act), "grad_input": None},
                       "", tuple(act.shape), "float32")
@@ -238,8 +238,8 @@ def test_histogram_of_one_sample_and_of_parameters(views, cnn):
 
 
 def test_histogram_annotates_nonfinite_and_subsampling(qtbot):
-    from core.capture_data import CallRecord, Capture, LayerRecord
-    from core.stats import tensor_stats
+    from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+    from gradexplorer.stats.summary import tensor_stats
     g = torch.randn(1, 600_000)
     g[0, :5] = float("nan")
     g[0, 5] = float("inf")
@@ -319,8 +319,8 @@ def test_flow_scene_click_handler(qtbot):
 
 
 def test_flow_flags_are_coloured():
-    from core.capture_data import CallRecord, Capture, LayerRecord
-    from core.stats import tensor_stats
+    from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+    from gradexplorer.stats.summary import tensor_stats
 
     def rec(g):
         return LayerRecord("Linear", [CallRecord(None, None, None, {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import GradExplorerError
+from gradexplorer.base.errors import GradExplorerError
 from tests.app.conftest import TIMEOUT
 
 
@@ -44,7 +44,7 @@ def test_an_uncaptured_row_keeps_the_views(qtbot, window, monkeypatch):
 
 
 def test_flags_and_norms_are_derived_once_per_capture(qtbot, window, monkeypatch):
-    import core.capture_summary as summary
+    import gradexplorer.analysis.summary as summary
 
     calls = []
     real = summary.layer_flags

@@ -1,4 +1,4 @@
-"""Statistics of many tensors together (core/batched_stats.py) equal float64 NumPy and
+"""Statistics of many tensors together (core/stats/batched.py) equal float64 NumPy and
 ``tensor_stats`` tensor by tensor: the adversarial set of tests/core/test_stats.py at once."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.batched_stats import BLOCK, batched_stats
-from core.stats import tensor_stats
+from gradexplorer.stats.batched import BLOCK, batched_stats
+from gradexplorer.stats.summary import tensor_stats
 from tests.core.test_stats import ADVERSARIAL, _randn, assert_matches_reference
 
 
@@ -56,14 +56,14 @@ def test_a_capture_with_batched_gradient_statistics_equals_one_without(monkeypat
     same NaN/Inf onset."""
     import torchvision
 
-    from core import device_stats
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.stats import device as device_stats
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval()
     x = torch.randn(2, 3, 64, 64)
     plain = capture(model, x, mode="stats")
-    import core.batched_stats as module
+    import gradexplorer.stats.batched as module
 
     calls = []
     real = module.batched_stats
@@ -116,9 +116,9 @@ def test_outputs_known_to_stay_unchanged_are_summarised_together_after_forward(m
     saw no in-place op change together, at the end of forward (one batch before backward's),
     and their statistics are those of the value the module returned (float64 NumPy of the
     tensors plain autograd records), as are the gradients' and the parameters' ones."""
-    import core.batched_stats as module
-    from core.capture import capture
-    from core.selection import leaf_names
+    import gradexplorer.stats.batched as module
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.capturing.selection import leaf_names
     from tests.core.test_stats import numpy_reference
     from tests.ground_truth import reference
 
@@ -168,7 +168,7 @@ def test_an_output_changed_in_place_only_in_a_later_capture_is_summarised_before
     """The last capture saw no in-place op change fc's output, so this one leaves it for the
     end of forward; an in-place ReLU changes it this time: the capture notices (version
     counter) and runs again summarising it at once, so its minimum is still negative."""
-    from core.capture import _MUTATED_OUTPUTS, capture
+    from gradexplorer.capturing.capture import _MUTATED_OUTPUTS, capture
     from tests.core.test_capture import Flip
 
     monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "all")
@@ -188,8 +188,8 @@ def test_an_output_changed_in_place_only_in_a_later_capture_is_summarised_before
 def test_on_the_cpu_batching_waits_for_all(monkeypatch):
     """GRADEXPLORER_BATCHED_STATS=1 batches device tensors only: on the CPU the fused pass per
     tensor is faster, and a capture there runs as without the variable."""
-    import core.batched_stats as module
-    from core.capture import capture
+    import gradexplorer.stats.batched as module
+    from gradexplorer.capturing.capture import capture
     from tests import people_models
 
     model, x = people_models.dict_output(), torch.randn(4, 5)
@@ -206,8 +206,8 @@ def test_on_the_cpu_batching_waits_for_all(monkeypatch):
 def test_a_batch_that_fails_is_summarised_one_tensor_at_a_time(monkeypatch, caplog):
     """The batch's buffers can exhaust a GPU that forward and backward have filled: then the
     kept tensors are summarised one by one, with the same numbers, and the capture goes on."""
-    import core.batched_stats as module
-    from core.capture import capture
+    import gradexplorer.stats.batched as module
+    from gradexplorer.capturing.capture import capture
     from tests import people_models
 
     model, x = people_models.transformer(), torch.randint(0, 11, (3, 5))
@@ -239,7 +239,7 @@ def test_a_failed_batch_of_device_tensors_goes_to_the_per_tensor_kernels(monkeyp
     """Where the fused per-tensor kernels apply (GPU tensors), a failed batch falls back to
     them, not to the torch operations (whose float64 temporaries would need more of a full
     GPU): their rows fill the very dicts the records already hold, at ``resolve``."""
-    from core import device_stats
+    from gradexplorer.stats import device as device_stats
 
     launched = []
 
@@ -250,7 +250,7 @@ def test_a_failed_batch_of_device_tensors_goes_to_the_per_tensor_kernels(monkeyp
     def failing(tensors, limit):
         raise RuntimeError("CUDA out of memory")
 
-    import core.batched_stats as module
+    import gradexplorer.stats.batched as module
 
     monkeypatch.setattr(module, "batched_stats", failing)
     monkeypatch.setattr(device_stats, "launch", fake_launch)

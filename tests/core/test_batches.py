@@ -1,4 +1,4 @@
-"""Tests for core.batches: images, tensor files, random batches, labels, shape checks."""
+"""Tests for gradexplorer.batches: images, tensor files, random batches, labels, shape checks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
-from core.batch import Batch
-from core.batches import (
+from gradexplorer.base.errors import BatchError
+from gradexplorer.batches import (
     DEFAULT_PREPROCESS_DESCRIPTION,
     check_batch_shape,
     describe,
@@ -21,8 +21,8 @@ from core.batches import (
     parse_labels,
     random_batch,
 )
-from core.errors import BatchError
-from core.loaded_model import LoadedModel
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models.loaded_model import LoadedModel
 
 
 def identity_preprocess(img: Image.Image) -> torch.Tensor:
@@ -536,7 +536,8 @@ def test_load_batch_demo_asks_core_demos_for_the_model_spec(monkeypatch):
         seen.append(spec)
         return random_batch("3x1x4x4")
 
-    monkeypatch.setitem(__import__("sys").modules, "core.demos", types.SimpleNamespace(demo_batch=demo_batch))
+    monkeypatch.setitem(__import__("sys").modules, "gradexplorer.models.demos",
+                        types.SimpleNamespace(demo_batch=demo_batch))
     model = LoadedModel(module=torch.nn.Identity(), spec="demo:shapes", name="d", input_shape=(1, 4, 4))
     batch = load_batch(["demo"], model, labels="0,1,2")
     assert seen == ["demo:shapes"]

@@ -10,10 +10,10 @@ import torch
 import torchvision
 from torch import nn
 
-from core.capture import capture
-from core.errors import CaptureCancelled, CaptureError, GradExplorerError
-from core.selection import leaf_names
-from core.stats import tensor_stats
+from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.selection import leaf_names
+from gradexplorer.stats.summary import tensor_stats
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 from tests.ground_truth import compare, reference
 
@@ -499,7 +499,7 @@ class TwoBranches(nn.Module):
 
 @pytest.mark.parametrize("mode", ["stats", "full"])
 def test_a_gradient_handed_to_two_hooks_is_summarised_once(mode, monkeypatch):
-    import core.device_stats as device_stats
+    import gradexplorer.stats.device as device_stats
 
     torch.manual_seed(3)
     model = TwoBranches()

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.capture_file import FORMAT, VERSION, atomic_save, load_capture, save_capture
-from core.errors import CaptureFileError
+from gradexplorer.base.errors import CaptureFileError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.files.capture_file import FORMAT, VERSION, atomic_save, load_capture, save_capture
 
 
 def small_capture(mode="full"):
@@ -100,12 +100,12 @@ def test_read_only_folder(tmp_path):
 
 def test_read_only_folder_even_as_root(tmp_path, monkeypatch):
     """Simulated: the temporary file refused with EROFS (what a read-only mount says, even to root)."""
-    import core.file_write
+    import gradexplorer.base.file_write
 
     def refuse(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(core.file_write, "_open_temp", refuse)
+    monkeypatch.setattr(gradexplorer.base.file_write, "_open_temp", refuse)
     with pytest.raises(CaptureFileError, match="permission denied"):
         save_capture(small_capture(), tmp_path / "c.pt")
 
@@ -127,13 +127,13 @@ def test_disk_full_leaves_no_partial_file_and_keeps_the_old_one(tmp_path):
 
 
 def test_a_capture_larger_than_the_free_space_is_refused_before_writing(tmp_path, monkeypatch):
-    import core.file_write
+    import gradexplorer.base.file_write
 
     cap = small_capture()
-    monkeypatch.setattr(core.file_write, "_free_bytes", lambda folder: 16)
+    monkeypatch.setattr(gradexplorer.base.file_write, "_free_bytes", lambda folder: 16)
     with pytest.raises(CaptureFileError, match="Not enough disk space") as info:
         save_capture(cap, tmp_path / "c.pt")
     assert "16 B free" in info.value.problem
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(core.file_write, "_free_bytes", lambda folder: 10 << 30)
+    monkeypatch.setattr(gradexplorer.base.file_write, "_free_bytes", lambda folder: 10 << 30)
     assert save_capture(cap, tmp_path / "c.pt").is_file()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from core.capture import capture
-from core.capture_file import VERSION, capture_to_dict, load_capture, save_capture
-from core.capture_meta import RUN_KEYS, SOURCE_KEYS, CaptureMeta, capture_meta
-from core.job import CaptureJob
-from core.options import BatchSpec, CaptureOptions
+from gradexplorer.capturing.capture import capture
+from gradexplorer.files.capture_file import VERSION, capture_to_dict, load_capture, save_capture
+from gradexplorer.files.meta import RUN_KEYS, SOURCE_KEYS, CaptureMeta, capture_meta
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
 DATA = Path(__file__).parent / "data"
 SAMPLES = ("circle_1.png", "cross_1.png")

@@ -1,5 +1,5 @@
 """Malformed capture files (loadable with weights_only=True, but not captures): one message
-naming the field, from the one schema walk in core.capture_schema, before anything reads it."""
+naming the field, from the one schema walk in gradexplorer.files.schema, before anything reads it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.capture_file import load_capture
-from core.errors import CaptureFileError
+from gradexplorer.base.errors import CaptureFileError
+from gradexplorer.files.capture_file import load_capture
 from tests.capture_mutations import deep, save, valid_capture_dict
 
 DATA = Path(__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""core.compare against hand computation, plain autograd and float64 NumPy."""
+"""gradexplorer.comparison.compare against hand computation, plain autograd and float64 NumPy."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from core.capture import capture
-from core.capture_file import load_capture, save_capture
-from core.compare import (
+from gradexplorer.analysis.gradient_flow import flow_series
+from gradexplorer.capturing.capture import capture
+from gradexplorer.comparison.compare import (
     CompareError,
     Tolerance,
     compare,
@@ -25,8 +25,9 @@ from core.compare import (
     stats_diff,
     tensor_diff,
 )
-from core.gradient_flow import flow_series
-from core.stats import STAT_KEYS as ALL_STAT_KEYS, tensor_stats
+from gradexplorer.files.capture_file import load_capture, save_capture
+from gradexplorer.stats.moments import STAT_KEYS as ALL_STAT_KEYS
+from gradexplorer.stats.summary import tensor_stats
 
 
 def _np(t):
@@ -327,7 +328,7 @@ def test_prefix_mapping():
     assert map_name("other", m) == "other"
     with pytest.raises(CompareError, match="prefix"):
         compare_mapping_error = {"backbone.": "encoder"}
-        from core.compare import check_mapping
+        from gradexplorer.comparison.compare import check_mapping
 
         check_mapping(compare_mapping_error)
 
@@ -499,7 +500,7 @@ def test_flow_comparison_reuses_flow_series():
 
 
 def test_statistics_keys_cover_core_stats():
-    from core.compare import STAT_KEYS
+    from gradexplorer.comparison.compare import STAT_KEYS
 
     scalar = [k for k in ALL_STAT_KEYS if k not in ("numel", "hist", "hist_range", "hist_exact", "overflow")]
     assert set(scalar) <= set(STAT_KEYS)
@@ -509,7 +510,7 @@ def test_forward_order_is_the_order_calls_returned():
     torchvision = pytest.importorskip("torchvision")
     net = torchvision.models.resnet18(num_classes=4).eval()
     cap = capture(net, torch.randn(1, 3, 32, 32), layers="layer1.0.*")
-    from core.compare import forward_order
+    from gradexplorer.comparison.compare import forward_order
 
     # BasicBlock: relu's second call comes after bn2 (and the residual sum), not before conv2.
     assert forward_order(cap) == [("layer1.0.conv1", 0), ("layer1.0.bn1", 0), ("layer1.0.relu", 0),

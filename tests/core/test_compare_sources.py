@@ -6,11 +6,11 @@ import pytest
 import torch
 import torchvision
 
-from core.capture import capture
-from core.compare import compare
-from core.compare_sources import Variant, compare_variant
-from core.errors import GradExplorerError
-from core.options import BatchSpec, CaptureOptions
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.comparison.compare import compare
+from gradexplorer.pipeline.compare_sources import Variant, compare_variant
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from tests.conftest import assert_no_hooks
 
 
@@ -32,7 +32,7 @@ def test_autocast_variant_runs_the_same_batch_under_bf16(base):
 
 
 def test_reference_capture_is_reused_and_progress_is_staged(base):
-    from core.job import CaptureJob
+    from gradexplorer.pipeline.job import CaptureJob
 
     job = CaptureJob(base)
     a = job.run()

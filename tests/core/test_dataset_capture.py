@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture_file import load_capture, save_capture
-from core.dataset_capture import (
+from gradexplorer.base.errors import CaptureCancelled
+from gradexplorer.files.capture_file import load_capture, save_capture
+from gradexplorer.recording.dataset import (
     DatasetStats,
     batch_count,
     capture_dataset,
@@ -19,8 +20,7 @@ from core.dataset_capture import (
     shard,
     to_capture,
 )
-from core.errors import CaptureCancelled
-from core.stats_merge import MergeStats
+from gradexplorer.stats.merge import MergeStats
 from tests.core.test_stats_merge import reference, reference_hist
 
 

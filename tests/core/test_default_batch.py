@@ -1,4 +1,4 @@
-"""The one rule for "which batch when the user named none" (core.job.default_batch_spec)."""
+"""The one rule for "which batch when the user named none" (gradexplorer.pipeline.job.default_batch_spec)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import GradExplorerError
-from core.job import CaptureJob, default_batch_spec, probe_model
-from core.loaded_model import LoadedModel
-from core.options import BatchSpec, CaptureOptions
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.job import CaptureJob, default_batch_spec, probe_model
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
 
 class TinyLM(nn.Module):
@@ -39,7 +39,7 @@ def test_a_known_input_shape_is_written_out_in_the_spec():
 
 
 def test_a_demo_model_gets_its_own_batch():
-    from core.demos import load_demo
+    from gradexplorer.models.demos import load_demo
 
     loaded = load_demo("demo:seed-mlp")
     assert default_batch_spec(loaded) == BatchSpec(demo=True)

@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 from torch import nn
 
-from core import demos, shapes
-from core.batch import Batch
-from core.capture import capture
-from core.errors import GradExplorerError
-from core.gradcam import grad_cam
-from core.loaded_model import LoadedModel
+from gradexplorer.analysis.gradcam import grad_cam
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models import demos, shape_pictures as shapes
+from gradexplorer.models.loaded_model import LoadedModel
 
 # Seeds never used by scripts/make_shapes_demo.py (training 1000-1009, validation 2, samples 3).
 FRESH_SEED = 20_240_601

@@ -1,4 +1,4 @@
-"""Deferred statistics (core/device_stats.py): the CPU path, the resolution of a kernel row,
+"""Deferred statistics (core/stats/device.py): the CPU path, the resolution of a kernel row,
 the fallback when the kernels fail, and the Triton kernels themselves in Triton's
 interpreter (on the CPU: the GPU tests run them compiled)."""
 
@@ -15,9 +15,10 @@ import textwrap
 import pytest
 import torch
 
-from core import device_stats
-from core.device_stats import DeferredStats, stats_from_row
-from core.stats import HIST_BINS, histogram_range, histogram_sample, tensor_stats
+from gradexplorer.stats import device as device_stats
+from gradexplorer.stats.device import DeferredStats, stats_from_row
+from gradexplorer.stats.moments import HIST_BINS, histogram_range, histogram_sample
+from gradexplorer.stats.summary import tensor_stats
 from tests.conftest import ROOT
 
 CASES = {
@@ -99,7 +100,7 @@ def test_a_kernel_failure_falls_back_to_torch_operations_for_good(monkeypatch, c
     monkeypatch.setattr(device_stats, "launch", broken)
     summaries = DeferredStats(1 << 14, fused=True)
     t = torch.randn(1000)
-    with caplog.at_level(logging.WARNING, logger="core.device_stats"):
+    with caplog.at_level(logging.WARNING, logger="gradexplorer.stats.device"):
         stats = summaries.summarize(t)
     assert "fused GPU statistics failed" in caplog.text and "PTX JIT" in caplog.text
     assert_stats_close(stats, tensor_stats(t), t.numel())
@@ -137,9 +138,9 @@ def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
         sys.path.insert(0, {str(ROOT)!r})
         import torch
         from torch import nn
-        from core import device_stats
-        from core.capture import capture
-        from core.stats import tensor_stats
+        from gradexplorer.stats import device as device_stats
+        from gradexplorer.capturing.capture import capture
+        from gradexplorer.stats.summary import tensor_stats
         from tests.core.test_device_stats import CASES, assert_stats_close
 
         assert device_stats.fused_available()

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import core.devices as devices_mod
-from core.devices import DeviceInfo, free_memory, list_devices, resolve_device
-from core.errors import GradExplorerError
+import gradexplorer.base.devices as devices_mod
+from gradexplorer.base.devices import DeviceInfo, free_memory, list_devices, resolve_device
+from gradexplorer.base.errors import GradExplorerError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_mps = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""core.file_write: no file of the user's is ever destroyed, whatever the output path is.
+"""gradexplorer.base.file_write: no file of the user's is ever destroyed, whatever the output path is.
 
 Special files are private nodes made in a temporary folder (never the real /dev): a
 character device with /dev/null's numbers (1, 3) and one with /dev/full's (1, 7), a FIFO,
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import core.file_write as fw
-from core.errors import CaptureFileError
-from core.file_write import (
+import gradexplorer.base.file_write as fw
+from gradexplorer.base.errors import CaptureFileError
+from gradexplorer.base.file_write import (
     FileWriteError,
     SaveInterrupted,
     atomic_write,
@@ -408,7 +408,7 @@ SLOW_CAPTURE = textwrap.dedent(
             self.fh.flush()
 
     torch.save = lambda obj, fh, *a, **k: real_save(obj, Slow(fh), *a, **k)
-    from app.cli import main
+    from gradexplorer.app.cli.main import main
     sys.exit(main(["capture", "--model", "demo:shapes", "--stats-only", "--out", sys.argv[1], "-q"]))
     """
 )
@@ -465,8 +465,8 @@ DESTRUCTOR_WRITE = """
 import sys
 import torch
 import torch.serialization as ts
-import core.file_write as fw
-from core.file_write import SaveInterrupted, atomic_write
+import gradexplorer.base.file_write as fw
+from gradexplorer.base.file_write import SaveInterrupted, atomic_write
 
 def interrupted_exit(self, *args):
     raise SaveInterrupted("SIGINT")  # the signal's handler, before write_end_of_file

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from app.cli import main
-from core.capture import capture
-from core.errors import CaptureError
-from core.forward_errors import SHAPE_FIX
-from core.module_tree import ModuleTree
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import CaptureError
+from gradexplorer.base.forward_errors import SHAPE_FIX
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.module_tree import ModuleTree
 
 
 class Boom(nn.Module):

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from core.errors import GradExplorerError
-from core.gradcam import cam_supported, grad_cam, overlay, turbo
+from gradexplorer.analysis.gradcam import cam_supported, grad_cam, overlay, turbo
+from gradexplorer.base.errors import GradExplorerError
 
 
 def _tiny():

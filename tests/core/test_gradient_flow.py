@@ -1,4 +1,4 @@
-"""core.gradient_flow: per-layer series and flags, on hand-made and real captures."""
+"""gradexplorer.analysis.gradient_flow: per-layer series and flags, on hand-made and real captures."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.capture_data import CallRecord, Capture, LayerRecord
-from core.errors import GradExplorerError
-from core.gradient_flow import aggregate, flow_series, layer_flags
-from core.stats import tensor_stats
+from gradexplorer.analysis.gradient_flow import aggregate, flow_series, layer_flags
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+from gradexplorer.stats.summary import tensor_stats
 
 
 def _call(grad: torch.Tensor | None, act: torch.Tensor | None = None) -> CallRecord:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.errors import CaptureError, GradExplorerError
-from core.graph import ModelGraph, extract_graph, graph_for_capture
+from gradexplorer.base.errors import CaptureError, GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.model_graph.graph import ModelGraph, extract_graph, graph_for_capture
 from tests.conftest import assert_no_hooks
 
 
@@ -381,7 +381,7 @@ def test_every_module_call_of_resnet18_is_one_node():
 def test_a_block_captured_through_its_leaves_shows_its_last_calls_output_statistics():
     import torchvision
 
-    from core.graph_render import node_colors, node_value
+    from gradexplorer.model_graph.render import node_colors, node_value
 
     torch.manual_seed(0)
     m = torchvision.models.resnet18().eval()

@@ -1,4 +1,4 @@
-"""The graph coloured by divergence: the numbers on the nodes are core.compare's for the same
+"""The graph coloured by divergence: the numbers on the nodes are gradexplorer.comparison.compare's for the same
 layer and call, and a hand-made difference (one weight scaled by 1.1) lands where it must."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from core.capture import capture
-from core.compare import compare
-from core.graph import extract_graph
-from core.graph_compare import DIVERGENCE_BY, attach_comparison
-from core.graph_layout import layout_view
-from core.graph_render import NO_DATA, color_scale, colormap, diverging_colormap, node_colors, to_svg
+from gradexplorer.capturing.capture import capture
+from gradexplorer.comparison.compare import compare
+from gradexplorer.model_graph.compare import DIVERGENCE_BY, attach_comparison
+from gradexplorer.model_graph.graph import extract_graph
+from gradexplorer.model_graph.layout import layout_view
+from gradexplorer.model_graph.render import NO_DATA, color_scale, colormap, diverging_colormap, node_colors, to_svg
 from tests.core.test_compare import Chain
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.graph_grads import graph_gradients
+from gradexplorer.model_graph.grads import graph_gradients
 from tests.conftest import assert_no_hooks, snapshot
 from tests.core.test_graph import DictOut, InplaceBlock, Recurrent, TwoBranch
 
@@ -212,8 +212,8 @@ class SpikeIntoModule(nn.Module):
 
 
 def test_a_capture_puts_gradients_and_flags_on_ops_that_feed_a_module():
-    from core.capture import capture
-    from core.graph import extract_graph
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.model_graph.graph import extract_graph
 
     torch.manual_seed(0)
     m = SpikeIntoModule()

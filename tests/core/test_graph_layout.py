@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from core.errors import GradExplorerError
-from core.graph import extract_graph
-from core.graph_grads import graph_gradients
-from core.graph_layout import ENGINES, available_engines, layout_view
-from core.graph_render import (
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.model_graph.grads import graph_gradients
+from gradexplorer.model_graph.graph import extract_graph
+from gradexplorer.model_graph.layout import ENGINES, available_engines, layout_view
+from gradexplorer.model_graph.render import (
     NO_DATA,
     color_scale,
     colormap,
@@ -139,8 +139,8 @@ def test_a_dot_layout_does_not_import_igraph_and_preload_does():
 
     code = (
         "import sys, torch\n"
-        "from core.graph import extract_graph\n"
-        "from core.graph_layout import available_engines, layout_view, preload_engines\n"
+        "from gradexplorer.model_graph.graph import extract_graph\n"
+        "from gradexplorer.model_graph.layout import available_engines, layout_view, preload_engines\n"
         "from tests.core.test_graph import TwoBranch\n"
         "g = extract_graph(TwoBranch(), torch.randn(1, 4))\n"
         "engines = available_engines()\n"

@@ -1,4 +1,4 @@
-"""core.heatmaps: pictures of captured tensors; ground truth from the tensors themselves."""
+"""gradexplorer.analysis.heatmaps: pictures of captured tensors; ground truth from the tensors themselves."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.errors import GradExplorerError
-from core.heatmaps import (
+from gradexplorer.analysis.heatmaps import (
     describe_layout,
     display_image,
     grad_x_activation,
@@ -19,6 +17,8 @@ from core.heatmaps import (
     saliency_map,
     symmetric_levels,
 )
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
 
 
 class TinyCNN(nn.Module):

@@ -8,9 +8,10 @@ import threading
 import pytest
 import torch
 
-from core.batch import Batch
-from core.errors import CaptureCancelled, GradExplorerError
-from core.job import (
+from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.job import (
     STAGE_DOWNLOAD,
     STAGE_KERNELS,
     STAGE_LOAD_BATCH,
@@ -19,8 +20,7 @@ from core.job import (
     CaptureJob,
     OverBudget,
 )
-from core.loaded_model import LoadedModel
-from core.options import BatchSpec, CaptureOptions
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from tests.ground_truth import compare, reference
 
 MLP = CaptureOptions("demo:seed-mlp", batch=BatchSpec(random="4x10"), device="cpu")
@@ -31,7 +31,7 @@ def no_hooks_left(model: torch.nn.Module) -> bool:
 
 
 def test_run_matches_autograd_and_reports_each_stage(monkeypatch):
-    from core import cpu_stats
+    from gradexplorer.stats import cpu as cpu_stats
 
     # As in a fresh process: the kernels are prepared as a stage of their own, before forward.
     monkeypatch.setattr(cpu_stats, "_prepared", set())
@@ -66,14 +66,14 @@ def test_each_step_runs_once():
 
 
 def test_a_given_model_and_batch_are_not_loaded_again(monkeypatch):
-    import core.batches
-    import core.models
+    import gradexplorer.batches
+    import gradexplorer.models
 
     def refuse(*args, **kwargs):
         raise AssertionError("loaded again")
 
-    monkeypatch.setattr(core.models, "load_model", refuse)
-    monkeypatch.setattr(core.batches, "load_batch", refuse)
+    monkeypatch.setattr(gradexplorer.models, "load_model", refuse)
+    monkeypatch.setattr(gradexplorer.batches, "load_batch", refuse)
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(10, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
     loaded = LoadedModel(module, "net.pt", "net", categories=["a", "b", "c"], input_shape=(10,))
@@ -123,8 +123,8 @@ def test_cancel_between_steps_stops_and_leaves_the_model_clean():
 
 
 def test_download_reports_progress_and_honours_cancel(monkeypatch):
-    import core.models
-    import core.weights
+    import gradexplorer.models
+    import gradexplorer.models.weights
 
     cancel = threading.Event()
     calls = []
@@ -135,9 +135,9 @@ def test_download_reports_progress_and_honours_cancel(monkeypatch):
         if cancel is not None and cancel.is_set():
             raise CaptureCancelled()
 
-    monkeypatch.setattr(core.weights, "is_cached", lambda weights: False)
-    monkeypatch.setattr(core.weights, "fetch_weights", fake_fetch)
-    monkeypatch.setattr(core.models, "load_model", lambda *a, **k: pytest.fail("loaded after a cancel"))
+    monkeypatch.setattr(gradexplorer.models.weights, "is_cached", lambda weights: False)
+    monkeypatch.setattr(gradexplorer.models.weights, "fetch_weights", fake_fetch)
+    monkeypatch.setattr(gradexplorer.models, "load_model", lambda *a, **k: pytest.fail("loaded after a cancel"))
     seen = []
 
     def progress(stage, done, total):
@@ -152,7 +152,7 @@ def test_download_reports_progress_and_honours_cancel(monkeypatch):
 
 
 def test_over_the_budget_names_the_figure_and_the_ways_out():
-    from core.memory_estimate import format_bytes
+    from gradexplorer.capturing.memory_estimate import format_bytes
 
     job = CaptureJob(dataclasses.replace(MLP, memory_budget=1000))
     with pytest.raises(OverBudget) as info:
@@ -178,7 +178,7 @@ def test_over_the_budget_names_the_figure_and_the_ways_out():
 
 
 def test_kernels_prepared_for_the_dtypes_the_capture_summarises(monkeypatch):
-    from core import cpu_stats
+    from gradexplorer.stats import cpu as cpu_stats
 
     if not cpu_stats.available():
         pytest.skip("numba kernels unavailable")
@@ -235,9 +235,9 @@ def test_cross_entropy_without_labels_and_a_class_out_of_range():
 
 
 def test_a_device_that_is_not_there_fails_before_loading(monkeypatch):
-    import core.models
+    import gradexplorer.models
 
-    monkeypatch.setattr(core.models, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(gradexplorer.models, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(GradExplorerError) as info:
         CaptureJob(dataclasses.replace(MLP, device="cuda:7")).run()
     assert "cuda:7" in str(info.value)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torchvision
 
-from core.capture import capture
-from core.memory_estimate import (
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.memory_estimate import (
     STATS_BYTES,
     MemoryEstimate,
     check_budget,
@@ -21,9 +21,9 @@ from core.memory_estimate import (
     largest_tensor_bytes,
     measure_capture_memory,
 )
-from core.module_tree import ModuleTree
-from core.selection import resolve_layers
-from core.stats import HIST_BINS
+from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.capturing.selection import resolve_layers
+from gradexplorer.stats.moments import HIST_BINS
 from tests.conftest import ROOT
 
 TOLERANCE = 0.15
@@ -120,7 +120,7 @@ def test_format_bytes():
 
 
 def test_budget_check(monkeypatch):
-    import core.memory_estimate as me
+    import gradexplorer.capturing.memory_estimate as me
 
     est = MemoryEstimate(activations=6 * 2**30, grad_outputs=2 * 2**30, io=2**20, stats=2**20)
     monkeypatch.setattr(me, "budget_bytes", lambda device="cpu": 4 * 2**30)
@@ -150,7 +150,7 @@ def test_statistics_only_capture_holds_no_tensor_larger_than_a_histogram():
 _RSS_CHILD = textwrap.dedent("""
     import json, resource, sys, torch, torchvision
     sys.path.insert(0, {root!r})
-    from core.capture import capture
+    from gradexplorer.capturing.capture import capture
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     x = torch.randn(8, 3, 112, 112)

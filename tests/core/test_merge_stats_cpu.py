@@ -1,4 +1,4 @@
-"""The compiled MergeStats path (core.merge_stats_cpu) against float64 NumPy and the torch path."""
+"""The compiled MergeStats path (gradexplorer.stats.merge_cpu) against float64 NumPy and the torch path."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import core.merge_stats_cpu as fast
-from core.stats_merge import _FOLD, HIST_BINS, MergeStats, log2_histogram
+import gradexplorer.stats.merge_cpu as fast
+from gradexplorer.stats.merge import _FOLD, HIST_BINS, MergeStats, log2_histogram
 from tests.core.test_stats_merge import reference, reference_hist
 
 pytestmark = pytest.mark.skipif(not fast._kernels(), reason="numba kernels unavailable")
@@ -97,7 +97,7 @@ def test_distance_and_row_norms_equal_float64():
     got = fast.row_norms(x)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    from core.stats_merge import per_sample_norms
+    from gradexplorer.stats.merge import per_sample_norms
 
     torch.testing.assert_close(per_sample_norms(x.permute(0, 2, 1)), want, rtol=0, atol=0)  # not contiguous
     assert fast.row_norms(torch.randn(3).double()) is None

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
-from core.errors import ModelLoadError
-from core.models import load_model
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import ModelLoadError
+from gradexplorer.models import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "gradexplorer"
@@ -102,12 +102,12 @@ def test_messages_speak_cli_words(tmp_path):
 def test_detection_model_is_refused_before_download_build_or_forward(tmp_path, capsys, monkeypatch):
     import torchvision
 
-    import core.weights
+    import gradexplorer.models.weights
 
     def no(*args, **kwargs):
         raise AssertionError("a detection model was downloaded or built")
 
-    monkeypatch.setattr(core.weights, "fetch_weights", no)
+    monkeypatch.setattr(gradexplorer.models.weights, "fetch_weights", no)
     monkeypatch.setattr(torchvision.models.detection, "fasterrcnn_resnet50_fpn", no)
     code = main(["capture", "--model", "fasterrcnn_resnet50_fpn", "--weights", "DEFAULT",
                  "--random", "1x3x64x64", "--out", str(tmp_path / "d.pt")])

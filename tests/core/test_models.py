@@ -12,10 +12,10 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-import core.weights as weights_mod
-from core.errors import ModelLoadError, TrustRequired
-from core.loaded_model import LoadedModel
-from core.models import load_model
+import gradexplorer.models.weights as weights_mod
+from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.models import load_model
+from gradexplorer.models.loaded_model import LoadedModel
 
 
 @pytest.fixture(autouse=True)
@@ -175,7 +175,7 @@ def test_missing_weights_file(tmp_path):
 
 
 def test_demo_specs_delegate_to_core_demos():
-    demos = pytest.importorskip("core.demos")
+    demos = pytest.importorskip("gradexplorer.models.demos")
     loaded = load_model("demo:seed-mlp")
     assert loaded.spec == "demo:seed-mlp"
     assert isinstance(loaded.module, demos.SeedMLP)

@@ -4,8 +4,8 @@ import torch
 import torchvision
 from torch import nn
 
-from core.errors import CaptureError
-from core.module_tree import ModuleTree
+from gradexplorer.base.errors import CaptureError
+from gradexplorer.capturing.module_tree import ModuleTree
 from tests.conftest import assert_no_hooks
 
 

@@ -1,4 +1,4 @@
-"""Where NaN/Inf began (core/nonfinite.py through capture): models that divide by zero
+"""Where NaN/Inf began (core/capturing/nonfinite.py through capture): models that divide by zero
 mid-forward, take sqrt(0) (an Inf gradient with a finite forward), overflow a Linear, or
 get a NaN batch. The expected place is checked against plain forward hooks and
 torch.autograd.grad on the same model, without gradexplorer."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.capture_file import load_capture, save_capture
-from core.nonfinite import describe_onset, onset_location
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.nonfinite import describe_onset, onset_location
+from gradexplorer.files.capture_file import load_capture, save_capture
 from tests.conftest import assert_no_hooks
 
 
@@ -193,7 +193,7 @@ def test_inputs_no_module_produced_are_checked_when_the_output_broke(make, expec
 
 def test_a_finite_capture_checks_no_input_that_no_module_produced(monkeypatch):
     """The aminmax passes of the tracker are spent only where an output broke."""
-    import core.nonfinite as nonfinite
+    import gradexplorer.capturing.nonfinite as nonfinite
 
     calls = []
     real = torch.aminmax

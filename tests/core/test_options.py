@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from core.errors import GradExplorerError
-from core.options import BatchSpec, CaptureOptions
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
 
 def test_options_are_frozen_hashable_and_normalised():

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from app.cli import main
-from core.batches import load_batch, random_batch, random_batch_for, recipe_for
-from core.errors import BatchError
-from core.loaded_model import LoadedModel
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import BatchError
+from gradexplorer.batches import load_batch, random_batch, random_batch_for, recipe_for
+from gradexplorer.models.loaded_model import LoadedModel
 
 
 class TinyLM(nn.Module):
@@ -103,7 +103,7 @@ def test_cli_random_for_a_bf16_token_model(tmp_path, capsys):
     out = tmp_path / "lm.pt"
     code = main(["capture", "--model", f"{nets}:build", "--trust", "--random", "--out", str(out), "-q"])
     assert code == 0, capsys.readouterr().err
-    from core.capture_file import load_capture
+    from gradexplorer.files.capture_file import load_capture
 
     capture = load_capture(out)
     assert capture.input.dtype == torch.int64 and capture.input.shape == (2, 16)

@@ -14,10 +14,10 @@ import torch
 import torchvision
 from torch import nn
 
-import core.devices as devices
-from core.capture import capture
-from core.errors import CaptureCancelled, CaptureError, GradExplorerError
-from core.stats import has_nonfinite
+import gradexplorer.base.devices as devices
+from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.stats.moments import has_nonfinite
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 

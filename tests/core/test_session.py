@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from core.batch import Batch
-from core.errors import CaptureCancelled, GradExplorerError
-from core.loaded_model import LoadedModel
-from core.session import Session, prepare_model, tree_from_names
+from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.session import Session, prepare_model, tree_from_names
 
 
 class Block(nn.Module):
@@ -220,7 +220,7 @@ def test_tree_from_names_nests():
 
 
 def test_session_module_imports_no_qt():
-    code = ("import sys, core.session; print(any(m.split('.')[0] in "
+    code = ("import sys, gradexplorer.pipeline.session; print(any(m.split('.')[0] in "
             "('PySide6', 'PyQt5', 'PyQt6', 'pyqtgraph', 'superqt', 'qtpy') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__('pathlib').Path(__file__).resolve().parents[2]))

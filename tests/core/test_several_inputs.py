@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from app.cli import main
-from core.batches import load_batch, load_tensor_file
-from core.capture import capture
-from core.module_tree import ModuleTree
+from gradexplorer.app.cli.main import main
+from gradexplorer.batches import load_batch, load_tensor_file
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.module_tree import ModuleTree
 
 
 class TwoFrames(nn.Module):
@@ -58,7 +58,7 @@ def test_keyword_inputs_and_labels_from_a_dict(tmp_path):
     model = TwoFrames().eval()
     torch.testing.assert_close(batch.inputs.call(model), model(frame1=f1, frame2=f2))
     # the capture file keeps the keyword inputs, and they run the model again
-    from core.capture_file import load_capture, save_capture
+    from gradexplorer.files.capture_file import load_capture, save_capture
 
     cap = capture(model, batch.model_input, target="sum", mode="stats")
     loaded = load_capture(save_capture(cap, tmp_path / "kw_cap.pt"))
@@ -119,7 +119,7 @@ def test_cli_capture_with_a_pair_file(tmp_path, capsys):
     code = main(["capture", "--model", f"{nets}:build", "--trust", "--input", str(tmp_path / "pair.pt"),
                  "--target", "sum", "--out", str(out), "-q"])
     assert code == 0, capsys.readouterr().err
-    from core.capture_file import load_capture
+    from gradexplorer.files.capture_file import load_capture
 
     cap = load_capture(out)
     assert set(cap.layers) >= {"a", "b"}
@@ -138,8 +138,8 @@ def test_cli_capture_with_a_pair_file(tmp_path, capsys):
 
 
 def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
-    from core.errors import BatchError
-    from core.loaded_model import LoadedModel
+    from gradexplorer.base.errors import BatchError
+    from gradexplorer.models.loaded_model import LoadedModel
 
     torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "sd.pt")  # a state dict by mistake
     loaded = LoadedModel(module=TwoFrames(), spec="t", name="t")
@@ -149,9 +149,9 @@ def test_names_the_forward_does_not_take_are_refused_before_it_runs(tmp_path):
 
 
 def test_the_estimate_counts_every_input_while_forward_runs():
-    from core.batch import ModelInputs
-    from core.memory_estimate import estimate_capture_memory
-    from core.selection import resolve_layers
+    from gradexplorer.capturing.inputs import ModelInputs
+    from gradexplorer.capturing.memory_estimate import estimate_capture_memory
+    from gradexplorer.capturing.selection import resolve_layers
 
     model = TwoFrames().eval()
     f1, f2 = _frames(4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import shapes
+from gradexplorer.models import shape_pictures as shapes
 
 
 def test_same_seed_gives_same_pixels_label_and_mask():

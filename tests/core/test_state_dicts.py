@@ -11,10 +11,10 @@ import torch
 import torchvision
 from torch import nn
 
-from app.cli import main
-from core.errors import ModelLoadError
-from core.models import load_model
-from core.weights import model_task
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import ModelLoadError
+from gradexplorer.models import load_model
+from gradexplorer.models.weights import model_task
 
 CLASSIFIERS = sorted(n for n in torchvision.models.list_models() if model_task(n) == "classification")
 # Builders that need special handling, and small members of every other family: the
@@ -113,7 +113,7 @@ def test_googlenet_aux_outputs_are_targets_in_train_mode(tmp_path, capsys):
                  "--random", "2x3x96x96", "--train", "--target", "top1@aux_logits1",
                  "--layers", "aux1.*", "--out", str(out), "-q"])
     assert code == 0, capsys.readouterr().err
-    from core.capture_file import load_capture
+    from gradexplorer.files.capture_file import load_capture
 
     capture = load_capture(out)
     assert any(name.startswith("aux1") for name in capture.layers)

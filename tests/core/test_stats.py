@@ -16,15 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from core import cpu_stats
-from core.stats import HIST_BINS, chan_merge, merge_moments, tensor_stats, torch_stats
+from gradexplorer.stats import cpu as cpu_stats
+from gradexplorer.stats.moments import HIST_BINS, chan_merge, merge_moments, torch_stats
+from gradexplorer.stats.summary import tensor_stats
 from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
 if numba_missing:
     BLOCK = 2048  # only the torch path runs: any block size makes the same cases
 else:
-    from core.cpu_stats_kernels import BLOCK  # the fused kernel's block: its edges are cases below
+    from gradexplorer.stats.cpu_kernels import BLOCK  # the fused kernel's block: its edges are cases below
 
 
 def _randn(n, seed=0):
@@ -222,8 +223,8 @@ def test_chan_merge_equals_the_whole_and_ignores_empty_blocks():
 def test_chan_merge_is_exact_for_equal_means_and_the_one_merge_of_moments():
     """The pairwise delta form: blocks of one constant merge to m2 = 0 exactly (the
     weighted-mean form gave 4.4e-16), an empty side is the identity, and the mergeable
-    statistics of core.stats_merge use the same function."""
-    from core.stats_merge import MergeStats
+    statistics of gradexplorer.stats.merge use the same function."""
+    from gradexplorer.stats.merge import MergeStats
 
     n, mean, m2 = merge_moments([3, 999, 1, 0, 7], [3.25] * 5, [0.0] * 5)
     assert (n, mean, m2) == (1010, 3.25, 0.0)
@@ -275,7 +276,7 @@ def test_a_numba_failure_falls_back_to_torch_operations_for_good(monkeypatch, ca
     kernels = dict(cpu_stats._state["kernels"], serial=broken, parallel=broken)
     monkeypatch.setitem(cpu_stats._state, "kernels", kernels)
     t = ADVERSARIAL["large_mean_tiny_std_small"]()
-    with caplog.at_level(logging.WARNING, logger="core.cpu_stats"):
+    with caplog.at_level(logging.WARNING, logger="gradexplorer.stats.cpu"):
         got = tensor_stats(t)
     assert "fused CPU statistics failed" in caplog.text and "LLVM ERROR" in caplog.text
     assert_matches_reference(got, t)
@@ -294,8 +295,8 @@ def test_without_numba_the_torch_operations_do_the_work():
                 if name == "numba" or name.startswith("numba."):
                     raise ImportError("no numba here")
         sys.meta_path.insert(0, Refuse())
-        from core import cpu_stats
-        from core.stats import tensor_stats
+        from gradexplorer.stats import cpu as cpu_stats
+        from gradexplorer.stats.summary import tensor_stats
         from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
         assert not cpu_stats.available()
         for name in ("large_mean_tiny_std", "huge_1e30_float32", "nan_inf_mixed", "bf16_1e30", "int32"):
@@ -352,7 +353,7 @@ def test_the_kernels_compile_from_an_empty_cache_and_are_used(tmp_path):
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         import torch
-        from core import cpu_stats
+        from gradexplorer.stats import cpu as cpu_stats
         from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
         for name in ("large_mean_tiny_std", "bf16_small", "int32", "nan_inf_mixed"):
             t = ADVERSARIAL[name]()

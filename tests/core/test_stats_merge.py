@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.stats_merge import (
+from gradexplorer.stats.merge import (
     HIST_BINS,
     ZERO_BIN,
     GradientMoments,
@@ -167,11 +167,11 @@ def test_histogram_bins_of_known_values():
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
 def test_histogram_and_statistics_of_strided_views(compiled, monkeypatch):
-    import core.merge_stats_cpu
+    import gradexplorer.stats.merge_cpu
 
     if not compiled:  # the torch path (no numba, or a GPU tensor) must take views too
-        monkeypatch.setattr(core.merge_stats_cpu, "fold_counts", lambda *a: None)
-        monkeypatch.setattr(core.merge_stats_cpu, "moments_and_counts", lambda *a: None)
+        monkeypatch.setattr(gradexplorer.stats.merge_cpu, "fold_counts", lambda *a: None)
+        monkeypatch.setattr(gradexplorer.stats.merge_cpu, "moments_and_counts", lambda *a: None)
     base = torch.randn(2_000, generator=torch.Generator().manual_seed(3)) * 1e3
     for view in (base[::2], base.view(40, 50).t(), base.view(40, 50)[:, 1]):
         values = view.double().numpy().reshape(-1)

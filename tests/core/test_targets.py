@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.capture import capture
-from core.errors import GradExplorerError
-from core.targets import Target, class_axis_note, parse_target, target_scalar
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.targets import Target, class_axis_note, parse_target, target_scalar
 from tests.conftest import assert_unchanged, snapshot
 
 
@@ -55,7 +55,7 @@ def test_a_bad_class_axis_is_named(text, says):
 
 
 def _by_hand(kind: str, logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-    """The scalar each target means on (B, T, V) logits, written without core.targets."""
+    """The scalar each target means on (B, T, V) logits, written without gradexplorer.capturing.targets."""
     if kind == "top1":
         return logits.max(dim=-1).values.sum()
     if kind == "class:3":

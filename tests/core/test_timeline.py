@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.stats_merge import HIST_BINS, MergeStats
-from core.timeline import (
+from gradexplorer.recording.timeline import (
     export_csv,
     gradient_flags,
     layer_histograms,
@@ -18,7 +17,8 @@ from core.timeline import (
     read_timeline,
     timeline_from_capture,
 )
-from core.watch_log import WatchLogWriter, stats_row
+from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
+from gradexplorer.stats.merge import HIST_BINS, MergeStats
 
 LAYERS = ["a", "b", "c", "d"]
 
@@ -119,7 +119,7 @@ def test_csv_export(tmp_path):
 def test_timeline_from_dataset_capture():
     from torch import nn
 
-    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
     x = torch.randn(10, 4)
@@ -134,8 +134,8 @@ def test_onset_of_a_dataset_capture():
     import torch
     from torch import nn
 
-    from core.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
-    from core.timeline import capture_onset
+    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.timeline import capture_onset
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()

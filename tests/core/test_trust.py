@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch import nn
 
-from app.cli import main
-from core.batches import load_batch, load_tensor_file
-from core.capture_file import load_capture
-from core.errors import BatchError, CaptureFileError, ModelLoadError, TrustRequired
-from core.models import load_model, trust_subject
-from core.pickle_scan import file_kind, unsafe_globals
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import BatchError, CaptureFileError, ModelLoadError, TrustRequired
+from gradexplorer.batches import load_batch, load_tensor_file
+from gradexplorer.files.capture_file import load_capture
+from gradexplorer.files.pickle_scan import file_kind, unsafe_globals
+from gradexplorer.models import load_model, trust_subject
 
 TORCH_ADVICE = "weights_only=False"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import GradExplorerError
-from core.units import format_bytes, parse_size
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.units import format_bytes, parse_size
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture
-from core.capture_summary import default_layer, summarize
-from core.class_names import class_name, top_classes
-from core.gradient_flow import call_flags, layer_flags
-from core.token_grid import TokenGrid, token_grid
-from core.units import format_bytes
-from core.view_state import ViewState
+from gradexplorer.analysis.class_names import class_name, top_classes
+from gradexplorer.analysis.gradient_flow import call_flags, layer_flags
+from gradexplorer.analysis.summary import default_layer, summarize
+from gradexplorer.analysis.token_grid import TokenGrid, token_grid
+from gradexplorer.base.units import format_bytes
+from gradexplorer.capturing.capture import capture
+from gradexplorer.pipeline.view_state import ViewState
 
 
 class Net(nn.Module):
@@ -66,7 +66,7 @@ def test_view_state_refuses_unknown_kinds():
 
 
 def test_summary_is_computed_once_per_capture(cap, monkeypatch):
-    import core.capture_summary as cs
+    import gradexplorer.analysis.summary as cs
 
     calls = []
     real = cs.layer_flags
@@ -113,7 +113,7 @@ def test_class_names_and_top_classes():
 
 
 def test_top_classes_of_per_token_logits_read_the_target_axis():
-    from core.targets import class_dim_of
+    from gradexplorer.capturing.targets import class_dim_of
 
     torch.manual_seed(0)
     logits = torch.randn(2, 9, 5)  # (B, length, vocab)
@@ -138,14 +138,14 @@ def test_top_classes_of_per_token_logits_read_the_target_axis():
     (17, (1, 3, 64, 64), TokenGrid(4, True)),
 ])
 def test_aligned_token_grid(tokens, input_shape, grid):
-    from core.token_grid import aligned_token_grid
+    from gradexplorer.analysis.token_grid import aligned_token_grid
 
     assert aligned_token_grid(tokens, input_shape) == grid
 
 
 def test_grad_cam_is_offered_only_on_grids_of_a_picture():
-    from core.gradcam import cam_supported, cam_unavailable_reason
-    from core.heatmaps import layout_of
+    from gradexplorer.analysis.gradcam import cam_supported, cam_unavailable_reason
+    from gradexplorer.analysis.heatmaps import layout_of
 
     assert cam_supported((2, 10, 32)) and not cam_supported((2, 10, 32), (2, 10, 32))
     assert cam_unavailable_reason((2, 10, 32), (2, 10, 32), "blk").startswith("Grad-CAM shows where")

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import GradExplorerError
-from core.stats_merge import MergeStats
-from core.watch import watch
-from core.watch_log import ALL_ROWS_QUERY, decode_hist, open_log, row_stats
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.recording.watch import watch
+from gradexplorer.recording.watch_log import ALL_ROWS_QUERY, decode_hist, open_log, row_stats
+from gradexplorer.stats.merge import MergeStats
 from tests.core.test_stats_merge import reference, reference_hist
 
 

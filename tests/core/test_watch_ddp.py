@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.stats_merge import MergeStats
-from core.watch_log import open_log, row_stats
+from gradexplorer.recording.watch_log import open_log, row_stats
+from gradexplorer.stats.merge import MergeStats
 from tests.core.watch_ddp_worker import make_batches, make_model
 
 ROOT = Path(__file__).resolve().parents[2]

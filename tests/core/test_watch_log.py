@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.errors import GradExplorerError
-from core.stats_merge import HIST_BINS
-from core.watch_log import WatchLogWriter, decode_hist, encode_hist, open_log
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.recording.watch_log import WatchLogWriter, decode_hist, encode_hist, open_log
+from gradexplorer.stats.merge import HIST_BINS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,10 +14,10 @@ import torch
 import torchvision
 from torchvision.models import ResNet18_Weights
 
-import core.weights as weights_mod
-from core.errors import CaptureCancelled, ModelLoadError, WeightsUnavailable
-from core.models import load_model
-from core.weights import (
+import gradexplorer.models.weights as weights_mod
+from gradexplorer.base.errors import CaptureCancelled, ModelLoadError, WeightsUnavailable
+from gradexplorer.models import load_model
+from gradexplorer.models.weights import (
     cache_dir,
     fetch_weights,
     is_cached,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from core.watch import watch
+from gradexplorer.recording.watch import watch
 
 
 def make_model() -> nn.Module:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.watch import watch
+from gradexplorer.recording.watch import watch
 
 
 def main() -> None:

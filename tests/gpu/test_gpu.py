@@ -14,7 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
-from core.capture import capture
+from gradexplorer.capturing.capture import capture
 from tests.conftest import ROOT, assert_unchanged, snapshot
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -132,7 +132,7 @@ def test_device_argument_moves_the_model_and_back():
 @needs_cuda
 @pytest.mark.gpu
 def test_gpu_out_of_memory_is_explained():
-    from core.errors import CaptureError
+    from gradexplorer.base.errors import CaptureError
 
     free, _total = torch.cuda.mem_get_info(0)
     side = int((free / 4 / 3 / 8 * 2) ** 0.5) + 64  # a batch whose conv outputs cannot fit
@@ -152,8 +152,8 @@ def test_gpu_out_of_memory_is_explained():
 def test_fused_statistics_on_the_gpu_equal_tensor_stats():
     """The fused kernels (when Triton is there) against the CPU statistics, including NaN,
     Inf, half precision, a flat tensor and a subsampled histogram."""
-    from core import device_stats
-    from core.stats import tensor_stats
+    from gradexplorer.stats import device as device_stats
+    from gradexplorer.stats.summary import tensor_stats
 
     if not device_stats.fused_available():
         pytest.skip("Triton is not available")
@@ -204,7 +204,7 @@ class _FakeCudaTensor:
 
 
 def test_gpu_copies_are_queued_into_pinned_memory_within_the_budget(monkeypatch):
-    from core import capture as capture_module
+    from gradexplorer.capturing import capture as capture_module
 
     monkeypatch.setattr(capture_module, "_pinned_budget", lambda: 100 << 20)
     recorder = capture_module._Recorder(nn.Linear(2, 2), [], "full", torch.device("cuda", 0),
@@ -223,7 +223,8 @@ def test_gpu_copies_are_queued_into_pinned_memory_within_the_budget(monkeypatch)
 
 
 def test_keep_on_device_keeps_tensors_there_until_its_share_of_free_memory_is_used(monkeypatch):
-    from core import capture as capture_module, devices
+    from gradexplorer.base import devices
+    from gradexplorer.capturing import capture as capture_module
 
     monkeypatch.setattr(capture_module, "_pinned_budget", lambda: 1 << 30)
     monkeypatch.setattr(devices, "free_memory", lambda device: 200 << 20)  # KEEP_SHARE of it: 100 MiB
@@ -265,7 +266,8 @@ def test_keep_on_device_on_the_cpu_is_the_plain_capture():
 
 
 def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
-    from core import capture as capture_module, devices
+    from gradexplorer.base import devices
+    from gradexplorer.capturing import capture as capture_module
 
     monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 16 << 30)
     assert capture_module._pinned_budget() == 4 << 30
@@ -276,8 +278,8 @@ def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
 @needs_cuda
 @pytest.mark.gpu
 def test_batched_statistics_on_the_gpu_equal_float64_numpy():
-    """core/batched_stats.py on CUDA tensors: the adversarial set, all at once."""
-    from core.batched_stats import batched_stats
+    """core/stats/batched.py on CUDA tensors: the adversarial set, all at once."""
+    from gradexplorer.stats.batched import batched_stats
     from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
 
     tensors = [ADVERSARIAL[n]() for n in sorted(ADVERSARIAL)]
@@ -292,7 +294,7 @@ def test_batched_capture_on_the_gpu_equals_the_cpu_capture(monkeypatch, mode):
     """GRADEXPLORER_BATCHED_STATS=1 on a GPU: the second capture leaves the outputs the first
     saw unchanged (the convolutions', not the BatchNorm's that ReLU(inplace) changes) for one
     batch at the end of forward; every statistic still equals the CPU capture's."""
-    import core.batched_stats as module
+    import gradexplorer.stats.batched as module
 
     gc = _gpu_check()
     torch.backends.cudnn.allow_tf32 = False
@@ -314,7 +316,7 @@ def test_batched_capture_on_the_gpu_equals_the_cpu_capture(monkeypatch, mode):
 
 @needs_cuda
 def test_several_inputs_on_the_gpu_keep_one_host_copy_of_the_first():
-    from core.batch import ModelInputs
+    from gradexplorer.capturing.inputs import ModelInputs
     from tests.core.test_several_inputs import TwoFrames, _frames
 
     torch.manual_seed(0)
@@ -343,7 +345,7 @@ class _InPlaceAfterLinear(nn.Module):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_keep_on_device_keeps_exact_tensors_on_the_gpu_and_saves_them_to_the_host(tmp_path, dtype):
-    from core.capture_file import load_capture, save_capture
+    from gradexplorer.files.capture_file import load_capture, save_capture
     from tests.ground_truth import compare, reference
 
     torch.manual_seed(0)
@@ -367,7 +369,7 @@ def test_keep_on_device_keeps_exact_tensors_on_the_gpu_and_saves_them_to_the_hos
 @needs_cuda
 @pytest.mark.gpu
 def test_keep_on_device_past_its_budget_copies_the_rest_to_the_host(monkeypatch):
-    from core import capture as capture_module
+    from gradexplorer.capturing import capture as capture_module
 
     model = _small_net().cuda()
     x = torch.randn(2, 3, 16, 16, device="cuda")

@@ -1,0 +1,466 @@
+"""The window's controller: the session, the view state, the workers, and the decisions
+between them (what to load, when to run, which layer and view to open on).
+
+``WindowController`` owns no widget. The window hands it the collaborators it asks
+questions of (a parent for dialogs, the run settings that know the memory estimate) and
+listens to its signals to update panels: busy states, progress, status messages, the
+capture to show, the view to bring forward. Every long step runs in a ``TaskRunner``
+worker; the UI thread never runs forward, backward, ``torch.load`` or ``torch.save``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QWidget
+
+from gradexplorer.analysis.gradcam import cam_supported
+from gradexplorer.analysis.summary import input_shape_of, summarize
+from gradexplorer.app.window import dialogs, error_dialog
+from gradexplorer.app.window.model_panel import ModelRequest
+from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired
+from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
+from gradexplorer.pipeline.view_state import ViewState, clamp
+
+
+class RunSettings(Protocol):
+    """What the controller asks the run settings widgets before a run."""
+
+    def apply_target(self) -> None:
+        """Write the target widgets to the session (raises ``GradExplorerError``)."""
+
+    #: Over the budget, keeping statistics only would fit.
+    stats_only_fits: bool
+
+    def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
+        """The estimate, and the over-budget warning or ``None``."""
+
+
+@dataclass
+class LoadedModel:
+    """What a model load hands back to the UI thread."""
+
+    prepared: PreparedModel
+    batch: Batch | None
+    sources: list[str]
+    batch_error: GradExplorerError | None
+
+
+def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
+    """The worker's job for loading a model: download weights when needed (cancellable),
+    load, pick a batch that fits (the given sources, else the current images, else a
+    default), and probe the tree."""
+
+    def task(progress, cancel) -> LoadedModel:
+        from gradexplorer.batches import load_batch
+        from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
+        from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
+
+        options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
+                                 batch=BatchSpec.from_sources(sources), labels=labels)
+        job = CaptureJob(options, progress, cancel)
+        loaded = job.load_model()  # downloads (cancellable, with progress), then loads
+        batch, used, error = None, [], None
+        if sources:
+            try:
+                batch, used = job.load_batch(), list(sources)
+            except GradExplorerError as exc:
+                error = exc
+        elif reuse and reuse != ["demo"] and not reuse[0].startswith("random"):
+            try:  # the same pictures, preprocessed for the new model
+                batch, used = load_batch(reuse, loaded), list(reuse)
+            except GradExplorerError:
+                batch = None
+        if batch is None:
+            default = default_batch_spec(loaded)  # core's rule, the CLI's too
+            if default is not None:
+                batch, used = load_batch(default.sources(), loaded), default.sources()
+        progress(STAGE_PROBE, 0, 0)
+        prepared = probe_model(loaded, batch.model_input if batch is not None else None)
+        prepared.options = options
+        return LoadedModel(prepared, batch, used, error)
+
+    return task
+
+
+class WindowController(QObject):
+    """Session, view state and workers of one window.
+
+    Parameters
+    ----------
+    session : Session
+    settings : AppSettings
+        Recent models and inputs are recorded here.
+    view_state : ViewState
+        What the views show; the controller picks the layer a new capture opens on.
+    dialog_parent : QWidget
+        Parent of the questions the controller asks (trust, memory budget, file names).
+    run_settings : RunSettings
+        Applies the target and tells the memory estimate before a run.
+
+    Signals
+    -------
+    model_loaded(str)
+        A model finished loading (its spec).
+    batch_loaded()
+    run_done(str)
+        ``"ok"``, ``"cancelled"``, ``"failed"`` or ``"stale"`` after each run.
+    error_shown(str)
+        A message was shown to the user (title: message).
+    file_done(str)
+        ``"open"``, ``"save"`` or ``"failed"`` after a capture file was read or written.
+    status(str, int)
+        A status-bar message and how long to show it (ms; 0: until replaced).
+    model_busy(bool, str), model_progress(str, int, int)
+        A model load started or ended (with a message); its progress.
+    run_busy(bool, str), run_progress(str, int, int)
+        A run started or ended (with the outcome in words); its progress.
+    file_busy(bool)
+    capture_shown(object, object)
+        The capture (or None) and the batch the views should show.
+    view_requested(str)
+        The title of the view to bring to the front ("Grad-CAM").
+    catalog_ready(object)
+        The torchvision model catalog, read in a worker at start.
+    """
+
+    model_loaded = Signal(str)
+    batch_loaded = Signal()
+    run_done = Signal(str)
+    error_shown = Signal(str)
+    file_done = Signal(str)
+    status = Signal(str, int)
+    model_busy = Signal(bool, str)
+    model_progress = Signal(str, int, int)
+    run_busy = Signal(bool, str)
+    run_progress = Signal(str, int, int)
+    file_busy = Signal(bool)
+    capture_shown = Signal(object, object)
+    view_requested = Signal(str)
+    catalog_ready = Signal(object)
+
+    STATS_ONLY = "Switch to statistics only"
+    RUN_ANYWAY = "Run anyway"
+
+    def __init__(self, session: Session, settings: AppSettings, view_state: ViewState,
+                 dialog_parent: QWidget, run_settings: RunSettings) -> None:
+        super().__init__(dialog_parent)
+        self.session = session
+        self.settings = settings
+        self.view_state = view_state
+        self.dialog_parent = dialog_parent
+        self.run_settings = run_settings
+
+        self.run_runner = TaskRunner("run", self)
+        self.model_runner = TaskRunner("model", self)
+        self.batch_runner = TaskRunner("batch", self)
+        self.file_runner = TaskRunner("file", self)
+        self.catalog_runner = TaskRunner("catalog", self)
+        self._run_after_load = False
+        self._pending_layers: list[str] | None = None
+        self._pending_inputs: list[str] | None = None
+        self._last_model_request: ModelRequest | None = None
+        self._shown_first_capture = False
+        # True when nobody is there to answer (``--screenshot``): no question is asked
+        # (trust, memory budget); each error is also printed on stderr.
+        self.unattended = False
+
+        self.run_runner.progress.connect(lambda g, st, d, t: self.run_progress.emit(st, d, t))
+        self.run_runner.finished.connect(self._on_run_finished)
+        self.run_runner.failed.connect(self._on_run_failed)
+        self.run_runner.cancelled.connect(self._on_run_cancelled)
+        self.model_runner.progress.connect(lambda g, st, d, t: self.model_progress.emit(st, d, t))
+        self.model_runner.finished.connect(self._on_model_loaded)
+        self.model_runner.failed.connect(self._on_model_failed)
+        self.model_runner.cancelled.connect(self._on_model_cancelled)
+        self.batch_runner.finished.connect(self._on_batch_loaded)
+        self.batch_runner.failed.connect(lambda g, e: self.show_error("The inputs cannot be used", e))
+        self.file_runner.finished.connect(self._on_file_done)
+        self.file_runner.failed.connect(self._on_file_failed)
+        self.file_runner.busy_changed.connect(self.file_busy)
+        self.catalog_runner.finished.connect(lambda g, catalog, _t: self.catalog_ready.emit(catalog))
+        self.catalog_runner.failed.connect(lambda g, e: self.status.emit(
+            f"The torchvision model list is not available: {error_dialog.one_line(e)}", 10000))
+        session.capture_changed.connect(self._on_model_capture_changed)
+
+    def start(self) -> None:
+        """Read the model catalog in a worker (the model panel's list)."""
+        def task(progress, cancel):
+            from gradexplorer.models.weights import model_catalog
+
+            return model_catalog()
+
+        self.catalog_runner.start(task)
+
+    # -- errors ----------------------------------------------------------------------------
+    def show_error(self, title: str, exc: BaseException) -> None:
+        """Tell the user; the window stays usable (the dialog is not modal)."""
+        self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
+        if self.unattended:
+            import sys
+
+            print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
+        error_dialog.show_error(self.dialog_parent, title, exc)
+        self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
+
+    # -- models ------------------------------------------------------------------------------
+    def load_model(self, spec: str, weights: str | None = None, arch: str | None = None, trust: bool = False,
+                   inputs: list[str] | None = None, layers: list[str] | None = None, run: bool = False,
+                   labels: str | None = None) -> int:
+        """Load a model in a worker (with ``inputs`` as its batch, else a fitting one);
+        select ``layers`` and run when asked. Returns the task's generation."""
+        self._pending_layers = list(layers) if layers else None
+        self._run_after_load = run
+        return self._start_model_load(ModelRequest(spec, weights, arch, trust), inputs, labels)
+
+    def request_model(self, request: ModelRequest) -> int:
+        """Load what the model panel asks for (no layer selection, no run)."""
+        self._pending_layers = None
+        self._run_after_load = False
+        return self._start_model_load(request, None)
+
+    def _start_model_load(self, request: ModelRequest, inputs: list[str] | None, labels: str | None = None) -> int:
+        self._last_model_request = request
+        self._pending_inputs = inputs
+        self.model_busy.emit(True, f"loading {request.spec}…")
+        self.status.emit(f"Loading {request.spec}…", 0)
+        return self.model_runner.start(load_model_task(request, inputs, list(self.session.batch_sources), labels))
+
+    def _on_model_loaded(self, _gen: int, result: LoadedModel, seconds: float) -> None:
+        self.model_busy.emit(False, "")
+        self.run_runner.cancel()
+        s = self.session
+        s.set_model(result.prepared)
+        s.set_batch(result.batch, result.sources)
+        spec = result.prepared.loaded.spec
+        if not spec.startswith("demo:"):
+            self.settings.add_recent_model(spec)
+        message = f"Loaded {result.prepared.loaded.name} in {seconds:.1f} s"
+        if result.prepared.probe_error is not None:
+            message += f". {probe_failed_message(result.prepared.probe_error)}"
+        self.status.emit(message, 10000)
+        if self._pending_layers:
+            try:
+                s.select_patterns(self._pending_layers)
+            except GradExplorerError as exc:
+                self.show_error("Layers not found", exc)
+            self._pending_layers = None
+        self.model_loaded.emit(spec)
+        if result.batch_error is not None:
+            self._run_after_load = False
+            self.show_error("The inputs cannot be used", result.batch_error)
+            self.run_done.emit("failed")
+            return
+        if self._run_after_load:
+            self._run_after_load = False
+            self.run()
+
+    def _on_model_failed(self, _gen: int, exc: BaseException) -> None:
+        self.model_busy.emit(False, "")
+        request = self._last_model_request
+        if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
+            from gradexplorer.models import trust_subject  # names the file or factory that will run
+
+            subject = exc.subject or trust_subject(request.spec)
+            if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
+                self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
+                                       self._pending_inputs)
+                return
+        self._run_after_load = False
+        self.show_error("The model cannot be loaded", exc)
+        self.run_done.emit("failed")
+
+    def _on_model_cancelled(self, _gen: int) -> None:
+        self.model_busy.emit(False, "Cancelled.")
+        self._run_after_load = False
+        self.status.emit("Loading cancelled; the previous model is still here.", 8000)
+
+    # -- batches -----------------------------------------------------------------------------
+    def load_inputs(self, sources: list[str], labels: str | None = None) -> int:
+        """Load a batch for the current model in a worker."""
+        model = self.session.model
+        sources = [str(x) for x in sources]
+
+        def task(progress, cancel):
+            from gradexplorer.batches import load_batch
+
+            return load_batch(sources, model, labels), sources
+
+        self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
+        return self.batch_runner.start(task)
+
+    def _on_batch_loaded(self, _gen: int, result, seconds: float) -> None:
+        batch, sources = result
+        self.session.set_batch(batch, sources)
+        if sources and sources != ["demo"] and not sources[0].startswith("random"):
+            self.settings.add_recent_input("\n".join(sources))
+        self.status.emit(f"Loaded {len(batch)} samples in {seconds:.1f} s; press Run (Ctrl+R).", 8000)
+        self.batch_loaded.emit()
+
+    # -- runs ------------------------------------------------------------------------------------
+    def run(self) -> int | None:
+        """Start a capture with the session's settings (cancels one in flight)."""
+        try:
+            self.run_settings.apply_target()
+            if not self._memory_fits():
+                self.status.emit("Run cancelled: the capture would not fit in memory.", 8000)
+                self.run_done.emit("cancelled")
+                return None
+            request = self.session.begin_run()
+        except GradExplorerError as exc:
+            self.show_error("Cannot run", exc)
+            self.run_done.emit("failed")
+            return None
+        self.run_busy.emit(True, "")
+        self.status.emit(f"Running {len(request.layers)} layers on {request.device}…", 0)
+        return self.run_runner.start(request.run, generation=request.generation)
+
+    def _memory_fits(self) -> bool:
+        """Before anything is allocated: when the capture is over the memory budget, ask
+        whether to switch to statistics-only, run anyway, or not run. False: don't run."""
+        if not self.session.can_run():
+            return True  # begin_run says what is missing
+        estimate, message = self.run_settings.budget_check()
+        if not message or estimate is None:
+            return True
+        if self.unattended:  # nobody to ask: refuse, as the CLI does without --force
+            fix = ("Add --stats-only, tick fewer layers with --layers, or use a smaller batch."
+                   if self.run_settings.stats_only_fits else "Or pass a larger --memory-budget.")
+            self.show_error("Over the memory budget", GradExplorerError(message, fix))
+            return False
+        choices = ([self.STATS_ONLY] if self.run_settings.stats_only_fits else []) + [self.RUN_ANYWAY]
+        choice = dialogs.ask_item(self.dialog_parent, "gradexplorer: over the memory budget",
+                                  f"{message}\n\nWhat would you like to do? (Cancel: don't run)",
+                                  choices, False)
+        if choice == self.STATS_ONLY:
+            self.session.set_mode("stats")
+            return True
+        return choice == self.RUN_ANYWAY
+
+    def cancel(self) -> None:
+        self.run_runner.cancel()
+        self.model_runner.cancel()
+
+    def cancel_model_load(self) -> None:
+        self.model_runner.cancel()
+
+    def _on_run_finished(self, gen: int, capture: Capture, seconds: float) -> None:
+        outcome = self.session.finish_run(gen, capture, seconds)
+        self.run_busy.emit(False, f"done in {seconds:.2f} s" if outcome == "ok" else outcome)
+        if outcome == "ok":
+            self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s.", 8000)
+        self.run_done.emit(outcome)
+
+    def _on_run_failed(self, gen: int, exc: BaseException) -> None:
+        outcome = self.session.finish_run(gen, exc)
+        self.run_busy.emit(False, "failed" if outcome == "failed" else outcome)
+        if outcome == "failed":
+            self.show_error("The run failed", exc)
+        self.run_done.emit(outcome)
+
+    def _on_run_cancelled(self, gen: int) -> None:
+        outcome = self.session.finish_run(gen, CaptureCancelled())
+        self.run_busy.emit(False, "cancelled")
+        self.status.emit("Run cancelled; the model is unchanged.", 8000)
+        self.run_done.emit(outcome)
+
+    # -- what the views show --------------------------------------------------------------------
+    def _on_model_capture_changed(self, capture: Capture | None) -> None:
+        # The views keep the selected layer when the new capture has it, else open on
+        # core's default layer (ViewState.fit).
+        kept = capture is not None and self.view_state.layer in capture
+        self.capture_shown.emit(capture, self.session.batch)
+        if capture is None or kept:
+            return
+        first = summarize(capture).first_view
+        if first is not None and not self._shown_first_capture:
+            # The first look at a model: where it looks (Grad-CAM), when the layer has a map.
+            name, call = first
+            if cam_supported(tuple(capture[name].calls[call].shape), input_shape_of(capture)):
+                self.view_requested.emit("Grad-CAM")
+        self._shown_first_capture = True
+
+    def select_layer(self, name: str) -> None:
+        """The user picked a layer (a tree row, a bar of the flow chart)."""
+        cap = self.session.capture
+        if cap is not None and name in cap.layers:
+            if name != self.view_state.layer:
+                self.view_state.select(name, 0)
+            self.status.emit(f"{name}: {len(cap[name].calls)} call(s)", 4000)
+        elif cap is not None:
+            self.status.emit(f"{name} was not captured: tick it and run again.", 4000)
+
+    def select_sample(self, index: int) -> None:
+        """The user picked a sample (a thumbnail of the batch)."""
+        batch = self.session.batch
+        cap = self.session.capture
+        n = len(batch) if batch is not None else (len(cap.input) if cap is not None and cap.input is not None else 0)
+        self.view_state.sample = clamp(index, n)
+
+    # -- files --------------------------------------------------------------------------------------
+    def open_capture(self, path: str | None = None) -> int | None:
+        """Open a ``.pt`` capture (in a worker) and show it; the model is not needed."""
+        path = path or dialogs.ask_open_file(self.dialog_parent, "Open a capture", dialogs.CAPTURE_FILTER)
+        if not path:
+            return None
+
+        def task(progress, cancel):
+            from gradexplorer.files.capture_file import load_capture
+
+            return ("open", load_capture(path), path)
+
+        self.status.emit(f"Opening {path}…", 0)
+        return self.file_runner.start(task)
+
+    def export_capture(self, path: str | None = None) -> int | None:
+        """Save the capture as ``.pt`` (in a worker)."""
+        cap = self.session.capture
+        if cap is None:
+            self.show_error("Nothing to export", GradExplorerError("There is no capture yet.", "Run first (Ctrl+R)."))
+            return None
+        suggested = f"{str(cap.meta.get('model', 'capture')).replace(':', '_').replace('/', '_')}_gradients.pt"
+        path = path or dialogs.ask_save_file(self.dialog_parent, "Export capture", suggested, dialogs.CAPTURE_FILTER)
+        if not path:
+            return None
+        # The files the session read: exporting over one of them would destroy it.
+        options = self.session.model_options
+        read = [options.model, options.weights, options.labels] if options is not None else []
+        read += list(self.session.batch_sources)
+
+        def task(progress, cancel):
+            from gradexplorer.base.file_write import check_output_path
+            from gradexplorer.files.capture_file import save_capture
+
+            check_output_path(path, read)
+            return ("save", save_capture(cap, path), path)
+
+        self.status.emit(f"Saving {path}…", 0)
+        return self.file_runner.start(task)
+
+    def _on_file_done(self, _gen: int, result, seconds: float) -> None:
+        kind, value, path = result
+        if kind == "open":
+            self.run_runner.cancel()
+            self.session.open_capture(value, path)
+            self.status.emit(f"Opened {path} ({len(value)} layers).", 8000)
+        else:
+            self.status.emit(f"Saved {path} in {seconds:.1f} s.", 8000)
+        self.file_done.emit(kind)
+
+    def _on_file_failed(self, _gen: int, exc: BaseException) -> None:
+        self.show_error("The file operation failed", exc)
+        self.file_done.emit("failed")
+
+    # -- end ------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Cancel every worker and wait for the run (on close, and at the end of tests)."""
+        for runner in (self.run_runner, self.model_runner, self.batch_runner, self.file_runner, self.catalog_runner):
+            runner.cancel()
+        self.run_runner.shutdown(30000)

@@ -1,0 +1,230 @@
+"""Run ▸ Run over folder…: the window's dataset capture (``gradexplorer.recording.dataset``).
+
+The user picks a folder and answers one small question (batch size, at most how many
+samples); a worker runs :func:`gradexplorer.recording.dataset.run_dataset_job` with a
+:class:`gradexplorer.pipeline.job.CaptureJob` of the session's options (its model, checked layers, target
+and device; statistics only), while the run panel shows the batches done and the ETA and
+its Cancel stops the run between two module calls. The merged capture then opens in the
+window like any capture, and its per-batch series in a timeline window on request.
+
+A run that is cancelled or fails leaves the previous capture shown. Starting a single
+Run, loading a model or a batch makes a dataset run in flight stale (cancelled, its
+result dropped): what the window shows always comes from the last thing the user asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gradexplorer.app.window import dialogs
+from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.data import Capture
+
+#: The batch size the question proposes first.
+DEFAULT_BATCH_SIZE = 16
+#: Largest values the question accepts.
+MAX_BATCH_SIZE = 4096
+MAX_SAMPLES = 100_000_000
+
+
+class DatasetRunDialog(QDialog):
+    """Batch size and at most how many samples (0: all) for a run over ``folder``."""
+
+    def __init__(self, parent: QWidget | None, folder: str, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("gradexplorer: run over folder")
+        self.batch_spin = QSpinBox(self)
+        self.batch_spin.setRange(1, MAX_BATCH_SIZE)
+        self.batch_spin.setValue(max(1, min(int(batch_size), MAX_BATCH_SIZE)))
+        self.max_spin = QSpinBox(self)
+        self.max_spin.setRange(0, MAX_SAMPLES)
+        self.max_spin.setSpecialValueText("all")
+        self.max_spin.setValue(0)
+        note = QLabel("Statistics only: each batch's statistics are merged exactly into the totals "
+                      "(mean, std, min, max, NaN/Inf counts, log2 histograms), so memory does not grow "
+                      "with the folder. The checked layers, target and device of the Run panel are used.")
+        note.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("Folder", QLabel(folder))
+        form.addRow("Batch size", self.batch_spin)
+        form.addRow("At most (samples)", self.max_spin)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Run")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(note)
+        layout.addWidget(buttons)
+
+    def values(self) -> tuple[int, int | None]:
+        """``(batch_size, max_samples)``; ``None``: every sample."""
+        return self.batch_spin.value(), (self.max_spin.value() or None)
+
+
+class DatasetRun(QObject):
+    """The window's "Run over folder…" (see the module docstring).
+
+    Parameters
+    ----------
+    window : MainWindow
+        Its session, controller (errors, status), run panel and dialog parent are used.
+
+    Signals
+    -------
+    done(str)
+        ``"ok"``, ``"cancelled"``, ``"failed"`` or ``"stale"`` after each run.
+
+    Attributes
+    ----------
+    result : Capture or None
+        The last dataset capture shown (its per-batch series is the timeline's).
+    """
+
+    done = Signal(str)
+
+    def __init__(self, window) -> None:
+        super().__init__(window)
+        self.window = window
+        self.runner = TaskRunner("dataset", self)
+        self.result: Capture | None = None
+        self._generation = 0
+        self._started = 0.0
+        self.runner.progress.connect(self._on_progress)
+        self.runner.finished.connect(self._on_finished)
+        self.runner.failed.connect(self._on_failed)
+        self.runner.cancelled.connect(self._on_cancelled)
+        s = window.session
+        # A newer request wins: the run's hooks would otherwise hold the session's lock.
+        s.run_started.connect(self._on_newer_request)
+        s.model_changed.connect(self._on_newer_request)
+        s.batch_changed.connect(self._on_newer_request)
+
+    # -- starting -----------------------------------------------------------------------
+    def run_over_folder(self, folder: str | None = None, batch_size: int | None = None,
+                        max_samples: int | None = None) -> int | None:
+        """Ask for a folder and the batch size (unless given), then start the run.
+
+        Returns the task's generation, or ``None`` when nothing was started.
+        """
+        w = self.window
+        s = w.session
+        if s.model is None:
+            self._refuse(GradExplorerError("no model is loaded;", "choose a model in the Model panel first."))
+            return None
+        if not s.selection:
+            self._refuse(GradExplorerError("no layers are checked;", "tick at least one layer in the module tree."))
+            return None
+        folder = folder or dialogs.ask_folder(w, "Run over folder: a folder of images")
+        if not folder:
+            return None
+        if batch_size is None:
+            answer = dialogs.ask_dataset_run(w, folder, DEFAULT_BATCH_SIZE)
+            if answer is None:
+                return None
+            batch_size, max_samples = answer
+        try:
+            w.run_panel.apply_target()
+            from gradexplorer.pipeline.options import BatchSpec
+
+            options = dataclasses.replace(s.capture_options(force=True), batch=BatchSpec(inputs=(str(folder),)),
+                                          mode="stats", train=False, input_grad=False)
+        except GradExplorerError as exc:
+            self._refuse(exc)
+            return None
+        loaded, lock = s.model, s.run_lock
+        size, most = int(batch_size), max_samples
+
+        def task(progress, cancel):
+            from gradexplorer.pipeline.job import CaptureJob
+            from gradexplorer.recording.dataset import run_dataset_job
+
+            job = CaptureJob(options, progress, cancel, loaded=loaded, lock=lock)
+            return run_dataset_job(job, size, most)
+
+        self._generation = s.generation  # a later model, batch or run makes the result stale
+        self._started = time.monotonic()
+        w.run_panel.set_running(True, "")
+        w.statusBar().showMessage(f"Running over {folder} in batches of {size} (statistics only)…")
+        return self.runner.start(task)
+
+    def cancel(self) -> None:
+        """Stop the run in flight (between two module calls); the capture shown stays."""
+        self.runner.cancel()
+
+    def is_busy(self) -> bool:
+        return self.runner.is_busy()
+
+    def _refuse(self, exc: GradExplorerError) -> None:
+        self.window.controller.show_error("Cannot run over a folder", exc)
+        self.done.emit("failed")
+
+    # -- following the worker ----------------------------------------------------------------
+    def _on_newer_request(self, *_args) -> None:
+        if self.runner.is_busy():
+            self.runner.cancel()
+
+    def _on_progress(self, _gen: int, _stage: str, done: int, total: int) -> None:
+        from gradexplorer.recording.dataset import eta_text
+
+        self.window.run_panel.show_progress(done, total, eta_text(done, total, self._started))
+
+    def _idle(self, message: str) -> None:
+        # A single Run that made this one stale owns the run panel now.
+        if not self.window.controller.run_runner.is_busy():
+            self.window.run_panel.set_running(False, message)
+
+    def _on_finished(self, _gen: int, result, seconds: float) -> None:
+        cap, stats = result
+        s = self.window.session
+        if s.generation != self._generation:
+            self._idle("stale")
+            self.done.emit("stale")
+            return
+        self.result = cap
+        s.open_capture(cap, None)
+        s.last_run_seconds = seconds
+        self._idle(f"done in {seconds:.1f} s")
+        self.window.statusBar().showMessage(
+            f"Captured {stats.samples} samples in {stats.batches} batches in {seconds:.1f} s (statistics only). "
+            "Run ▸ Timeline of the dataset run shows each batch.", 15000)
+        self.done.emit("ok")
+
+    def _on_failed(self, _gen: int, exc: BaseException) -> None:
+        self._idle("failed")
+        self.window.controller.show_error("The run over the folder failed", exc)
+        self.done.emit("failed")
+
+    def _on_cancelled(self, _gen: int) -> None:
+        self._idle("cancelled")
+        self.window.statusBar().showMessage("Run over the folder cancelled; the previous capture is still shown.",
+                                            8000)
+        self.done.emit("cancelled")
+
+    # -- the timeline ----------------------------------------------------------------------------
+    def open_timeline(self):
+        """The per-batch series of the last dataset run, in a timeline window."""
+        if self.result is None:
+            return None
+        from gradexplorer.app.window.timeline_window import TimelineWindow
+
+        window = TimelineWindow.of_capture(self.result, "dataset run", self.window)
+        self.window.timeline_windows.append(window)
+        window.show()
+        return window
+
+    def shutdown(self) -> None:
+        self.runner.cancel()

@@ -1,0 +1,60 @@
+"""Showing a failure to the user: what went wrong, what to do, and details for bugs.
+
+A :class:`~gradexplorer.base.errors.GradExplorerError` is the user's to fix: its ``problem`` and
+``fix`` are shown as they are. Anything else is a bug in gradexplorer: a short message
+says so, and the traceback waits under "Show Details...".
+
+The dialog is never modal (``open()``, not ``exec()``), so the window stays usable.
+Tests replace :func:`show_error` (``monkeypatch.setattr(error_dialog, "show_error",
+...)``); callers must look it up on the module at call time.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+from gradexplorer.base.errors import GradExplorerError
+
+
+def describe(exc: BaseException) -> tuple[str, str, str]:
+    """``(message, fix, details)`` for an exception, in the user's words."""
+    if isinstance(exc, GradExplorerError):
+        return exc.problem, exc.fix, ""
+    details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    message = f"Unexpected error: {type(exc).__name__}{': ' + first if first else ''}"
+    fix = ("This is a bug in gradexplorer, not something you did. The details below help "
+           "to report it; the window stays usable.")
+    return message, fix, details
+
+
+def one_line(exc: BaseException) -> str:
+    """The message for a status bar."""
+    message, fix, _ = describe(exc)
+    return f"{message} {fix}".strip() if isinstance(exc, GradExplorerError) else message
+
+
+def show_error(parent: QWidget | None, title: str, exc: BaseException) -> QMessageBox:
+    """Show ``exc`` in a non-modal message box and return it."""
+    message, fix, details = describe(exc)
+    box = QMessageBox(parent)
+    box.setWindowTitle(f"gradexplorer: {title}")
+    box.setIcon(QMessageBox.Icon.Warning if isinstance(exc, GradExplorerError) else QMessageBox.Icon.Critical)
+    box.setText(f"<b>{title}</b><br><br>{_escape(message)}")
+    if fix:
+        box.setInformativeText(fix)
+    if details:
+        box.setDetailedText(details)
+    box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    box.setStandardButtons(QMessageBox.StandardButton.Close)
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.setWindowModality(Qt.WindowModality.NonModal)
+    box.show()
+    return box
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

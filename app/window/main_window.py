@@ -1,0 +1,379 @@
+"""The main window: module tree on the left, the capture views in the middle, model,
+batch and run panels on the right; menus, shortcuts and the status bar.
+
+The window is layout only. ``gradexplorer.app.window.controller.WindowController`` owns the session, the
+view state and the workers and decides what happens; the window wires the panels to it
+and to the shared ``gradexplorer.pipeline.view_state.ViewState``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QGroupBox,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gradexplorer.app.views import CaptureViews
+from gradexplorer.app.views.graph_view import GraphPanel, wire_graph_panel
+from gradexplorer.app.window import dialogs
+from gradexplorer.app.window.batch_panel import BatchPanel
+from gradexplorer.app.window.controller import WindowController
+from gradexplorer.app.window.dataset_run import DatasetRun
+from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
+from gradexplorer.app.window.module_tree_view import ModuleTreePanel
+from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
+from gradexplorer.app.window.run_panel import RunPanel
+from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.capturing.data import Capture
+from gradexplorer.pipeline.session import Session
+from gradexplorer.pipeline.view_state import ViewState
+
+DEFAULT_SIZE = QSize(1500, 950)
+
+
+class MainWindow(QMainWindow):
+    """gradexplorer's window: the panels, their layout, menus and status bar.
+
+    The controller's signals and actions are reachable from here too (``run_done``,
+    ``load_model()``, ``run()``...), for scripts and tests that drive the window.
+    """
+
+    #: The answers of the over-budget question.
+    STATS_ONLY = WindowController.STATS_ONLY
+    RUN_ANYWAY = WindowController.RUN_ANYWAY
+
+    def __init__(self, session: Session | None = None, settings: AppSettings | None = None,
+                 devices: list | None = None, restore_geometry: bool = True) -> None:
+        super().__init__()
+        self.session = session or Session()
+        self.settings = settings or AppSettings()
+        if devices is None:
+            from gradexplorer.base.devices import list_devices
+
+            devices = list_devices()
+        self.devices = devices
+        self.view_state = ViewState()
+        self.timeline_windows: list = []
+        self.setWindowTitle("gradexplorer")
+        self.resize(DEFAULT_SIZE)
+
+        # -- widgets
+        s = self.session
+        self.tree_panel = ModuleTreePanel(s, self)
+        self.tree_view = self.tree_panel.view
+        self.views = CaptureViews(self, state=self.view_state)
+        # An explicit minimum: the views' own hint grows with long labels after a run,
+        # which would squeeze the tree and panels of a 1500 px window.
+        self.views.setMinimumWidth(520)
+        self.model_panel = ModelPanel(s, self.settings, self)
+        self.batch_panel = BatchPanel(s, self.settings, self)
+        self.run_panel = RunPanel(s, devices, self)
+        self.controller = WindowController(s, self.settings, self.view_state, self, self.run_panel)
+        self.dataset_run = DatasetRun(self)  # Run ▸ Run over folder… (app/window/dataset_run.py)
+        c = self.controller
+        # The controller's signals and actions, under the window's names.
+        self.model_loaded, self.batch_loaded, self.run_done = c.model_loaded, c.batch_loaded, c.run_done
+        self.error_shown, self.file_done = c.error_shown, c.file_done
+        self.run_runner = c.run_runner
+        self.load_model, self.load_inputs, self.run, self.cancel = c.load_model, c.load_inputs, c.run, c.cancel
+        self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
+
+        tree_box = QGroupBox("Modules", self)
+        # The module tree and the model graph (app/views/graph_view.py) side by side in tabs.
+        self.graph_panel = GraphPanel(self)
+        self.module_tabs = QTabWidget(tree_box)
+        self.module_tabs.addTab(self.tree_panel, "Tree")
+        self.module_tabs.addTab(self.graph_panel, "Graph")
+        QVBoxLayout(tree_box).addWidget(self.module_tabs)
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.batch_panel, "Input batch")
+        self.tabs.addTab(self.model_panel, "Model")
+        run_box = QGroupBox("Run", self)
+        QVBoxLayout(run_box).addWidget(self.run_panel)
+        right = QWidget(self)
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.setSpacing(8)
+        right_layout.addWidget(self.tabs, 1)
+        right_layout.addWidget(run_box, 0)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.splitter.addWidget(tree_box)
+        self.splitter.addWidget(self.views)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setSizes([500, 640, 360])
+        self.splitter.setChildrenCollapsible(False)
+        container = QWidget(self)
+        outer = QVBoxLayout(container)
+        outer.setContentsMargins(8, 8, 8, 4)
+        outer.addWidget(self.splitter)
+        self.setCentralWidget(container)
+
+        self._build_status_bar()
+        self._build_menus()
+        self._connect()
+        if restore_geometry:
+            self._restore_geometry()
+        self._update_status()
+        c.start()
+
+    # -- construction ---------------------------------------------------------------------
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.status_model = QLabel(self)
+        self.status_device = QLabel(self)
+        self.status_run = QLabel(self)
+        self.file_progress = QProgressBar(self)
+        self.file_progress.setMaximumWidth(160)
+        self.file_progress.setRange(0, 0)
+        self.file_progress.setVisible(False)
+        # Offered once a run over a folder has finished: its per-batch series.
+        self.dataset_timeline_button = QPushButton("Timeline of the dataset run", self)
+        self.dataset_timeline_button.setVisible(False)
+        self.dataset_timeline_button.clicked.connect(lambda: self.dataset_run.open_timeline())
+        # Where NaN/Inf began, as links that select that layer and call (app/window/onset_link.py).
+        self.onset_link = OnsetLinkLabel(self)
+        for w in (self.onset_link, self.dataset_timeline_button, self.file_progress, self.status_model,
+                  self.status_device, self.status_run):
+            bar.addPermanentWidget(w)
+
+    def _build_menus(self) -> None:
+        def action(text: str, slot, shortcut=None, tip: str = "") -> QAction:
+            a = QAction(text, self)
+            if shortcut is not None:
+                a.setShortcut(QKeySequence(shortcut))
+                a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+            if tip:
+                a.setStatusTip(tip)
+            a.triggered.connect(slot)
+            return a
+
+        c = self.controller
+        self.open_images_action = action("Open &images…", self.batch_panel.open_images, "Ctrl+I")
+        self.open_capture_action = action("&Open capture…", lambda: c.open_capture(), QKeySequence.StandardKey.Open,
+                                          "Open a .pt capture and browse it without the model")
+        self.export_capture_action = action(
+            "&Export capture…", lambda: c.export_capture(), QKeySequence.StandardKey.Save,
+            "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
+        self.open_timeline_action = action("Open &timeline…", lambda: self.open_timeline(), "Ctrl+T",
+                                           "Open a watch log (.gxw) or a dataset capture: layers x steps")
+        self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
+        self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
+        self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
+        self.cancel_action = action("&Cancel", c.cancel, "Esc")
+        self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.run_folder_action = action("Run over &folder…", lambda: self.dataset_run.run_over_folder(),
+                                        "Ctrl+Shift+R", "Capture statistics over every image of a folder, "
+                                        "batch by batch, merged exactly (statistics only)")
+        self.dataset_timeline_action = action("&Timeline of the dataset run", lambda: self.dataset_run.open_timeline(),
+                                              "Ctrl+Shift+T", "Each batch's statistics of the last run over a folder")
+        self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
+                                     "Compare this capture with another run (bf16, weights, input...) or a file")
+        self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
+                                    QKeySequence.StandardKey.Find)
+        self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
+
+        menu = self.menuBar().addMenu("&File")
+        menu.addAction(self.model_tab_action)
+        menu.addAction(self.open_images_action)
+        self.recent_menu = menu.addMenu("Recent models")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        menu.addSeparator()
+        menu.addAction(self.open_capture_action)
+        menu.addAction(self.open_timeline_action)
+        menu.addAction(self.export_capture_action)
+        menu.addAction(self.export_png_action)
+        menu.addAction(self.export_csv_action)
+        menu.addSeparator()
+        menu.addAction(self.quit_action)
+        menu = self.menuBar().addMenu("&Run")
+        menu.addAction(self.run_action)
+        menu.addAction(self.cancel_action)
+        menu.addSeparator()
+        menu.addAction(self.run_folder_action)
+        menu.addAction(self.dataset_timeline_action)
+        menu.addSeparator()
+        menu.addAction(self.compare_action)
+        menu = self.menuBar().addMenu("&View")
+        menu.addAction(self.filter_action)
+        menu.addAction("Expand all modules", self.tree_view.expandAll)
+        menu.addAction("Collapse modules", self.tree_view.collapse_to_top)
+        menu = self.menuBar().addMenu("&Help")
+        menu.addAction("About gradexplorer", self._about)
+        self._update_actions()
+
+    def _connect(self) -> None:
+        s, c, state = self.session, self.controller, self.view_state
+        # widgets -> controller
+        self.run_panel.run_requested.connect(c.run)
+        self.run_panel.cancel_requested.connect(c.cancel)
+        self.run_panel.cancel_requested.connect(self.dataset_run.cancel)
+        self.cancel_action.triggered.connect(self.dataset_run.cancel)
+        self.dataset_run.done.connect(lambda _outcome: self._update_status())
+        self.model_panel.load_requested.connect(c.request_model)
+        self.model_panel.cancel_requested.connect(c.cancel_model_load)
+        self.batch_panel.load_requested.connect(c.load_inputs)
+        self.batch_panel.sample_selected.connect(c.select_sample)
+        self.tree_view.layer_activated.connect(c.select_layer)
+        self.views.layer_clicked.connect(c.select_layer)
+        # view state -> widgets that are not views
+        state.events.layer.connect(self._on_model_layer_changed)
+        state.events.sample.connect(self.batch_panel.show_sample)
+        # controller -> widgets
+        c.status.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
+        c.model_busy.connect(self.model_panel.set_busy)
+        c.model_progress.connect(self.model_panel.set_progress)
+        c.run_busy.connect(self.run_panel.set_running)
+        c.run_progress.connect(self.run_panel.set_progress)
+        c.file_busy.connect(self.file_progress.setVisible)
+        c.catalog_ready.connect(self.model_panel.set_catalog)
+        c.capture_shown.connect(self._on_capture_shown)
+        c.view_requested.connect(self.views.show_view)
+        c.batch_loaded.connect(lambda: self.tabs.setCurrentWidget(self.batch_panel))
+        c.run_done.connect(lambda _outcome: self._update_status())
+        c.file_done.connect(lambda _kind: self._update_status())
+        # session -> status bar
+        s.batch_changed.connect(lambda _b: self._update_status())
+        s.model_changed.connect(lambda _m: self._update_status())
+        s.settings_changed.connect(lambda _n: self._update_status())
+        s.selection_changed.connect(lambda _n: self._update_actions())
+        wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
+        wire_onset_link(self.onset_link, self)
+
+    def _restore_geometry(self) -> None:
+        geometry = self.settings.geometry()
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        sizes = self.settings.value("window/splitter", list, [])
+        try:
+            if len(sizes) == 3:
+                self.splitter.setSizes([int(v) for v in sizes])
+        except ValueError:
+            pass
+
+    # -- following the controller and the view state ------------------------------------------
+    def _on_capture_shown(self, capture: Capture | None, batch) -> None:
+        self.views.set_capture(capture, batch)
+        self._update_status()
+
+    def _on_model_layer_changed(self, name: str | None) -> None:
+        # The tree's current row follows the views' layer. Selecting the row announces it
+        # (layer_activated); the controller finds the state already there and stops.
+        if name and name != self.tree_view.current_name():
+            self.tree_view.select_layer(name)
+
+    # -- status --------------------------------------------------------------------------
+    def _update_status(self) -> None:
+        s = self.session
+        if s.model is not None:
+            self.status_model.setText(f"  {s.model.name}  ")
+            self.setWindowTitle(f"gradexplorer — {s.model.name}")
+        elif s.capture is not None:
+            name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
+            self.status_model.setText(f"  {name} (from file, no model)  ")
+            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name if s.capture_path else name}")
+        else:
+            self.status_model.setText("  no model  ")
+        self.status_device.setText(f"  device: {s.device}  ")
+        if s.capture is not None and s.last_run_seconds is not None and s.capture_path is None:
+            self.status_run.setText(f"  last run: {s.last_run_seconds:.2f} s, {len(s.capture)} layers  ")
+        elif s.capture is not None and s.capture_path:
+            self.status_run.setText(f"  opened {Path(s.capture_path).name}  ")
+        else:
+            self.status_run.setText("  not run yet  ")
+        self._update_actions()
+
+    def _update_actions(self) -> None:
+        has_capture = self.session.capture is not None
+        for a in (self.export_capture_action, self.export_png_action, self.export_csv_action, self.compare_action):
+            a.setEnabled(has_capture)
+        self.run_action.setEnabled(self.session.can_run())
+        self.run_folder_action.setEnabled(self.session.model is not None)
+        self.dataset_timeline_action.setEnabled(self.dataset_run.result is not None)
+        self.dataset_timeline_button.setVisible(self.dataset_run.result is not None)
+
+    def compare_with(self):
+        """Compare with…: ask for B (another run or a file) and open a compare window."""
+        from gradexplorer.app.window.compare_window import compare_with
+
+        self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
+        return self.compare_window
+
+    # -- exports of what the views show -------------------------------------------------------------
+    def export_png(self, path: str | None = None) -> None:
+        path = path or dialogs.ask_save_file(self, "Export plot as PNG", "plot.png", "PNG images (*.png)")
+        if path:
+            try:
+                self.views.export_png(path)
+                self.statusBar().showMessage(f"Saved {path}.", 8000)
+            except Exception as exc:  # noqa: BLE001 - shown to the user, window stays usable
+                self.show_error("The plot cannot be exported", exc)
+
+    def export_csv(self, path: str | None = None) -> None:
+        path = path or dialogs.ask_save_file(self, "Export statistics as CSV", "statistics.csv", "CSV files (*.csv)")
+        if path:
+            try:
+                self.views.export_csv(path)
+                self.statusBar().showMessage(f"Saved {path}.", 8000)
+            except Exception as exc:  # noqa: BLE001
+                self.show_error("The statistics cannot be exported", exc)
+
+    # -- misc ------------------------------------------------------------------------------------------
+    def _show_model_tab(self) -> None:
+        self.tabs.setCurrentWidget(self.model_panel)
+        self.model_panel.focus_search()
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for spec in self.settings.recent_models():
+            self.recent_menu.addAction(spec, lambda s=spec: self.controller.request_model(ModelRequest(s)))
+        if self.recent_menu.isEmpty():
+            self.recent_menu.addAction("(none yet)").setEnabled(False)
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About gradexplorer",
+                          "<b>gradexplorer</b><br>See the gradients inside a PyTorch model: per-layer capture, "
+                          "heatmaps, histograms, gradient flow and Grad-CAM.")
+
+    def open_timeline(self, path: str | None = None):
+        """Open a watch log or dataset capture in a timeline window of its own."""
+        from gradexplorer.app.window.timeline_window import TIMELINE_FILTER, TimelineWindow
+
+        path = path or dialogs.ask_open_file(self, "Open timeline", TIMELINE_FILTER)
+        if not path:
+            return None
+        window = TimelineWindow(path, self)
+        self.timeline_windows.append(window)
+        window.show()
+        return window
+
+    def shutdown(self) -> None:
+        """Cancel every worker and wait for them (on close, and at the end of tests)."""
+        self.graph_panel.shutdown()
+        self.dataset_run.shutdown()
+        for window in self.timeline_windows:
+            window.view.shutdown()
+        self.controller.shutdown()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.settings.set_geometry(self.saveGeometry())
+        self.settings.set_value("window/splitter", [str(v) for v in self.splitter.sizes()])
+        self.settings.sync()
+        self.shutdown()
+        super().closeEvent(event)

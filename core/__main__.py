@@ -1,0 +1,7 @@
+"""``python -m app``: the same as the ``gradexplorer`` command."""
+
+import sys
+
+from gradexplorer.app.cli.main import main
+
+sys.exit(main())

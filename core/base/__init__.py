@@ -1,0 +1,19 @@
+"""The foundation every other part stands on: user-facing errors, sizes for people, devices,
+and the one safe writer of output files.
+
+Modules
+-------
+errors
+    ``GradExplorerError`` and its kinds: every failure the user can cause names the problem
+    and the fix.
+forward_errors
+    Advice when the model's own forward raises (shape, dtype, BatchNorm on one sample).
+units
+    The byte formatter and the parser of the sizes people write.
+devices
+    Which devices a capture can run on, and their free memory.
+file_write
+    Atomic writes, never over a special file or one of the user's inputs.
+"""
+
+__all__ = ["errors", "forward_errors", "units", "devices", "file_write"]

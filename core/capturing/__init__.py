@@ -1,0 +1,23 @@
+"""Capture: one forward and backward pass with hooks, and what it records.
+
+Modules
+-------
+capture
+    ``capture()``: hooks, calls, in-place safety, parameter gradients.
+data
+    ``Capture``, ``LayerRecord``, ``CallRecord``: what a capture holds.
+inputs
+    ``ModelInputs`` and ``Batch``: what a model is called with.
+selection
+    Which modules to capture (names, globs, a predicate).
+targets
+    The scalar backward starts from.
+nonfinite
+    Where NaN/Inf began, forward and backward.
+module_tree
+    The module tree and what one probe forward tells about each module.
+memory_estimate
+    How much memory a capture will hold, before anything is allocated.
+"""
+
+__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "memory_estimate"]

@@ -1,0 +1,180 @@
+"""What a capture holds: per module, per call, the activation and its gradients.
+
+Everything is detached and keyed by qualified module name, then call index (a module
+called three times in one forward has three ``CallRecord``s). Statistics are always
+present; tensors are ``None`` in statistics-only mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CallRecord:
+    """One call of a module during the forward pass.
+
+    Attributes
+    ----------
+    activation : Tensor or None
+        The module's output as it was when the call returned (cloned, so later in-place
+        operations do not change it). For tuple/dict outputs, the element named by
+        ``output_key``.
+    grad_output : Tensor or None
+        Gradient of the target with respect to that output; ``None`` when the output
+        does not reach the target.
+    grad_input : Tensor or None
+        Gradient of the target with respect to the module's first tensor input, when that
+        input requires grad.
+    stats : dict
+        ``{"activation": stats, "grad_output": stats or None, "grad_input": stats or None}``
+        (see ``gradexplorer.stats.summary.tensor_stats``).
+    output_key : str
+        Which element of a tuple/dict output was recorded ("" for a plain tensor).
+    shape, dtype : tuple, str
+        The activation's shape and dtype (also known in statistics-only mode).
+    """
+
+    activation: torch.Tensor | None = None
+    grad_output: torch.Tensor | None = None
+    grad_input: torch.Tensor | None = None
+    stats: dict = field(default_factory=lambda: {"activation": None, "grad_output": None, "grad_input": None})
+    output_key: str = ""
+    shape: tuple = ()
+    dtype: str = ""
+
+    def tensor(self, kind: str) -> torch.Tensor | None:
+        """``kind`` is ``activation``, ``grad_output`` or ``grad_input``."""
+        return getattr(self, kind)
+
+
+@dataclass
+class LayerRecord:
+    """Everything captured for one module."""
+
+    type: str
+    calls: list[CallRecord] = field(default_factory=list)
+    param_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    param_stats: dict[str, dict | None] = field(default_factory=dict)
+
+
+@dataclass
+class Capture:
+    """The result of one capture: a dict-like view ``capture[name] -> LayerRecord``.
+
+    Attributes
+    ----------
+    meta : dict
+        model, weights, target, device, dtype, mode, torch_version, created, layer_order,
+        categories (see README "Export format").
+    input, output : Tensor
+        The batch as fed to the model, and the output tensor the target used (CPU).
+    input_grad : Tensor or None
+        Gradient of the target with respect to the input batch, when asked for.
+    layers : dict
+        Qualified name -> ``LayerRecord``, in the order of each module's first call.
+    graph : dict or None
+        The model's dataflow graph, when one was recorded (reserved in capture format
+        version 2; ``None`` when absent).
+    nonfinite_onset : dict or None
+        Where NaN/Inf began (``gradexplorer.capturing.nonfinite``): ``{"forward": ..., "backward": ...}``,
+        ``None`` when every value was finite (or the capture predates it).
+    model_inputs : dict or None
+        For a model of several inputs, every argument of its forward (CPU):
+        ``{"args": [...], "kwargs": {...}}``, so that ``model(*args, **kwargs)`` runs the
+        batch again; ``input`` is only the first tensor. ``None`` for one input.
+    """
+
+    meta: dict
+    input: torch.Tensor | None
+    output: torch.Tensor | None
+    input_grad: torch.Tensor | None
+    layers: dict[str, LayerRecord]
+    graph: dict | None = None
+    nonfinite_onset: dict | None = None
+    model_inputs: dict | None = None
+
+    def __getitem__(self, name: str) -> LayerRecord:
+        return self.layers[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.layers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_order(self) -> list[str]:
+        return list(self.layers)
+
+    @property
+    def mode(self) -> str:
+        return self.meta.get("mode", "full")
+
+    def iter_calls(self) -> Iterator[tuple[str, int, CallRecord]]:
+        """Every (layer name, call index, record), in forward order by layer."""
+        for name, layer in self.layers.items():
+            for i, call in enumerate(layer.calls):
+                yield name, i, call
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the capture holds (batch, output, input gradient, the layers' tensors)."""
+        singles = [self.input, self.output, self.input_grad]
+        if self.model_inputs is not None:
+            singles += [*self.model_inputs["args"], *self.model_inputs["kwargs"].values()]
+        for t in singles:
+            if isinstance(t, torch.Tensor):
+                yield t
+        for rec in self.layers.values():
+            for c in rec.calls:
+                for t in (c.activation, c.grad_output, c.grad_input):
+                    if isinstance(t, torch.Tensor):
+                        yield t
+            for g in rec.param_grads.values():
+                if isinstance(g, torch.Tensor):
+                    yield g
+
+    def on_host(self) -> Capture:
+        """This capture with every tensor in host memory: itself when they all are, else a
+        copy (``to("cpu")``). A capture that kept its tensors on the GPU
+        (``gradexplorer.capturing.capture.capture(..., keep_on_device=True)``) is copied when viewed or saved."""
+        if all(t.device.type == "cpu" for t in self.tensors()):
+            return self
+        return self.to("cpu")
+
+    def to(self, device: str | torch.device) -> Capture:
+        """A copy with every tensor moved to ``device``; a tensor that several records share
+        (one gradient for two layers, one value for an Identity and its input) is moved
+        once and stays shared."""
+        moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            if not isinstance(t, torch.Tensor):
+                return t
+            got = moved.get(id(t))
+            if got is None:
+                got = moved[id(t)] = (t, t.to(device))  # t held: its id stays its own
+            return got[1]
+
+        layers = {}
+        for name, rec in self.layers.items():
+            calls = [
+                CallRecord(mv(c.activation), mv(c.grad_output), mv(c.grad_input), c.stats,
+                           c.output_key, c.shape, c.dtype)
+                for c in rec.calls
+            ]
+            layers[name] = LayerRecord(
+                rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
+            )
+        inputs = None
+        if self.model_inputs is not None:
+            inputs = {"args": [mv(v) for v in self.model_inputs["args"]],
+                      "kwargs": {k: mv(v) for k, v in self.model_inputs["kwargs"].items()}}
+        return Capture(dict(self.meta), mv(self.input), mv(self.output), mv(self.input_grad), layers,
+                       self.graph, self.nonfinite_onset, inputs)

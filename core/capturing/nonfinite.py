@@ -1,0 +1,259 @@
+"""Where NaN/Inf began: the first module call whose output holds NaN or Inf while its
+inputs were finite (forward order), and the first gradient that turned non-finite
+(backward order).
+
+A capture with an exploding value usually has NaN/Inf in most layers after the first; the
+useful fact is where it started. "The layers with NaN/Inf" listed in network order leads
+with the first layer whose *gradient* is bad, which says nothing about the forward.
+
+``OnsetTracker`` rides on the capture's hooks (``gradexplorer.capturing.capture._Recorder``): every module
+call's tensor inputs and primary output get a finiteness *source*: the statistics dict of
+a recorded tensor (filled later, on a GPU at the capture's end), the statistics of the same
+tensor seen earlier (same object and version), or, for a tensor not seen before, one
+``aminmax`` (the cheapest pass that reveals NaN/Inf; on a GPU a flag left on the device
+and read once at the end). Module calls complete innermost first, so the first call whose
+inputs are finite and whose output is not is the innermost module where the value broke;
+when that module has children, it broke in its own forward code between them.
+
+The inputs of a call matter only when its output is not finite, so on the CPU an input
+not seen before (in a ResNet, the sum ``out += identity`` that its ReLU receives) is
+checked at the end of the call, and only when the output holds NaN/Inf: none of the
+aminmax passes in a finite capture. If the call changed that input in place (an in-place
+ReLU), its value on entry is gone: it counts as not finite, which puts the onset in the
+code that made it (the enclosing module's own forward code; standard in-place
+activations cannot turn finite values into NaN/Inf).
+
+``onset_location`` gives the window the (layer, call, tensor) to mark and jump to;
+``describe_onset`` the lines the CLI prints.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from gradexplorer.stats.moments import has_nonfinite
+
+# A source: True (finite), False (not), a statistics dict, or a 0-d bool device tensor
+# (True when non-finite), resolved by ``_bad``.
+
+
+def _bad(source: Any) -> bool:
+    if source is None or source is True:
+        return False
+    if source is False:
+        return True
+    if isinstance(source, dict):
+        return has_nonfinite(source)
+    return bool(source)
+
+
+def _counts(source: Any) -> tuple[int | None, int | None]:
+    if isinstance(source, dict) and source:
+        return int(source["nan_count"]), int(source["inf_count"])
+    return None, None
+
+
+class _Later:
+    """An input not seen before, checked only if the call's output is not finite."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.version = t._version
+
+    def resolve(self, tracker: OnsetTracker) -> Any:
+        if self.tensor._version != self.version:
+            return False  # changed in place by the call: its value on entry is gone
+        return tracker._source(self.tensor)
+
+
+class OnsetTracker:
+    """Finiteness of every module call's inputs and output during one capture."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._open: dict[str, list[tuple[int, list]]] = {}
+        self._calls: dict[str, int] = {}
+        # Completed calls, innermost first: (name, call index, type, has children, inputs, output).
+        self.events: list[tuple[str, int, str, bool, list, Any]] = []
+        # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
+        self.grads: list[tuple[dict, list]] = []
+
+    def _source(self, t: torch.Tensor, stats: dict | None = None, later: bool = False) -> Any:
+        key = (id(t), t._version)
+        seen = self._known.get(key)
+        if seen is not None and seen[0]() is t:
+            return seen[1]
+        if later and stats is None and t.device.type == "cpu" and (t.is_floating_point() or t.is_complex()):
+            return _Later(t)
+        if stats is not None:
+            source: Any = stats
+        elif not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+            source = True
+        else:
+            with torch.no_grad():
+                lo, hi = torch.aminmax(t.detach().reshape(-1) if not t.is_complex() else t.detach().abs().reshape(-1))
+                flag = ~(torch.isfinite(lo) & torch.isfinite(hi))
+            # On the CPU the answer is free now; on a GPU it waits on the device until the end.
+            source = not bool(flag) if flag.device.type == "cpu" else flag
+        self._known[key] = (weakref.ref(t), source)
+        return source
+
+    def enter(self, name: str, args: tuple, kwargs: dict) -> None:
+        """A module call starts: note the finiteness of its tensor inputs."""
+        index = self._calls.get(name, 0)
+        self._calls[name] = index + 1
+        inputs = []
+        for value in list(args) + list(kwargs.values()):
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            for v in items:
+                if isinstance(v, torch.Tensor):
+                    # The root's inputs (the batch) at once: "the input batch holds NaN/Inf".
+                    inputs.append(self._source(v, later=name != ""))
+        self._open.setdefault(name, []).append((index, inputs))
+
+    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None, stats: dict | None = None) -> None:
+        """A module call ends with ``output`` (its primary tensor), summarised by ``stats``
+        when the capture recorded it."""
+        stack = self._open.get(name)
+        if not stack:
+            return
+        index, inputs = stack.pop()
+        source = None if output is None else self._source(output, stats)
+        if any(isinstance(s, _Later) for s in inputs):
+            # Undecided outputs (a device flag, statistics still to be filled) count as bad.
+            undecided = isinstance(source, torch.Tensor) or (isinstance(source, dict) and not source)
+            needed = undecided or _bad(source)
+            inputs = [(s.resolve(self) if needed else None) if isinstance(s, _Later) else s for s in inputs]
+        has_children = next(module.children(), None) is not None
+        self.events.append((name, index, type(module).__name__, has_children, inputs, source))
+
+    def known_stats(self, t: torch.Tensor, stats: dict) -> None:
+        """``stats`` summarise ``t`` as it is now (an output the capture recorded)."""
+        self._known[(id(t), t._version)] = (weakref.ref(t), stats)
+
+    def grad(self, stats: dict, sinks: list) -> None:
+        """A gradient the capture recorded, in the order backward produced them."""
+        self.grads.append((stats, sinks))
+
+    def result(self, layers: dict, param_order: list[str]) -> dict | None:
+        """The onset entry of the capture (``None`` when every value was finite).
+
+        Parameters
+        ----------
+        layers : dict
+            The capture's ``LayerRecord``s by name (to name a gradient's layer and call).
+        param_order : list of str
+            Layer names in forward order: a non-finite parameter gradient is reported,
+            when no recorded activation gradient is, from the layer nearest the output.
+        """
+        flags = [s for e in self.events for s in e[4] + [e[5]] if isinstance(s, torch.Tensor)]
+        if flags:  # GPU flags: one transfer for all
+            values = torch.stack(flags).cpu().tolist()
+            resolved = {id(f): v for f, v in zip(flags, values)}
+        else:
+            resolved = {}
+
+        def bad(s: Any) -> bool:
+            return bool(resolved[id(s)]) if isinstance(s, torch.Tensor) else _bad(s)
+
+        forward = None
+        for name, index, type_name, has_children, inputs, source in self.events:
+            if bad(source) and not any(bad(s) for s in inputs):
+                nan, inf = _counts(source)
+                forward = {"layer": name, "call": index, "type": type_name, "own_code": has_children,
+                           "nan_count": nan, "inf_count": inf}
+                break
+        if forward is None:
+            root = next((e for e in self.events if e[0] == ""), None)
+            if root is not None and any(bad(s) for s in root[4]):
+                forward = {"layer": None, "call": None, "type": "input batch", "own_code": False,
+                           "nan_count": None, "inf_count": None}
+        backward = None
+        where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
+        for stats, sinks in self.grads:
+            if not has_nonfinite(stats):
+                continue
+            # The module whose backward produced it: the one it is the input gradient of.
+            call, attr = next(((c, a) for c, a in sinks if a == "grad_input"), sinks[0])
+            name, index = where.get(id(call), ("", 0))
+            backward = {"layer": name, "call": index, "type": layers[name].type if name in layers else "",
+                        "tensor": attr, "nan_count": int(stats["nan_count"]), "inf_count": int(stats["inf_count"])}
+            break
+        if backward is None:
+            for name in reversed(param_order):
+                rec = layers.get(name)
+                if rec is None:
+                    continue
+                for pname, stats in rec.param_stats.items():
+                    if stats is not None and has_nonfinite(stats):
+                        backward = {"layer": name, "call": None, "type": rec.type, "tensor": f"param:{pname}",
+                                    "nan_count": int(stats["nan_count"]), "inf_count": int(stats["inf_count"])}
+                        break
+                if backward is not None:
+                    break
+        if forward is None and backward is None:
+            return None
+        return {"forward": forward, "backward": backward}
+
+
+def onset_location(onset: dict | None, kind: str = "forward") -> tuple[str, int | None, str] | None:
+    """Where the window marks and jumps to: (layer name, call index or None, tensor kind:
+    ``activation``, ``grad_output``, ``grad_input`` or ``param:NAME``), or ``None`` (also
+    when NaN/Inf was already in the input batch). The layer may be a container or the
+    root (``""``), or a module that was not captured: check ``name in capture``.
+
+    Parameters
+    ----------
+    onset : dict or None
+        ``Capture.nonfinite_onset``.
+    kind : {"forward", "backward"}
+        Which onset.
+    """
+    entry = (onset or {}).get(kind)
+    if not entry or entry["layer"] is None:
+        return None
+    return entry["layer"], entry.get("call"), entry.get("tensor", "activation")
+
+
+def _counted(entry: dict) -> str:
+    parts = []
+    if entry.get("nan_count"):
+        parts.append(f"{entry['nan_count']:,} NaN")
+    if entry.get("inf_count"):
+        parts.append(f"{entry['inf_count']:,} Inf")
+    return " and ".join(parts) if parts else "NaN/Inf"
+
+
+def describe_onset(onset: dict | None) -> list[str]:
+    """Plain-text lines saying where NaN/Inf began (empty when it never did)."""
+    if not onset:
+        return []
+    lines = []
+    f = onset.get("forward")
+    if f and f["layer"] is None:
+        lines.append("forward: the input batch already holds NaN/Inf")
+    elif f:
+        label = f"'{f['layer']}'" if f["layer"] else "the model itself"
+        text = (f"forward: first at {label} ({f['type']}), call {f['call']}: output holds {_counted(f)}, "
+                "inputs were finite")
+        if f.get("own_code"):
+            text += " (no module inside it produced it: its own forward code did)"
+        lines.append(text)
+    b = onset.get("backward")
+    if b:
+        label = f"'{b['layer']}'" if b["layer"] else "the model"
+        tensor = b["tensor"]
+        if tensor == "grad_input":
+            what = f"backward: first at {label} ({b['type']}), call {b['call']}: the gradient it passed to its input"
+        elif tensor == "grad_output":
+            what = (f"backward: first at the output of {label} ({b['type']}), call {b['call']}: "
+                    "the gradient arriving from what consumed it")
+        else:
+            what = f"backward: first in the gradient of {label}'s parameter {tensor.split(':', 1)[1]}"
+        lines.append(f"{what} holds {_counted(b)}")
+    return lines

@@ -1,0 +1,20 @@
+"""One capture pipeline for every front end: what the user asked for, the job that runs it, and
+the state of an exploring session.
+
+Modules
+-------
+options
+    ``CaptureOptions``: what the user asked a capture to do, frozen.
+job
+    ``CaptureJob``: options in, a capture with its metadata out, with progress and cancel.
+provenance
+    The model, batch and option part of a capture's metadata.
+compare_sources
+    Where the second capture of a comparison comes from.
+session
+    The state of one exploring session, shared by the window's panels.
+view_state
+    What the user is looking at: an evented model the views share.
+"""
+
+__all__ = ["options", "job", "provenance", "compare_sources", "session", "view_state"]

@@ -1,0 +1,19 @@
+"""Recording over many steps or batches: the training-loop watch and its log, the dataset
+capture, and the timeline read back from them.
+
+Modules
+-------
+layer_recorder
+    Hooks that record mergeable statistics of selected modules.
+watch
+    ``watch()``: a model inside the user's own training loop.
+watch_log
+    The ``.gxw`` log (SQLite, one transaction per step).
+dataset
+    ``capture_dataset()``: every batch captured and merged exactly, also under
+    torch.distributed.
+timeline
+    Arrays over steps from a watch log or a dataset capture.
+"""
+
+__all__ = ["layer_recorder", "watch", "watch_log", "dataset", "timeline"]

@@ -1,0 +1,145 @@
+"""Hooks that record mergeable statistics of selected modules for one forward and backward.
+
+Shared by the watch (``gradexplorer.recording.watch``, one training step) and the dataset capture
+(``gradexplorer.recording.dataset``, one batch). Per selected module and per call it records the
+activation, the gradient with respect to it and the per-sample norms of that gradient, as
+``gradexplorer.stats.merge.MergeStats`` keyed ``(module name, call index, kind)``.
+
+Why it is built this way (docs/ARCHITECTURE.md, "Facts the code relies on"): a forward
+hook summarises the output at once (a later in-place op would change it) and registers a
+*tensor* hook on it (module backward hooks break on in-place ReLUs and dict outputs); the
+hooks return nothing, so the values and gradients flowing through are not changed;
+``remove()`` takes every handle off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradexplorer.base.errors import CaptureCancelled
+from gradexplorer.capturing.capture import primary_tensor
+from gradexplorer.stats.merge import MergeStats, per_sample_norms
+
+#: Row key: (layer or parameter name, call index, kind).
+RowKey = tuple[str, int, str]
+
+
+def hook_gradient(t: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> list:
+    """Call ``on_grad`` with the gradient with respect to ``t`` (the value it has now).
+
+    A tensor hook receives the gradient with respect to the value before a later in-place
+    change. But an in-place op on a *view* (a Linear on a (B, H, W, C) input, then
+    ReLU(inplace)) rebases the view's history and its hooks never fire: the base's hook
+    still does, so the view's part is cut out of the base's gradient when the view's own
+    hook did not fire. Returns the handles to remove.
+    """
+    fired = [False]
+
+    def own(grad: torch.Tensor) -> None:
+        fired[0] = True
+        on_grad(grad)
+
+    handles = [t.register_hook(own)]
+    base = t._base if t._is_view() else None
+    if base is not None and base.requires_grad and base.is_contiguous():
+        size, stride = t.size(), t.stride()
+        offset = t.storage_offset() - base.storage_offset()
+
+        def from_base(grad: torch.Tensor) -> None:
+            if not fired[0]:
+                on_grad(grad.contiguous().as_strided(size, stride, offset))
+
+        handles.append(base.register_hook(from_base))
+    return handles
+
+
+class LayerRecorder:
+    """Record statistics of ``layers`` of ``model`` while installed.
+
+    Parameters
+    ----------
+    model : nn.Module
+    layers : iterable of str
+        Qualified module names to hook.
+    grad_norms : bool
+        Also record the per-sample L2 norms of each output gradient (``grad_norm`` rows).
+    grad_scale : callable, optional
+        Returns the factor the output gradients are scaled by (an AMP GradScaler's scale);
+        asked once per backward, the gradients are divided by it.
+    cancel : object with ``is_set()``, optional
+        Checked at every hooked call and gradient: raises ``CaptureCancelled``.
+    """
+
+    def __init__(self, model: nn.Module, layers: Iterable[str], *, grad_norms: bool = True,
+                 grad_scale: Callable[[], float] | None = None, cancel: Any = None) -> None:
+        modules = dict(model.named_modules())
+        self.modules = {name: modules[name] for name in layers}
+        self.grad_norms = grad_norms
+        self.grad_scale = grad_scale
+        self.cancel = cancel
+        self.rows: dict[RowKey, MergeStats] = {}
+        self.calls: dict[str, int] = {}
+        self._scale: float | None = None
+        self._handles: list = []
+
+    def install(self) -> None:
+        """Start a fresh recording: forward hooks on every selected module."""
+        self.remove()
+        self.rows = {}
+        self.calls = {}
+        self._scale = None
+        for name, module in self.modules.items():
+            self._handles.append(module.register_forward_hook(lambda m, a, o, _n=name: self._on_forward(_n, o)))
+
+    def remove(self) -> None:
+        """Take every hook off (forward and tensor hooks); the rows stay."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> LayerRecorder:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def not_called(self) -> list[str]:
+        """Selected modules that ran no call since ``install``."""
+        return [n for n in self.modules if self.calls.get(n, 0) == 0]
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise CaptureCancelled()
+
+    def _on_forward(self, name: str, output: Any) -> None:
+        self._check_cancel()
+        call = self.calls.get(name, 0)
+        self.calls[name] = call + 1
+        _key, y = primary_tensor(output)
+        if y is None:
+            return
+        with torch.no_grad():
+            self.rows[(name, call, "activation")] = MergeStats.of_tensor(y)
+        if y.requires_grad:
+            def on_grad(g: torch.Tensor, _n: str = name, _c: int = call) -> None:
+                self._on_grad(_n, _c, g)
+
+            self._handles.extend(hook_gradient(y, on_grad))
+
+    def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
+        self._check_cancel()
+        with torch.no_grad():
+            if self.grad_scale is not None and self._scale is None:
+                self._scale = float(self.grad_scale())
+            g = grad
+            if self._scale not in (None, 1.0):
+                g = grad.float() / self._scale
+            self.rows[(name, call, "grad_output")] = MergeStats.of_tensor(g)
+            if self.grad_norms and g.dim() >= 1:
+                self.rows[(name, call, "grad_norm")] = MergeStats.of_tensor(per_sample_norms(g))
+        return None

@@ -1,0 +1,307 @@
+"""Watch a model inside the user's own training loop, every N steps, into a watch log.
+
+::
+
+    from gradexplorer.recording.watch import watch
+    with watch(model, out="run.gxw", every=10, layers="layer4.*") as w:
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+            w.step(loss=loss)
+
+What it does, and why it is built this way:
+
+* Hooks exist only during watched steps. ``w.step()`` ends a step; when the *next* step is
+  watched, hooks go on right away, before its forward; the ``step()`` that ends it takes
+  them all off. Unwatched steps run the user's model with no hook at all.
+* Statistics only (``gradexplorer.stats.merge.MergeStats``: moments, counts and a fixed-bin
+  histogram), computed inside the hooks, so nothing of the graph is kept alive.
+* The user's training is left as it is: the hooks return nothing (the gradients flowing
+  through are not changed), ``.grad``, the optimizer and an AMP ``GradScaler`` are only
+  read. Parameter gradients are read from ``.grad`` at ``w.step()``: after
+  ``scaler.step(opt)`` they are unscaled. The output gradients seen by the tensor hooks are
+  scaled by the GradScaler's factor: pass ``scaler=`` and they are divided by it.
+* Modules under ``torch.compile`` are not hooked: hooks added after compiling never fire
+  or, depending on the backend, make dynamo recompile at every watched step, changing the
+  user's speed. Each one is reported in the log's ``reports`` table and in ``w.reports``,
+  and a selected layer that ran no call during a watched step is reported too.
+* Per watched step: each selected module's activation and output gradient per call (and
+  the distribution of per-sample gradient norms), each selected parameter's gradient and
+  weight statistics and its update ratio |Δw|/|w| (weights copied when the step's hooks go
+  on, compared at ``step()``), and the loss.
+* Under ``torch.distributed`` (DDP), rank 0 writes: module statistics merged over ranks
+  (rank -1 in the log), or every rank's own rows when ``per_rank=True``. Parameter
+  gradients are the same on every rank after DDP's all-reduce: rank 0's are logged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
+from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
+from gradexplorer.stats.merge import MergeStats
+from gradexplorer.stats.merge_cpu import distance
+
+
+def _compiled_modules(model: nn.Module) -> list[str]:
+    """Qualified names of the modules wrapped by ``torch.compile`` (the root is ``""``)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return []
+    return [name for name, m in model.named_modules() if isinstance(m, OptimizedModule)]
+
+
+def _dist_info() -> tuple[int, int]:
+    """(rank, world size) of the default process group, (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _loss_value(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        return float(loss.detach().float().mean())
+    return float(loss)
+
+
+class Watch:
+    """A watch on one model; use :func:`watch` to make one (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, out: str, *, every: int = 10, layers: LayerSpec = None,
+                 params: bool = True, per_rank: bool = False, scaler: Any = None,
+                 grad_norms: bool = True) -> None:
+        if not isinstance(every, int) or every < 1:
+            raise GradExplorerError(f"every={every!r} is not a positive whole number of steps.",
+                                    "Pass every=1 to watch every step, every=10 for one step in ten.")
+        self.model = model
+        self.out = out
+        self.every = every
+        self.per_rank = per_rank
+        self.scaler = scaler
+        self.grad_norms = grad_norms
+        self.rank, self.world = _dist_info()
+        self.layers = resolve_layers(model, layers)
+        self.modules = dict(model.named_modules())
+        self.params = self._select_params(layers) if params else {}
+        self.step_index = 0
+        self.reports: list[tuple[int | None, str, str]] = []
+        self._recorder: LayerRecorder | None = None
+        self._weights_before: dict[str, torch.Tensor] = {}
+        self._weights_valid = False
+        self._started = 0.0
+        self._writer: WatchLogWriter | None = None
+        self._open = False
+
+    def _select_params(self, layers: LayerSpec) -> dict[str, nn.Parameter]:
+        if layers is None:
+            return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        chosen: dict[str, nn.Parameter] = {}
+        for name in self.layers:
+            for pname, p in self.modules[name].named_parameters(prefix=name):
+                if p.requires_grad:
+                    chosen[pname] = p
+        return chosen
+
+    # -- lifetime -----------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        if self.rank == 0:
+            self._writer = WatchLogWriter(self.out, meta={
+                "every": self.every, "layers": self.layers, "params": list(self.params),
+                "model": type(self.model).__name__, "world_size": self.world,
+                "per_rank": self.per_rank, "hist_bins": "signed log2 magnitude (gradexplorer.stats.merge)",
+            })
+        self._open = True
+        compiled = _compiled_modules(self.model)
+        for name in compiled:
+            self._report(None, name or "(model)",
+                         "compiled with torch.compile: its layers' activations and output gradients are "
+                         "not recorded (its parameters still are). Hooks inside compiled code either never "
+                         "fire or force recompiles, which would change your training's speed. Watch the "
+                         "model before compiling it, or compile only the parts you do not watch.")
+        skip = {n for n in self.layers if any(n == c or n.startswith(c + ".") or c == "" for c in compiled)}
+        scale = None
+        if self.scaler is not None:
+            scaler = self.scaler
+            scale = lambda: scaler.get_scale() if scaler.is_enabled() else 1.0  # noqa: E731
+        self._recorder = LayerRecorder(self.model, [n for n in self.layers if n not in skip],
+                                       grad_norms=self.grad_norms, grad_scale=scale)
+        self._begin_if_watched()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove every hook and close the log (a step not ended by ``step()`` is dropped)."""
+        if self._recorder is not None:
+            self._recorder.remove()
+            self._recorder.rows = {}
+        self._weights_before.clear()
+        self._weights_valid = False
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._open = False
+
+    @property
+    def watching(self) -> bool:
+        """Whether the current step is a watched one (hooks are on)."""
+        return self.step_index % self.every == 0
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _begin_if_watched(self) -> None:
+        if not self.watching or self._recorder is None:
+            return
+        self._started = time.time()
+        with torch.no_grad():
+            # The buffers stay between watched steps: copying into them costs a third of
+            # cloning fresh memory every time (the pages are already there).
+            for n, p in self.params.items():
+                buf = self._weights_before.get(n)
+                if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
+                    self._weights_before[n] = p.detach().clone()
+                else:
+                    buf.copy_(p.detach())
+        self._weights_valid = True
+        self._recorder.install()
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self, loss: Any = None) -> None:
+        """End the current training step (call it after ``opt.step()``).
+
+        On a watched step, records the parameters' gradients and weights and the update
+        ratio, writes the step to the log and removes the hooks; then, when the next step is
+        watched, puts them back on.
+        """
+        if not self._open:
+            raise GradExplorerError("w.step() was called outside the watch's `with` block.",
+                                    "Call w.step() inside `with watch(...) as w:`.")
+        if self.watching:
+            assert self._recorder is not None
+            self._recorder.remove()
+            self._finish_step(_loss_value(loss))
+        self.step_index += 1
+        self._begin_if_watched()
+
+    def _finish_step(self, loss: float | None) -> None:
+        step = self.step_index
+        assert self._recorder is not None
+        rows = self._recorder.rows
+        ratios: dict[str, float] = {}
+        with torch.no_grad():
+            for pname, p in self.params.items():
+                if p.grad is not None:
+                    rows[(pname, 0, "grad")] = MergeStats.of_tensor(p.grad)
+                before = self._weights_before.get(pname) if self._weights_valid else None
+                if before is None:
+                    continue
+                weight = MergeStats.of_tensor(before)
+                rows[(pname, 0, "weight")] = weight
+                # Norms accumulated in float64. The difference of two nearby float32 weights
+                # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
+                if weight.count == weight.numel:  # all finite: the statistics hold the norm
+                    w_norm = weight.summary()["l2"]
+                else:
+                    w_norm = float(torch.linalg.vector_norm(before, dtype=torch.float64))
+                d_norm = distance(p, before)  # one compiled pass on the CPU, no temporary
+                if d_norm is None:
+                    d_norm = float(torch.linalg.vector_norm(p.detach() - before, dtype=torch.float64))
+                ratios[pname] = d_norm / w_norm if w_norm > 0 else (math.inf if d_norm > 0 else 0.0)
+        self._weights_valid = False
+        reports = [(n, "selected but not called during this step") for n in self._recorder.not_called()]
+        seconds = time.time() - self._started
+        self._recorder.rows = {}
+        if self.world > 1:
+            self._write_distributed(step, loss, seconds, rows, ratios, reports)
+        else:
+            self._write(step, 0, loss, seconds, rows, ratios, reports)
+
+    def _write(self, step: int, rank: int, loss: float | None, seconds: float, rows: dict,
+               ratios: dict, reports: list) -> None:
+        assert self._writer is not None
+        table = [stats_row(step, layer, call, kind, rank, s, ratios.get(layer) if kind == "weight" else None)
+                 for (layer, call, kind), s in rows.items()]
+        for layer, message in reports:
+            self.reports.append((step, layer, message))
+        self._writer.write_step(step, rank, loss, time.time(), seconds, table, reports)
+
+    def _write_distributed(self, step: int, loss: float | None, seconds: float, rows: dict,
+                           ratios: dict, reports: list) -> None:
+        import torch.distributed as dist
+
+        mine = {"rank": self.rank, "loss": loss, "seconds": seconds, "reports": reports,
+                "rows": {k: v.to_dict() for k, v in rows.items()
+                         if k[2] not in ("grad", "weight") or self.rank == 0}}
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if self.rank != 0:
+            return
+        assert gathered is not None
+        losses = [g["loss"] for g in gathered if g["loss"] is not None]
+        mean_loss = sum(losses) / len(losses) if losses else None
+        all_reports = [(layer, f"rank {g['rank']}: {msg}") for g in gathered for layer, msg in g["reports"]]
+        if self.per_rank:
+            for g in gathered:
+                per = {k: MergeStats.from_dict(v) for k, v in g["rows"].items()}
+                self._write(step, g["rank"], g["loss"], g["seconds"], per, ratios,
+                            all_reports if g["rank"] == 0 else [])
+            return
+        merged: dict[RowKey, MergeStats] = {}
+        for g in gathered:
+            for k, v in g["rows"].items():
+                s = MergeStats.from_dict(v)
+                merged[k] = merged[k].merge(s) if k in merged else s
+        self._write(step, -1, mean_loss, max(g["seconds"] for g in gathered), merged, ratios, all_reports)
+
+    def _report(self, step: int | None, layer: str, message: str) -> None:
+        self.reports.append((step, layer, message))
+        if self._writer is not None:
+            self._writer.report(step, layer, message)
+
+
+def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: LayerSpec = None,
+          params: bool = True, per_rank: bool = False, scaler: Any = None, grad_norms: bool = True) -> Watch:
+    """Watch ``model`` in a training loop; use as ``with watch(...) as w:`` and call
+    ``w.step(loss=loss)`` once per training step.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model being trained (a DDP wrapper is fine). Not modified.
+    out : str
+        The watch log to write (SQLite, see ``gradexplorer.recording.watch_log``); rank 0 writes it.
+    every : int
+        Watch steps 0, every, 2*every, ...
+    layers : None, str, iterable of str, or callable
+        Modules whose activations and output gradients are recorded (``None``: every leaf
+        module), as in ``gradexplorer.capturing.selection``. Their parameters are recorded too (all the
+        model's trainable parameters when ``layers`` is None).
+    params : bool
+        Record parameter gradients, weights and update ratios.
+    per_rank : bool
+        Under torch.distributed, log each rank's statistics instead of their merge.
+    scaler : torch.amp.GradScaler, optional
+        Divide the output gradients seen in backward by its scale.
+    grad_norms : bool
+        Record the distribution of per-sample output-gradient norms.
+
+    Raises
+    ------
+    GradExplorerError
+        When ``every`` is not a positive integer or ``layers`` selects nothing.
+    """
+    return Watch(model, out, every=every, layers=layers, params=params, per_rank=per_rank,
+                 scaler=scaler, grad_norms=grad_norms)

@@ -1,0 +1,221 @@
+"""The watch log: an SQLite database in WAL mode (``.gxw``), written by ``gradexplorer.recording.watch``.
+
+Why SQLite: one file, readable from any language and with one ``pandas.read_sql`` query,
+transactions that a killed process cannot half-write, and WAL mode lets readers (the
+timeline view, ``gradexplorer inspect``) open the file while the training writes it.
+Each watched step is one transaction: a training killed with SIGKILL leaves a log with
+every step whose ``step()`` returned.
+
+Schema (version 1)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)           -- format, version, every, layers, ...
+    steps(step INTEGER, rank INTEGER, loss REAL, wall_time REAL, seconds REAL,
+          PRIMARY KEY (step, rank))
+    stats(step INTEGER, layer TEXT, call INTEGER, kind TEXT, rank INTEGER,
+          numel, count, nan_count, inf_count, zero_count INTEGER,
+          min, max, mean, std, sum, sum_abs, m2, l2, mean_abs REAL,
+          update_ratio REAL,                           -- |Δw|/|w|, on kind 'weight' rows
+          hist_lo INTEGER, hist BLOB)                  -- see below
+    reports(step INTEGER, layer TEXT, message TEXT)  -- what could not be watched, and why
+
+``kind`` is ``activation`` and ``grad_output`` (a module's output and the gradient with
+respect to it, per ``call``), ``grad_norm`` (the per-sample L2 norms of that gradient: their
+distribution), ``grad`` and ``weight`` (a parameter, ``layer`` is its qualified name,
+``call`` 0). ``rank`` is the process rank, or -1 for statistics merged over all ranks.
+``hist`` holds the non-zero stretch of the signed log2 histogram of ``gradexplorer.stats.merge``:
+little-endian int64 counts of bins ``hist_lo``, ``hist_lo + 1``, ... (:func:`decode_hist`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.stats.merge import HIST_BINS, MergeStats
+
+FORMAT = "gradexplorer-watch"
+VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS steps(step INTEGER NOT NULL, rank INTEGER NOT NULL, loss REAL,
+    wall_time REAL, seconds REAL, PRIMARY KEY (step, rank));
+CREATE TABLE IF NOT EXISTS stats(step INTEGER NOT NULL, layer TEXT NOT NULL, call INTEGER NOT NULL,
+    kind TEXT NOT NULL, rank INTEGER NOT NULL, numel INTEGER, count INTEGER, nan_count INTEGER,
+    inf_count INTEGER, zero_count INTEGER, min REAL, max REAL, mean REAL, std REAL, sum REAL,
+    sum_abs REAL, m2 REAL, l2 REAL, mean_abs REAL, update_ratio REAL, hist_lo INTEGER, hist BLOB);
+CREATE INDEX IF NOT EXISTS stats_by_layer ON stats(layer, kind, step);
+CREATE INDEX IF NOT EXISTS stats_by_step ON stats(step);
+CREATE TABLE IF NOT EXISTS reports(step INTEGER, layer TEXT, message TEXT);
+"""
+
+STAT_COLUMNS = ("numel", "count", "nan_count", "inf_count", "zero_count", "min", "max", "mean", "std",
+                "sum", "sum_abs", "m2", "l2", "mean_abs")
+
+#: One query that gives every statistic with its step's loss (README: reading a log).
+ALL_ROWS_QUERY = "SELECT s.*, st.loss, st.wall_time FROM stats s LEFT JOIN steps st USING (step, rank)"
+
+
+def encode_hist(hist: np.ndarray) -> tuple[int, bytes]:
+    """(first bin, little-endian int64 counts up to the last non-zero bin)."""
+    nz = np.flatnonzero(hist)
+    if nz.size == 0:
+        return 0, b""
+    lo, hi = int(nz[0]), int(nz[-1]) + 1
+    return lo, np.asarray(hist[lo:hi], dtype="<i8").tobytes()
+
+
+def decode_hist(hist_lo: int | None, blob: bytes | None) -> np.ndarray:
+    """The full ``HIST_BINS`` counts from a row's ``hist_lo`` and ``hist``."""
+    out = np.zeros(HIST_BINS, dtype=np.int64)
+    if blob:
+        counts = np.frombuffer(blob, dtype="<i8")
+        out[int(hist_lo or 0): int(hist_lo or 0) + counts.size] = counts
+    return out
+
+
+def _finite_or_none(v: float) -> float | None:
+    # SQLite stores NaN as NULL anyway; say so explicitly, and keep ±inf.
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def stats_row(step: int, layer: str, call: int, kind: str, rank: int, s: MergeStats,
+              update_ratio: float | None = None) -> tuple:
+    """One ``stats`` table row."""
+    summ = s.summary()
+    lo, blob = encode_hist(s.hist)
+    values = [summ["numel"], summ["count"], summ["nan_count"], summ["inf_count"], s.zero_count,
+              summ["min"], summ["max"], summ["mean"], summ["std"], summ["sum"], s.sum_abs, s.m2,
+              summ["l2"], summ["mean_abs"]]
+    return (step, layer, call, kind, rank, *[_finite_or_none(v) for v in values],
+            None if update_ratio is None else _finite_or_none(update_ratio), lo, blob)
+
+
+def row_stats(row: dict) -> MergeStats:
+    """The ``MergeStats`` back from a ``stats`` row (as a dict of column -> value)."""
+    def num(key: str, default: float) -> float:
+        v = row.get(key)
+        return default if v is None else v
+    return MergeStats(
+        numel=int(num("numel", 0)), count=int(num("count", 0)), nan_count=int(num("nan_count", 0)),
+        inf_count=int(num("inf_count", 0)), zero_count=int(num("zero_count", 0)),
+        min=float(num("min", math.inf)), max=float(num("max", -math.inf)), sum=float(num("sum", 0.0)),
+        sum_abs=float(num("sum_abs", 0.0)), mean=float(num("mean", 0.0)), m2=float(num("m2", 0.0)),
+        hist=decode_hist(row.get("hist_lo"), row.get("hist")),
+    )
+
+
+class WatchLogWriter:
+    """Appends watched steps to a log; each step is one committed transaction."""
+
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None) -> None:
+        self.path = os.fspath(path)
+        _refuse_special_file(self.path)
+        # isolation_level=None: we open and commit transactions ourselves.
+        self.con = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self.con.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a committed step survives a killed process (not a power cut
+            # before the next checkpoint), at no fsync per step.
+            self.con.execute("PRAGMA synchronous=NORMAL")
+            self.con.executescript(SCHEMA)
+            existing = dict(self.con.execute("SELECT key, value FROM meta").fetchall())
+            if existing and existing.get("format") != FORMAT:
+                raise GradExplorerError(f"{self.path} is an SQLite file but not a gradexplorer watch log.",
+                                        "Choose a new file name for --out / out=.")
+            values = {"format": FORMAT, "version": str(VERSION), "created": str(time.time())}
+            values.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (meta or {}).items()})
+            self.con.execute("BEGIN")
+            self.con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.close()
+            raise
+
+    def write_step(self, step: int, rank: int, loss: float | None, wall_time: float, seconds: float,
+                   rows: Iterable[tuple], reports: Iterable[tuple[str, str]] = ()) -> None:
+        """Write one step's rows and its ``steps`` row in one transaction.
+
+        A step that was written before (a rerun into the same file) is replaced.
+        """
+        con = self.con
+        rows = list(rows)
+        ranks = {rank} | {r[4] for r in rows}
+        con.execute("BEGIN")
+        try:
+            con.executemany("DELETE FROM stats WHERE step = ? AND rank = ?", [(step, r) for r in ranks])
+            con.executemany(f"INSERT INTO stats VALUES ({', '.join('?' * 22)})", rows)
+            con.executemany("INSERT INTO reports VALUES (?, ?, ?)", [(step, layer, m) for layer, m in reports])
+            con.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
+                        (step, rank, _finite_or_none(loss) if loss is not None else None, wall_time, seconds))
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def report(self, step: int | None, layer: str, message: str) -> None:
+        """Record something that could not be watched (committed at once)."""
+        self.con.execute("INSERT INTO reports VALUES (?, ?, ?)", (step, layer, message))
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the main file and close."""
+        # A reader may hold the WAL: the data is committed all the same.
+        with contextlib.suppress(sqlite3.Error):
+            self.con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.con.close()
+
+
+def _refuse_special_file(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    import stat as _stat
+    if not _stat.S_ISREG(st.st_mode):
+        raise GradExplorerError(f"{path} exists and is not a regular file.",
+                                "Choose another path for the watch log.")
+
+
+def open_log(path: str | os.PathLike) -> sqlite3.Connection:
+    """Open a watch log for reading (also while a training writes it).
+
+    Raises
+    ------
+    GradExplorerError
+        When the file is missing or is not a watch log.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GradExplorerError(f"No watch log at {path}.", "Pass the file given to watch(out=...).")
+    try:
+        # Not read-only at the SQLite level: a reader of a WAL database whose writer was
+        # killed must be able to recover the WAL index.
+        con = sqlite3.connect(path, timeout=10, check_same_thread=False)
+        con.row_factory = sqlite3.Row
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise GradExplorerError(f"{path} is not a watch log ({exc}).",
+                                "Open a .gxw file written by gradexplorer's watch.") from None
+    if meta.get("format") != FORMAT:
+        con.close()
+        raise GradExplorerError(f"{path} is not a watch log.", "Open a .gxw file written by gradexplorer's watch.")
+    return con
+
+
+def read_meta(con: sqlite3.Connection) -> dict:
+    """The meta table, JSON values decoded where they are JSON."""
+    out = {}
+    for key, value in con.execute("SELECT key, value FROM meta"):
+        try:
+            out[key] = json.loads(value)
+        except (TypeError, ValueError):
+            out[key] = value
+    return out

@@ -1,0 +1,25 @@
+"""Statistics of tensors: one float64 formula computed where the tensor lives, and statistics
+that merge exactly across batches, steps and ranks.
+
+Modules
+-------
+summary
+    ``tensor_stats``: the summary of one tensor (moments, norms, non-finite counts,
+    histogram).
+cpu
+    The fused numba pass on the CPU.
+cpu_kernels
+    Its numba kernels (compiled on first use).
+device
+    The fused Triton kernels for GPU tensors, read without waiting on the GPU.
+batched
+    Many tensors' statistics in a fixed number of operations.
+merge
+    ``MergeStats``: statistics that merge exactly (Chan's formula).
+merge_cpu
+    ``MergeStats`` of a float32 CPU tensor in compiled passes.
+merge_kernels
+    Their numba kernels.
+"""
+
+__all__ = ["summary", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu", "merge_kernels"]

@@ -1,0 +1,155 @@
+"""``MergeStats`` of a float32 CPU tensor in compiled passes (the watch's and the dataset
+capture's hot path).
+
+``gradexplorer.stats.merge`` summarises a tensor with torch operations: aminmax, a float32 sum
+and the deviations from it, a dot product, abs, and for the signed log2 histogram a
+strided int16 view of the sign and exponent bits, a shift and a ``bincount`` over int64
+keys. A watched resnet18 step summarises some 300 tensors (73 million values at 112 px):
+those passes, above all the histogram's, were most of the watch's overhead. Here numba
+reads the tensor once for its moments with the capture's own fused kernel
+(``gradexplorer.stats.cpu_kernels.chunk``: float64 sums around block means, NaN and Inf counts,
+finite extremes) and once for the histogram, counting the very keys of the torch path
+(``(bits >> 23) + 256``) folded into bins by the same table: every value lands in the same
+bin by construction.
+
+Only float32 tensors on the CPU take this path, when the numba kernels are there
+(``gradexplorer.stats.cpu.available()``, which ``GRADEXPLORER_CPU_KERNEL=0`` turns off); the
+functions return ``None`` otherwise and ``gradexplorer.stats.merge`` uses torch. The kernels are
+serial and release the GIL: no parallel region, so they never meet the capture's parallel
+kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+_state: dict = {"kernels": None}  # None: not built yet; False: unavailable
+_lock = threading.Lock()
+
+
+def _kernels() -> Any:
+    if _state["kernels"] is None:
+        with _lock:
+            if _state["kernels"] is None:
+                try:
+                    from gradexplorer.stats import cpu as cpu_stats
+
+                    if not cpu_stats.available():  # numba, and the switch that turns kernels off
+                        raise RuntimeError("numba kernels unavailable")
+                    from gradexplorer.stats import merge_kernels as merge_stats_kernels
+
+                    _state["kernels"] = merge_stats_kernels
+                except Exception:  # noqa: BLE001 - no numba, or one that cannot build it: torch path
+                    _state["kernels"] = False
+    return _state["kernels"]
+
+
+def _bits(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """(float32 values, the same memory as int32) of a float32 CPU tensor, or None."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not _kernels():
+        return None
+    if x.is_neg():
+        x = x.resolve_neg()
+    values = x.detach().contiguous().reshape(-1).numpy()
+    return values, values.view(np.int32)
+
+
+def _fail() -> None:
+    # A compile or runtime failure: the torch path for good.
+    _state["kernels"] = False
+
+
+def fold_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> torch.Tensor | None:
+    """Counts of ``x``'s values per bin, or ``None`` when this path cannot take ``x``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        A float32 CPU tensor.
+    fold : torch.Tensor
+        int64, 512 entries: the bin of each ``(bits >> 23) + 256`` key, -1 for none.
+    bins : int
+        Length of the result.
+
+    Returns
+    -------
+    torch.Tensor or None
+        int64 counts.
+    """
+    got = _bits(x)
+    if got is None:
+        return None
+    out = torch.zeros(bins, dtype=torch.long)
+    try:
+        _state["kernels"].fold_counts(got[1], fold.numpy(), out.numpy())
+    except Exception:  # noqa: BLE001
+        _fail()
+        return None
+    return out
+
+
+def moments_and_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> tuple[list[float], np.ndarray] | None:
+    """Moments and log2 bin counts of a float32 CPU tensor, or ``None``.
+
+    Returns
+    -------
+    (row, counts) or None
+        ``row``: count, mean, m2, sum of magnitudes, min, max, non-zero count, NaN count
+        (``gradexplorer.stats.cpu_kernels.COLS``), then the Inf count (what is neither finite nor
+        NaN), float64, over the finite values; ``counts``: int64 per bin.
+    """
+    got = _bits(x)
+    if got is None:
+        return None
+    from gradexplorer.stats.cpu_kernels import COLS
+
+    res = np.empty((1, COLS), np.float64)
+    out = np.zeros(bins, np.int64)
+    try:
+        _state["kernels"].moments_and_counts(got[0], got[1], fold.numpy(), res, out)
+    except Exception:  # noqa: BLE001
+        _fail()
+        return None
+    row = res[0].tolist()
+    return [*row, x.numel() - row[0] - row[7]], out
+
+
+def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:
+    if not _kernels() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    return [t.detach().resolve_neg().contiguous().numpy() for t in tensors]
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """||a - b|| of two float32 CPU tensors of one shape, accumulated in float64 (one pass,
+    no temporary), or ``None`` when this path cannot take them."""
+    arrays = _float32_arrays(a, b)
+    if arrays is None or a.shape != b.shape:
+        return None
+    try:
+        return float(np.sqrt(_state["kernels"].squared_distance(arrays[0].reshape(-1), arrays[1].reshape(-1))))
+    except Exception:  # noqa: BLE001
+        _fail()
+        return None
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor | None:
+    """The L2 norm of each sample of a batch-first float32 CPU tensor (float64
+    accumulation, returned as float32 like ``gradexplorer.stats.merge.per_sample_norms``), or
+    ``None`` when this path cannot take it."""
+    if x.dim() < 1:
+        return None
+    arrays = _float32_arrays(x)
+    if arrays is None:
+        return None
+    out = np.empty(x.shape[0], np.float64)
+    try:
+        _state["kernels"].row_squares(arrays[0].reshape(x.shape[0], -1), out)
+    except Exception:  # noqa: BLE001
+        _fail()
+        return None
+    return torch.from_numpy(np.sqrt(out)).float()
