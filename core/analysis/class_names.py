@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from gradexplorer.capturing.targets import is_class_axis
+
 
 def class_name(index: int, categories: Sequence[str] | None) -> str:
     """The name of class ``index``, or ``"class N"`` when the model has no such name.
@@ -53,8 +55,6 @@ def top_classes(output: torch.Tensor | None, categories: Sequence[str] | None,
     """
     if output is None or output.dim() < 2 or not output.is_floating_point():
         return []
-    from gradexplorer.capturing.targets import is_class_axis
-
     if not is_class_axis(class_dim, output.dim()):
         return []
     output = output.movedim(class_dim, 1)

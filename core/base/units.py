@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from gradexplorer.base.errors import GradExplorerError
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -70,8 +72,6 @@ def parse_size(text: str) -> int:
     GradExplorerError
         Not a size, an unknown unit, or less than one byte.
     """
-    from gradexplorer.base.errors import GradExplorerError
-
     match = _SIZE_RE.match(str(text))
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:

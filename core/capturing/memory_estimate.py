@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
+from gradexplorer.base import devices
 from gradexplorer.base.units import counted, format_bytes
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree, TensorKey
+from gradexplorer.stats.summary import tensor_stats
 
 if TYPE_CHECKING:
     from gradexplorer.capturing.data import Capture
@@ -48,8 +50,6 @@ BUDGET_SHARE = 0.5
 
 
 def _stats_dict_bytes() -> int:
-    from gradexplorer.stats.summary import tensor_stats
-
     stats = tensor_stats(torch.arange(4.0))
     size = sys.getsizeof(stats)
     for value in stats.values():
@@ -455,9 +455,7 @@ def budget_bytes(device: str | torch.device = "cpu") -> int | None:
     int or None
         None when the free memory cannot be told.
     """
-    from gradexplorer.base.devices import free_memory
-
-    free = free_memory(device)
+    free = devices.free_memory(device)  # looked up at call time: tests replace it
     return None if free is None else int(free * BUDGET_SHARE)
 
 

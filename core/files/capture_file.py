@@ -20,6 +20,7 @@ from gradexplorer.base.errors import CaptureFileError
 from gradexplorer.base.file_write import atomic_write
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.files.meta import upgrade_meta
+from gradexplorer.files.pickle_scan import refusal, short_reason
 from gradexplorer.files.schema import check_capture_data, kind_of
 
 FORMAT = "gradexplorer.capture"
@@ -210,8 +211,6 @@ def load_capture(path: str | os.PathLike) -> Capture:
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - torch.load raises many types for bad files
-        from gradexplorer.files.pickle_scan import refusal, short_reason
-
         refused = refusal(path, exc)  # never torch's advice to load it unsafely
         why = refused.reason() if refused is not None else short_reason(exc)[:200]
         raise CaptureFileError(

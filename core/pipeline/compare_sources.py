@@ -23,6 +23,7 @@ from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.comparison.compare import Comparison, Tolerance, compare
 from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.job import CaptureJob
 from gradexplorer.pipeline.options import AUTOCAST_DTYPES, BatchSpec, CaptureOptions
 
 #: ``Variant.autocast`` value that turns autocast off in B (when A used it).
@@ -196,8 +197,6 @@ def compare_variant(
         From either capture (``CaptureCancelled`` when cancelled), or a variant that
         changes nothing; ``gradexplorer.comparison.compare.CompareError`` when the captures share no layer.
     """
-    from gradexplorer.pipeline.job import CaptureJob
-
     options_b = variant.apply(base)
     job_a = CaptureJob(base, _staged(progress, "A"), cancel, loaded=loaded, batch=batch, lock=lock)
     a = reference if reference is not None else job_a.run()

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.targets import parse_target
 
 MODES = ("full", "stats")
 AUTOCAST_DTYPES = ("bf16", "fp16")
@@ -180,8 +181,6 @@ class CaptureOptions:
         self._validate()
 
     def _validate(self) -> None:
-        from gradexplorer.capturing.targets import parse_target
-
         if self.mode not in MODES:
             raise GradExplorerError(
                 f"unknown capture mode '{self.mode}';",

@@ -26,11 +26,14 @@ from typing import Any
 import torch
 from psygnal import Signal
 
-from gradexplorer.base.errors import CaptureError, GradExplorerError
+from gradexplorer.base.devices import resolve_device
+from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.module_tree import ModuleNode, ModuleTree
+from gradexplorer.capturing.selection import resolve_layers
+from gradexplorer.capturing.targets import parse_target
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.job import CaptureJob, PreparedModel, probe_model
 from gradexplorer.pipeline.options import MODES, BatchSpec, CaptureOptions
@@ -306,8 +309,6 @@ class Session:
         """
         if self.model is None:
             raise GradExplorerError("No model is loaded.", "Load a model first.")
-        from gradexplorer.capturing.selection import resolve_layers
-
         self._set_selection(resolve_layers(self.model.module, patterns))
 
     def _leaves_under(self, name: str) -> list[str]:
@@ -372,8 +373,6 @@ class Session:
         GradExplorerError
             When the text is not a target.
         """
-        from gradexplorer.capturing.targets import parse_target
-
         parsed = parse_target(target)
         key = output_key if output_key else None
         changed = str(parsed).split("@")[0] != self.target or key != self.output_key
@@ -419,8 +418,6 @@ class Session:
         GradExplorerError
             The device is not on this machine.
         """
-        from gradexplorer.capturing.targets import parse_target
-
         target = parse_target(options.target)
         self.set_target(str(target).split("@")[0], target.output_key)
         self.set_labels(options.labels or "")
@@ -430,8 +427,6 @@ class Session:
         self._setting("autocast", options.autocast)
         self.set_memory_budget(options.memory_budget)
         if options.device != "auto":
-            from gradexplorer.base.devices import resolve_device
-
             self.set_device(str(resolve_device(options.device)))  # "cuda" -> "cuda:0", as listed
 
     # -- runs ------------------------------------------------------------------------
@@ -512,8 +507,6 @@ class Session:
 
         A capture is kept only when ``generation`` is still current.
         """
-        from gradexplorer.base.errors import CaptureCancelled
-
         if generation == self.running_generation:
             self.running_generation = None
         if not self.is_current(generation):

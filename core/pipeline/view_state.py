@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from psygnal import evented
 
+from gradexplorer.analysis.summary import summarize
 from gradexplorer.capturing.data import Capture
 
 if TYPE_CHECKING:
@@ -106,8 +107,6 @@ class ViewState:
         bool
             Whether the layer was replaced (by the default layer, or by ``None``).
         """
-        from gradexplorer.analysis.summary import summarize
-
         replaced = False
         if capture is None:
             replaced = self.layer is not None

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from gradexplorer.files.capture_file import atomic_save
 from gradexplorer.recording.watch_log import STAT_COLUMNS, decode_hist, open_log, read_meta
 
 #: Statistics a timeline can show (``stats`` table columns), and ``max_abs``.
@@ -315,8 +316,6 @@ def gradient_flags(t: Timeline) -> list[Flag]:
 def export_csv(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Write every statistics row with its step's loss to CSV (histograms as space-separated
     counts from ``hist_lo``), atomically."""
-    from gradexplorer.files.capture_file import atomic_save
-
     con = open_log(source)
     try:
         cur = con.execute("SELECT s.step, s.layer, s.call, s.kind, s.rank, "
@@ -341,8 +340,6 @@ def export_csv(source: str | os.PathLike, path: str | os.PathLike) -> Path:
 def timeline_csv(t: Timeline, path: str | os.PathLike) -> Path:
     """Write the matrix as shown: one row per layer, one column per step (and the loss
     as the last row), atomically."""
-    from gradexplorer.files.capture_file import atomic_save
-
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow([f"{t.kind}.{t.stat}"] + [int(s) for s in t.steps])
