@@ -57,7 +57,7 @@ def list_devices() -> list[DeviceInfo]:
     if _mps_available():
         total = _mps_total_memory()
         devices.append(DeviceInfo("mps", _label("mps", "Apple GPU", total), total, None))
-    total = _meminfo_bytes("MemTotal")
+    total = meminfo_bytes("MemTotal")
     devices.append(DeviceInfo("cpu", _label("cpu", _cpu_name(), total), total, free_memory("cpu")))
     return devices
 
@@ -124,7 +124,7 @@ def free_memory(device: str | torch.device) -> int | None:
     """
     device = torch.device(device)
     if device.type == "cpu":
-        return _meminfo_bytes("MemAvailable")
+        return meminfo_bytes("MemAvailable")
     if device.type == "cuda":
         try:
             free, _total = torch.cuda.mem_get_info(0 if device.index is None else device.index)
@@ -167,7 +167,11 @@ def _mps_total_memory() -> int | None:
         return None
 
 
-def _meminfo_bytes(field: str) -> int | None:
+def meminfo_bytes(field: str) -> int | None:
+    """A field of ``/proc/meminfo`` (``"MemTotal"``, ``"MemAvailable"``) in bytes.
+
+    ``None`` where the file is missing (not Linux) or the field is absent or unreadable.
+    """
     try:
         text = _MEMINFO.read_text()
     except OSError:

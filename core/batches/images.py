@@ -133,7 +133,15 @@ def _to_rgb(img: Image.Image, notes: list[str]) -> Image.Image:
     return img.convert("RGB")
 
 
-def _expand_image_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_image_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The image files that files and folders name, in order: a folder gives its image
+    files (``IMAGE_SUFFIXES``, dot files left out) sorted by name.
+
+    Raises
+    ------
+    BatchError
+        A path is missing, a folder holds no image, or nothing was given.
+    """
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
@@ -217,7 +225,7 @@ def load_images(
         truncated or not an image, ``preprocess`` fails or returns something other
         than a tensor, or the preprocessed images differ in shape.
     """
-    files = _expand_image_paths(paths)
+    files = expand_image_paths(paths)
     if preprocess is None:
         preprocess = default_preprocess()
         preprocess_description = preprocess_description or DEFAULT_PREPROCESS_DESCRIPTION

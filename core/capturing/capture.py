@@ -19,8 +19,9 @@ relies on"):
 * Backward is ``torch.autograd.grad`` with the trainable parameters (and the input, when
   asked) as ``inputs``: it runs the same graph as ``loss.backward()`` but returns the
   gradients instead of accumulating into ``.grad``, so the user's ``.grad`` is untouched.
-* Every hook lives inside ``_hooks_installed``, which removes them all in ``finally``; the
-  module modes, BatchNorm running statistics (in train mode) and the device are restored too.
+* Every hook is registered through ``gradexplorer.hooks.hooks_installed``, which removes
+  them all in ``finally``; the module modes, BatchNorm running statistics (in train mode)
+  and the device are restored too.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from torch import nn
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
-from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import OnsetTracker
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
+from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import DeferredStats
 
 MODES = ("full", "stats")
@@ -109,17 +111,10 @@ KEEP_SHARE = 0.5
 
 
 def _pinned_budget() -> int:
-    from gradexplorer.base.devices import _meminfo_bytes
+    from gradexplorer.base.devices import meminfo_bytes
 
-    total = _meminfo_bytes("MemTotal")
+    total = meminfo_bytes("MemTotal")
     return int(total * PINNED_SHARE) if total else 4 << 30
-
-
-def _first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    for value in list(args) + list(kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -180,7 +175,7 @@ class _Recorder:
         # are different objects over one value): one summary serves them all (resnet50: 9%
         # of the values a capture summarised, vit_b_16: 19%).
         self.grad_values: dict[int, tuple[weakref.ref, int, dict, torch.Tensor | None]] = {}
-        self.tensor_handles: list = []
+        self.hooks = Hooks()  # replaced by the capture's own while it runs (install)
         self.grads_expected = 0
         self.grads_seen = 0
         self.last_report = 0.0
@@ -250,7 +245,7 @@ class _Recorder:
             self.open_calls.setdefault(name, []).append(call)
             self.open_inputs.setdefault(name, []).append(
                 [(a, a._version) for a in args if isinstance(a, torch.Tensor)])
-            x = _first_tensor_input(args, kwargs)
+            x = first_tensor_input(args, kwargs)
             if x is not None and x.requires_grad:
                 self._watch_grad(x, call, "grad_input")
         return None
@@ -266,7 +261,7 @@ class _Recorder:
                 # Backward reaches selected layers only near its end when they sit near the
                 # input: a check at every module's output keeps cancel prompt.
                 if y is not None and y.requires_grad:
-                    self.tensor_handles.append(y.register_hook(self._cancel_check))
+                    self.hooks.tensor(y, self._cancel_check)
             return None
         call = self.open_calls[name].pop()
         inputs = self.open_inputs[name].pop()
@@ -345,10 +340,7 @@ class _Recorder:
         self.grad_sinks[key] = (weakref.ref(t), sinks)
         self.grads_expected += 1
 
-        fired = [False]
-
         def on_grad(grad: torch.Tensor, sinks: list[tuple[CallRecord, str]] = sinks) -> None:
-            fired[0] = True
             self.grads_seen += 1
             self._tick("backward", self.grads_seen, self.grads_expected)
             seen = self.grad_values.get(id(grad))
@@ -368,20 +360,8 @@ class _Recorder:
                 if kept is not None:
                     setattr(rec, name, kept)
 
-        self.tensor_handles.append(t.register_hook(on_grad))
-        base = t._base if t._is_view() else None
-        if base is not None and base.requires_grad and base.is_contiguous():
-            # An in-place op on a view (Linear on (B, H, W, C) input, then ReLU(inplace))
-            # rebases the view's history and its tensor hooks never fire. The base's hook
-            # still does, before the change: cut the view's part out of its gradient.
-            size, stride = t.size(), t.stride()
-            offset = t.storage_offset() - base.storage_offset()
-
-            def on_base_grad(grad: torch.Tensor) -> None:
-                if not fired[0]:
-                    on_grad(grad.contiguous().as_strided(size, stride, offset))
-
-            self.tensor_handles.append(base.register_hook(on_base_grad))
+        # Also when an in-place op on a view rebases its history (Hooks.gradient).
+        self.hooks.gradient(t, on_grad)
 
     def check_outputs(self) -> None:
         """After forward: learn which outputs were modified in place; rerun if one that was
@@ -405,64 +385,21 @@ class _Recorder:
 
 
 @contextmanager
-def _hooks_installed(model: nn.Module, recorder: _Recorder) -> Iterator[None]:
+def _module_hooks(model: nn.Module, recorder: _Recorder, hooks: Hooks) -> Iterator[None]:
     """Hooks on every module (progress, cancel, where forward failed), recording hooks on
-    the selected ones; all removed on exit, also when forward or backward raised."""
-    handles = []
+    the selected ones, all through ``hooks``, which removes them; the recorder forgets the
+    tensors it saw on exit, also when forward or backward raised."""
+    recorder.hooks = hooks
     try:
         for name, module in model.named_modules():
-            handles.append(module.register_forward_pre_hook(
-                lambda m, a, k, _n=name: recorder.pre_hook(_n, m, a, k), with_kwargs=True))
-            handles.append(module.register_forward_hook(
-                lambda m, a, k, o, _n=name: recorder.forward_hook(_n, m, a, k, o),
-                with_kwargs=True))
+            hooks.forward_pre(module, lambda m, a, k, _n=name: recorder.pre_hook(_n, m, a, k), with_kwargs=True)
+            hooks.forward(module, lambda m, a, k, o, _n=name: recorder.forward_hook(_n, m, a, k, o),
+                          with_kwargs=True)
         yield
     finally:
-        for h in handles:
-            h.remove()
-        for h in recorder.tensor_handles:
-            h.remove()
-        recorder.tensor_handles.clear()
         recorder.grad_sinks.clear()
         recorder.grad_values.clear()
         recorder.activations.clear()
-
-
-@contextmanager
-def _model_state_preserved(model: nn.Module, train: bool, device: torch.device | None) -> Iterator[None]:
-    """Put ``model`` in the capture's mode (and device) and put it back afterwards.
-
-    Train-mode forwards update BatchNorm running statistics: those buffers are restored.
-    """
-    modes = {m: m.training for m in model.modules()}
-    saved_buffers = None
-    if train:
-        saved_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    original_device = _model_device(model)
-    moved = device is not None and original_device is not None and original_device != device
-    try:
-        if moved:
-            model.to(device)
-        model.train(train)
-        yield
-    finally:
-        if saved_buffers is not None:
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    if name in saved_buffers:
-                        b.copy_(saved_buffers[name].to(b.device))
-        for m, mode in modes.items():
-            m.training = mode
-        if moved:
-            model.to(original_device)
-
-
-def _model_device(model: nn.Module) -> torch.device | None:
-    for p in model.parameters():
-        return p.device
-    for b in model.buffers():
-        return b.device
-    return None
 
 
 def capture(
@@ -630,14 +567,14 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     n_modules = sum(1 for _ in model.modules())
     recorder = _Recorder(
-        model, selected, mode, run_device or _model_device(model) or torch.device("cpu"),
+        model, selected, mode, run_device or model_device(model) or torch.device("cpu"),
         progress, cancel, expected_calls or n_modules,
         HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit, mutated,
         keep_on_device=settings.keep_on_device,
     )
     dev = recorder.device
     t0 = time.perf_counter()
-    with _model_state_preserved(model, train, run_device), _hooks_installed(model, recorder):
+    with hooks_installed(model, train=train, device=run_device) as hooks, _module_hooks(model, recorder, hooks):
         params = []
         seen = set()
         for p in model.parameters():

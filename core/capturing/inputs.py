@@ -77,6 +77,19 @@ def call_model(model: Callable[..., Any], inputs: torch.Tensor | ModelInputs) ->
     return inputs.call(model) if isinstance(inputs, ModelInputs) else model(inputs)
 
 
+def first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The first tensor among one module call's arguments, positional before keyword.
+
+    What a forward pre-hook (``with_kwargs=True``) takes for the module's input: the
+    value whose gradient is recorded as ``grad_input``, and the graph's edge into the
+    module. ``None`` when the call has no tensor argument.
+    """
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
 @dataclass
 class Batch:
     """Inputs for one capture, with what is needed to show them to the user.

@@ -22,6 +22,7 @@ from gradexplorer.base.errors import CaptureError
 from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.capturing.inputs import ModelInputs, call_model
+from gradexplorer.hooks.installed import hooks_installed
 
 
 @dataclass
@@ -195,30 +196,22 @@ class ModuleTree:
         CaptureError
             When the forward fails, naming the module.
         """
-        modes = {m: m.training for m in model.modules()}
         for node in self.nodes.values():
             node.calls = 0
             node.output_shapes = []
             node.inplace = False
             node.output_bytes = 0
         recorder = _ProbeRecorder(self.nodes)
-        handles = []
         t0 = time.perf_counter()
-        try:
+        with hooks_installed(model, train=False) as hooks:
             for name, module in model.named_modules():
                 if name in self.nodes:
-                    handles.append(module.register_forward_pre_hook(recorder.pre_hook(name)))
-                    handles.append(module.register_forward_hook(recorder.post_hook(name)))
-            model.eval()
+                    hooks.forward_pre(module, recorder.pre_hook(name))
+                    hooks.forward(module, recorder.post_hook(name))
             try:
                 call_model(model, x)
             except Exception as exc:
                 raise recorder.forward_failed(exc) from exc
-        finally:
-            for h in handles:
-                h.remove()
-            for m, mode in modes.items():
-                m.training = mode
         self.probed = True
         self.call_order = recorder.order
         self.call_io = [call.frozen() for call in recorder.calls]

@@ -7,7 +7,8 @@ outputs; see docs/ARCHITECTURE.md). A hook registered before an in-place change 
 gradient with respect to the value before the change, which is the value the edge
 carries. Hooks keep a few numbers per tensor, never the tensor: memory is bounded by the
 number of edges. Backward is ``torch.autograd.grad`` with respect to the parameters and
-the input, so the user's ``.grad`` is untouched; hooks are removed in ``finally``.
+the input, so the user's ``.grad`` is untouched; hooks are installed by
+``gradexplorer.hooks.hooks_installed``, which removes them in ``finally``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 from gradexplorer.base.errors import CaptureError, GradExplorerError
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.targets import Target, target_scalar
+from gradexplorer.hooks.installed import hooks_installed
 from gradexplorer.model_graph.graph import GraphRecorder, ModelGraph, flag_by_neighbours, record_forward, tensors_in
 
 
@@ -101,7 +103,6 @@ def graph_gradients(
     """
     grads: dict[int, dict] = {}
     act_stats: dict[int, tuple[float | None, bool]] = {}
-    handles: list = []
 
     def on_value(vid: int, t: torch.Tensor, node_id: str) -> None:
         act_stats[vid] = _activation_summary(t)
@@ -114,7 +115,7 @@ def graph_gradients(
             if vid not in grads:
                 grads[vid] = _grad_summary(g)
 
-        handles.append(t.register_hook(hook))
+        hooks.tensor(t, hook)
 
     def prepared(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -127,11 +128,8 @@ def graph_gradients(
             return type(x)(prepared(v) for v in x) if not hasattr(x, "_fields") else type(x)(*map(prepared, x))
         return x
 
-    modes = {m: m.training for m in model.modules()}
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()} if train else None
     recorder = GraphRecorder(on_value=on_value)
-    try:
-        model.train(train)
+    with hooks_installed(model, train=train) as hooks:
         xs = prepared(inputs)
         with torch.enable_grad():
             output = record_forward(model, xs, recorder)
@@ -148,16 +146,6 @@ def graph_gradients(
         except Exception as exc:
             raise CaptureError(f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                                "This model may use operations without gradients.") from exc
-    finally:
-        for h in handles:
-            h.remove()
-        if saved is not None:
-            with torch.no_grad():
-                for n, b in model.named_buffers():
-                    if n in saved:
-                        b.copy_(saved[n])
-        for m, mode in modes.items():
-            m.training = mode
     graph = recorder.graph({"model": type(model).__name__, "target": str(target)})
     for e in graph.edges:
         s = grads.get(e.tensor)

@@ -19,7 +19,8 @@ dict outputs): the model runs once, as it is, and the graph is what happened.
   edges join the deepest nodes only: collapsing a container (:meth:`ModelGraph.view`)
   reroutes the edges of everything inside it to it.
 
-Hooks and the mode exist only inside :func:`extract_graph` and are removed in ``finally``.
+Hooks and the mode exist only inside :func:`extract_graph`, installed by
+``gradexplorer.hooks.hooks_installed``, which removes them in ``finally``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from torch.overrides import (
 from gradexplorer.analysis.gradient_flow import layer_flags, neighbour_flags
 from gradexplorer.base.errors import CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
-from gradexplorer.capturing.capture import _first_tensor_input, primary_tensor
-from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.capturing.capture import primary_tensor
+from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
+from gradexplorer.hooks.installed import hooks_installed
 
 GRAPH_FORMAT = "gradexplorer.graph"
 GRAPH_VERSION = 1
@@ -616,7 +618,7 @@ class GraphRecorder:
             self.calls[name] = call + 1
             nid = module_node_id(name, call)
             self.add_node(GraphNode(nid, "module", name, type(module).__name__, call, self.parent))
-            x = _first_tensor_input(args, kwargs)
+            x = first_tensor_input(args, kwargs)
             found = self.lookup(x) if x is not None else None
             if found is not None:
                 self.node_inputs[nid] = found[0]
@@ -775,15 +777,13 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
         nid = f"in:{key}"
         recorder.add_node(GraphNode(nid, "input", key, "input", None, None, tuple(t.shape), _dtype(t)))
         recorder.node_values[nid] = recorder.produce(t, nid)
-    handles = []
-    try:
+    with hooks_installed() as hooks:
         for name, module in model.named_modules():
             leaf = next(module.children(), None) is None
-            handles.append(module.register_forward_pre_hook(
-                lambda m, a, k, _n=name, _l=leaf: recorder.pre_hook(_n, _l, m, a, k), with_kwargs=True))
-            handles.append(module.register_forward_hook(
-                lambda m, a, k, o, _n=name, _l=leaf: recorder.post_hook(_n, _l, m, a, k, o),
-                with_kwargs=True, always_call=False))
+            hooks.forward_pre(module, lambda m, a, k, _n=name, _l=leaf: recorder.pre_hook(_n, _l, m, a, k),
+                              with_kwargs=True)
+            hooks.forward(module, lambda m, a, k, o, _n=name, _l=leaf: recorder.post_hook(_n, _l, m, a, k, o),
+                          with_kwargs=True)
         try:
             with _OpMode(recorder) as mode:
                 recorder.mode = mode
@@ -804,10 +804,8 @@ def record_forward(model: nn.Module, inputs: Any, recorder: GraphRecorder) -> An
                 f"{str(exc).splitlines()[0] if str(exc) else ''}",
                 forward_fix(exc),
             ) from exc
-    finally:
-        for h in handles:
-            h.remove()
-        recorder.stack.clear()
+        finally:
+            recorder.stack.clear()
     for key, t in _keyed_tensors(output, ""):
         key = key or "output"
         nid = f"out:{key}"
@@ -839,17 +837,9 @@ def extract_graph(model: nn.Module, inputs: Any) -> ModelGraph:
     CaptureError
         When forward fails.
     """
-    modes = {m: m.training for m in model.modules()}
     recorder = GraphRecorder()
-    try:
-        if any(modes.values()):
-            model.eval()
-        with torch.no_grad():
-            record_forward(model, inputs, recorder)
-    finally:
-        for m, mode in modes.items():
-            if m.training != mode:  # Module.__setattr__ is slow: 1,400 modules add up
-                m.training = mode
+    with hooks_installed(model, train=False), torch.no_grad():
+        record_forward(model, inputs, recorder)
     return recorder.graph({"model": type(model).__name__})
 
 

@@ -37,6 +37,7 @@ from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch, ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.hooks.installed import hooks_installed
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
@@ -181,14 +182,12 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
         def grab(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             seen.append(output)
 
-        with lock if lock is not None else nullcontext():
-            handle = loaded.module.register_forward_hook(grab)
+        with lock if lock is not None else nullcontext(), hooks_installed() as hooks:
+            hooks.forward(loaded.module, grab)
             try:
                 tree.probe(loaded.module, x)
             except GradExplorerError as exc:
                 error = exc
-            finally:
-                handle.remove()
         if seen:
             try:
                 keys = output_keys(seen[0])

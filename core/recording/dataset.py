@@ -29,11 +29,12 @@ from torch import nn
 
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
-from gradexplorer.capturing.capture import CancelFlag, _model_state_preserved
+from gradexplorer.capturing.capture import CancelFlag
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import parse_target, target_scalar
+from gradexplorer.hooks.installed import model_state_preserved
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.stats.merge import GradientMoments, MergeStats, hist_edges
 
@@ -200,7 +201,7 @@ def capture_dataset(
     stats = DatasetStats()
     recorder = LayerRecorder(model, selected, cancel=cancel)
     done = 0
-    with _model_state_preserved(model, False, run_device):
+    with model_state_preserved(model, False, run_device):
         dev = run_device or next((p.device for p in model.parameters()), torch.device("cpu"))
         all_params = _trainable(model)
         for index, inputs, labels in batches:
@@ -256,9 +257,9 @@ def dataset_files(inputs: Sequence[str], max_samples: int | None = None) -> list
     GradExplorerError
         A path is missing or a folder holds no image (``gradexplorer.batches``'s messages).
     """
-    from gradexplorer.batches.images import _expand_image_paths
+    from gradexplorer.batches.images import expand_image_paths
 
-    files = _expand_image_paths(list(inputs))
+    files = expand_image_paths(list(inputs))
     return files[:max_samples] if max_samples is not None else files
 
 

@@ -8,13 +8,15 @@ activation, the gradient with respect to it and the per-sample norms of that gra
 Why it is built this way (docs/ARCHITECTURE.md, "Facts the code relies on"): a forward
 hook summarises the output at once (a later in-place op would change it) and registers a
 *tensor* hook on it (module backward hooks break on in-place ReLUs and dict outputs); the
-hooks return nothing, so the values and gradients flowing through are not changed;
-``remove()`` takes every handle off.
+hooks return nothing, so the values and gradients flowing through are not changed. The
+hooks are those of one ``gradexplorer.hooks.hooks_installed`` block, opened by
+``install()`` and closed by ``remove()``, which takes every handle off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -22,39 +24,11 @@ from torch import nn
 
 from gradexplorer.base.errors import CaptureCancelled
 from gradexplorer.capturing.capture import primary_tensor
+from gradexplorer.hooks.installed import Hooks, hooks_installed
 from gradexplorer.stats.merge import MergeStats, per_sample_norms
 
 #: Row key: (layer or parameter name, call index, kind).
 RowKey = tuple[str, int, str]
-
-
-def hook_gradient(t: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> list:
-    """Call ``on_grad`` with the gradient with respect to ``t`` (the value it has now).
-
-    A tensor hook receives the gradient with respect to the value before a later in-place
-    change. But an in-place op on a *view* (a Linear on a (B, H, W, C) input, then
-    ReLU(inplace)) rebases the view's history and its hooks never fire: the base's hook
-    still does, so the view's part is cut out of the base's gradient when the view's own
-    hook did not fire. Returns the handles to remove.
-    """
-    fired = [False]
-
-    def own(grad: torch.Tensor) -> None:
-        fired[0] = True
-        on_grad(grad)
-
-    handles = [t.register_hook(own)]
-    base = t._base if t._is_view() else None
-    if base is not None and base.requires_grad and base.is_contiguous():
-        size, stride = t.size(), t.stride()
-        offset = t.storage_offset() - base.storage_offset()
-
-        def from_base(grad: torch.Tensor) -> None:
-            if not fired[0]:
-                on_grad(grad.contiguous().as_strided(size, stride, offset))
-
-        handles.append(base.register_hook(from_base))
-    return handles
 
 
 class LayerRecorder:
@@ -84,7 +58,8 @@ class LayerRecorder:
         self.rows: dict[RowKey, MergeStats] = {}
         self.calls: dict[str, int] = {}
         self._scale: float | None = None
-        self._handles: list = []
+        self._installed = ExitStack()  # the open hooks_installed block, while installed
+        self._hooks: Hooks | None = None
 
     def install(self) -> None:
         """Start a fresh recording: forward hooks on every selected module."""
@@ -92,14 +67,14 @@ class LayerRecorder:
         self.rows = {}
         self.calls = {}
         self._scale = None
+        hooks = self._hooks = self._installed.enter_context(hooks_installed())
         for name, module in self.modules.items():
-            self._handles.append(module.register_forward_hook(lambda m, a, o, _n=name: self._on_forward(_n, o)))
+            hooks.forward(module, lambda m, a, o, _n=name: self._on_forward(_n, o))
 
     def remove(self) -> None:
         """Take every hook off (forward and tensor hooks); the rows stay."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._hooks = None
+        self._installed.close()
 
     def __enter__(self) -> LayerRecorder:
         self.install()
@@ -125,11 +100,11 @@ class LayerRecorder:
             return
         with torch.no_grad():
             self.rows[(name, call, "activation")] = MergeStats.of_tensor(y)
-        if y.requires_grad:
+        if y.requires_grad and self._hooks is not None:
             def on_grad(g: torch.Tensor, _n: str = name, _c: int = call) -> None:
                 self._on_grad(_n, _c, g)
 
-            self._handles.extend(hook_gradient(y, on_grad))
+            self._hooks.gradient(y, on_grad)
 
     def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
         self._check_cancel()

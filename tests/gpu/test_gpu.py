@@ -269,9 +269,9 @@ def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
     from gradexplorer.base import devices
     from gradexplorer.capturing import capture as capture_module
 
-    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: 16 << 30)
+    monkeypatch.setattr(devices, "meminfo_bytes", lambda field: 16 << 30)
     assert capture_module._pinned_budget() == 4 << 30
-    monkeypatch.setattr(devices, "_meminfo_bytes", lambda field: None)  # not Linux
+    monkeypatch.setattr(devices, "meminfo_bytes", lambda field: None)  # not Linux
     assert capture_module._pinned_budget() == 4 << 30
 
 

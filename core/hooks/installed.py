@@ -1,0 +1,200 @@
+"""The one way the engine puts hooks on a model and takes them off again.
+
+A tool that reads gradients must leave the user's model exactly as it found it: no hook
+left behind on any module or tensor, every module's ``training`` flag as it was, and the
+BatchNorm running statistics (``running_mean``, ``running_var``, ``num_batches_tracked``)
+that a train-mode forward updates put back. :func:`hooks_installed` does all of it in
+``finally``, so a forward or backward that raises (or a Ctrl+C, ``KeyboardInterrupt``)
+leaves nothing behind either; torchinfo's ``apply_hooks`` with its ``finally`` and
+TransformerLens's registry of hook handles work the same way.
+
+Inside the ``with`` block hooks are registered through the :class:`Hooks` it yields
+(``forward_pre``, ``forward``, ``tensor``, ``gradient``, ``post_accumulate``), which keeps
+every handle. Blocks nest: each removes only the hooks registered through its own
+:class:`Hooks`, and each puts back the model state it found.
+
+Module backward hooks are not offered: the legacy one reports the wrong tensors and the
+full one breaks on in-place operations and dict outputs. A forward hook that puts a
+tensor hook on the output (:meth:`Hooks.gradient`) receives the gradient instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+
+class Hooks:
+    """The hooks of one :func:`hooks_installed` block, with their handles.
+
+    Each method registers one kind of hook and keeps its handle; :meth:`remove` takes them
+    all off. ``len(hooks)`` is the number of handles held.
+    """
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def forward_pre(self, module: nn.Module, fn: Callable[..., Any], *,
+                    with_kwargs: bool = False) -> RemovableHandle:
+        """``module.register_forward_pre_hook(fn, with_kwargs=...)``, kept for removal."""
+        handle = module.register_forward_pre_hook(fn, with_kwargs=with_kwargs)
+        self._handles.append(handle)
+        return handle
+
+    def forward(self, module: nn.Module, fn: Callable[..., Any], *,
+                with_kwargs: bool = False) -> RemovableHandle:
+        """``module.register_forward_hook(fn, with_kwargs=...)``, kept for removal.
+
+        The hook runs only when forward returns (not ``always_call``): a forward that
+        raised has no output to record.
+        """
+        handle = module.register_forward_hook(fn, with_kwargs=with_kwargs)
+        self._handles.append(handle)
+        return handle
+
+    def tensor(self, t: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``t.register_hook(fn)``: ``fn(grad)`` when the gradient with respect to ``t``
+        is computed; kept for removal."""
+        handle = t.register_hook(fn)
+        self._handles.append(handle)
+        return handle
+
+    def post_accumulate(self, param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``param.register_post_accumulate_grad_hook(fn)``: ``fn(param)`` after
+        ``param.grad`` is written (leaf tensors only; frozen parameters never fire)."""
+        handle = param.register_post_accumulate_grad_hook(fn)
+        self._handles.append(handle)
+        return handle
+
+    def gradient(self, t: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> None:
+        """Call ``on_grad`` once with the gradient with respect to ``t``, the value it has now.
+
+        A tensor hook registered before a later in-place change of ``t`` receives the
+        gradient with respect to the value before the change. But an in-place operation on
+        a *view* (a Linear on a (B, H, W, C) input, then ``ReLU(inplace=True)``) rebases the
+        view's history and its own hooks never fire. The base's hook still does, before the
+        change: when the view's hook has not fired, the view's part is cut out of the
+        base's gradient and handed to ``on_grad``.
+        """
+        fired = [False]
+
+        def own(grad: torch.Tensor) -> None:
+            fired[0] = True
+            on_grad(grad)
+
+        self.tensor(t, own)
+        base = t._base if t._is_view() else None
+        if base is not None and base.requires_grad and base.is_contiguous():
+            size, stride = t.size(), t.stride()
+            offset = t.storage_offset() - base.storage_offset()
+
+            def from_base(grad: torch.Tensor) -> None:
+                if not fired[0]:
+                    on_grad(grad.contiguous().as_strided(size, stride, offset))
+
+            self.tensor(base, from_base)
+
+    def remove(self) -> None:
+        """Take every hook registered through this object off; it may be used again."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter (or buffer); ``None`` when it has neither."""
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return None
+
+
+@contextmanager
+def model_state_preserved(model: nn.Module, train: bool | None = None,
+                          device: torch.device | None = None) -> Iterator[None]:
+    """Put ``model`` in a run's mode (and on its device) and put it back afterwards.
+
+    Parameters
+    ----------
+    model : nn.Module
+    train : bool, optional
+        The mode to run in (``model.train(train)``); ``None`` leaves the mode as it is.
+        In train mode a forward updates BatchNorm's running statistics (``running_mean``,
+        ``running_var``, ``num_batches_tracked``): every buffer of the model is copied on
+        entry and written back on exit.
+    device : torch.device, optional
+        Where to run: the model moves there on entry and back on exit.
+
+    The ``training`` flag of every module is restored on exit, whatever happened inside,
+    also when ``train`` is ``None`` (a forward may change modes).
+    """
+    modes = {m: m.training for m in model.modules()}
+    saved_buffers = None
+    if train:
+        saved_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    original_device = model_device(model)
+    moved = device is not None and original_device is not None and original_device != device
+    try:
+        if moved:
+            model.to(device)
+        if train is not None and any(mode != train for mode in modes.values()):
+            model.train(train)
+        yield
+    finally:
+        if saved_buffers is not None:
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    if name in saved_buffers:
+                        b.copy_(saved_buffers[name].to(b.device))
+        for m, mode in modes.items():
+            if m.training != mode:  # Module.__setattr__ is slow: 1,400 modules add up
+                m.training = mode
+        if moved:
+            model.to(original_device)
+
+
+@contextmanager
+def hooks_installed(model: nn.Module | None = None, *, train: bool | None = None,
+                    device: torch.device | None = None) -> Iterator[Hooks]:
+    """Hooks for the length of a ``with`` block, and the model as it was afterwards.
+
+    Parameters
+    ----------
+    model : nn.Module, optional
+        The model the block runs: its modes, its buffers (in train mode) and its device are
+        preserved as :func:`model_state_preserved` does. Without it only the hooks are
+        managed (a block nested in another that preserves the model).
+    train : bool, optional
+        The mode to run in; ``None`` leaves it as it is.
+    device : torch.device, optional
+        Where to run; ``None`` runs where the model is.
+
+    Yields
+    ------
+    Hooks
+        Register every hook through it. On exit, normal or not (an exception in forward or
+        backward, ``KeyboardInterrupt``), every handle it holds is removed, then the
+        model's buffers, modes and device are put back.
+
+    Raises
+    ------
+    TypeError
+        ``train`` or ``device`` without a ``model``.
+    """
+    if model is None and (train is not None or device is not None):
+        raise TypeError("hooks_installed: train and device need the model.")
+    hooks = Hooks()
+    with model_state_preserved(model, train, device) if model is not None else nullcontext():
+        try:
+            yield hooks
+        finally:
+            hooks.remove()
