@@ -26,7 +26,7 @@ process (the model, one warm-up and one run). Kinds:
 
 Also the first-use compile time of the CPU statistics kernel (numba), from an empty cache
 and from the on-disk cache. Random init, CPU, eval mode, float32; the target is the top-1
-logit. Targets (issue 13): statistics-only <= 1.2x, full <= 1.4x. ``pip install
+logit. Targets on the CPU: statistics-only <= 1.2x, full <= 1.4x. ``pip install
 gradexplorer[bench]`` installs the optional peers.
 """
 

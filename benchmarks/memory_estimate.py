@@ -5,7 +5,7 @@
 For each model: the estimate (``gradexplorer.capturing.memory_estimate.estimate_capture_memory``, from a
 probe) and the measured bytes (``measure_capture_memory`` of the real capture) of a full
 capture of every leaf layer with the input gradient, and of a statistics-only capture.
-Target (issue 4): within +-15%.
+Target: the estimate within +-15% of what the capture holds.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ values (default: resnet50's 8×256×56×56 activations) in two states:
   memory, as a capture reads each new activation and gradient;
 - ``hot``: the same tensor read again, from the cache.
 
-The gap between ``summarize`` and ``torch.sum`` on fresh tensors is what issue 13's
-"at memory bandwidth" asks to close; the statistics are float64 throughout (equal to
+The gap between ``summarize`` and ``torch.sum`` on fresh tensors is how far the kernel is
+from running at memory bandwidth, its target; the statistics are float64 throughout (equal to
 float64 NumPy), which ``torch.sum`` on float32 is not. Figures only.
 """
 

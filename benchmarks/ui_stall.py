@@ -18,7 +18,7 @@ The run worker's hooks are Python: while they run they hold the GIL, and the UI 
 waits for it for up to ``sys.getswitchinterval()`` (5 ms by default) per switch.
 ``--switch-interval`` sets another interval to see how much of the stall that explains.
 
-Figures only: nothing here asserts a time (the issue's targets: no stall over 100 ms,
+Figures only: nothing here asserts a time (the targets: no stall over 100 ms,
 tree under 300 ms).
 """
 

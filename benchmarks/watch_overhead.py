@@ -9,7 +9,7 @@ under the configuration, in turn), so that a change of a shared machine's load h
 alike. n is a multiple of N for "every N" (10, 30 and 100 steps). Configurations:
 
 * ``watch every N`` for N = 1, 10, 100, every leaf layer and every parameter (the
-  default), and ``layers="layer4.*"`` (as in the README example);
+  default), and ``layers="layer4.*"`` (as in the watch example of docs/watch-and-timeline.md);
 * a W&B-style hook (``wandb.watch(log="all", log_freq=1)``'s work, written here: on each
   parameter's gradient a tensor hook that flattens, copies to the CPU, filters NaN/Inf,
   reads min and max with ``.item()`` and takes a 64-bin ``histc``; the same for each

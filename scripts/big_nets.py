@@ -1,4 +1,4 @@
-"""Captures of large nets on the CPU, within 24 GiB (issue 4). Not part of CI.
+"""Captures of large nets on the CPU, within 24 GiB of memory. Not part of CI.
 
     python scripts/big_nets.py [--models vit_l_16,efficientnet_b7,regnet_y_16gf]
 

@@ -376,7 +376,7 @@ def check_model(name: str, batch: int, repeats: int, device: str = "cuda:0", siz
               f"{kept_count} tensors stayed there; equal to the host copies: "
               f"max rel error {kept_err:.1e} {'ok' if kept_good else 'FAIL at ' + (kept_at or kept_stat_at)}), "
               f"with batched statistics {t_kept_batched / t_bare:.2f}x ({t_kept_batched * 1000:.0f} ms)")
-        print("    targets (issue 13): statistics-only <= 1.5x at the small batch, <= 1.15x at the large one; "
+        print("    targets on a GPU: statistics-only <= 1.5x at the small batch, <= 1.15x at the large one; "
               "full kept on the device <= 1.3x")
         ok &= batched_against_per_tensor(dev_model, xb, repeats, dev)
     return ok

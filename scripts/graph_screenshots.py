@@ -1,4 +1,4 @@
-"""README pictures of the graph view, taken from a real window (run under Xvfb on a
+"""The pictures of the graph view in docs/model-graph.md, taken from a real window (run under Xvfb on a
 machine without a display):
 
     Xvfb :97 -screen 0 1600x1200x24 &

@@ -9,7 +9,7 @@ relative error over every activation, output/input gradient and parameter gradie
 the time of a full capture of every leaf (statistics-only where a full one would not fit
 in memory). Big nets are compared in groups of layers that fit in memory (a full capture
 of every leaf of efficientnet_b6 at 528 px, plus its reference, needs over 24 GiB). Not part of
-CI (it takes a long while on a CPU); the summary goes in the closing note of the issue that changes capture.
+CI (it takes a long while on a CPU); run it after any change to capture and keep its summary with that change.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``gradexplorer capture --batch-size N``: statistics over a whole dataset (gradexplorer.recording.dataset).
 
-Also under ``torchrun --nproc-per-node K -m app capture ...``: the process group is
+Also under ``torchrun --nproc-per-node K -m gradexplorer capture ...``: the process group is
 detected from torchrun's environment, each rank captures its share of the batches on its
 own device, and rank 0 merges (a collective) and writes the file.
 """

@@ -22,7 +22,7 @@ def register(sub, add_model_args, add_input_args, add_common) -> None:
         "graph", help="draw the model's data-flow graph (JSON, DOT, SVG or PNG)",
         description="Write the model's data-flow graph: every module call, the tensor operations "
                     "between modules (add, cat, matmul...) and the tensors that join them. FILE.json "
-                    "holds every node at every depth (see README 'Model graph'); pictures show the "
+                    "holds every node at every depth (see docs/model-graph.md); pictures show the "
                     "graph collapsed to --depth.",
     )
     add_model_args(p, required=False)

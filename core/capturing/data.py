@@ -69,7 +69,7 @@ class Capture:
     ----------
     meta : dict
         model, weights, target, device, dtype, mode, torch_version, created, layer_order,
-        categories (see README "Export format").
+        categories (docs/capture.md, "The .pt capture format").
     input, output : Tensor
         The batch as fed to the model, and the output tensor the target used (CPU).
     input_grad : Tensor or None

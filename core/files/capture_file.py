@@ -1,4 +1,4 @@
-"""The ``.pt`` capture file: a user-facing contract (README.md, "Export format").
+"""The ``.pt`` capture file: a user-facing contract (docs/capture.md, "The .pt capture format").
 
 Only plain containers, tensors, strings, numbers, booleans and None are written, so
 ``torch.load(path, weights_only=True)`` opens a file anywhere, without gradexplorer.
@@ -191,7 +191,7 @@ def _tensor_bytes(obj: object) -> int:
 
 def save_capture(cap: Capture, path: str | os.PathLike) -> Path:
     """Export a capture to ``path`` (atomically; refused at once when the disk has less free
-    space than its tensors take). See README.md for the format. Tensors a capture kept on
+    space than its tensors take). docs/capture.md documents the format. Tensors a capture kept on
     its GPU are copied to the host first: the file loads anywhere."""
     data = capture_to_dict(cap.on_host())
     return atomic_save(data, path, expected_size=_tensor_bytes(data))

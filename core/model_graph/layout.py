@@ -13,7 +13,7 @@ ones above their size limits):
 * ``simple`` — the fallback written here: longest-path layers, barycentre ordering sweeps,
   sizes respected. Always available.
 
-README "Model graph" gives the measurements behind the default order. Everything here is
+docs/benchmarks.md ("The model graph") gives the measurements behind the default order. Everything here is
 plain Python and NumPy-free; it runs off the UI thread in the window.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.model_graph.graph import GraphView, ModelGraph
 
-#: Default engine order, measured (README "Model graph"): Graphviz draws the nicest small
+#: Default engine order, measured (docs/benchmarks.md): Graphviz draws the nicest small
 #: graphs (spline routes) in under 0.1 s but took 5.3 s on the fully expanded
 #: efficientnet_v2_l; igraph laid that out in 48 ms.
 ENGINES = ("dot", "igraph", "grandalf", "simple")

@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS reports(step INTEGER, layer TEXT, message TEXT);
 STAT_COLUMNS = ("numel", "count", "nan_count", "inf_count", "zero_count", "min", "max", "mean", "std",
                 "sum", "sum_abs", "m2", "l2", "mean_abs")
 
-#: One query that gives every statistic with its step's loss (README: reading a log).
+#: One query that gives every statistic with its step's loss (docs/watch-and-timeline.md: the watch log).
 ALL_ROWS_QUERY = "SELECT s.*, st.loss, st.wall_time FROM stats s LEFT JOIN steps st USING (step, rank)"
 
 

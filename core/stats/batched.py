@@ -1,5 +1,5 @@
 """Statistics of many tensors at once, in a number of operations that does not grow with
-the number of tensors (issue 13, item 3: no launch storm on a GPU).
+the number of tensors (so that a capture on a GPU launches no storm of small kernels).
 
 On a GPU a capture's cost is per tensor: hook dispatch and two kernel launches each
 (``gradexplorer.stats.device``), against a forward + backward that is itself launch-bound.

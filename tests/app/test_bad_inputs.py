@@ -1,4 +1,4 @@
-"""Issue 4's bad-input matrix, GUI half: every case goes through the real window and its
+"""The bad-input matrix, GUI half: every case goes through the real window and its
 workers, shows a message that names the problem and the fix, and leaves the app usable
 with the previous model and capture intact (a new run then succeeds).
 

@@ -1,4 +1,4 @@
-"""The memory estimate beside Run, and what Run does over the budget (issue 4)."""
+"""The memory estimate beside Run, and what Run does over the budget."""
 
 from __future__ import annotations
 

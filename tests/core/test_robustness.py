@@ -1,4 +1,4 @@
-"""Bad inputs and interruptions in the core engine (issue 4's matrix, the parts that
+"""Bad inputs and interruptions in the core engine (the bad-input matrix, the parts that
 test_capture.py, test_batches.py, test_models.py, test_capture_file.py and test_devices.py
 do not already cover): each ends in a readable message, or is captured and flagged, and
 leaves the model, its hooks and its ``.grad`` as they were."""

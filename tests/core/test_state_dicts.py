@@ -120,7 +120,7 @@ def test_googlenet_aux_outputs_are_targets_in_train_mode(tmp_path, capsys):
 
 
 def test_readme_top1_at_aux_example_runs(tmp_path, capsys):
-    # README, CLI options: `@key` picks a dict/tuple output element (`top1@aux`).
+    # docs/command-line.md, the capture options: `@key` picks a dict/tuple output element (`top1@aux`).
     out = tmp_path / "seg.pt"
     code = main(["capture", "--model", "fcn_resnet50", "--random", "1x3x64x64",
                  "--target", "top1@aux", "--layers", "aux_classifier.*", "--out", str(out), "-q"])
