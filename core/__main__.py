@@ -1,4 +1,4 @@
-"""``python -m app``: the same as the ``gradexplorer`` command."""
+"""``python -m gradexplorer``: the same as the ``gradexplorer`` command."""
 
 import sys
 
