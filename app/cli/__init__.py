@@ -1,21 +1,35 @@
 """The ``gradexplorer`` command: headless subcommands, or the desktop app. Imports no Qt (an
-import-linter contract).
+import-linter contract), except inside the two commands that open a window.
+
+One module per command; each registers its parser (``register(sub)``) and runs it
+(``cmd_<name>(args, ui)``). ``main`` imports the commands, the commands import ``common``,
+and nothing imports ``main``.
 
 Modules
 -------
 main
-    The parser, the capture, models, layers, inspect and devices commands, and the entry
-    point.
-dataset
-    ``capture --batch-size N``: statistics over a whole dataset.
+    The entry point :func:`main.main`: the parser assembled from the commands, the
+    dispatch, the exit codes of errors.
+common
+    What the commands share: exit codes, ``UsageError``, ``UI``, the common arguments,
+    ``capture_options`` (also for the window's flags).
+capture, dataset
+    ``capture``: one forward and backward to a .pt file; ``capture --batch-size N``:
+    statistics over a whole dataset.
+models, layers, devices
+    ``models``: torchvision's models and cached weights; ``layers``: a model's module tree;
+    ``devices``: where a capture can run.
+inspect, inspect_log
+    ``inspect``: a capture file; a watch log (.gxw) summarised.
 diff
     ``diff A.pt B.pt``: where two captures diverge, and a regression check.
 graph
     ``graph``: the data-flow graph as JSON, DOT, SVG or PNG.
-watch
-    ``inspect RUN.gxw``: a watch log summarised.
+timeline, gui
+    ``timeline``: a log over steps in a window; no subcommand: the desktop app.
 format
     Text output: tables, sizes, numbers, the progress bar.
 """
 
-__all__ = ["main", "dataset", "diff", "graph", "watch", "format"]
+__all__ = ["main", "common", "capture", "dataset", "models", "layers", "devices", "inspect", "inspect_log",
+           "diff", "graph", "timeline", "gui", "format"]

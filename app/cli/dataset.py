@@ -7,15 +7,21 @@ own device, and rank 0 merges (a collective) and writes the file.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from gradexplorer.app.cli.common import EXIT_OK, UI, capture_options, check_out_path, job_progress
 from gradexplorer.app.cli.format import fmt_seconds, human_size
 from gradexplorer.base.errors import GradExplorerError
 
-EXIT_OK = 0
+if TYPE_CHECKING:
+    from gradexplorer.capturing.data import Capture
+    from gradexplorer.recording.dataset import DatasetStats
 
 
 def _dist_env() -> tuple[int, int, int]:
@@ -30,7 +36,7 @@ def _dist_env() -> tuple[int, int, int]:
     return rank, world, local
 
 
-def _check_args(args) -> None:
+def _check_args(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise GradExplorerError(f"--batch-size {args.batch_size} is not a positive number;",
                                 "give the number of samples per batch, e.g. --batch-size 32.")
@@ -50,9 +56,8 @@ def _check_args(args) -> None:
                                 "from one batch size to another);", "leave out --train.")
 
 
-def cmd_capture_dataset(args, ui) -> int:
+def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
     """Run the dataset capture the arguments describe (see the module docstring)."""
-    from gradexplorer.app.cli.main import _check_out_path, _progress, capture_options
     from gradexplorer.capturing.selection import resolve_layers
     from gradexplorer.pipeline.job import CaptureJob
     from gradexplorer.recording.dataset import (
@@ -67,9 +72,9 @@ def cmd_capture_dataset(args, ui) -> int:
 
     _check_args(args)
     rank, world, local_rank = _dist_env()
-    out = _check_out_path(args) if rank == 0 else None
+    out = check_out_path(args) if rank == 0 else None
     options = capture_options(args)  # checks --target and the other settings' spelling
-    job = CaptureJob(options, _progress(ui))
+    job = CaptureJob(options, job_progress(ui))
     target = options.target
     device = job.resolve_device()
     if world > 1 and device.type == "cuda":
@@ -138,7 +143,7 @@ def cmd_capture_dataset(args, ui) -> int:
             dist.destroy_process_group()
 
 
-def _print_summary(cap, stats, path, elapsed: float) -> None:
+def _print_summary(cap: Capture, stats: DatasetStats, path: Path, elapsed: float) -> None:
     from gradexplorer.stats.moments import has_nonfinite
 
     flagged = [n for n, rec in cap.layers.items()

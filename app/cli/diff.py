@@ -11,17 +11,23 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from gradexplorer.app.cli.common import UI, UsageError, add_common
 from gradexplorer.app.cli.format import fmt_num, fmt_shape, table
 from gradexplorer.base.errors import GradExplorerError
+
+if TYPE_CHECKING:
+    from gradexplorer.app.cli.common import SubParsers
+    from gradexplorer.comparison.compare import CallDiff, Comparison, KindDiff, TensorDiff
 
 EXIT_SAME = 0
 EXIT_DIVERGED = 1
 EXIT_TROUBLE = 2
 
 
-def add_parser(sub, add_common) -> argparse.ArgumentParser:
-    """Register ``diff`` on the subcommand parsers ``sub`` of ``gradexplorer.app.cli.main.build_parser``."""
+def register(sub: SubParsers) -> None:
+    """Add the ``diff`` subcommand to the CLI's subparsers."""
     p = sub.add_parser(
         "diff", help="compare two capture files layer by layer (exit 1 when they diverge)",
         description="Compare capture B with the reference A, layer by layer and call by call: relative "
@@ -42,7 +48,6 @@ def add_parser(sub, add_common) -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="also write every figure to this CSV file")
     add_common(p)
     p.set_defaults(func=cmd_diff)
-    return p
 
 
 def _non_negative(text: str) -> float:
@@ -56,8 +61,6 @@ def _non_negative(text: str) -> float:
 
 
 def _mapping(items: list[str]) -> dict[str, str]:
-    from gradexplorer.app.cli.main import UsageError
-
     out = {}
     for item in items:
         if "=" not in item:
@@ -73,10 +76,8 @@ def _labels(a: Path, b: Path) -> tuple[str, str]:
     return str(a), str(b)
 
 
-def cmd_diff(args, ui) -> int:
+def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer diff``; returns the exit status."""
-    from gradexplorer.app.cli.main import UsageError
-
     mapping = _mapping(args.map)
     try:
         return _diff(args, ui, mapping)
@@ -87,7 +88,7 @@ def cmd_diff(args, ui) -> int:
         raise UsageError(f"{exc.problem} {exc.fix}".strip()) from None
 
 
-def _diff(args, ui, mapping: dict[str, str]) -> int:
+def _diff(args: argparse.Namespace, ui: UI, mapping: dict[str, str]) -> int:
     from gradexplorer.comparison.compare import DEFAULT_ATOL, DEFAULT_RTOL, Tolerance, compare, save_csv
     from gradexplorer.files.capture_file import load_capture
 
@@ -122,7 +123,7 @@ def _check_csv(text: str, inputs: tuple[Path, ...]) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _describe(meta: dict) -> str:
+def _describe(meta: dict[str, Any]) -> str:
     weights = meta.get("weights") or "random init"
     parts = [f"{meta.get('model', '?')} ({weights})", f"target {meta.get('target', '?')}",
              f"device {meta.get('device', '?')}", f"dtype {meta.get('dtype', '?')}"]
@@ -132,13 +133,13 @@ def _describe(meta: dict) -> str:
     return "  ".join(parts)
 
 
-def _random_init(meta: dict) -> bool:
+def _random_init(meta: dict[str, Any]) -> bool:
     # Demo models are built with fixed seeds; any other model without weights is random.
     model = str(meta.get("model") or "")
     return not meta.get("weights") and not model.startswith("demo:") and not model.endswith((".pt", ".pth", ".pt2"))
 
 
-def _whole(diff, note: str) -> str:
+def _whole(diff: TensorDiff | None, note: str) -> str:
     if note:
         return note
     if diff is None:
@@ -158,7 +159,7 @@ def _cos(x: float) -> str:
     return f"1-{1 - x:.2e}" if x > 0.999 else f"{x:.4f}"
 
 
-def _status(c) -> str:
+def _status(c: CallDiff) -> str:
     from gradexplorer.comparison.compare import KIND_LABELS
 
     if c.note:
@@ -171,7 +172,7 @@ def _status(c) -> str:
     return "DIVERGES: " + ", ".join(bad) + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _tensor_cells(kd) -> list[str]:
+def _tensor_cells(kd: KindDiff | None) -> list[str]:
     if kd is None:
         return ["-", "-", "-"]
     if kd.tensor is None:
@@ -180,14 +181,14 @@ def _tensor_cells(kd) -> list[str]:
     return [fmt_num(t.rel_l2), _cos(t.cosine), fmt_num(t.max_abs)]
 
 
-def _stats_cells(kd) -> list[str]:
+def _stats_cells(kd: KindDiff | None) -> list[str]:
     if kd is None or kd.stats is None:
         return ["-", "-", "-"]
     s = kd.stats
     return [fmt_num(s.rel_norm_diff), fmt_num(s.differences["mean"]), fmt_num(s.differences["std"])]
 
 
-def _norm_ratio(kd) -> str:
+def _norm_ratio(kd: KindDiff | None) -> str:
     if kd is None:
         return "-"
     if kd.tensor is not None:
@@ -195,7 +196,7 @@ def _norm_ratio(kd) -> str:
     return fmt_num(kd.stats.norm_ratio) if kd.stats is not None else "-"
 
 
-def render(result, label_a: str = "A", label_b: str = "B", sort: str = "forward") -> str:
+def render(result: Comparison, label_a: str = "A", label_b: str = "B", sort: str = "forward") -> str:
     """The text ``gradexplorer diff`` prints: header, table, first divergent calls, verdict."""
     tol = result.tolerance
     n_layers = len({c.layer for c in result.calls})
@@ -264,7 +265,7 @@ def render(result, label_a: str = "A", label_b: str = "B", sort: str = "forward"
     return "\n".join(lines)
 
 
-def _first_line(title: str, c, kind: str) -> str:
+def _first_line(title: str, c: CallDiff | None, kind: str) -> str:
     if c is None:
         return f"{title}: none"
     kd = c.kinds.get(kind)
@@ -277,7 +278,9 @@ def _first_line(title: str, c, kind: str) -> str:
         detail = (f"rel L2 {fmt_num(t.rel_l2)}, max |B-A| {fmt_num(t.max_abs)}, "
                   f"{t.outside} of {t.numel} elements outside")
     else:
-        d = kd.stats.differences
-        detail = (f"|dL2|/L2 {fmt_num(kd.stats.rel_norm_diff)}, mean {fmt_num(d['mean'])}, "
+        stats = kd.stats
+        assert stats is not None  # a kind without a note has tensors or statistics
+        d = stats.differences
+        detail = (f"|dL2|/L2 {fmt_num(stats.rel_norm_diff)}, mean {fmt_num(d['mean'])}, "
                   f"std {fmt_num(d['std'])} (by statistics)")
     return f"{title}: {c.label} call {c.call} ({c.type}): {detail}"

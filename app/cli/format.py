@@ -194,7 +194,7 @@ class ProgressBar:
         self._write("\n")
         self.drawn = 0
 
-    def _render(self, stage: str, done, total, unit: str) -> str:
+    def _render(self, stage: str, done: float | None, total: float | None, unit: str) -> str:
         elapsed = time.monotonic() - self.stage_start
         if total:
             frac = min(max(float(done or 0) / float(total), 0.0), 1.0)

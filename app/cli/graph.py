@@ -6,15 +6,22 @@ the SVG drawn by Qt's SVG renderer on an offscreen surface (Qt is imported only 
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gradexplorer.app.cli.common import UI, add_common, add_input_args, add_model_args, job_options, job_progress
 from gradexplorer.base.errors import GradExplorerError
+
+if TYPE_CHECKING:
+    from gradexplorer.app.cli.common import SubParsers
+    from gradexplorer.model_graph.graph import ModelGraph
 
 SUFFIXES = (".json", ".dot", ".svg", ".png")
 
 
-def register(sub, add_model_args, add_input_args, add_common) -> None:
+def register(sub: SubParsers) -> None:
     """Add the ``graph`` subcommand to the CLI's subparsers."""
     from gradexplorer.model_graph.render import STATISTIC_LABELS
 
@@ -55,9 +62,8 @@ def _suffix(out: str) -> str:
     return suffix
 
 
-def build_graph(args, ui):
+def build_graph(args: argparse.Namespace, ui: UI) -> ModelGraph:
     """The graph the command line asks for (model and/or capture), with statistics."""
-    from gradexplorer.app.cli.main import _options, _progress
     from gradexplorer.model_graph.graph import ModelGraph, extract_graph, first_sample
 
     cap = None
@@ -81,7 +87,7 @@ def build_graph(args, ui):
 
     if not (args.input or args.random is not None or args.demo_input) and not str(args.model).startswith("demo:"):
         args.random = ""  # a random batch of the model's input shape: the graph needs no real data
-    job = CaptureJob(_options(args, target=args.target), _progress(ui))
+    job = CaptureJob(job_options(args, target=args.target), job_progress(ui))
     loaded = job.load_model()
     batch = job.load_batch()
     if args.grads:
@@ -98,7 +104,7 @@ def build_graph(args, ui):
     return graph
 
 
-def _color_by(args) -> str:
+def _color_by(args: argparse.Namespace) -> str:
     """The statistic to colour by, checked against --compare."""
     from gradexplorer.model_graph.compare import DIVERGENCE_BY
 
@@ -111,7 +117,7 @@ def _color_by(args) -> str:
     return color_by
 
 
-def attach_compare(graph, args, ui) -> None:
+def attach_compare(graph: ModelGraph, args: argparse.Namespace, ui: UI) -> None:
     """Colour ``graph`` by how the capture --compare differs from --capture (``gradexplorer.comparison.compare``)."""
     from gradexplorer.comparison.compare import compare
     from gradexplorer.files.capture_file import load_capture
@@ -124,7 +130,8 @@ def attach_compare(graph, args, ui) -> None:
         ui.note(f"note: no compared layer of '{args.capture}' is in the graph; nodes are not coloured.")
 
 
-def cmd_graph(args, ui) -> int:
+def cmd_graph(args: argparse.Namespace, ui: UI) -> int:
+    """Run ``gradexplorer graph``; returns the exit status."""
     from gradexplorer.base.file_write import atomic_write_bytes, check_output_path
 
     suffix = _suffix(args.out)

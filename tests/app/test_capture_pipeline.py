@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import build_parser, capture_options, main
+from gradexplorer.app.cli.common import capture_options
+from gradexplorer.app.cli.main import build_parser, main
 from gradexplorer.files.capture_file import save_capture
 from gradexplorer.files.meta import VOLATILE_KEYS
 from gradexplorer.pipeline.job import STAGE_KERNELS, CaptureJob, probe_model

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli import common, main as cli
 from gradexplorer.app.cli.format import ProgressBar, fmt_num, human_size, table
 from gradexplorer.app.cli.main import main
 
@@ -32,7 +32,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def assert_user_error(code: int, err: str, *needles: str) -> str:
     """A user error: non-zero, exactly one line on stderr, no traceback; returns the line."""
-    assert code == cli.EXIT_USER, err
+    assert code == common.EXIT_USER, err
     assert "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -303,7 +303,7 @@ def test_a_memory_budget_below_the_estimate_refuses_before_the_forward(tmp_path,
     out_file = tmp_path / "x.pt"
     argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "--memory-budget", "1KiB"]
     code, out, err = run(capsys, *argv)
-    assert code == cli.EXIT_USER and not out_file.exists() and "Traceback" not in err
+    assert code == common.EXIT_USER and not out_file.exists() and "Traceback" not in err
     note = next(line for line in err.splitlines() if line.startswith("capturing "))
     error = err.splitlines()[-1]
     # Both figures as the estimate line prints them: what it keeps (≈), and the budget.
@@ -356,7 +356,7 @@ def test_unknown_model_suggests_near_names(tmp_path, capsys):
 
 def test_user_error_without_quiet_ends_with_one_error_line(tmp_path, capsys):
     code, out, err = run(capsys, "capture", "--model", "resnt18", "--random", "1x3x64x64", "--out", tmp_path / "x.pt")
-    assert code == cli.EXIT_USER
+    assert code == common.EXIT_USER
     lines = err.splitlines()
     assert "Traceback" not in err
     assert lines[-1].startswith("error: ") and "resnet18" in lines[-1]
@@ -429,7 +429,7 @@ def test_factory_needs_trust(tmp_path, capsys, factory_file):
 
 def test_usage_error_is_one_line_exit_2(tmp_path, capsys):
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp")
-    assert code == cli.EXIT_USAGE
+    assert code == common.EXIT_USAGE
     assert err.splitlines() == [err.strip()] and "--out" in err and "Traceback" not in err
 
 
@@ -442,11 +442,11 @@ def test_internal_error_exit_70_traceback_only_with_debug(tmp_path, capsys, monk
     monkeypatch.setattr(gradexplorer.capturing.capture, "capture", broken)
     argv = ["capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", tmp_path / "x.pt", "-q"]
     code, out, err = run(capsys, *argv)
-    assert code == cli.EXIT_INTERNAL
+    assert code == common.EXIT_INTERNAL
     assert err.splitlines() == [err.strip()]
     assert err.startswith("error: internal error: ZeroDivisionError: boom") and "Traceback" not in err
     code, out, err = run(capsys, *argv, "--debug")
-    assert code == cli.EXIT_INTERNAL
+    assert code == common.EXIT_INTERNAL
     assert "Traceback" in err and "ZeroDivisionError" in err
 
 
@@ -459,7 +459,7 @@ def test_keyboard_interrupt_exits_130_and_leaves_no_file(tmp_path, capsys, monke
     monkeypatch.setattr(gradexplorer.capturing.capture, "capture", interrupted)
     out_file = tmp_path / "x.pt"
     code, out, err = run(capsys, "capture", "--model", "demo:seed-mlp", "--random", "4x10", "--out", out_file, "-q")
-    assert code == cli.EXIT_INTERRUPTED
+    assert code == common.EXIT_INTERRUPTED
     assert err.strip() == "error: interrupted; nothing was saved."
     assert not out_file.exists() and list(tmp_path.iterdir()) == []
 
@@ -614,7 +614,7 @@ def test_gui_flags_are_handed_to_launch_as_the_capture_commands_options(fake_gui
     assert call["run"] is True and call["screenshot"] == str(shot)
     options = call["options"]
     # The capture command's options from the same words: one argument -> options function.
-    assert options == cli.capture_options(cli.build_parser().parse_args(["capture", *settings, "--out", "x.pt"]))
+    assert options == common.capture_options(cli.build_parser().parse_args(["capture", *settings, "--out", "x.pt"]))
     assert (options.model, options.weights, options.trust) == ("resnet18", "DEFAULT", True)
     assert options.batch == BatchSpec(inputs=("cat.jpg", "dog.jpg")) and options.layers == ("layer4.*",)
     assert (options.target, options.device, options.mode, options.labels) == ("class:281", "cpu", "stats", "281")
@@ -747,7 +747,7 @@ def test_python_dash_m_app_capture(tmp_path):
          "--out", str(tmp_path / "x.pt"), "--quiet"],
         cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )
-    assert proc.returncode == cli.EXIT_USER
+    assert proc.returncode == common.EXIT_USER
     assert proc.stderr.count("\n") == 1 and "resnet18" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli import common
 from gradexplorer.app.cli.main import main
 from gradexplorer.files.capture_file import load_capture
 from tests.picture_folders import write_pictures
@@ -95,7 +95,7 @@ def test_tensor_file_dataset_records_the_model_dtype(tmp_path, capsys):
 def test_bad_arguments(tmp_path, capsys, image_folder, argv, needle):
     code, _out, err = run(capsys, "capture", "--model", "demo:shapes", "--input", image_folder, *argv,
                           "--out", tmp_path / "x.pt")
-    assert code == cli.EXIT_USER
+    assert code == common.EXIT_USER
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x.pt").exists()
 

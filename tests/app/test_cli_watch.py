@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli import common
 from gradexplorer.app.cli.main import main
 from gradexplorer.recording.watch import watch
 
@@ -51,9 +51,9 @@ def test_inspect_refuses_other_sqlite_and_bad_csv_folder(tmp_path, capsys):
     con.close()
     code = main(["inspect", str(other)])
     _out, err = capsys.readouterr()
-    assert code == cli.EXIT_USER and "not a watch log" in err and len(err.strip().splitlines()) == 1
+    assert code == common.EXIT_USER and "not a watch log" in err and len(err.strip().splitlines()) == 1
     log = tmp_path / "run.gxw"
     make_log(log, nan_at=99, steps=2)
     code = main(["inspect", str(log), "--csv", str(tmp_path / "missing" / "a.csv")])
     _out, err = capsys.readouterr()
-    assert code == cli.EXIT_USER and "--csv" in err
+    assert code == common.EXIT_USER and "--csv" in err

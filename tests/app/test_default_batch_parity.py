@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli import common, main as cli
 from gradexplorer.app.window.controller import load_model_task
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.pipeline.job import CaptureJob
@@ -64,7 +64,7 @@ def _window_pick(spec: str, trust: bool):
 
 def _cli_pick(spec: str, trust: bool, tmp_path):
     argv = ["capture", "--model", spec, "--out", str(tmp_path / "x.pt")] + (["--trust"] if trust else [])
-    job = CaptureJob(cli.capture_options(cli.build_parser().parse_args(argv)))
+    job = CaptureJob(common.capture_options(cli.build_parser().parse_args(argv)))
     return job.batch_spec(), job.load_batch()
 
 
@@ -109,5 +109,5 @@ def test_no_shape_known_window_has_no_batch_and_cli_refuses(nets, tmp_path, caps
     assert batch is None and sources == []
     code = cli.main(["capture", "--model", f"{nets}:opaque", "--trust", "--out", str(tmp_path / "x.pt"), "-q"])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USER and len(err.splitlines()) == 1
+    assert code == common.EXIT_USER and len(err.splitlines()) == 1
     assert "input shape is not known" in err and "--input" in err and "--random SHAPE" in err

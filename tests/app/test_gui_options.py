@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import gradexplorer.app.window.launch
-from gradexplorer.app.cli import main as cli
+from gradexplorer.app.cli import common, main as cli
 from gradexplorer.app.window.launch import start
 from tests.app.conftest import TIMEOUT
 
@@ -29,7 +29,7 @@ def fake_launch(monkeypatch):
 def test_the_window_runs_with_the_options_the_cli_builds(qtbot, window, fake_launch):
     assert cli.main([*SETTINGS, "--run"]) == 0
     ((options, run, _shot),) = fake_launch
-    assert options == cli.capture_options(cli.build_parser().parse_args(["capture", *SETTINGS, "--out", "x.pt"]))
+    assert options == common.capture_options(cli.build_parser().parse_args(["capture", *SETTINGS, "--out", "x.pt"]))
     with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
         start(window, options, run)
     assert done.args == ["ok"]

@@ -12,8 +12,9 @@ import io
 
 import pytest
 
+from gradexplorer.app.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_USER
 from gradexplorer.app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
-from gradexplorer.app.cli.main import EXIT_INTERNAL, EXIT_OK, EXIT_USER, main
+from gradexplorer.app.cli.main import main
 from tests.app.conftest import TIMEOUT
 from tests.capture_mutations import Mutation, mutations, names_the_field, save, valid_capture_dict
 

@@ -1,4 +1,4 @@
-"""``gradexplorer inspect run.gxw``: summarise a watch log (``gradexplorer.recording.watch_log``,
+"""``gradexplorer inspect RUN.gxw``: summarise a watch log (``gradexplorer.recording.watch_log``,
 ``gradexplorer.recording.timeline``)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gradexplorer.app.cli.common import EXIT_OK
 from gradexplorer.app.cli.format import fmt_num, human_size, table
 from gradexplorer.base.errors import GradExplorerError
 
-EXIT_OK = 0
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 

@@ -1,0 +1,34 @@
+"""``gradexplorer timeline``: a watch log or a dataset capture over steps, in a window.
+
+The only command that opens a window: the window is imported inside the command, so that
+no other command loads Qt (an import-linter contract allows this one import).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from gradexplorer.app.cli.common import UI, add_common
+
+if TYPE_CHECKING:
+    from gradexplorer.app.cli.common import SubParsers
+
+
+def register(sub: SubParsers) -> None:
+    """Add the ``timeline`` subcommand to the CLI's subparsers."""
+    p = sub.add_parser("timeline", help="open the timeline of a watch log or a dataset capture",
+                       description="Layers x steps of a watch log (.gxw, followed live while it grows) or of a "
+                                   "dataset capture's per-batch series, in a window.")
+    p.add_argument("file", metavar="RUN.gxw|DATASET.pt")
+    p.add_argument("--layer", metavar="NAME", help="the layer whose histograms to show first")
+    p.add_argument("--screenshot", metavar="PNG", help="save the window once drawn, then quit")
+    add_common(p)
+    p.set_defaults(func=cmd_timeline)
+
+
+def cmd_timeline(args: argparse.Namespace, ui: UI) -> int:
+    """Open the timeline window; returns its exit status."""
+    from gradexplorer.app.window.timeline_window import launch_timeline  # Qt: this command only
+
+    return launch_timeline(args.file, args.screenshot, args.layer)
