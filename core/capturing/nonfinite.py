@@ -7,7 +7,7 @@ useful fact is where it started. "The layers with NaN/Inf" listed in network ord
 with the first layer whose *gradient* is bad, which says nothing about the forward.
 
 ``OnsetTracker`` rides on the capture's hooks (``gradexplorer.capturing.capture._Recorder``): every module
-call's tensor inputs and primary output get a finiteness *source*: the statistics dict of
+call's tensor inputs and primary output get a finiteness *source*: the statistics record of
 a recorded tensor (filled later, on a GPU at the capture's end), the statistics of the same
 tensor seen earlier (same object and version), or, for a tensor not seen before, one
 ``aminmax`` (the cheapest pass that reveals NaN/Inf; on a GPU a flag left on the device
@@ -30,17 +30,20 @@ activations cannot turn finite values into NaN/Inf).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
 from gradexplorer.stats.moments import has_nonfinite
+from gradexplorer.stats.record import TensorStats
 
-# A source: True (finite), False (not), a statistics dict, or a 0-d bool device tensor
-# (True when non-finite), resolved by ``_bad``.
+#: A source: True (finite), False (not), a statistics record (empty until the capture
+#: fills it), or a 0-d bool device tensor (True when non-finite), resolved by ``_bad``;
+#: None for no tensor.
+Source: TypeAlias = "bool | TensorStats | torch.Tensor | None"
 
 
-def _bad(source: Any) -> bool:
+def _bad(source: Source) -> bool:
     if source is None or source is True:
         return False
     if source is False:
@@ -50,7 +53,7 @@ def _bad(source: Any) -> bool:
     return bool(source)
 
 
-def _counts(source: Any) -> tuple[int | None, int | None]:
+def _counts(source: Source) -> tuple[int | None, int | None]:
     if isinstance(source, dict) and source:
         return int(source["nan_count"]), int(source["inf_count"])
     return None, None
@@ -81,9 +84,9 @@ class OnsetTracker:
         # Completed calls, innermost first: (name, call index, type, has children, inputs, output).
         self.events: list[tuple[str, int, str, bool, list, Any]] = []
         # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
-        self.grads: list[tuple[dict, list]] = []
+        self.grads: list[tuple[TensorStats, list]] = []
 
-    def _source(self, t: torch.Tensor, stats: dict | None = None, later: bool = False) -> Any:
+    def _source(self, t: torch.Tensor, stats: TensorStats | None = None, later: bool = False) -> Any:
         key = (id(t), t._version)
         seen = self._known.get(key)
         if seen is not None and seen[0]() is t:
@@ -116,7 +119,8 @@ class OnsetTracker:
                     inputs.append(self._source(v, later=name != ""))
         self._open.setdefault(name, []).append((index, inputs))
 
-    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None, stats: dict | None = None) -> None:
+    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None,
+              stats: TensorStats | None = None) -> None:
         """A module call ends with ``output`` (its primary tensor), summarised by ``stats``
         when the capture recorded it."""
         stack = self._open.get(name)
@@ -132,11 +136,11 @@ class OnsetTracker:
         has_children = next(module.children(), None) is not None
         self.events.append((name, index, type(module).__name__, has_children, inputs, source))
 
-    def known_stats(self, t: torch.Tensor, stats: dict) -> None:
+    def known_stats(self, t: torch.Tensor, stats: TensorStats) -> None:
         """``stats`` summarise ``t`` as it is now (an output the capture recorded)."""
         self._known[(id(t), t._version)] = (weakref.ref(t), stats)
 
-    def grad(self, stats: dict, sinks: list) -> None:
+    def grad(self, stats: TensorStats, sinks: list) -> None:
         """A gradient the capture recorded, in the order backward produced them."""
         self.grads.append((stats, sinks))
 

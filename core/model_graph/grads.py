@@ -22,10 +22,17 @@ from torch import nn
 from gradexplorer.base.errors import CaptureError, GradExplorerError
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.targets import Target, target_scalar
-from gradexplorer.model_graph.graph import GraphRecorder, ModelGraph, flag_by_neighbours, record_forward, tensors_in
+from gradexplorer.model_graph.graph import (
+    GraphRecorder,
+    ModelGraph,
+    NodeStats,
+    flag_by_neighbours,
+    record_forward,
+    tensors_in,
+)
 
 
-def _grad_summary(g: torch.Tensor) -> dict:
+def _grad_summary(g: torch.Tensor) -> NodeStats:
     """L2 norm (float64), mean |g|, RMS, and whether it is all zero or has NaN/Inf."""
     with torch.no_grad():
         x = g.detach()
@@ -99,7 +106,7 @@ def graph_gradients(
     GradExplorerError
         A bad target; ``CaptureError`` when forward or backward fails.
     """
-    grads: dict[int, dict] = {}
+    grads: dict[int, NodeStats] = {}
     act_stats: dict[int, tuple[float | None, bool]] = {}
     handles: list = []
 
@@ -164,8 +171,8 @@ def graph_gradients(
         e.grad_l2 = s["grad_l2"] if s else None
     for nid, vid in graph.meta["node_values"].items():
         s = grads.get(vid)
-        stats = dict(s) if s else {"grad_l2": None, "grad_mean_abs": None, "grad_rms": None,
-                                   "nonfinite": False, "zero": False}
+        stats: NodeStats = s.copy() if s else {"grad_l2": None, "grad_mean_abs": None, "grad_rms": None,
+                                                "nonfinite": False, "zero": False}
         stats["activation_std"], act_bad = act_stats.get(vid, (None, False))
         stats["nonfinite"] = bool(stats["nonfinite"] or act_bad)
         stats["flags"] = ((["no gradient"] if not s else [])
