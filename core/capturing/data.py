@@ -13,6 +13,7 @@ from typing import TypeAlias
 
 import torch
 
+from gradexplorer.capturing.nonfinite import NonfiniteOnset
 from gradexplorer.stats.record import TensorStats
 
 #: A call's statistics per tensor kind: ``activation``, ``grad_output``, ``grad_input``
@@ -91,7 +92,7 @@ class Capture:
     graph : dict or None
         The model's dataflow graph, when one was recorded (reserved in capture format
         version 2; ``None`` when absent).
-    nonfinite_onset : dict or None
+    nonfinite_onset : NonfiniteOnset or None
         Where NaN/Inf began (``gradexplorer.capturing.nonfinite``): ``{"forward": ..., "backward": ...}``,
         ``None`` when every value was finite (or the capture predates it).
     model_inputs : dict or None
@@ -106,7 +107,7 @@ class Capture:
     input_grad: torch.Tensor | None
     layers: dict[str, LayerRecord]
     graph: dict | None = None
-    nonfinite_onset: dict | None = None
+    nonfinite_onset: NonfiniteOnset | None = None
     model_inputs: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
