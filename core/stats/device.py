@@ -207,10 +207,8 @@ def fused_available() -> bool:
 
 def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, bool]:
     """Start the summary of ``t`` on its device: (row of ``_ROW`` float64 values, numel,
-    whether the histogram counts every element). Raises when the kernels fail (or were
-    never built: call ``fused_available`` first)."""
-    if not isinstance(_kernels, tuple):
-        raise RuntimeError("the fused statistics kernels are not built")
+    whether the histogram counts every element). Raises when the kernels fail."""
+    assert isinstance(_kernels, tuple), "fused_available() builds the kernels first"
     partials, finish = _kernels
     x = t.detach().reshape(-1)
     n = x.numel()
