@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,10 +102,10 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         if not rec.calls:
             rows.append([name, "-", rec.type, "-", "-", "-", "-", "-", "-", "-", "not called"])
         for i, call in enumerate(rec.calls):
-            act = call.stats.get("activation") or {}
+            act: Mapping[str, Any] = call.stats.get("activation") or {}
             grad = call.stats.get("grad_output")
             flags = _flags(call.stats)
-            g = grad or {}
+            g: Mapping[str, Any] = grad or {}
             rows.append([
                 name, str(i), rec.type, fmt_shape(call.shape),
                 fmt_num(act.get("mean")), fmt_num(act.get("std")),
@@ -143,7 +144,7 @@ def _label_text(index: int, categories: Sequence[str] | None) -> str:
     return str(index)
 
 
-def _max_abs(stats: dict[str, Any]) -> float:
+def _max_abs(stats: Mapping[str, Any]) -> float:
     return max(abs(stats["min"]), abs(stats["max"]))
 
 
@@ -163,7 +164,7 @@ def _flags(stats: dict[str, Any]) -> str:
     return "; ".join(flags)
 
 
-def _stat_row(label: str, s: dict[str, Any] | None) -> list[str]:
+def _stat_row(label: str, s: Mapping[str, Any] | None) -> list[str]:
     if not s:
         return [label] + ["-"] * 10
     return [

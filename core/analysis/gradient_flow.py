@@ -30,8 +30,9 @@ import math
 import statistics
 
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.capturing.data import Capture, LayerRecord
+from gradexplorer.capturing.data import CallStats, Capture, LayerRecord
 from gradexplorer.stats.moments import has_nonfinite
+from gradexplorer.stats.record import TensorStats
 
 #: Metrics of ``flow_series``.
 METRICS = ("l2", "mean_abs", "max_abs")
@@ -47,18 +48,18 @@ NEIGHBOURS = 4
 FLAGS = ("no gradient", "nan/inf", "zero", "vanishing", "exploding")
 
 
-def _layer_stats(rec: LayerRecord, kind: str) -> list[dict]:
+def _layer_stats(rec: LayerRecord, kind: str) -> list[TensorStats]:
     if kind == "param":
         return [s for s in rec.param_stats.values() if s]
     return [s for c in rec.calls if (s := c.stats.get(kind))]
 
 
-def aggregate(stats_list: list[dict], metric: str) -> float:
-    """Aggregate one metric over several statistics dicts (see module docstring).
+def aggregate(stats_list: list[TensorStats], metric: str) -> float:
+    """Aggregate one metric over several statistics records (see module docstring).
 
     Parameters
     ----------
-    stats_list : list of dict
+    stats_list : list of TensorStats
         ``gradexplorer.stats.summary.tensor_stats`` results.
     metric : {"l2", "mean_abs", "max_abs"}
 
@@ -80,7 +81,7 @@ def aggregate(stats_list: list[dict], metric: str) -> float:
     return sum(float(s["mean_abs"]) * n for s, n in zip(finite, counts)) / sum(counts)
 
 
-def _rms(stats_list: list[dict]) -> float:
+def _rms(stats_list: list[TensorStats]) -> float:
     finite = [s for s in stats_list if s and s["numel"] > s["nan_count"] + s["inf_count"]]
     if not finite:
         return math.nan
@@ -121,7 +122,7 @@ def flow_series(capture: Capture, metric: str = "l2", kind: str = "grad_output")
     return names, [aggregate(_layer_stats(capture[n], kind), metric) for n in names]
 
 
-def call_flags(stats: dict) -> list[str]:
+def call_flags(stats: CallStats) -> list[str]:
     """The flags of one call, from its statistics (``CallRecord.stats``).
 
     The per-call part of the rules in the module docstring: ``"no gradient"`` (no output
@@ -131,9 +132,9 @@ def call_flags(stats: dict) -> list[str]:
 
     Parameters
     ----------
-    stats : dict
+    stats : CallStats
         ``{"activation": ..., "grad_output": ..., "grad_input": ...}``, values
-        ``gradexplorer.stats.summary.tensor_stats`` dicts or ``None``.
+        ``gradexplorer.stats.summary.tensor_stats`` records or ``None``.
 
     Returns
     -------

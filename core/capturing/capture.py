@@ -47,6 +47,7 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import DeferredStats
+from gradexplorer.stats.record import TensorStats
 
 MODES = ("full", "stats")
 
@@ -174,7 +175,7 @@ class _Recorder:
         # sides of ``out += identity``; a module's output and the next one's input when they
         # are different objects over one value): one summary serves them all (resnet50: 9%
         # of the values a capture summarised, vit_b_16: 19%).
-        self.grad_values: dict[int, tuple[weakref.ref, int, dict, torch.Tensor | None]] = {}
+        self.grad_values: dict[int, tuple[weakref.ref, int, TensorStats, torch.Tensor | None]] = {}
         self.hooks = Hooks()  # replaced by the capture's own while it runs (install)
         self.grads_expected = 0
         self.grads_seen = 0

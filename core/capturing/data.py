@@ -9,8 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import torch
+
+from gradexplorer.capturing.nonfinite import NonfiniteOnset
+from gradexplorer.stats.record import TensorStats
+
+#: A call's statistics per tensor kind: ``activation``, ``grad_output``, ``grad_input``
+#: (``None`` where the call has no such tensor), and any kind a capture adds (a dataset
+#: capture's ``grad_norm``).
+CallStats: TypeAlias = dict[str, TensorStats | None]
+
+
+def _no_stats() -> CallStats:
+    return {"activation": None, "grad_output": None, "grad_input": None}
 
 
 @dataclass
@@ -29,9 +42,9 @@ class CallRecord:
     grad_input : Tensor or None
         Gradient of the target with respect to the module's first tensor input, when that
         input requires grad.
-    stats : dict
+    stats : CallStats
         ``{"activation": stats, "grad_output": stats or None, "grad_input": stats or None}``
-        (see ``gradexplorer.stats.summary.tensor_stats``).
+        (``TensorStats`` records: see ``gradexplorer.stats.summary.tensor_stats``).
     output_key : str
         Which element of a tuple/dict output was recorded ("" for a plain tensor).
     shape, dtype : tuple, str
@@ -41,7 +54,7 @@ class CallRecord:
     activation: torch.Tensor | None = None
     grad_output: torch.Tensor | None = None
     grad_input: torch.Tensor | None = None
-    stats: dict = field(default_factory=lambda: {"activation": None, "grad_output": None, "grad_input": None})
+    stats: CallStats = field(default_factory=_no_stats)
     output_key: str = ""
     shape: tuple = ()
     dtype: str = ""
@@ -58,7 +71,7 @@ class LayerRecord:
     type: str
     calls: list[CallRecord] = field(default_factory=list)
     param_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    param_stats: dict[str, dict | None] = field(default_factory=dict)
+    param_stats: dict[str, TensorStats | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,7 +92,7 @@ class Capture:
     graph : dict or None
         The model's dataflow graph, when one was recorded (reserved in capture format
         version 2; ``None`` when absent).
-    nonfinite_onset : dict or None
+    nonfinite_onset : NonfiniteOnset or None
         Where NaN/Inf began (``gradexplorer.capturing.nonfinite``): ``{"forward": ..., "backward": ...}``,
         ``None`` when every value was finite (or the capture predates it).
     model_inputs : dict or None
@@ -94,7 +107,7 @@ class Capture:
     input_grad: torch.Tensor | None
     layers: dict[str, LayerRecord]
     graph: dict | None = None
-    nonfinite_onset: dict | None = None
+    nonfinite_onset: NonfiniteOnset | None = None
     model_inputs: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -40,6 +40,7 @@ from gradexplorer.base import devices
 from gradexplorer.base.units import counted, format_bytes
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree, TensorKey
+from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.summary import tensor_stats
 
 if TYPE_CHECKING:
@@ -398,7 +399,7 @@ def measure_capture_memory(capture: Capture) -> int:
             seen.add(key)
             total += storage.nbytes()
 
-    def add_stats(stats: dict[str, Any] | None) -> None:
+    def add_stats(stats: TensorStats | None) -> None:
         nonlocal total
         if not stats or id(stats) in seen_stats:
             return

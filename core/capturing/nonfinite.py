@@ -7,7 +7,7 @@ useful fact is where it started. "The layers with NaN/Inf" listed in network ord
 with the first layer whose *gradient* is bad, which says nothing about the forward.
 
 ``OnsetTracker`` rides on the capture's hooks (``gradexplorer.capturing.capture._Recorder``): every module
-call's tensor inputs and primary output get a finiteness *source*: the statistics dict of
+call's tensor inputs and primary output get a finiteness *source*: the statistics record of
 a recorded tensor (filled later, on a GPU at the capture's end), the statistics of the same
 tensor seen earlier (same object and version), or, for a tensor not seen before, one
 ``aminmax`` (the cheapest pass that reveals NaN/Inf; on a GPU a flag left on the device
@@ -30,17 +30,92 @@ activations cannot turn finite values into NaN/Inf).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypedDict
 
 import torch
 
 from gradexplorer.stats.moments import has_nonfinite
-
-# A source: True (finite), False (not), a statistics dict, or a 0-d bool device tensor
-# (True when non-finite), resolved by ``_bad``.
+from gradexplorer.stats.record import TensorStats
 
 
-def _bad(source: Any) -> bool:
+class _ForwardOnsetPlace(TypedDict):
+    layer: str | None
+    call: int | None
+    type: str
+
+
+class ForwardOnset(_ForwardOnsetPlace, total=False):
+    """Where NaN/Inf began in forward: the first module call whose output holds NaN or Inf
+    while its inputs were finite.
+
+    Keys
+    ----
+    layer : str or None
+        Qualified module name (``""``: the model itself); ``None``: the input batch already
+        held NaN/Inf.
+    call : int or None
+        The module's call index (``None`` for the input batch).
+    type : str
+        The module's class (``"input batch"``).
+    own_code : bool
+        The module has children, none of which produced it: its own forward code did.
+    nan_count, inf_count : int or None
+        In that output (``None`` when not known).
+
+    The capture writes every key; a file may leave out the last three.
+    """
+
+    own_code: bool
+    nan_count: int | None
+    inf_count: int | None
+
+
+class _BackwardOnsetPlace(TypedDict):
+    layer: str
+    call: int | None
+    type: str
+    tensor: str
+
+
+class BackwardOnset(_BackwardOnsetPlace, total=False):
+    """Where NaN/Inf began in backward: the first recorded gradient that holds NaN or Inf.
+
+    Keys
+    ----
+    layer : str
+        Qualified module name.
+    call : int or None
+        Its call index (``None`` for a parameter's gradient).
+    type : str
+        The module's class.
+    tensor : str
+        ``activation``, ``grad_output``, ``grad_input`` or ``param:NAME``.
+    nan_count, inf_count : int or None
+        In that gradient.
+
+    The capture writes every key; a file may leave out the counts.
+    """
+
+    nan_count: int | None
+    inf_count: int | None
+
+
+class NonfiniteOnset(TypedDict, total=False):
+    """``Capture.nonfinite_onset``: where NaN/Inf began in forward and in backward (``None``
+    on a side where every value stayed finite). The capture writes both keys."""
+
+    forward: ForwardOnset | None
+    backward: BackwardOnset | None
+
+
+#: A source: True (finite), False (not), a statistics record (empty until the capture
+#: fills it), or a 0-d bool device tensor (True when non-finite), resolved by ``_bad``;
+#: None for no tensor.
+Source: TypeAlias = "bool | TensorStats | torch.Tensor | None"
+
+
+def _bad(source: Source) -> bool:
     if source is None or source is True:
         return False
     if source is False:
@@ -50,7 +125,7 @@ def _bad(source: Any) -> bool:
     return bool(source)
 
 
-def _counts(source: Any) -> tuple[int | None, int | None]:
+def _counts(source: Source) -> tuple[int | None, int | None]:
     if isinstance(source, dict) and source:
         return int(source["nan_count"]), int(source["inf_count"])
     return None, None
@@ -81,9 +156,9 @@ class OnsetTracker:
         # Completed calls, innermost first: (name, call index, type, has children, inputs, output).
         self.events: list[tuple[str, int, str, bool, list, Any]] = []
         # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
-        self.grads: list[tuple[dict, list]] = []
+        self.grads: list[tuple[TensorStats, list]] = []
 
-    def _source(self, t: torch.Tensor, stats: dict | None = None, later: bool = False) -> Any:
+    def _source(self, t: torch.Tensor, stats: TensorStats | None = None, later: bool = False) -> Any:
         key = (id(t), t._version)
         seen = self._known.get(key)
         if seen is not None and seen[0]() is t:
@@ -116,7 +191,8 @@ class OnsetTracker:
                     inputs.append(self._source(v, later=name != ""))
         self._open.setdefault(name, []).append((index, inputs))
 
-    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None, stats: dict | None = None) -> None:
+    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None,
+              stats: TensorStats | None = None) -> None:
         """A module call ends with ``output`` (its primary tensor), summarised by ``stats``
         when the capture recorded it."""
         stack = self._open.get(name)
@@ -132,15 +208,15 @@ class OnsetTracker:
         has_children = next(module.children(), None) is not None
         self.events.append((name, index, type(module).__name__, has_children, inputs, source))
 
-    def known_stats(self, t: torch.Tensor, stats: dict) -> None:
+    def known_stats(self, t: torch.Tensor, stats: TensorStats) -> None:
         """``stats`` summarise ``t`` as it is now (an output the capture recorded)."""
         self._known[(id(t), t._version)] = (weakref.ref(t), stats)
 
-    def grad(self, stats: dict, sinks: list) -> None:
+    def grad(self, stats: TensorStats, sinks: list) -> None:
         """A gradient the capture recorded, in the order backward produced them."""
         self.grads.append((stats, sinks))
 
-    def result(self, layers: dict, param_order: list[str]) -> dict | None:
+    def result(self, layers: dict, param_order: list[str]) -> NonfiniteOnset | None:
         """The onset entry of the capture (``None`` when every value was finite).
 
         Parameters
@@ -161,7 +237,7 @@ class OnsetTracker:
         def bad(s: Any) -> bool:
             return bool(resolved[id(s)]) if isinstance(s, torch.Tensor) else _bad(s)
 
-        forward = None
+        forward: ForwardOnset | None = None
         for name, index, type_name, has_children, inputs, source in self.events:
             if bad(source) and not any(bad(s) for s in inputs):
                 nan, inf = _counts(source)
@@ -173,7 +249,7 @@ class OnsetTracker:
             if root is not None and any(bad(s) for s in root[4]):
                 forward = {"layer": None, "call": None, "type": "input batch", "own_code": False,
                            "nan_count": None, "inf_count": None}
-        backward = None
+        backward: BackwardOnset | None = None
         where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
         for stats, sinks in self.grads:
             if not has_nonfinite(stats):
@@ -201,7 +277,7 @@ class OnsetTracker:
         return {"forward": forward, "backward": backward}
 
 
-def onset_location(onset: dict | None, kind: str = "forward") -> tuple[str, int | None, str] | None:
+def onset_location(onset: NonfiniteOnset | None, kind: str = "forward") -> tuple[str, int | None, str] | None:
     """Where the window marks and jumps to: (layer name, call index or None, tensor kind:
     ``activation``, ``grad_output``, ``grad_input`` or ``param:NAME``), or ``None`` (also
     when NaN/Inf was already in the input batch). The layer may be a container or the
@@ -209,18 +285,19 @@ def onset_location(onset: dict | None, kind: str = "forward") -> tuple[str, int 
 
     Parameters
     ----------
-    onset : dict or None
+    onset : NonfiniteOnset or None
         ``Capture.nonfinite_onset``.
     kind : {"forward", "backward"}
         Which onset.
     """
-    entry = (onset or {}).get(kind)
+    sides: Mapping[str, Any] = onset or {}
+    entry = sides.get(kind)
     if not entry or entry["layer"] is None:
         return None
     return entry["layer"], entry.get("call"), entry.get("tensor", "activation")
 
 
-def _counted(entry: dict) -> str:
+def _counted(entry: ForwardOnset | BackwardOnset) -> str:
     parts = []
     if entry.get("nan_count"):
         parts.append(f"{entry['nan_count']:,} NaN")
@@ -229,7 +306,7 @@ def _counted(entry: dict) -> str:
     return " and ".join(parts) if parts else "NaN/Inf"
 
 
-def describe_onset(onset: dict | None) -> list[str]:
+def describe_onset(onset: NonfiniteOnset | None) -> list[str]:
     """Plain-text lines saying where NaN/Inf began (empty when it never did)."""
     if not onset:
         return []

@@ -35,24 +35,27 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import CallRecord, Capture
+from gradexplorer.stats.merge import DatasetTensorStats
+from gradexplorer.stats.record import ScalarKey, TensorStats
 
 #: Per-call tensors compared, in the order the tables list them.
 KINDS = ("activation", "grad_output", "grad_input")
 #: Human names of the kinds.
 KIND_LABELS = {"activation": "activation", "grad_output": "gradient", "grad_input": "input gradient"}
 #: Scalar statistics whose difference is reported (``gradexplorer.stats.summary``).
-STAT_KEYS = ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction", "nan_count", "inf_count")
+STAT_KEYS: tuple[ScalarKey, ...] = ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction", "nan_count",
+                                    "inf_count")
 #: Statistics held to the tolerance in a statistics-only comparison.
-TOLERANCE_KEYS = ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction")
+TOLERANCE_KEYS: tuple[ScalarKey, ...] = ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction")
 #: Counts that must be equal.
-COUNT_KEYS = ("numel", "nan_count", "inf_count")
+COUNT_KEYS: tuple[ScalarKey, ...] = ("numel", "nan_count", "inf_count")
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-8
@@ -124,7 +127,7 @@ class TensorDiff:
 
 @dataclass
 class StatsDiff:
-    """Comparison of two statistics dicts (``gradexplorer.stats.summary.tensor_stats``).
+    """Comparison of two statistics records (``gradexplorer.stats.summary.tensor_stats``).
 
     Attributes
     ----------
@@ -419,13 +422,14 @@ def _float64(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", torch.float64).reshape(-1)
 
 
-def _hist_counts(stats: dict) -> np.ndarray:
+def _hist_counts(stats: DatasetTensorStats) -> np.ndarray:
     # The exact int64 counts of a dataset capture's merge when there are, else ``hist``.
-    raw = (stats.get("merged") or {}).get("hist", stats["hist"])
+    merged = stats.get("merged")
+    raw = merged.get("hist", stats["hist"]) if merged else stats["hist"]
     return np.asarray(raw.detach().cpu().numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.float64)
 
 
-def _hist_cdf(stats: dict) -> tuple[np.ndarray, np.ndarray]:
+def _hist_cdf(stats: TensorStats) -> tuple[np.ndarray, np.ndarray]:
     counts = np.asarray(stats["hist"].detach().cpu().numpy() if isinstance(stats["hist"], torch.Tensor)
                         else stats["hist"], dtype=np.float64)
     lo, hi = (float(v) for v in stats["hist_range"])
@@ -435,8 +439,8 @@ def _hist_cdf(stats: dict) -> tuple[np.ndarray, np.ndarray]:
     return edges, cdf
 
 
-def histogram_distance(a: dict, b: dict) -> float:
-    """Total-variation distance between the histograms of two statistics dicts.
+def histogram_distance(a: TensorStats, b: TensorStats) -> float:
+    """Total-variation distance between the histograms of two statistics records.
 
     Each histogram is read as a piecewise-uniform density over its range; on the union
     of both sets of bin edges both densities are uniform on every interval, so the
@@ -450,7 +454,8 @@ def histogram_distance(a: dict, b: dict) -> float:
     log2 = (a.get("hist_kind") == "log2", b.get("hist_kind") == "log2")
     if all(log2):
         # The same fixed bins on both sides (gradexplorer.stats.merge): the distance of the masses.
-        pa, pb = _hist_counts(a), _hist_counts(b)
+        # hist_kind "log2": both are a dataset capture's records.
+        pa, pb = _hist_counts(cast(DatasetTensorStats, a)), _hist_counts(cast(DatasetTensorStats, b))
         if pa.sum() == 0 or pb.sum() == 0:
             return math.nan
         return float(0.5 * np.abs(pa / pa.sum() - pb / pb.sum()).sum())
@@ -466,12 +471,12 @@ def histogram_distance(a: dict, b: dict) -> float:
     return float(0.5 * np.abs(np.diff(fa) - np.diff(fb)).sum())
 
 
-def stats_diff(a: dict, b: dict, tolerance: Tolerance = Tolerance()) -> StatsDiff:
-    """Compare two statistics dicts (``gradexplorer.stats.summary.tensor_stats``).
+def stats_diff(a: TensorStats, b: TensorStats, tolerance: Tolerance = Tolerance()) -> StatsDiff:
+    """Compare two statistics records (``gradexplorer.stats.summary.tensor_stats``).
 
     Parameters
     ----------
-    a, b : dict
+    a, b : TensorStats
         The reference's and the other's statistics.
     tolerance : Tolerance
 
@@ -479,7 +484,7 @@ def stats_diff(a: dict, b: dict, tolerance: Tolerance = Tolerance()) -> StatsDif
     -------
     StatsDiff
     """
-    diffs = {}
+    diffs: dict[str, float] = {}
     for k in STAT_KEYS:
         va, vb = float(a[k]), float(b[k])
         diffs[k] = 0.0 if (va == vb or (math.isnan(va) and math.isnan(vb))) else vb - va
@@ -493,8 +498,8 @@ def stats_diff(a: dict, b: dict, tolerance: Tolerance = Tolerance()) -> StatsDif
     return StatsDiff(diffs, _ratio(lb, la), rel, histogram_distance(a, b), within)
 
 
-def _kind_diff(kind: str, ta: torch.Tensor | None, tb: torch.Tensor | None, sa: dict | None, sb: dict | None,
-               tolerance: Tolerance, label_a: str, label_b: str) -> KindDiff | None:
+def _kind_diff(kind: str, ta: torch.Tensor | None, tb: torch.Tensor | None, sa: TensorStats | None,
+               sb: TensorStats | None, tolerance: Tolerance, label_a: str, label_b: str) -> KindDiff | None:
     if sa is None and sb is None and ta is None and tb is None:
         return None
     what = KIND_LABELS.get(kind, kind)
@@ -576,7 +581,7 @@ def _summary(cap: Capture, limit: int = 4) -> str:
     return f"{model}: {', '.join(names[:limit])}{more}" if names else f"{model}: no layer"
 
 
-def _call_kind(call: CallRecord, kind: str) -> tuple[torch.Tensor | None, dict | None]:
+def _call_kind(call: CallRecord, kind: str) -> tuple[torch.Tensor | None, TensorStats | None]:
     return call.tensor(kind), call.stats.get(kind)
 
 

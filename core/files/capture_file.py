@@ -10,9 +10,9 @@ removed and an existing file of that name is left as it was), and never over a s
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -22,6 +22,7 @@ from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.files.meta import upgrade_meta
 from gradexplorer.files.pickle_scan import refusal, short_reason
 from gradexplorer.files.schema import check_capture_data, kind_of
+from gradexplorer.stats.record import TensorStats
 
 FORMAT = "gradexplorer.capture"
 VERSION = 2
@@ -49,7 +50,8 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _plain_stats(stats: dict | None) -> dict | None:
+def _plain_stats(stats: TensorStats | None) -> dict[str, Any] | None:
+    """A statistics record as the file holds it (``hist_range`` and ``overflow`` lists)."""
     if stats is None:
         return None
     return _plain(stats)
@@ -92,12 +94,14 @@ def capture_to_dict(cap: Capture) -> dict:
     }
 
 
-def _stats_back(stats: dict | None) -> dict | None:
+def _stats_back(stats: Mapping[str, Any] | None) -> TensorStats | None:
+    """A statistics record from the file (``gradexplorer.files.schema.STATS`` has checked it),
+    ``hist_range`` a tuple again."""
     if stats is None:
         return None
     out = dict(stats)
     out["hist_range"] = tuple(stats["hist_range"])
-    return out
+    return cast(TensorStats, out)
 
 
 def capture_from_dict(data: dict, source: str = "the file") -> Capture:

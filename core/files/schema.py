@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gradexplorer.base.errors import CaptureFileError
+from gradexplorer.stats.record import TensorStats
 
 #: Free-form values (unknown metadata keys, the dataset merge state) may nest this deep.
 MAX_PLAIN_DEPTH = 16
@@ -250,7 +251,7 @@ class Record(Spec):
     fields once each is valid."""
 
     def __init__(self, required: Mapping[str, Spec], optional: Mapping[str, Spec] | None = None,
-                 then: Callable[[dict, str], None] | None = None, expected: str = "a dict",
+                 then: Callable[[Any, str], None] | None = None, expected: str = "a dict",
                  others: Spec = PLAIN) -> None:
         self.required = dict(required)
         self.optional = dict(optional or {})
@@ -277,7 +278,8 @@ class Record(Spec):
 # -- relations between fields -------------------------------------------------------------
 
 
-def _stats_relations(s: dict, path: str) -> None:
+def _stats_relations(s: TensorStats, path: str) -> None:
+    # A record as the file holds it, every field checked (its hist_range a list).
     for key in ("nan_count", "inf_count"):
         if s[key] > s["numel"]:
             raise SchemaViolation(_field_path(path, key), f"is {s[key]}, more than numel ({s['numel']})")

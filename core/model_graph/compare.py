@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gradexplorer.model_graph.graph import ModelGraph
+from gradexplorer.model_graph.graph import ModelGraph, NodeStats
 
 #: Statistics of a comparison that colour the graph, with their labels.
 DIVERGENCE_BY = {
@@ -40,12 +40,12 @@ def _divergence(kind_diff: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-def divergence_values(call_diff: Any) -> dict[str, float | None]:
+def divergence_values(call_diff: Any) -> NodeStats:
     """The graph's divergence statistics of one ``gradexplorer.comparison.compare.CallDiff``.
 
     Returns
     -------
-    dict
+    NodeStats
         ``div_grad``, ``div_activation`` (relative L2 differences, ``inf`` when not
         comparable, None when neither capture has that tensor) and ``grad_ratio``
         (``||g_B|| / ||g_A||``, None when not comparable).

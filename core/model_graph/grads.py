@@ -24,10 +24,17 @@ from gradexplorer.base.errors import CaptureError, GradExplorerError
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.targets import Target, target_scalar
 from gradexplorer.hooks.installed import hooks_installed
-from gradexplorer.model_graph.graph import GraphRecorder, ModelGraph, flag_by_neighbours, record_forward, tensors_in
+from gradexplorer.model_graph.graph import (
+    GraphRecorder,
+    ModelGraph,
+    NodeStats,
+    flag_by_neighbours,
+    record_forward,
+    tensors_in,
+)
 
 
-def _grad_summary(g: torch.Tensor) -> dict:
+def _grad_summary(g: torch.Tensor) -> NodeStats:
     """L2 norm (float64), mean |g|, RMS, and whether it is all zero or has NaN/Inf."""
     with torch.no_grad():
         x = g.detach()
@@ -101,7 +108,7 @@ def graph_gradients(
     GradExplorerError
         A bad target; ``CaptureError`` when forward or backward fails.
     """
-    grads: dict[int, dict] = {}
+    grads: dict[int, NodeStats] = {}
     act_stats: dict[int, tuple[float | None, bool]] = {}
 
     def on_value(vid: int, t: torch.Tensor, node_id: str) -> None:
@@ -152,8 +159,8 @@ def graph_gradients(
         e.grad_l2 = s["grad_l2"] if s else None
     for nid, vid in graph.meta["node_values"].items():
         s = grads.get(vid)
-        stats = dict(s) if s else {"grad_l2": None, "grad_mean_abs": None, "grad_rms": None,
-                                   "nonfinite": False, "zero": False}
+        stats: NodeStats = s.copy() if s else {"grad_l2": None, "grad_mean_abs": None, "grad_rms": None,
+                                                "nonfinite": False, "zero": False}
         stats["activation_std"], act_bad = act_stats.get(vid, (None, False))
         stats["nonfinite"] = bool(stats["nonfinite"] or act_bad)
         stats["flags"] = ((["no gradient"] if not s else [])

@@ -30,7 +30,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.hooks.installed import hooks_installed
+from gradexplorer.stats.record import TensorStats
 
 GRAPH_FORMAT = "gradexplorer.graph"
 GRAPH_VERSION = 1
@@ -62,6 +63,41 @@ FOLDED_OPS = frozenset({
 
 #: Default number of visible nodes the collapsed view aims at.
 DEFAULT_VISIBLE = 60
+
+
+class NodeStats(TypedDict, total=False):
+    """The statistics a graph node shows (``GraphNode.stats``): from a capture
+    (:func:`node_stats_from_calls`, ``ModelGraph.attach_capture``), from the graph's own
+    backward (``gradexplorer.model_graph.grads``), or from a comparison
+    (``gradexplorer.model_graph.compare``). A graph read back from a file may hold keys of
+    its own besides these.
+
+    Keys
+    ----
+    grad_l2, grad_mean_abs, grad_rms : float or None
+        Of the gradient at the node's output (None: no gradient reached it).
+    activation_std : float or None
+        Of the output itself.
+    nonfinite : bool
+        NaN or Inf in the output or its gradient.
+    zero : bool
+        The gradient is exactly zero everywhere.
+    flags : list of str
+        ``gradexplorer.analysis.gradient_flow``'s flags.
+    div_grad, div_activation, grad_ratio : float or None
+        A comparison's divergences (``gradexplorer.model_graph.compare.divergence_values``).
+    """
+
+    grad_l2: float | None
+    grad_mean_abs: float | None
+    grad_rms: float | None
+    activation_std: float | None
+    nonfinite: bool
+    zero: bool
+    flags: list[str]
+    div_grad: float | None
+    div_activation: float | None
+    grad_ratio: float | None
 
 
 @dataclass
@@ -86,7 +122,7 @@ class GraphNode:
         Id of the enclosing container's node.
     shape, dtype : tuple or None, str or None
         Of the (first) output.
-    stats : dict or None
+    stats : NodeStats or None
         Statistics attached after a capture (see :func:`node_stats_from_calls`).
     """
 
@@ -98,7 +134,7 @@ class GraphNode:
     parent: str | None = None
     shape: tuple | None = None
     dtype: str | None = None
-    stats: dict | None = None
+    stats: NodeStats | None = None
 
     @property
     def label(self) -> str:
@@ -231,7 +267,7 @@ class ModelGraph:
         found = producers.get(vid) if vid is not None else None
         return found if found is not None and node_id in self.ancestors(found) else None
 
-    def shown_stats(self, node_id: str) -> dict | None:
+    def shown_stats(self, node_id: str) -> NodeStats | None:
         """The statistics a node is drawn with: its own, or for a container captured only
         through its children, those of the node that produced its output."""
         stats = self.nodes[node_id].stats
@@ -394,7 +430,7 @@ class ModelGraph:
         return graph
 
 
-def _put_edge_grad(edges_of: Mapping[int, list[GraphEdge]], value: int | None, grad: Mapping | None) -> None:
+def _put_edge_grad(edges_of: Mapping[int, list[GraphEdge]], value: int | None, grad: TensorStats | None) -> None:
     """The gradient norm of the tensor ``value`` on every edge that carries it."""
     if grad is None or value is None:
         return
@@ -427,19 +463,19 @@ def _plain(obj: Any) -> Any:
 NODE_STATISTICS = ("grad_l2", "grad_mean_abs", "activation_std", "flags")
 
 
-def node_stats_from_calls(stats: Mapping | None) -> dict:
+def node_stats_from_calls(stats: Mapping[str, TensorStats | None] | None) -> NodeStats:
     """The few numbers a graph node shows, from a ``CallRecord.stats`` dict.
 
     Returns
     -------
-    dict
+    NodeStats
         ``grad_l2``, ``grad_mean_abs``, ``grad_rms``, ``activation_std`` (floats or None),
         ``nonfinite`` (bool: NaN or Inf in the activation or its gradient), ``zero``
         (bool: the gradient is exactly zero everywhere).
     """
     stats = stats or {}
-    act = stats.get("activation") or {}
-    grad = stats.get("grad_output") or {}
+    act: Mapping[str, Any] = stats.get("activation") or {}
+    grad: Mapping[str, Any] = stats.get("grad_output") or {}
     numel = grad.get("numel") or 0
     l2 = _float(grad.get("l2")) if grad else None
     return {
@@ -470,7 +506,7 @@ def flag_by_neighbours(graph: ModelGraph, kinds: tuple[str, ...] = ("module", "o
     seq = [(n, n.stats) for n in graph.nodes.values()
            if n.kind in ("module", "op") and not graph.is_container(n.id) and n.stats
            and n.stats.get("grad_rms") is not None]
-    rms = [math.nan if stats.get("nonfinite") else float(stats["grad_rms"]) for _n, stats in seq]
+    rms = [math.nan if stats.get("nonfinite") else float(cast(float, stats["grad_rms"])) for _n, stats in seq]
     for (node, stats), flag in zip(seq, neighbour_flags(rms)):
         if flag is None or node.kind not in kinds:
             continue

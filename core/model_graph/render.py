@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from xml.sax.saxutils import escape
 
 from gradexplorer.base.errors import GradExplorerError
@@ -248,7 +249,7 @@ def node_tooltip(graph: ModelGraph, node_id: str) -> str:
         producer = graph.nodes[graph.output_producer(node_id) or node_id]
         lines.append(f"statistics of its output, from {producer.label} ({producer.type})")
     for key, label in STATISTIC_LABELS.items():
-        v = (stats or {}).get(key)
+        v: Any = (stats or {}).get(key)
         if key == "flags":
             if v:
                 lines.append("flags: " + ", ".join(v))

@@ -30,13 +30,13 @@ from torch import nn
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing.capture import CancelFlag
-from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+from gradexplorer.capturing.data import CallRecord, CallStats, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import model_state_preserved
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
-from gradexplorer.stats.merge import GradientMoments, MergeStats, hist_edges
+from gradexplorer.stats.merge import DatasetTensorStats, GradientMoments, GradientSummary, MergeStats, hist_edges
 
 #: Per batch and row, the numbers kept in the series (float64).
 SERIES_FIELDS = ("mean", "std", "l2", "max_abs", "nonfinite")
@@ -125,7 +125,7 @@ class DatasetStats:
         out.samples, out.batches = int(d["samples"]), int(d["batches"])
         return out
 
-    def snr(self) -> dict[str, dict]:
+    def snr(self) -> dict[str, GradientSummary]:
         """Parameter name -> ``GradientMoments.summary()`` (batches, mean_norm, var_sum, snr)."""
         return {k: v.summary() for k, v in self.moments.items()}
 
@@ -379,15 +379,15 @@ def gather_to_rank0(stats: DatasetStats) -> DatasetStats | None:
 # -- the capture file -----------------------------------------------------------------------
 
 
-def _stats_entry(s: MergeStats) -> dict:
-    """A statistics dict with ``gradexplorer.stats.summary.tensor_stats``'s keys, plus the exact merge.
+def _stats_entry(s: MergeStats) -> DatasetTensorStats:
+    """A statistics record with ``gradexplorer.stats.summary.tensor_stats``'s keys, plus the exact merge.
 
     ``hist`` holds the signed log2 bins' counts (``hist_kind`` says so; ``hist_edges`` in
     the file's ``meta["dataset"]``), ``merged`` the ``MergeStats`` fields.
     """
     summ = s.summary()
     merged = s.to_dict()
-    merged["hist"] = torch.from_numpy(merged["hist"].copy())
+    merged["hist"] = torch.from_numpy(np.asarray(merged["hist"]).copy())
     return {
         "numel": summ["numel"], "min": summ["min"], "max": summ["max"], "mean": summ["mean"],
         "std": summ["std"], "mean_abs": summ["mean_abs"], "l2": summ["l2"],
@@ -414,8 +414,9 @@ def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], met
         module = model.get_submodule(name)
         rec = LayerRecord(type(module).__name__)
         for call in range(calls_of.get(name, 0)):
-            entry = {kind: (_stats_entry(stats.rows[(name, call, kind)]) if (name, call, kind) in stats.rows else None)
-                     for kind in ("activation", "grad_output", "grad_norm")}
+            entry: CallStats = {
+                kind: (_stats_entry(stats.rows[(name, call, kind)]) if (name, call, kind) in stats.rows else None)
+                for kind in ("activation", "grad_output", "grad_norm")}
             entry["grad_input"] = None
             rec.calls.append(CallRecord(stats=entry))
         for pname, _p in module.named_parameters(recurse=False):

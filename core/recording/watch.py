@@ -229,8 +229,8 @@ class Watch:
         else:
             self._write(step, 0, loss, seconds, rows, ratios, reports)
 
-    def _write(self, step: int, rank: int, loss: float | None, seconds: float, rows: dict,
-               ratios: dict, reports: list) -> None:
+    def _write(self, step: int, rank: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
+               ratios: dict[str, float], reports: list[tuple[str, str]]) -> None:
         assert self._writer is not None
         table = [stats_row(step, layer, call, kind, rank, s, ratios.get(layer) if kind == "weight" else None)
                  for (layer, call, kind), s in rows.items()]
@@ -238,8 +238,8 @@ class Watch:
             self.reports.append((step, layer, message))
         self._writer.write_step(step, rank, loss, time.time(), seconds, table, reports)
 
-    def _write_distributed(self, step: int, loss: float | None, seconds: float, rows: dict,
-                           ratios: dict, reports: list) -> None:
+    def _write_distributed(self, step: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
+                           ratios: dict[str, float], reports: list[tuple[str, str]]) -> None:
         import torch.distributed as dist
 
         mine = {"rank": self.rank, "loss": loss, "seconds": seconds, "reports": reports,

@@ -3,9 +3,14 @@ that merge exactly across batches, steps and ranks.
 
 Modules
 -------
+record
+    ``TensorStats``: the statistics record of one tensor (a ``TypedDict``), and its keys.
 summary
     ``tensor_stats``: the summary of one tensor (moments, norms, non-finite counts,
     histogram).
+moments
+    The one formula every path ends in (``stats_from_moments``), Chan's merge, the
+    histogram's sample and range, and the torch operations' path.
 cpu
     The fused numba pass on the CPU.
 cpu_kernels
@@ -22,4 +27,5 @@ merge_kernels
     Their numba kernels.
 """
 
-__all__ = ["summary", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu", "merge_kernels"]
+__all__ = ["record", "summary", "moments", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu",
+           "merge_kernels"]

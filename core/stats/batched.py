@@ -39,6 +39,7 @@ from gradexplorer.stats.moments import (
     no_finite_stats,
     stats_from_moments,
 )
+from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.summary import tensor_stats
 
 #: Values per block (row) of the laid-out tensors.
@@ -49,7 +50,7 @@ _BATCHED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @torch.no_grad()
-def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT) -> list[dict]:
+def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT) -> list[TensorStats]:
     """``gradexplorer.stats.summary.tensor_stats`` of every tensor, computed together.
 
     Parameters
@@ -61,10 +62,10 @@ def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXA
 
     Returns
     -------
-    list of dict
-        One statistics dict per tensor, in order.
+    list of TensorStats
+        One statistics record per tensor, in order.
     """
-    out: list[dict | None] = [None] * len(tensors)
+    out: list[TensorStats | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         if t.numel() == 0:
@@ -79,7 +80,7 @@ def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXA
     return [s if s is not None else empty_stats() for s in out]
 
 
-def _together(tensors: list[torch.Tensor], hist_limit: int | None) -> list[dict]:
+def _together(tensors: list[torch.Tensor], hist_limit: int | None) -> list[TensorStats]:
     dev = tensors[0].device
     count = len(tensors)
     sizes = [t.numel() for t in tensors]

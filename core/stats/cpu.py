@@ -39,7 +39,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -51,6 +51,7 @@ from gradexplorer.stats.moments import (
     no_finite_stats,
     stats_from_moments,
 )
+from gradexplorer.stats.record import TensorStats
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,18 @@ def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
     return x.contiguous().reshape(-1).numpy(), None
 
 
-def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> Any:
+@overload
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[False] = False) -> TensorStats | None:
+    ...
+
+
+@overload
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[True]) -> tuple[TensorStats, torch.Tensor] | None:
+    ...
+
+
+def summarize(t: torch.Tensor, hist_limit: int | None,
+              copy: bool = False) -> TensorStats | tuple[TensorStats, torch.Tensor] | None:
     """``gradexplorer.stats.summary.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
     path cannot take it (then use ``gradexplorer.stats.moments.torch_stats``).
 
@@ -233,7 +245,7 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False) -> An
     return (got, dst) if copy else got
 
 
-def _stats_of(row: list, counts: Any, n: int, exact: bool) -> dict | None:
+def _stats_of(row: list, counts: Any, n: int, exact: bool) -> TensorStats | None:
     # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
     # on one-row arrays cost more than the kernel.
     m, mean, m2, sumabs, lo, hi, nonzero, nan_count, inf_count, sampled, hlo, hhi = row

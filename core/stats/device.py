@@ -38,10 +38,12 @@ import contextlib
 import logging
 import math
 import os
+from typing import Any, cast
 
 import torch
 
 from gradexplorer.stats.moments import HIST_BINS, histogram_range, histogram_sample, no_finite_stats, stats_from_moments
+from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.summary import tensor_stats
 
 log = logging.getLogger(__name__)
@@ -57,13 +59,14 @@ _ROW = 10 + HIST_BINS  # min, max, mean, m2, sumsq, sumabs, nonzero, nan, inf, s
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BIG = 3.4028234663852886e38  # float32 max: the identity of finite min and max
 
-_kernels = None  # (partials, finish) once built; False when Triton is missing or failed
+#: (partials, finish) once built; False when Triton is missing or failed.
+_kernels: tuple[Any, Any] | bool | None = None
 #: Bytes of gradients ``DeferredStats.summarize_later`` keeps before summarising them
 #: together (the memory that batching costs).
 BATCH_BYTES = 1 << 30
 
 
-def _build_kernels():
+def _build_kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
@@ -71,8 +74,11 @@ def _build_kernels():
     # overflow), each BLOCK's squared deviations taken around the BLOCK's own mean and the
     # blocks merged by Chan's formula (E[x²] - E[x]² cancels when |mean| >> std). float64
     # arithmetic on the loaded block costs nothing measurable: the kernel waits on memory.
+    # The kernels' arguments carry no type annotations: Triton reads a kernel's annotations
+    # (tl.constexpr, and type names that change how it specialises the arguments).
     @triton.jit
-    def partials(x_ptr, part_ptr, cnt_ptr, n, chunk, BLOCK: tl.constexpr, BIG: tl.constexpr):
+    def partials(x_ptr, part_ptr, cnt_ptr, n, chunk,  # type: ignore[no-untyped-def]
+                 BLOCK: tl.constexpr, BIG: tl.constexpr):
         pid = tl.program_id(0)
         start = pid.to(tl.int64) * chunk
         lanes = tl.arange(0, BLOCK)
@@ -125,7 +131,7 @@ def _build_kernels():
         tl.store(crow + 2, tl.sum(ninf, axis=0))
 
     @triton.jit
-    def finish(x_ptr, part_ptr, cnt_ptr, out_ptr, g, n_sample, offset, step,
+    def finish(x_ptr, part_ptr, cnt_ptr, out_ptr, g, n_sample, offset, step,  # type: ignore[no-untyped-def]
                BLOCK_G: tl.constexpr, SAMPLE_BLOCK: tl.constexpr, BINS: tl.constexpr, BIG: tl.constexpr):
         rows = tl.arange(0, BLOCK_G)
         rm = rows < g
@@ -202,6 +208,7 @@ def fused_available() -> bool:
 def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, bool]:
     """Start the summary of ``t`` on its device: (row of ``_ROW`` float64 values, numel,
     whether the histogram counts every element). Raises when the kernels fail."""
+    assert isinstance(_kernels, tuple), "fused_available() builds the kernels first"
     partials, finish = _kernels
     x = t.detach().reshape(-1)
     n = x.numel()
@@ -218,8 +225,8 @@ def launch(t: torch.Tensor, hist_limit: int | None) -> tuple[torch.Tensor, int, 
     return row, n, step == 1
 
 
-def stats_from_row(values: list[float], n: int, exact: bool) -> dict:
-    """The statistics dict (as ``tensor_stats`` returns it) from one kernel row."""
+def stats_from_row(values: list[float], n: int, exact: bool) -> TensorStats:
+    """The statistics record (as ``tensor_stats`` returns it) from one kernel row."""
     lo, hi, mean, m2, sumsq, sumabs, nonzero, nan, inf, sampled = values[:10]
     nan_count, inf_count = int(nan), int(inf)
     m = n - nan_count - inf_count
@@ -230,6 +237,12 @@ def stats_from_row(values: list[float], n: int, exact: bool) -> dict:
         counts = counts * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
     return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), nan_count, inf_count,
                               counts, histogram_range(lo, hi), exact and sampled == m)
+
+
+def _unfilled() -> TensorStats:
+    """A record that ``DeferredStats`` hands out now and fills later (``resolve``, ``flush``):
+    empty until then, so that whoever holds it sees the statistics once they exist."""
+    return cast(TensorStats, {})
 
 
 class DeferredStats:
@@ -255,7 +268,7 @@ class DeferredStats:
             # on a machine without a GPU).
             fused = {"0": False, "all": True}.get(os.environ.get("GRADEXPLORER_FUSED_STATS", ""))
         self.fused = fused
-        self._pending: list[tuple[dict, torch.Tensor, int, bool]] = []
+        self._pending: list[tuple[TensorStats, torch.Tensor, int, bool]] = []
         # Tensors kept for gradexplorer.stats.batched (GRADEXPLORER_BATCHED_STATS=1, not yet the
         # default: to be measured on a GPU by scripts/gpu_check.py), with their bytes. On
         # the CPU the fused numba pass per tensor is several times faster than batching
@@ -264,7 +277,7 @@ class DeferredStats:
         batched = os.environ.get("GRADEXPLORER_BATCHED_STATS", "")
         self.batched = batched in ("1", "all")
         self._batch_cpu = batched == "all"
-        self._later: list[tuple[dict, torch.Tensor]] = []
+        self._later: list[tuple[TensorStats, torch.Tensor]] = []
         self._later_bytes = 0
 
     def _use_fused(self, t: torch.Tensor) -> bool:
@@ -276,11 +289,11 @@ class DeferredStats:
             return False
         return fused_available()
 
-    def summarize(self, t: torch.Tensor, into: dict | None = None) -> dict:
-        """The statistics dict of ``t``: filled now, or by ``resolve`` for a tensor the fused
-        GPU kernels summarise. ``into``: fill that (empty) dict instead of a new one."""
+    def summarize(self, t: torch.Tensor, into: TensorStats | None = None) -> TensorStats:
+        """The statistics record of ``t``: filled now, or by ``resolve`` for a tensor the fused
+        GPU kernels summarise. ``into``: fill that (empty) record instead of a new one."""
         global _kernels
-        stats: dict = {} if into is None else into
+        stats = _unfilled() if into is None else into
         if self._use_fused(t):
             try:
                 row, n, exact = launch(t, self.hist_limit)
@@ -297,7 +310,7 @@ class DeferredStats:
         into.update(got)
         return into
 
-    def summarize_copy(self, t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    def summarize_copy(self, t: torch.Tensor) -> tuple[TensorStats, torch.Tensor | None]:
         """``summarize(t)`` and, for a CPU tensor, a copy of it written by the same pass
         (``gradexplorer.stats.cpu``): the statistics of a kept tensor cost no second read. The
         copy is ``None`` where that path does not apply: copy it yourself."""
@@ -319,14 +332,14 @@ class DeferredStats:
         """Whether ``summarize_later(t)`` keeps ``t`` for a batch (else it summarises it now)."""
         return self.batches_on(t.device)
 
-    def summarize_later(self, t: torch.Tensor) -> dict:
+    def summarize_later(self, t: torch.Tensor) -> TensorStats:
         """``summarize(t)`` for a tensor nothing will modify before the next ``flush`` (a
         gradient handed to a hook, an output known to stay as it is): with batching on,
         kept and summarised with the others by ``gradexplorer.stats.batched`` at ``flush`` or once
         they hold ``BATCH_BYTES``, in a few operations for all."""
         if not self.batches(t):
             return self.summarize(t)
-        stats: dict = {}
+        stats = _unfilled()
         self._later.append((stats, t.detach()))
         self._later_bytes += t.numel() * t.element_size()
         if self._later_bytes >= BATCH_BYTES:
@@ -354,7 +367,7 @@ class DeferredStats:
         self._later_bytes = 0
 
     def resolve(self) -> None:
-        """Fill the dicts of the fused summaries: one device-to-host copy for all."""
+        """Fill the records of the fused summaries: one device-to-host copy for all."""
         self.flush()
         if not self._pending:
             return

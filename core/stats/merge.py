@@ -45,11 +45,13 @@ import math
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
 
 from gradexplorer.stats.moments import chan_merge
+from gradexplorer.stats.record import TensorStats
 
 #: Octaves [2^k, 2^(k+1)) for k in [MAG_LOW, MAG_HIGH) have a bin of their own.
 MAG_LOW = -64
@@ -66,6 +68,79 @@ ZERO_LIMIT = 2.0 ** -126
 #: Summary keys, as in ``gradexplorer.stats.summary.tensor_stats`` where they share a name.
 SUMMARY_KEYS = ("numel", "count", "min", "max", "mean", "std", "mean_abs", "l2", "sum",
                 "zero_fraction", "nan_count", "inf_count")
+
+
+class MergeSummary(TypedDict):
+    """``MergeStats.summary``: its scalar statistics (``SUMMARY_KEYS``), under the names
+    ``TensorStats`` uses where they share one; ``count`` is the finite values, ``sum``
+    their sum."""
+
+    numel: int
+    count: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    mean_abs: float
+    l2: float
+    sum: float
+    zero_fraction: float
+    nan_count: int
+    inf_count: int
+
+
+class MergeStatsFields(TypedDict):
+    """``MergeStats.to_dict``: every field of a ``MergeStats``, in plain types (files,
+    ``all_gather_object``); ``hist`` the int64 counts of the log2 bins, an array (a tensor
+    in a dataset capture's record, ``DatasetTensorStats.merged``)."""
+
+    numel: int
+    count: int
+    nan_count: int
+    inf_count: int
+    zero_count: int
+    min: float
+    max: float
+    sum: float
+    sum_abs: float
+    mean: float
+    m2: float
+    hist: np.ndarray | torch.Tensor
+
+
+class DatasetTensorStats(TensorStats, total=False):
+    """The statistics record of a dataset capture (``gradexplorer.recording.dataset``):
+    ``TensorStats``'s keys (``overflow`` aside) from the ``MergeStats`` of every batch.
+
+    Keys
+    ----
+    hist_kind : str
+        ``"log2"``: ``hist`` counts the signed log2 bins of this module (their edges in the
+        capture's ``meta["dataset"]["hist_edges"]``), not equal-width bins over
+        ``hist_range``.
+    merged : MergeStatsFields
+        The exact merge itself (its histogram an int64 tensor).
+    """
+
+    hist_kind: str
+    merged: MergeStatsFields
+
+
+class GradientSummary(TypedDict):
+    """``GradientMoments.summary``: the gradient's signal-to-noise ratio and its parts."""
+
+    batches: int
+    mean_norm: float
+    var_sum: float
+    snr: float
+
+
+class GradientMomentsFields(TypedDict):
+    """``GradientMoments.to_dict``: the batches and the element-wise moments (CPU)."""
+
+    batches: int
+    mean: torch.Tensor | None
+    m2: torch.Tensor | None
 
 
 def _fold_map() -> torch.Tensor:
@@ -297,7 +372,7 @@ class MergeStats:
     def std(self) -> float:
         return math.sqrt(self.var) if self.count else math.nan
 
-    def summary(self) -> dict:
+    def summary(self) -> MergeSummary:
         """Scalar statistics under the names ``gradexplorer.stats.summary`` uses (``count`` = finite values;
         ``zero_fraction`` counts the zero bin, |x| < 2^-126, among all elements)."""
         m = self.count
@@ -318,7 +393,7 @@ class MergeStats:
             "inf_count": self.inf_count,
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> MergeStatsFields:
         """Plain types (and one int64 array) for files and ``all_gather_object``."""
         return {
             "numel": self.numel, "count": self.count, "nan_count": self.nan_count,
@@ -328,8 +403,8 @@ class MergeStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> MergeStats:
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, d: MergeStatsFields | dict[str, Any]) -> MergeStats:
+        """Inverse of :meth:`to_dict` (also of what a file or a collective gave back of it)."""
         values = dict(d)
         values["hist"] = np.asarray(values["hist"], dtype=np.int64)
         return cls(**values)
@@ -377,7 +452,7 @@ class GradientMoments:
             other.batches, other.mean.to(self.mean.device), other.m2.to(self.m2.device))
         return out
 
-    def summary(self) -> dict:
+    def summary(self) -> GradientSummary:
         """``batches``, ``mean_norm`` (||E[g]||), ``var_sum`` (sum of element variances,
         n - 1 denominator) and ``snr`` = ||E[g]||^2 / sum Var[g] (inf when the gradient
         never varies but is not zero, nan with fewer than two batches)."""
@@ -392,14 +467,14 @@ class GradientMoments:
             snr = math.inf if mean_sq > 0 else math.nan
         return {"batches": self.batches, "mean_norm": math.sqrt(mean_sq), "var_sum": var_sum, "snr": snr}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> GradientMomentsFields:
         """Plain types and CPU tensors, for files and collectives."""
         return {"batches": self.batches,
                 "mean": None if self.mean is None else self.mean.cpu(),
                 "m2": None if self.m2 is None else self.m2.cpu()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> GradientMoments:
+    def from_dict(cls, d: GradientMomentsFields | dict[str, Any]) -> GradientMoments:
         """Inverse of :meth:`to_dict`."""
         out = cls()
         out.batches, out.mean, out.m2 = int(d["batches"]), d["mean"], d["m2"]

@@ -17,26 +17,15 @@ from typing import Any, TypeVar
 
 import torch
 
+from gradexplorer.stats.record import SCALAR_KEYS, STAT_KEYS, TensorStats
+
+__all__ = ["HIST_BINS", "HIST_EXACT_LIMIT", "SCALAR_KEYS", "STAT_KEYS", "TensorStats", "torch_stats", "chan_merge",
+           "merge_moments", "stats_from_moments", "histogram_sample", "histogram_range", "histogram_in_float64",
+           "empty_stats", "no_finite_stats", "has_nonfinite", "fused_cpu_enabled", "Count"]
+
 HIST_BINS = 64
 #: Tensors with more elements than this get a subsampled histogram (see module docstring).
 HIST_EXACT_LIMIT = 1 << 14
-
-#: Scalar statistics, in the order they are packed on the device.
-SCALAR_KEYS = (
-    "numel",
-    "min",
-    "max",
-    "mean",
-    "std",
-    "mean_abs",
-    "l2",
-    "zero_fraction",
-    "nan_count",
-    "inf_count",
-)
-#: Every key of a statistics dict. ``overflow`` names the statistics (``std``, ``l2``)
-#: whose true value is beyond the float64 range and is shown as inf: not data Inf.
-STAT_KEYS = (*SCALAR_KEYS, "hist", "hist_range", "hist_exact", "overflow")
 
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73,
            79, 83, 89, 97, 101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163,
@@ -78,7 +67,7 @@ def fused_cpu_enabled() -> bool:
 
 
 @torch.no_grad()
-def torch_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> dict:
+def torch_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> TensorStats:
     """``tensor_stats`` by plain torch operations (any device, any dtype): the fallback of
     the fused kernels, and the path for tensors they do not take. Same parameters."""
     x = _as_real(t).reshape(-1)
@@ -159,8 +148,8 @@ def merge_moments(counts: Iterable[float], means: Iterable[float], m2s: Iterable
 
 def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sumsq: float, l1: float,
                        nonzero: int, nan_count: int, inf_count: int, hist: torch.Tensor,
-                       hist_range: tuple[float, float], exact: bool, exponent: int = 0) -> dict:
-    """The statistics dict from the moments of the finite values of ``n`` elements (of
+                       hist_range: tuple[float, float], exact: bool, exponent: int = 0) -> TensorStats:
+    """The statistics record from the moments of the finite values of ``n`` elements (of
     which there is at least one); shared by the CPU paths and the GPU kernels' rows.
 
     Parameters
@@ -252,7 +241,7 @@ def _histogram(x: torch.Tensor, lo: float, hi: float, limit: int | None,
     return counts.float().cpu(), (float(lo), float(hi)), exact
 
 
-def empty_stats() -> dict:
+def empty_stats() -> TensorStats:
     """Statistics of a tensor with no elements."""
     nan = float("nan")
     return {
@@ -262,13 +251,13 @@ def empty_stats() -> dict:
     }
 
 
-def no_finite_stats(n: int, nan_count: int, inf_count: int) -> dict:
+def no_finite_stats(n: int, nan_count: int, inf_count: int) -> TensorStats:
     """Statistics of ``n`` elements none of which is finite: counted, not summarised."""
     out = empty_stats()
-    out.update(numel=n, l2=float("nan"), nan_count=nan_count, inf_count=inf_count)
+    out.update({"numel": n, "l2": float("nan"), "nan_count": nan_count, "inf_count": inf_count})
     return out
 
 
-def has_nonfinite(stats: dict | None) -> bool:
+def has_nonfinite(stats: TensorStats | None) -> bool:
     """Whether statistics report any NaN or Inf value."""
     return stats is not None and bool(stats) and (stats["nan_count"] > 0 or stats["inf_count"] > 0)

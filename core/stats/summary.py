@@ -28,10 +28,11 @@ import torch
 
 from gradexplorer.stats import cpu as cpu_stats
 from gradexplorer.stats.moments import HIST_EXACT_LIMIT, fused_cpu_enabled, torch_stats
+from gradexplorer.stats.record import TensorStats
 
 
 @torch.no_grad()
-def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> dict:
+def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> TensorStats:
     """Summary statistics of a tensor.
 
     Parameters
@@ -45,14 +46,15 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
 
     Returns
     -------
-    dict
-        ``numel`` (int), ``min``, ``max``, ``mean``, ``std``, ``mean_abs``, ``l2``,
-        ``zero_fraction`` (floats over the finite values: NaN and Inf are counted, not
-        summarised), ``nan_count``, ``inf_count`` (ints), ``hist`` (float32 tensor of
-        ``HIST_BINS`` counts on the CPU, summing to the number of finite values),
-        ``hist_range`` (tuple of two floats: the lower edge of the first bin and the upper
-        edge of the last), ``hist_exact`` (bool), ``overflow`` (tuple of the names of
-        statistics beyond the float64 range, shown as inf; usually empty).
+    TensorStats
+        A dict (``gradexplorer.stats.record``): ``numel`` (int), ``min``, ``max``,
+        ``mean``, ``std``, ``mean_abs``, ``l2``, ``zero_fraction`` (floats over the finite
+        values: NaN and Inf are counted, not summarised), ``nan_count``, ``inf_count``
+        (ints), ``hist`` (float32 tensor of ``HIST_BINS`` counts on the CPU, summing to
+        the number of finite values), ``hist_range`` (tuple of two floats: the lower edge
+        of the first bin and the upper edge of the last), ``hist_exact`` (bool),
+        ``overflow`` (tuple of the names of statistics beyond the float64 range, shown as
+        inf; usually empty).
     """
     if t.device.type == "cpu" and fused_cpu_enabled():
         stats = cpu_stats.summarize(t, hist_exact_limit)
