@@ -43,9 +43,10 @@ package imports without Qt and without compiling the statistics kernels.
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gradexplorer.base.lazy import attach
 
 try:
     __version__ = metadata.version("gradexplorer")
@@ -53,19 +54,19 @@ except metadata.PackageNotFoundError:  # run from a checkout that was never inst
     __version__ = "0+unknown"
 
 #: Each public name and the module that defines it (with the name it has there).
-_EXPORTS: dict[str, tuple[str, str]] = {
-    "capture": ("gradexplorer.capturing.capture", "capture"),
-    "Capture": ("gradexplorer.capturing.data", "Capture"),
-    "save_capture": ("gradexplorer.files.capture_file", "save_capture"),
-    "load_capture": ("gradexplorer.files.capture_file", "load_capture"),
-    "capture_dataset": ("gradexplorer.recording.dataset", "capture_dataset"),
-    "watch": ("gradexplorer.recording.watch", "watch"),
-    "read_timeline": ("gradexplorer.recording.timeline", "read_timeline"),
-    "compare": ("gradexplorer.comparison.compare", "compare"),
-    "graph": ("gradexplorer.model_graph.graph", "extract_graph"),
-    "load_model": ("gradexplorer.models", "load_model"),
-    "GradExplorerError": ("gradexplorer.base.errors", "GradExplorerError"),
-    "explore": ("gradexplorer.app.explore", "explore"),
+_EXPORTS = {
+    "capture": "gradexplorer.capturing.capture",
+    "Capture": "gradexplorer.capturing.data",
+    "save_capture": "gradexplorer.files.capture_file",
+    "load_capture": "gradexplorer.files.capture_file",
+    "capture_dataset": "gradexplorer.recording.dataset",
+    "watch": "gradexplorer.recording.watch",
+    "read_timeline": "gradexplorer.recording.timeline",
+    "compare": "gradexplorer.comparison.compare",
+    "graph": "gradexplorer.model_graph.graph:extract_graph",
+    "load_model": "gradexplorer.models",
+    "GradExplorerError": "gradexplorer.base.errors",
+    "explore": "gradexplorer.app.explore",
 }
 
 __all__ = [
@@ -86,17 +87,4 @@ if TYPE_CHECKING:
     from gradexplorer.recording.timeline import read_timeline
     from gradexplorer.recording.watch import watch
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use (PEP 562), and keep it."""
-    try:
-        module, attribute = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'gradexplorer' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = attach(__name__, _EXPORTS)

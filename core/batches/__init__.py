@@ -8,26 +8,9 @@ the user can cause is a :class:`~gradexplorer.base.errors.BatchError` naming the
 problem and the fix.
 """
 
-from gradexplorer.batches.images import IMAGE_SUFFIXES, MAX_KEPT_IMAGE_SIDE, load_images
-from gradexplorer.batches.labels import parse_labels
-from gradexplorer.batches.random_batches import (
-    MAX_RANDOM_ELEMENTS,
-    RandomRecipe,
-    random_batch,
-    random_batch_for,
-    random_shape_for,
-    recipe_for,
-)
-from gradexplorer.batches.shape_check import check_batch_shape
-from gradexplorer.batches.sources import load_batch
-from gradexplorer.batches.tensor_files import TENSOR_SUFFIXES, load_tensor_file
-from gradexplorer.capturing.inputs import describe
-from gradexplorer.models.preprocess import (
-    DEFAULT_PREPROCESS_DESCRIPTION,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    default_preprocess,
-)
+from typing import TYPE_CHECKING
+
+from gradexplorer.base.lazy import attach
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -50,3 +33,48 @@ __all__ = [
     "load_batch",
     "describe",
 ]
+
+# Imported on first use: the image loader imports torchvision (through the models' preprocessing).
+__getattr__, __dir__ = attach(__name__, {
+    "IMAGE_SUFFIXES": "gradexplorer.batches.images",
+    "MAX_KEPT_IMAGE_SIDE": "gradexplorer.batches.images",
+    "load_images": "gradexplorer.batches.images",
+    "parse_labels": "gradexplorer.batches.labels",
+    "MAX_RANDOM_ELEMENTS": "gradexplorer.batches.random_batches",
+    "RandomRecipe": "gradexplorer.batches.random_batches",
+    "random_batch": "gradexplorer.batches.random_batches",
+    "random_batch_for": "gradexplorer.batches.random_batches",
+    "random_shape_for": "gradexplorer.batches.random_batches",
+    "recipe_for": "gradexplorer.batches.random_batches",
+    "check_batch_shape": "gradexplorer.batches.shape_check",
+    "load_batch": "gradexplorer.batches.sources",
+    "TENSOR_SUFFIXES": "gradexplorer.batches.tensor_files",
+    "load_tensor_file": "gradexplorer.batches.tensor_files",
+    "describe": "gradexplorer.capturing.inputs",
+    "DEFAULT_PREPROCESS_DESCRIPTION": "gradexplorer.models.preprocess",
+    "IMAGENET_MEAN": "gradexplorer.models.preprocess",
+    "IMAGENET_STD": "gradexplorer.models.preprocess",
+    "default_preprocess": "gradexplorer.models.preprocess",
+})
+
+if TYPE_CHECKING:
+    from gradexplorer.batches.images import IMAGE_SUFFIXES, MAX_KEPT_IMAGE_SIDE, load_images
+    from gradexplorer.batches.labels import parse_labels
+    from gradexplorer.batches.random_batches import (
+        MAX_RANDOM_ELEMENTS,
+        RandomRecipe,
+        random_batch,
+        random_batch_for,
+        random_shape_for,
+        recipe_for,
+    )
+    from gradexplorer.batches.shape_check import check_batch_shape
+    from gradexplorer.batches.sources import load_batch
+    from gradexplorer.batches.tensor_files import TENSOR_SUFFIXES, load_tensor_file
+    from gradexplorer.capturing.inputs import describe
+    from gradexplorer.models.preprocess import (
+        DEFAULT_PREPROCESS_DESCRIPTION,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        default_preprocess,
+    )

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from gradexplorer.base import devices
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
@@ -47,6 +48,7 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import DeferredStats
+from gradexplorer.stats.moments import HIST_EXACT_LIMIT
 from gradexplorer.stats.record import TensorStats
 
 MODES = ("full", "stats")
@@ -112,9 +114,7 @@ KEEP_SHARE = 0.5
 
 
 def _pinned_budget() -> int:
-    from gradexplorer.base.devices import meminfo_bytes
-
-    total = meminfo_bytes("MemTotal")
+    total = devices.meminfo_bytes("MemTotal")  # looked up at call time: tests replace it
     return int(total * PINNED_SHARE) if total else 4 << 30
 
 
@@ -155,9 +155,7 @@ class _Recorder:
         # Bytes of device memory kept tensors may still take (keep_on_device); None: none.
         self.device_left: int | None = None
         if keep_on_device and self.full and device.type != "cpu":
-            from gradexplorer.base.devices import free_memory
-
-            free = free_memory(device)
+            free = devices.free_memory(device)  # looked up at call time: tests replace it
             self.device_left = int(free * KEEP_SHARE) if free is not None else None
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
@@ -544,8 +542,6 @@ def _autocast(device: torch.device, autocast: str | None) -> AbstractContextMana
 
 def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: _CaptureSettings,
                   mutated: dict | None) -> Capture:
-    from gradexplorer.stats.moments import HIST_EXACT_LIMIT
-
     layers, target, labels, mode = settings.layers, settings.target, settings.labels, settings.mode
     input_grad, device, train, meta = settings.input_grad, settings.device, settings.train, settings.meta
     progress, cancel, expected_calls = settings.progress, settings.cancel, settings.expected_calls
@@ -563,9 +559,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
     selected = resolve_layers(model, layers)
     run_device = None
     if device is not None:
-        from gradexplorer.base.devices import resolve_device
-
-        run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+        run_device = devices.resolve_device(device) if isinstance(device, str) else torch.device(device)
     n_modules = sum(1 for _ in model.modules())
     recorder = _Recorder(
         model, selected, mode, run_device or model_device(model) or torch.device("cpu"),

@@ -40,7 +40,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from gradexplorer.analysis.gradient_flow import flow_series
+from gradexplorer.analysis.heatmaps import heatmap
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import atomic_write_text
 from gradexplorer.capturing.data import CallRecord, Capture
 from gradexplorer.stats.merge import DatasetTensorStats
 from gradexplorer.stats.record import ScalarKey, TensorStats
@@ -774,8 +777,6 @@ def save_csv(result: Comparison, path: str | os.PathLike) -> Path:
         The folder is missing or read-only, the path is a folder or socket, the disk is
         full...; an existing file is left as it was.
     """
-    from gradexplorer.base.file_write import atomic_write_text
-
     return atomic_write_text(path, csv_text(result))
 
 
@@ -835,8 +836,6 @@ def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str 
     CompareError
         When the shapes differ; ``GradExplorerError`` as ``heatmap`` does.
     """
-    from gradexplorer.analysis.heatmaps import heatmap
-
     if tuple(a_sample.shape) != tuple(b_sample.shape):
         raise CompareError(f"A's tensor has shape {_shape(a_sample.shape)} and B's {_shape(b_sample.shape)}.",
                            "Pick a layer whose shapes agree.")
@@ -887,8 +886,6 @@ def flow_comparison(a: Capture, b: Capture, metric: str = "l2", kind: str = "gra
     -------
     FlowComparison
     """
-    from gradexplorer.analysis.gradient_flow import flow_series
-
     mapping = check_mapping(mapping)
     names_a, va = flow_series(a, metric, kind)
     names_b, vb = flow_series(b, metric, kind)

@@ -16,8 +16,24 @@ The package is split by what the user points at:
   ``trust_subject``.
 """
 
-from gradexplorer.base.errors import ModelLoadError, TrustRequired
-from gradexplorer.models.loaded_model import LoadedModel
-from gradexplorer.models.loading import check_capturable, load_model, trust_subject
+from typing import TYPE_CHECKING
+
+from gradexplorer.base.lazy import attach
 
 __all__ = ["load_model", "check_capturable", "trust_subject", "LoadedModel", "ModelLoadError", "TrustRequired"]
+
+# Imported on first use: ``loading`` imports torchvision, which a module that only needs
+# ``LoadedModel`` should not pay for.
+__getattr__, __dir__ = attach(__name__, {
+    "load_model": "gradexplorer.models.loading",
+    "check_capturable": "gradexplorer.models.loading",
+    "trust_subject": "gradexplorer.models.loading",
+    "LoadedModel": "gradexplorer.models.loaded_model",
+    "ModelLoadError": "gradexplorer.base.errors",
+    "TrustRequired": "gradexplorer.base.errors",
+})
+
+if TYPE_CHECKING:
+    from gradexplorer.base.errors import ModelLoadError, TrustRequired
+    from gradexplorer.models.loaded_model import LoadedModel
+    from gradexplorer.models.loading import check_capturable, load_model, trust_subject

@@ -20,6 +20,7 @@ import torchvision
 
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.files.capture_file import FORMAT as CAPTURE_FORMAT
+from gradexplorer.models.demos import load_demo
 from gradexplorer.models.factories import describe_factory, load_factory, parse_factory
 from gradexplorer.models.files import (
     check_file,
@@ -105,10 +106,6 @@ def load_model(
         )
     if text.startswith("demo:"):
         _refuse_extras(text, weights=weights, arch=arch)
-        from gradexplorer.models.demos import (
-            load_demo,  # demos import model code this module does not need
-        )
-
         return load_demo(text)
 
     name = torchvision_name(text)

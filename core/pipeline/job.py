@@ -32,14 +32,28 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from gradexplorer.base.devices import resolve_device
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
+from gradexplorer.base.units import format_bytes
+from gradexplorer.batches import check_batch_shape, load_batch, parse_labels, random_batch_for, random_shape_for
 from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch, ModelInputs
+from gradexplorer.capturing.memory_estimate import (
+    budget_message,
+    budget_shortfall,
+    estimate_capture_memory,
+    stats_only_fits,
+)
 from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.capturing.selection import resolve_layers
+from gradexplorer.capturing.targets import output_keys, parse_target
 from gradexplorer.hooks.installed import hooks_installed
+from gradexplorer.model_graph.graph import graph_for_capture
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
+from gradexplorer.pipeline.provenance import build_meta
+from gradexplorer.stats import cpu as cpu_stats
 
 if TYPE_CHECKING:
     from gradexplorer.capturing.memory_estimate import MemoryEstimate, Shortfall
@@ -90,8 +104,6 @@ def default_batch_spec(loaded: LoadedModel, n: int = 2) -> BatchSpec | None:
     BatchSpec or None
         None when nothing tells the model's input shape (the user must give an input).
     """
-    from gradexplorer.batches import random_shape_for
-
     if loaded.spec.startswith("demo:"):
         return BatchSpec(demo=True)
     shape = random_shape_for(loaded.module, loaded.input_shape, n)
@@ -161,15 +173,11 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     """
     from contextlib import nullcontext
 
-    from gradexplorer.capturing.targets import output_keys
-
     tree = ModuleTree.build(loaded.module)
     x = None
     if sample is not None and sample.dim() > 0 and len(sample) > 0:
         x = sample[:1]
     elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
-        from gradexplorer.batches import random_batch_for
-
         # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
         # fail on an fp16 model or index an Embedding with floats.
         made = random_batch_for(loaded.module, loaded.input_shape, n=1)
@@ -297,8 +305,6 @@ class CaptureJob:
             The device does not exist here (with the ones that do).
         """
         if self._device is None:
-            from gradexplorer.base.devices import resolve_device
-
             self._device = resolve_device(self.options.device)
         return self._device
 
@@ -318,6 +324,8 @@ class CaptureJob:
         """
         if self.loaded is not None:
             return self.loaded
+        # Deferred: gradexplorer.models.loading imports torchvision (about 1.2 s), which a job
+        # pays only when it loads a model.
         from gradexplorer.models import check_capturable, load_model
 
         o = self.options
@@ -348,7 +356,11 @@ class CaptureJob:
 
         if o.model not in torchvision.models.list_models():
             return False
-        from gradexplorer.models.weights import fetch_weights, is_cached, resolve_weights
+        from gradexplorer.models.weights import (  # deferred: imports torchvision (about 1.2 s)
+            fetch_weights,
+            is_cached,
+            resolve_weights,
+        )
 
         try:
             enum = resolve_weights(o.model, o.weights)
@@ -381,8 +393,6 @@ class CaptureJob:
         """
         loaded = self.load_model()
         if self.batch is None:
-            from gradexplorer.batches import check_batch_shape, load_batch
-
             start = time.perf_counter()
             self._report(STAGE_LOAD_BATCH)
             sources = self._sources(loaded)
@@ -431,14 +441,10 @@ class CaptureJob:
 
     def _labels_for(self, batch: Batch, loaded: LoadedModel) -> torch.Tensor | None:
         if self.options.labels:
-            from gradexplorer.batches import parse_labels
-
             return parse_labels(self.options.labels, len(batch), loaded.categories)
         return batch.labels
 
     def _check_labels(self) -> None:
-        from gradexplorer.capturing.targets import parse_target
-
         if parse_target(self.options.target).kind == "cross_entropy" and self.labels is None:
             raise GradExplorerError(
                 "the cross_entropy target needs labels, and this batch has none;",
@@ -453,8 +459,6 @@ class CaptureJob:
         ------
         GradExplorerError
         """
-        from gradexplorer.capturing.targets import parse_target
-
         loaded = self.load_model()
         target = parse_target(self.options.target)
         index = target.class_index
@@ -473,8 +477,6 @@ class CaptureJob:
         GradExplorerError
             A pattern that matches no module (near names suggested).
         """
-        from gradexplorer.capturing.selection import resolve_layers
-
         return resolve_layers(self.load_model().module, self.options.layer_spec())
 
     def probe(self) -> ModuleTree | None:
@@ -530,8 +532,6 @@ class CaptureJob:
             and the ways out (statistics only, fewer layers, a smaller batch, force).
         """
         if not self._estimated:
-            from gradexplorer.capturing.memory_estimate import budget_message, budget_shortfall, estimate_capture_memory
-
             tree = self.probe()
             selected = self.selected_layers()
             if tree is not None:
@@ -547,9 +547,6 @@ class CaptureJob:
         return self.memory
 
     def _over_budget_error(self) -> OverBudget:
-        from gradexplorer.base.units import format_bytes
-        from gradexplorer.capturing.memory_estimate import stats_only_fits
-
         est, short = self.memory, self.shortfall
         assert est is not None and short is not None and self.over_budget is not None
         # The figures as the estimate line prints them (gradexplorer.base.units.format_bytes), in the
@@ -576,8 +573,6 @@ class CaptureJob:
     def metadata(self) -> dict:
         """The model, batch and option part of the capture's metadata
         (``gradexplorer.pipeline.provenance.build_meta``)."""
-        from gradexplorer.pipeline.provenance import build_meta
-
         batch = self.load_batch()
         return build_meta(self.load_model(), batch, self.labels, self.options)
 
@@ -624,8 +619,6 @@ class CaptureJob:
         """Compile the CPU statistics kernels for the dtypes this capture will summarise,
         as a stage of its own: on a fresh machine that is about 10 s per dtype, which
         otherwise looked like a forward stuck at its first call."""
-        from gradexplorer.stats import cpu as cpu_stats
-
         if self.device.type != "cpu":
             return
         values = [*inputs.args, *inputs.kwargs.values()] if isinstance(inputs, ModelInputs) else [inputs]
@@ -644,8 +637,6 @@ class CaptureJob:
         """The model graph the capture file carries (``gradexplorer.model_graph.graph``): one more forward of
         one sample, without gradients. A model whose graph cannot be found still gets its
         capture (the window then draws no graph)."""
-        from gradexplorer.model_graph.graph import graph_for_capture
-
         try:
             return graph_for_capture(model, inputs, cap).to_dict()
         except GradExplorerError:

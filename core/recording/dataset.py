@@ -27,8 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from gradexplorer.base.devices import resolve_device
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
+from gradexplorer.batches import load_batch
+from gradexplorer.batches.images import expand_image_paths
 from gradexplorer.capturing.capture import CancelFlag
 from gradexplorer.capturing.data import CallRecord, CallStats, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs
@@ -195,8 +198,6 @@ def capture_dataset(
         params = {n: p for n, p in params.items() if n in chosen}
     run_device = None
     if device is not None:
-        from gradexplorer.base.devices import resolve_device
-
         run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     stats = DatasetStats()
     recorder = LayerRecorder(model, selected, cancel=cancel)
@@ -257,8 +258,6 @@ def dataset_files(inputs: Sequence[str], max_samples: int | None = None) -> list
     GradExplorerError
         A path is missing or a folder holds no image (``gradexplorer.batches``'s messages).
     """
-    from gradexplorer.batches.images import expand_image_paths
-
     files = expand_image_paths(list(inputs))
     return files[:max_samples] if max_samples is not None else files
 
@@ -267,8 +266,6 @@ def iter_image_batches(files: Sequence[Path], batch_size: int, loaded: Any, indi
                        ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
     """Load and yield batches ``indices`` of ``files`` (``batch_size`` files each), one at a
     time: only one batch of images is in memory."""
-    from gradexplorer.batches import load_batch
-
     for b in indices:
         chunk = [str(p) for p in files[b * batch_size:(b + 1) * batch_size]]
         batch = load_batch(chunk, loaded)
@@ -323,8 +320,6 @@ class DatasetSource:
         self._files: list[Path] = []
         one = self.sources[0] if len(self.sources) == 1 else ""
         if one.lower().endswith((".pt", ".pth")) and Path(one).is_file():
-            from gradexplorer.batches import load_batch
-
             # load_batch, as for one capture: every input of a tuple or dict file (not only
             # the first), named inputs checked, float inputs in the model's dtype.
             tb = load_batch([one], loaded)

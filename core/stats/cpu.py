@@ -50,6 +50,7 @@ from gradexplorer.stats.moments import (
     histogram_sample,
     no_finite_stats,
     stats_from_moments,
+    torch_stats,
 )
 from gradexplorer.stats.record import TensorStats
 
@@ -94,7 +95,7 @@ def _build() -> dict[str, Any]:
         # workqueue layer does not spin (and is serialised by _parallel_lock).
         numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
-    from gradexplorer.stats import cpu_kernels as k
+    from gradexplorer.stats import cpu_kernels as k  # deferred: numba compiles them on import (seconds)
 
     return {"serial": k.serial, "parallel": k.parallel, "threads": numba.get_num_threads(),
             "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64)}
@@ -239,8 +240,6 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
         compile_seconds[key] = time.perf_counter() - t0
     got = _stats_of(row.tolist(), counts, n, step == 1)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
-        from gradexplorer.stats.moments import torch_stats
-
         got = torch_stats(t, hist_limit)
     return (got, dst) if copy else got
 

@@ -42,7 +42,16 @@ from typing import Any, cast
 
 import torch
 
-from gradexplorer.stats.moments import HIST_BINS, histogram_range, histogram_sample, no_finite_stats, stats_from_moments
+from gradexplorer.stats import cpu as cpu_stats
+from gradexplorer.stats.batched import batched_stats
+from gradexplorer.stats.moments import (
+    HIST_BINS,
+    fused_cpu_enabled,
+    histogram_range,
+    histogram_sample,
+    no_finite_stats,
+    stats_from_moments,
+)
 from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.summary import tensor_stats
 
@@ -315,9 +324,6 @@ class DeferredStats:
         (``gradexplorer.stats.cpu``): the statistics of a kept tensor cost no second read. The
         copy is ``None`` where that path does not apply: copy it yourself."""
         if t.device.type == "cpu" and not self._use_fused(t):
-            from gradexplorer.stats import cpu as cpu_stats
-            from gradexplorer.stats.moments import fused_cpu_enabled
-
             if fused_cpu_enabled():
                 got = cpu_stats.summarize(t, self.hist_limit, copy=True)
                 if got is not None:
@@ -348,8 +354,6 @@ class DeferredStats:
 
     def flush(self) -> None:
         """Summarise the tensors kept by ``summarize_later`` now, together, and let them go."""
-        from gradexplorer.stats.batched import batched_stats
-
         if self._later:
             try:
                 done = batched_stats([t for _s, t in self._later], self.hist_limit)

@@ -40,6 +40,7 @@ def _kernels() -> Any:
 
                     if not cpu_stats.available():  # numba, and the switch that turns kernels off
                         raise RuntimeError("numba kernels unavailable")
+                    # Deferred: importing the kernels imports numba and compiles them (seconds).
                     from gradexplorer.stats import merge_kernels as merge_stats_kernels
 
                     _state["kernels"] = merge_stats_kernels
@@ -105,7 +106,7 @@ def moments_and_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> tuple[
     got = _bits(x)
     if got is None:
         return None
-    from gradexplorer.stats.cpu_kernels import COLS
+    from gradexplorer.stats.cpu_kernels import COLS  # deferred: imports numba (the kernels are built by now)
 
     res = np.empty((1, COLS), np.float64)
     out = np.zeros(bins, np.int64)
