@@ -49,8 +49,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
-from gradexplorer.app.window.run_worker import TaskRunner
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.nonfinite import onset_location
 from gradexplorer.model_graph.graph import ModelGraph, extract_graph, first_sample
@@ -678,8 +679,6 @@ class GraphPanel(QWidget):
         if self.graph is None or self.layout is None:
             return None
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
             if not path:
                 return None

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer.app import dialogs
 from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
     FOREGROUND,
@@ -507,8 +508,6 @@ class TimelineView(QWidget):
     def export_png(self, path: str | None = None) -> str | None:
         """Save the view as it is drawn (asks for a file when ``path`` is None)."""
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export timeline as PNG", "timeline.png", "PNG images (*.png)")
             if not path:
                 return None
@@ -525,8 +524,6 @@ class TimelineView(QWidget):
         if self.timeline is None:
             return None
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export timeline as CSV", "timeline.csv", "CSV files (*.csv)")
             if not path:
                 return None

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.analysis.class_names import class_name, top_classes
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch

@@ -2,7 +2,7 @@
 
 The window owns a :class:`~gradexplorer.app.views.compare_view.CompareView` and a task runner: loading
 files and running the second capture happen in a worker thread (``gradexplorer.pipeline.compare_sources``),
-never on the GUI thread. The questions ("compare with what?") go through ``gradexplorer.app.window.dialogs``
+never on the GUI thread. The questions ("compare with what?") go through ``gradexplorer.app.dialogs``
 so that tests answer them.
 """
 
@@ -13,10 +13,11 @@ from pathlib import Path
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QTabWidget, QWidget
 
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import TaskRunner
 from gradexplorer.app.views.compare_view import CompareView
 from gradexplorer.app.views.graph_view import GraphPanel
-from gradexplorer.app.window import dialogs, error_dialog
-from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.app.window import error_dialog
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.model_graph.compare import DIVERGENCE_BY
 

@@ -18,9 +18,10 @@ from PySide6.QtWidgets import QWidget
 
 from gradexplorer.analysis.gradcam import cam_supported
 from gradexplorer.analysis.summary import input_shape_of, summarize
-from gradexplorer.app.window import dialogs, error_dialog
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import TaskRunner
+from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
-from gradexplorer.app.window.run_worker import TaskRunner
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired
 from gradexplorer.capturing.data import Capture

@@ -28,8 +28,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.window import dialogs
-from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import TaskRunner
+from gradexplorer.app.window.timeline_window import TimelineWindow
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
 
@@ -73,6 +74,16 @@ class DatasetRunDialog(QDialog):
     def values(self) -> tuple[int, int | None]:
         """``(batch_size, max_samples)``; ``None``: every sample."""
         return self.batch_spin.value(), (self.max_spin.value() or None)
+
+
+def ask_dataset_run(parent: QWidget | None, folder: str, batch_size: int) -> tuple[int, int | None] | None:
+    """Run over folder…: ``(batch_size, max_samples or None for all)``, or None when cancelled.
+
+    Looked up on this module at call time, so tests replace it with ``monkeypatch``; the
+    dialog itself is shown through :func:`gradexplorer.app.dialogs.run_modal`.
+    """
+    dialog = DatasetRunDialog(parent, folder, batch_size)
+    return dialog.values() if dialogs.run_modal(dialog) else None
 
 
 class DatasetRun(QObject):
@@ -132,7 +143,7 @@ class DatasetRun(QObject):
         if not folder:
             return None
         if batch_size is None:
-            answer = dialogs.ask_dataset_run(w, folder, DEFAULT_BATCH_SIZE)
+            answer = ask_dataset_run(w, folder, DEFAULT_BATCH_SIZE)
             if answer is None:
                 return None
             batch_size, max_samples = answer
@@ -219,8 +230,6 @@ class DatasetRun(QObject):
         """The per-batch series of the last dataset run, in a timeline window."""
         if self.result is None:
             return None
-        from gradexplorer.app.window.timeline_window import TimelineWindow
-
         window = TimelineWindow.of_capture(self.result, "dataset run", self.window)
         self.window.timeline_windows.append(window)
         window.show()

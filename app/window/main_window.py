@@ -25,10 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.views import CaptureViews
+from gradexplorer.app import dialogs
+from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.app.views.graph_view import GraphPanel, wire_graph_panel
-from gradexplorer.app.window import dialogs
 from gradexplorer.app.window.batch_panel import BatchPanel
+from gradexplorer.app.window.compare_window import compare_with
 from gradexplorer.app.window.controller import WindowController
 from gradexplorer.app.window.dataset_run import DatasetRun
 from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
@@ -36,6 +37,7 @@ from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.app.window.timeline_window import TIMELINE_FILTER, TimelineWindow
 from gradexplorer.capturing.data import Capture
 from gradexplorer.pipeline.session import Session
 from gradexplorer.pipeline.view_state import ViewState
@@ -310,8 +312,6 @@ class MainWindow(QMainWindow):
 
     def compare_with(self):
         """Compare with…: ask for B (another run or a file) and open a compare window."""
-        from gradexplorer.app.window.compare_window import compare_with
-
         self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
         return self.compare_window
 
@@ -353,8 +353,6 @@ class MainWindow(QMainWindow):
 
     def open_timeline(self, path: str | None = None):
         """Open a watch log or dataset capture in a timeline window of its own."""
-        from gradexplorer.app.window.timeline_window import TIMELINE_FILTER, TimelineWindow
-
         path = path or dialogs.ask_open_file(self, "Open timeline", TIMELINE_FILTER)
         if not path:
             return None

@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
+from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
 from gradexplorer.pipeline.session import Session
@@ -345,8 +346,6 @@ class ModelPanel(QWidget):
             return
         tree = self.session.tree
         params = tree.root.total_params if tree is not None and "" in tree.nodes else 0
-        from gradexplorer.app.window.module_tree_view import format_count
-
         weights = model.weights or "random init"
         if weights.startswith("file:"):
             weights = "file " + weights[5:].rsplit("/", 1)[-1]

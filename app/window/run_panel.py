@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer.app.run_worker import TaskRunner
+from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
@@ -421,8 +423,6 @@ class RunPanel(QWidget):
     def _start_probe(self, sample_bytes: int) -> None:
         # The session's tree was probed with another sample shape (or not at all): probe a
         # tree of our own with one sample of this batch, in a worker.
-        from gradexplorer.app.window.run_worker import TaskRunner
-
         if self._probe_runner is None:
             self._probe_runner = TaskRunner("estimate-probe", self)
             self._probe_runner.finished.connect(self._on_probe_done)
@@ -447,8 +447,6 @@ class RunPanel(QWidget):
         self.update_estimate()
 
     def _on_probe_failed(self, _gen: int, exc: BaseException) -> None:
-        from gradexplorer.app.window.error_dialog import one_line
-
         self._probed_tree = None
         self._show_estimate(None, "", f"The memory needed cannot be estimated: {one_line(exc)}")
 

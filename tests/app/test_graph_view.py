@@ -160,7 +160,7 @@ def test_log_colour_bar_follows_the_statistic(qtbot, panel):
 
 
 def test_export_svg_and_png(panel, tmp_path, monkeypatch):
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
 
     svg = panel.export(str(tmp_path / "g.svg"))
     text = (tmp_path / "g.svg").read_text()

@@ -99,7 +99,7 @@ print(json.dumps({"modules": sorted(graph.modules), "cycles": cycles}))
 """
 
 
-APP_NOT_YET = ("gradexplorer.app.",)  # TEMPORARY while app/'s cycles are taken apart
+APP_NOT_YET = ("gradexplorer.app.cli.",)  # TEMPORARY while app/'s cycles are taken apart
 
 
 def test_no_import_cycles():
