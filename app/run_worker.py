@@ -21,7 +21,10 @@ from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
 from gradexplorer.base.errors import CaptureCancelled
 
-Task = Callable[[Callable[[str, int, int], None], threading.Event], Any]
+#: ``progress(stage, done, total)``, callable from the worker thread.
+Progress = Callable[[str, int, int], None]
+#: A task: ``fn(progress, cancel)``, run in a worker thread.
+Task = Callable[[Progress, threading.Event], Any]
 
 _pool: QThreadPool | None = None
 

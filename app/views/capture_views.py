@@ -174,6 +174,7 @@ class CaptureViews(QWidget):
             widget = self.flow_view.export_widget()
         else:
             view = self.tabs.currentWidget()
+            assert isinstance(view, CaptureView)  # every tab is a view of the capture
             view.ensure_drawn()
             widget = view.export_widget() if not view.message() else view
         return write_export(png_bytes(widget), path)

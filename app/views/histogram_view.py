@@ -15,10 +15,12 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QResizeEvent, QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
-from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView, ViewContext
+from gradexplorer.capturing.data import Capture
 from gradexplorer.stats.summary import tensor_stats
 
 _SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
@@ -33,7 +35,7 @@ def edge_label(value: float) -> str:
     return f"{'-' if value < 0 else ''}2^{round(math.log2(abs(value)))}"
 
 
-def log2_edges(capture) -> np.ndarray:
+def log2_edges(capture: Capture | None) -> np.ndarray:
     """The signed log2 bins' edges of a dataset capture (its ``meta["dataset"]``, else
     ``gradexplorer.stats.merge``'s, which the capture's are)."""
     meta = getattr(capture, "meta", None) or {}
@@ -65,6 +67,9 @@ class HistogramView(CaptureView):
         self.scope_combo = QComboBox()
         for key, label in _SCOPES:
             self.scope_combo.addItem(label, key)
+        model = self.scope_combo.model()
+        assert isinstance(model, QStandardItemModel)  # a combo box's own model: its items can be disabled
+        self._scope_model = model
         self.log_check = QCheckBox("log counts")
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
@@ -107,7 +112,7 @@ class HistogramView(CaptureView):
         self.log_check.toggled.connect(self._on_log_chosen)
         self.log_check.toggled.connect(self._on_controls_changed)
 
-    def set_context(self, context) -> None:
+    def set_context(self, context: ViewContext) -> None:
         if context.capture is not self.context.capture:
             self._cache.clear()
         super().set_context(context)
@@ -158,7 +163,7 @@ class HistogramView(CaptureView):
     # -- drawing ----------------------------------------------------------------------
     def _fill_tensor_combo(self) -> None:
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
+        _cap, rec, call = ctx.selected()
         keep = self.tensor_combo.currentData() or "grad_output"
         items = [(k, TENSOR_LABELS[k]) for k in ("grad_output", "activation", "grad_input")
                  if call.stats.get(k)]
@@ -175,7 +180,7 @@ class HistogramView(CaptureView):
         sample_ok = not ctx.stats_only
         dataset = ctx.capture is not None and bool(ctx.capture.meta.get("dataset"))
         self.scope_combo.setItemText(0, "whole dataset" if dataset else _SCOPES[0][1])
-        self.scope_combo.model().item(1).setEnabled(sample_ok)
+        self._scope_model.item(1).setEnabled(sample_ok)
         if not sample_ok and self.scope_combo.currentIndex() == 1:
             self.scope_combo.blockSignals(True)
             self.scope_combo.setCurrentIndex(0)
@@ -183,7 +188,7 @@ class HistogramView(CaptureView):
 
     def _stats_for(self, key: str, scope: str) -> tuple[dict | None, str]:
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
+        _cap, rec, call = ctx.selected()
         dataset = (ctx.capture.meta.get("dataset") if ctx.capture is not None else None) or {}
         if key.startswith("param:"):
             p = key.split(":", 1)[1]
@@ -290,9 +295,9 @@ class HistogramView(CaptureView):
             f"<span style='color:{colour}'>{nonfinite}</span>{approx}"
         )
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self.note.setPos(self.plot.vb.width() - 8, 4)
 
-    def _on_controls_changed(self, *_):
+    def _on_controls_changed(self, *_: object) -> None:
         self.refresh()

@@ -30,7 +30,7 @@ COLUMNS = (
 _CSV_HEADER = ["tensor", "numel", "min", "max", "mean", "std", "mean_abs", "l2", "zero_percent", "nan", "inf"]
 
 
-def _cell(key: str, value) -> str:
+def _cell(key: str, value: float) -> str:
     if key in ("numel", "nan_count", "inf_count"):
         return f"{int(value):,}"
     if key == "zero_fraction":
@@ -125,7 +125,7 @@ class StatsTableView(CaptureView):
             self.show_message(problem)
             return
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
+        _cap, rec, call = ctx.selected()
         rows = [(TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
         rows += [(f"gradient of {p}", s) for p, s in rec.param_stats.items()]
         self._rows = rows

@@ -39,6 +39,7 @@ from gradexplorer.app.views.plot_style import (
     colormap,
     style_plot_widget,
 )
+from gradexplorer.capturing.data import Capture
 from gradexplorer.recording.timeline import Onset, Timeline, log_colour
 from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
@@ -232,10 +233,10 @@ class TimelineView(QWidget):
         self._fill_stats()
         self.status.setText(f"Loading {path} …")
 
-        def load():
+        def load() -> Capture:
             return load_capture(path)
 
-        def loaded(cap):
+        def loaded(cap: Capture) -> None:
             self._capture = cap
             self._reload()
 
@@ -288,8 +289,9 @@ class TimelineView(QWidget):
             self._submit(lambda: (timeline_from_capture(cap, kind, stat), capture_onset(cap)), self._on_full)
             return
         path = self.source
+        assert path is not None  # a log is open
 
-        def read():
+        def read() -> tuple[Timeline, Onset | None]:
             from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
 
             return read_timeline(path, kind, stat), nonfinite_onset(path)
@@ -301,13 +303,14 @@ class TimelineView(QWidget):
             return
         path, kind, stat = self.source, self.kind_combo.currentData(), self.stat_combo.currentData()
         last = int(self.timeline.steps[-1]) if self.timeline.steps.size else -1
+        assert path is not None  # a log is open
 
-        def read():
+        def read() -> tuple[Timeline, Onset | None]:
             from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
 
             return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
 
-        def got(result):
+        def got(result: tuple[Timeline, Onset | None]) -> None:
             new, onset = result
             if self.timeline is None or new.steps.size == 0:
                 return
@@ -317,7 +320,7 @@ class TimelineView(QWidget):
 
         self._submit(read, got)
 
-    def _on_full(self, result) -> None:
+    def _on_full(self, result: tuple[Timeline, Onset | None]) -> None:
         self.timeline, self.onset = result
         self._fill_layer_list()
         self._draw()
@@ -354,7 +357,7 @@ class TimelineView(QWidget):
         self.selected = [it.text() for it in self.layer_list.selectedItems()]
         self._draw_selection()
 
-    def _on_heat_click(self, event) -> None:
+    def _on_heat_click(self, event: Any) -> None:  # pyqtgraph's MouseClickEvent
         t = self.timeline
         if t is None or not t.rows:
             return
@@ -472,13 +475,14 @@ class TimelineView(QWidget):
             return
         layer, _, call = label.partition("#")
         kind, path = self.kind_combo.currentData(), self.source
+        assert path is not None  # histograms over steps come from a log
 
-        def read():
+        def read() -> tuple[np.ndarray, np.ndarray]:
             from gradexplorer.recording.timeline import layer_histograms
 
             return layer_histograms(path, layer, int(call or 0), kind)
 
-        def got(result):
+        def got(result: tuple[np.ndarray, np.ndarray]) -> None:
             steps, counts = result
             self.show_histograms(label, steps, counts)
 

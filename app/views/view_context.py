@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.heatmaps import grad_x_activation
@@ -46,6 +47,13 @@ class ViewContext:
         if rec is None or not rec.calls:
             return None
         return rec.calls[min(max(self.call, 0), len(rec.calls) - 1)]
+
+    def selected(self) -> tuple[Capture, LayerRecord, CallRecord]:
+        """The capture, layer and call shown, for a view whose ``common_problem()`` found
+        none of them missing."""
+        cap, rec, call = self.capture, self.record, self.call_record
+        assert cap is not None and rec is not None and call is not None, "checked by common_problem()"
+        return cap, rec, call
 
     @property
     def stats_only(self) -> bool:
@@ -161,11 +169,15 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 
     def refresh(self) -> None:
+        raise NotImplementedError
+
+    def export_widget(self) -> QWidget:
+        """The widget a PNG export grabs (each view names its plot)."""
         raise NotImplementedError
 
     def common_problem(self, needs_tensors: str | None = None) -> str | None:

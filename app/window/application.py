@@ -62,9 +62,9 @@ def _palette() -> QPalette:
 def setup_application(argv: list[str] | None = None) -> QApplication:
     """The QApplication with gradexplorer's look (created once; reused when it exists)."""
     pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="w", foreground="k")
-    app = QApplication.instance()
-    if app is None:
-        app = QApplication(argv if argv is not None else [sys.argv[0]])
+    existing = QApplication.instance()  # a QCoreApplication to the type checker
+    app = existing if isinstance(existing, QApplication) else QApplication(
+        argv if argv is not None else [sys.argv[0]])
     app.setApplicationName("gradexplorer")
     app.setOrganizationName("gradexplorer")
     app.setStyle("Fusion")

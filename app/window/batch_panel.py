@@ -3,9 +3,12 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QIcon, QImage, QPainter, QPixmap
+from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -28,10 +31,15 @@ from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.targets import class_dim_of
 from gradexplorer.pipeline.session import Session
 
+if TYPE_CHECKING:  # annotations only
+    from PIL import Image
+
+    from gradexplorer.models.loaded_model import LoadedModel
+
 THUMB = 64
 
 
-def pil_to_pixmap(image, size: int = THUMB) -> QPixmap:
+def pil_to_pixmap(image: Image.Image, size: int = THUMB) -> QPixmap:
     """A square thumbnail of a PIL image, letterboxed on white."""
     im = image.convert("RGB")
     im.thumbnail((size, size))
@@ -182,11 +190,14 @@ class BatchPanel(QWidget):
         shape = self.shape_edit.text().strip() or self.shape_edit.placeholderText()
         self.load_requested.emit([f"random:{shape}"])
 
+    def _load_recent(self, item: str) -> Callable[[], None]:
+        return lambda: self.load_requested.emit(item.split("\n"))
+
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
         items = self.settings.recent_inputs()
         for item in items:
-            self.recent_menu.addAction(item, lambda s=item: self.load_requested.emit(s.split("\n")))
+            self.recent_menu.addAction(item, self._load_recent(item))
         self.recent_menu.setEnabled(bool(items))
 
     def show_sample(self, index: int) -> None:
@@ -200,23 +211,23 @@ class BatchPanel(QWidget):
             self.sample_selected.emit(row)
 
     # -- drag and drop -------------------------------------------------------------------
-    def dragEnterEvent(self, event) -> None:
+    def dragEnterEvent(self, event: QDragEnterEvent | QDragMoveEvent) -> None:
         if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
             event.acceptProposedAction()
         else:
             event.ignore()
 
-    def dragMoveEvent(self, event) -> None:
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
         self.dragEnterEvent(event)
 
-    def dropEvent(self, event) -> None:
+    def dropEvent(self, event: QDropEvent) -> None:
         paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
         if paths:
             event.acceptProposedAction()
             self.load_requested.emit(paths)
 
     # -- session -> widgets ---------------------------------------------------------------
-    def _on_model_model_changed(self, model) -> None:
+    def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         if model is None:
             return
         from gradexplorer.batches.random_batches import random_shape_for
@@ -292,6 +303,7 @@ class BatchPanel(QWidget):
         meta = capture_meta(capture)
         preds = top_classes(capture.output, meta.categories, class_dim=class_dim_of(capture.meta.get("target")))
         x = capture.input
+        assert x is not None  # shown only for a capture that carries its input
         source = f" from {meta.batch_source}" if meta.batch_source else ""
         self.source_label.setText(f"<b>{len(x)} samples</b> ({'×'.join(str(d) for d in x.shape[1:])}) "
                                   f"· from the capture file{source}")

@@ -8,18 +8,29 @@ so that tests answer them.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QTabWidget, QWidget
 
 from gradexplorer.app import dialogs
-from gradexplorer.app.run_worker import TaskRunner
+from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.views.compare_view import CompareView
 from gradexplorer.app.views.graph_view import GraphPanel
 from gradexplorer.app.window import error_dialog
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.model_graph.compare import DIVERGENCE_BY
+
+if TYPE_CHECKING:  # annotations only: the comparison's modules are imported on first use (start-up time)
+    from gradexplorer.capturing.data import Capture
+    from gradexplorer.capturing.inputs import Batch
+    from gradexplorer.comparison.compare import Comparison
+    from gradexplorer.models.loaded_model import LoadedModel
+    from gradexplorer.pipeline.compare_sources import Variant
+    from gradexplorer.pipeline.options import CaptureOptions
+    from gradexplorer.pipeline.session import Session
 
 #: What "Compare with…" offers, in the order of the list.
 CHOICES = (
@@ -35,7 +46,7 @@ CHOICES = (
 )
 
 
-def ask_source(parent: QWidget | None, devices: list[str] | None = None):
+def ask_source(parent: QWidget | None, devices: list[str] | None = None) -> str | Variant | None:
     """Ask what to compare with. Returns a file path (str), a ``Variant``, or None."""
     from gradexplorer.pipeline.compare_sources import Variant
     from gradexplorer.pipeline.options import BatchSpec
@@ -106,11 +117,11 @@ class CompareWindow(QMainWindow):
         self.resize(1400, 900)
 
     # -- starting work ------------------------------------------------------------------
-    def compare_captures(self, a, b, label_a: str = "A", label_b: str = "B") -> int:
+    def compare_captures(self, a: Capture, b: Capture, label_a: str = "A", label_b: str = "B") -> int:
         """Compare two captures already in memory (off the GUI thread: it is all tensors)."""
         from gradexplorer.comparison.compare import compare
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             progress("comparing", 0, 0)
             return a, b, compare(a, b, label_a=label_a, label_b=label_b)
 
@@ -121,7 +132,7 @@ class CompareWindow(QMainWindow):
         from gradexplorer.comparison.compare import compare
         from gradexplorer.files.capture_file import load_capture
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             progress("reading A", 0, 0)
             a = load_capture(path_a)
             progress("reading B", 0, 0)
@@ -131,12 +142,12 @@ class CompareWindow(QMainWindow):
 
         return self._start(task, "reading captures")
 
-    def compare_with_file(self, reference, path: str, label_a: str = "this run") -> int:
+    def compare_with_file(self, reference: Capture, path: str, label_a: str = "this run") -> int:
         """Compare a capture in memory (A) with a capture file (B)."""
         from gradexplorer.comparison.compare import compare
         from gradexplorer.files.capture_file import load_capture
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             progress("reading B", 0, 0)
             b = load_capture(path)
             progress("comparing", 0, 0)
@@ -144,18 +155,20 @@ class CompareWindow(QMainWindow):
 
         return self._start(task, "reading capture")
 
-    def compare_variant(self, base, variant, *, reference=None, loaded=None, batch=None, lock=None) -> int:
+    def compare_variant(self, base: CaptureOptions, variant: Variant, *, reference: Capture | None = None,
+                        loaded: LoadedModel | None = None, batch: Batch | None = None,
+                        lock: threading.Lock | None = None) -> int:
         """Run B (``variant`` of the options ``base``) and compare it with A."""
         from gradexplorer.pipeline.compare_sources import compare_variant
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             runs = compare_variant(base, variant, reference=reference, loaded=loaded, batch=batch, lock=lock,
                                    progress=progress, cancel=cancel)
             return runs.a, runs.b, runs.result
 
         return self._start(task, "capturing B")
 
-    def _start(self, task, what: str) -> int:
+    def _start(self, task: Task, what: str) -> int:
         self.status_label.setText(what + "…")
         self.progress_bar.setRange(0, 0)
         self.progress_bar.show()
@@ -170,14 +183,14 @@ class CompareWindow(QMainWindow):
         else:
             self.progress_bar.setRange(0, 0)
 
-    def _on_finished(self, _gen: int, result, seconds: float) -> None:
+    def _on_finished(self, _gen: int, result: Any, seconds: float) -> None:
         a, b, comparison = result
         self.view.set_comparison(a, b, comparison)
         self.show_graph(a, b, comparison)
         self.export_action.setEnabled(True)
         self._done_status(f"compared in {seconds:.2f} s")
 
-    def show_graph(self, a, b, comparison) -> bool:
+    def show_graph(self, a: Capture, b: Capture, comparison: Comparison) -> bool:
         """Draw the graph a capture carries (A's, else B's), coloured by ``comparison``.
         Returns False (and says why in the graph tab) when neither carries one."""
         from gradexplorer.model_graph.compare import attach_comparison
@@ -222,13 +235,13 @@ class CompareWindow(QMainWindow):
             error_dialog.show_error(self, "Cannot export", exc)
             return None
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         self.runner.shutdown()
         self.graph_panel.shutdown()
         super().closeEvent(event)
 
 
-def compare_with(parent: QWidget | None, session, devices: list[str] | None = None) -> CompareWindow | None:
+def compare_with(parent: QWidget | None, session: Session, devices: list[str] | None = None) -> CompareWindow | None:
     """The "Compare with…" action of the main window: ask, then open a compare window.
 
     ``session`` is the window's ``gradexplorer.pipeline.session.Session`` after a run; A is its capture.

@@ -10,8 +10,9 @@ worker; the UI thread never runs forward, backward, ``torch.load`` or ``torch.sa
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
@@ -19,7 +20,7 @@ from PySide6.QtWidgets import QWidget
 from gradexplorer.analysis.gradcam import cam_supported
 from gradexplorer.analysis.summary import input_shape_of, summarize
 from gradexplorer.app import dialogs
-from gradexplorer.app.run_worker import TaskRunner
+from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.app.window.settings import AppSettings
@@ -54,12 +55,13 @@ class LoadedModel:
     batch_error: GradExplorerError | None
 
 
-def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
+def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str],
+                    labels: str | None = None) -> Task:
     """The worker's job for loading a model: download weights when needed (cancellable),
     load, pick a batch that fits (the given sources, else the current images, else a
     default), and probe the tree."""
 
-    def task(progress, cancel) -> LoadedModel:
+    def task(progress: Progress, cancel: threading.Event) -> LoadedModel:
         from gradexplorer.batches import load_batch
         from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
         from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
@@ -193,7 +195,7 @@ class WindowController(QObject):
 
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list)."""
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             from gradexplorer.models.weights import model_catalog
 
             return model_catalog()
@@ -289,7 +291,7 @@ class WindowController(QObject):
         model = self.session.model
         sources = [str(x) for x in sources]
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             from gradexplorer.batches import load_batch
 
             return load_batch(sources, model, labels), sources
@@ -297,7 +299,7 @@ class WindowController(QObject):
         self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
         return self.batch_runner.start(task)
 
-    def _on_batch_loaded(self, _gen: int, result, seconds: float) -> None:
+    def _on_batch_loaded(self, _gen: int, result: Any, seconds: float) -> None:
         batch, sources = result
         self.session.set_batch(batch, sources)
         if sources and sources != ["demo"] and not sources[0].startswith("random"):
@@ -412,7 +414,7 @@ class WindowController(QObject):
         if not path:
             return None
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             from gradexplorer.files.capture_file import load_capture
 
             return ("open", load_capture(path), path)
@@ -435,7 +437,7 @@ class WindowController(QObject):
         read = [options.model, options.weights, options.labels] if options is not None else []
         read += list(self.session.batch_sources)
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Any:
             from gradexplorer.base.file_write import check_output_path
             from gradexplorer.files.capture_file import save_capture
 
@@ -445,7 +447,7 @@ class WindowController(QObject):
         self.status.emit(f"Saving {path}…", 0)
         return self.file_runner.start(task)
 
-    def _on_file_done(self, _gen: int, result, seconds: float) -> None:
+    def _on_file_done(self, _gen: int, result: Any, seconds: float) -> None:
         kind, value, path = result
         if kind == "open":
             self.run_runner.cancel()

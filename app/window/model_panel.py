@@ -4,6 +4,7 @@ demos, recent models, a checkpoint file or a Python factory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -25,6 +26,10 @@ from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
 from gradexplorer.pipeline.session import Session
+
+if TYPE_CHECKING:  # torchvision's catalog is imported on first use (start-up time)
+    from gradexplorer.models.loaded_model import LoadedModel
+    from gradexplorer.models.weights import ModelInfo
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -60,7 +65,7 @@ class ModelPanel(QWidget):
         super().__init__(parent)
         self.session = session
         self.settings = settings
-        self._catalog: dict[str, object] = {}
+        self._catalog: dict[str, ModelInfo] = {}
         self._local_weights: str | None = None
 
         self.current_label = QLabel(self)
@@ -124,7 +129,7 @@ class ModelPanel(QWidget):
         self._on_model_model_changed(session.model)
 
     # -- catalog ---------------------------------------------------------------------------
-    def set_catalog(self, catalog: list) -> None:
+    def set_catalog(self, catalog: list[ModelInfo]) -> None:
         """Show the torchvision models (``gradexplorer.models.weights.model_catalog()``)."""
         self._catalog = {info.name: info for info in catalog}
         self._fill(catalog)
@@ -183,8 +188,7 @@ class ModelPanel(QWidget):
             g = group("torchvision models")
             QTreeWidgetItem(g, ["loading…", ""]).setFlags(Qt.ItemFlag.NoItemFlags)
         self.list.expandToDepth(0)
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
+        for top in self._groups():
             if top.childCount() > 20:
                 top.setExpanded(top.text(0).startswith("Classification"))
         if current:
@@ -193,11 +197,9 @@ class ModelPanel(QWidget):
 
     def _apply_search(self, text: str) -> None:
         text = text.strip().lower()
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
+        for top in self._groups():
             visible = 0
-            for j in range(top.childCount()):
-                child = top.child(j)
+            for child in _children(top):
                 show = not text or text in child.text(0).lower()
                 child.setHidden(not show)
                 visible += show
@@ -205,11 +207,14 @@ class ModelPanel(QWidget):
             if text and visible:
                 top.setExpanded(True)
 
+    def _groups(self) -> list[QTreeWidgetItem]:
+        """The list's top-level items: the groups of models."""
+        items = (self.list.topLevelItem(i) for i in range(self.list.topLevelItemCount()))
+        return [item for item in items if item is not None]
+
     def select_spec(self, spec: str) -> bool:
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
-            for j in range(top.childCount()):
-                child = top.child(j)
+        for top in self._groups():
+            for child in _children(top):
                 if child.data(0, SPEC_ROLE) == spec:
                     top.setExpanded(True)
                     self.list.setCurrentItem(child)
@@ -222,7 +227,7 @@ class ModelPanel(QWidget):
         return item.data(0, SPEC_ROLE) if item is not None else None
 
     # -- weights ----------------------------------------------------------------------------
-    def _on_current_changed(self, current, _previous) -> None:
+    def _on_current_changed(self, current: QTreeWidgetItem | None, _previous: QTreeWidgetItem | None) -> None:
         spec = current.data(0, SPEC_ROLE) if current is not None else None
         self._local_weights = None
         with QSignalBlocker(self.weights_combo):
@@ -340,7 +345,7 @@ class ModelPanel(QWidget):
             self.progress.setRange(0, 0)
             self.progress.setFormat(stage)
 
-    def _on_model_model_changed(self, model) -> None:
+    def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         if model is None:
             self.current_label.setText("<i>No model loaded</i>")
             return
@@ -355,3 +360,8 @@ class ModelPanel(QWidget):
             f"<span style='color:#6b7280'>weights: {weights} · input {shape} · {model.task}</span>")
         self.current_label.setToolTip("\n".join(model.notes) if model.notes else model.spec)
         self.select_spec(model.spec)
+
+
+def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
+    children = (item.child(j) for j in range(item.childCount()))
+    return [child for child in children if child is not None]

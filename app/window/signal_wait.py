@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # Qt is imported when a wait begins, not when a script imports this module
+    from PySide6.QtCore import SignalInstance
 
 
-def wait_for_signal(signal, start: Callable[[], object] | None = None, timeout_s: float = 600.0) -> tuple:
+def wait_for_signal(signal: SignalInstance, start: Callable[[], object] | None = None,
+                    timeout_s: float = 600.0) -> tuple[Any, ...]:
     """Run the event loop until ``signal`` fires and return its arguments.
 
     ``start`` is called after connecting, so that a signal emitted at once is not missed.
@@ -18,9 +23,9 @@ def wait_for_signal(signal, start: Callable[[], object] | None = None, timeout_s
     from PySide6.QtCore import QEventLoop, QTimer
 
     loop = QEventLoop()
-    got: list = []
+    got: list[tuple[Any, ...]] = []
 
-    def on(*args):
+    def on(*args: Any) -> None:
         got.append(args)
         loop.quit()
 

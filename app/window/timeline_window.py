@@ -12,6 +12,7 @@ from gradexplorer.app.cli.watch import is_watch_log
 from gradexplorer.app.views.timeline_view import TimelineView
 from gradexplorer.app.window.application import setup_application
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.data import Capture
 
 #: The file filter of "Open timeline…".
 TIMELINE_FILTER = "Watch logs and dataset captures (*.gxw *.pt);;All files (*)"
@@ -35,7 +36,7 @@ class TimelineWindow(QMainWindow):
             self.view.open_capture(str(p))
 
     @classmethod
-    def of_capture(cls, cap, name: str, parent: QWidget | None = None) -> TimelineWindow:
+    def of_capture(cls, cap: Capture, name: str, parent: QWidget | None = None) -> TimelineWindow:
         """A timeline window on a dataset capture in memory (no file)."""
         window = cls(None, parent)
         window.setWindowTitle(f"gradexplorer timeline: {name}")
