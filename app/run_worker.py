@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, QRunnable, QThreadPool, Signal, Slot
 
 from gradexplorer.base.errors import CaptureCancelled
 
@@ -142,8 +142,6 @@ class TaskRunner(QObject):
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no task of this runner is alive (processing queued events)."""
-        from PySide6.QtCore import QCoreApplication
-
         end = time.monotonic() + timeout_s
         while self._live and time.monotonic() < end:
             QCoreApplication.processEvents()

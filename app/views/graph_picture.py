@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import sys
 
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRectF
+from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtSvg import QSvgRenderer
+from PySide6.QtWidgets import QApplication
+
 
 def _app() -> None:
     # A QApplication, not a bare QGuiApplication: in a process that later opens widgets (the
     # window after a PNG export, a test session) a QGuiApplication instance makes every
     # QWidget abort with "Must construct a QApplication before a QWidget".
-    from PySide6.QtWidgets import QApplication
-
     if QApplication.instance() is None:
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform == "win32":
             os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -22,10 +25,6 @@ def _app() -> None:
 def svg_to_png(svg: str, scale: float = 1.5, max_side: int = 16000) -> bytes:
     """PNG bytes of an SVG document, ``scale`` pixels per SVG unit (capped at ``max_side``)."""
     _app()
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRectF
-    from PySide6.QtGui import QColor, QImage, QPainter
-    from PySide6.QtSvg import QSvgRenderer
-
     renderer = QSvgRenderer(QByteArray(svg.encode()))
     size = renderer.defaultSize()
     scale = min(scale, max_side / max(1, size.width()), max_side / max(1, size.height()))

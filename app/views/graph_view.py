@@ -60,6 +60,7 @@ from gradexplorer.app import dialogs
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import atomic_write_bytes
 from gradexplorer.capturing.nonfinite import onset_location
 from gradexplorer.model_graph.graph import GraphView, ModelGraph, extract_graph, first_sample
 from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
@@ -74,6 +75,7 @@ from gradexplorer.model_graph.render import (
     node_tooltip,
     node_value,
     text_color,
+    to_svg,
 )
 
 #: Colour of selection, search hits and ticked layers.
@@ -695,12 +697,11 @@ class GraphPanel(QWidget):
             path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
             if not path:
                 return None
-        from gradexplorer.base.file_write import atomic_write_bytes
-        from gradexplorer.model_graph.render import to_svg
 
         svg = to_svg(self.graph, self._view, self.graph_layout, self.statistic,
                      title=str(self.graph.meta.get("model", "")))
         if path.lower().endswith(".png"):
+            # Imported on first use: Qt's SVG renderer is needed only for a PNG export.
             from gradexplorer.app.views.graph_picture import svg_to_png
 
             data = svg_to_png(svg)
@@ -750,6 +751,7 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         if model is None:
             panel.set_graph(None)
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches.random_batches import random_batch_for
 
         # Every input of a several-input batch; without a batch, one sample that follows the

@@ -41,6 +41,7 @@ def log2_edges(capture: Capture | None) -> np.ndarray:
     meta = getattr(capture, "meta", None) or {}
     edges = (meta.get("dataset") or {}).get("hist_edges")
     if edges is None:
+        # Imported on first use: needed only for the log2 histograms of mergeable statistics.
         from gradexplorer.stats.merge import hist_edges
 
         return hist_edges()
@@ -253,6 +254,7 @@ class HistogramView(CaptureView):
         left.enableAutoSIPrefix(not log)
         bottom = self.plot.getAxis("bottom")
         if s.get("hist_kind") == "log2":
+            # Imported on first use: needed only for the log2 histograms of mergeable statistics.
             from gradexplorer.stats.merge import ZERO_BIN
 
             # Ticks on the bins' edges, about seven of them; the zero bin (|x| < 2^-126) is

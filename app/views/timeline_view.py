@@ -39,8 +39,20 @@ from gradexplorer.app.views.plot_style import (
     colormap,
     style_plot_widget,
 )
+from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
-from gradexplorer.recording.timeline import Onset, Timeline, log_colour
+from gradexplorer.files.capture_file import load_capture
+from gradexplorer.recording.timeline import (
+    Onset,
+    Timeline,
+    capture_onset,
+    layer_histograms,
+    log_colour,
+    nonfinite_onset,
+    read_timeline,
+    timeline_csv,
+    timeline_from_capture,
+)
 from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
 KIND_LABELS = {
@@ -226,8 +238,6 @@ class TimelineView(QWidget):
 
     def open_capture(self, path: str) -> None:
         """Show a dataset capture's per-batch series (loaded in the worker)."""
-        from gradexplorer.files.capture_file import load_capture
-
         self.timer.stop()
         self.source, self.source_kind = os.fspath(path), "capture"
         self._fill_stats()
@@ -281,8 +291,6 @@ class TimelineView(QWidget):
         kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
         self.timeline = None
         if self.source_kind == "capture":
-            from gradexplorer.recording.timeline import capture_onset, timeline_from_capture
-
             cap = self._capture
             if cap is None:
                 return
@@ -292,8 +300,6 @@ class TimelineView(QWidget):
         assert path is not None  # a log is open
 
         def read() -> tuple[Timeline, Onset | None]:
-            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
-
             return read_timeline(path, kind, stat), nonfinite_onset(path)
 
         self._submit(read, self._on_full)
@@ -306,8 +312,6 @@ class TimelineView(QWidget):
         assert path is not None  # a log is open
 
         def read() -> tuple[Timeline, Onset | None]:
-            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
-
             return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
 
         def got(result: tuple[Timeline, Onset | None]) -> None:
@@ -478,8 +482,6 @@ class TimelineView(QWidget):
         assert path is not None  # histograms over steps come from a log
 
         def read() -> tuple[np.ndarray, np.ndarray]:
-            from gradexplorer.recording.timeline import layer_histograms
-
             return layer_histograms(path, layer, int(call or 0), kind)
 
         def got(result: tuple[np.ndarray, np.ndarray]) -> None:
@@ -522,9 +524,6 @@ class TimelineView(QWidget):
 
     def export_csv(self, path: str | None = None) -> str | None:
         """Save the matrix shown, layers × steps, with the loss (asks when ``path`` is None)."""
-        from gradexplorer.base.errors import GradExplorerError
-        from gradexplorer.recording.timeline import timeline_csv
-
         if self.timeline is None:
             return None
         if path is None:

@@ -18,6 +18,7 @@ from gradexplorer.analysis.heatmaps import grad_x_activation
 from gradexplorer.analysis.summary import input_shape_of
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import Batch
+from gradexplorer.files.meta import capture_meta
 from gradexplorer.pipeline.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
@@ -84,7 +85,6 @@ class ViewContext:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
         if self.capture is not None:  # a capture opened from a file names its samples
-            from gradexplorer.files.meta import capture_meta
 
             return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"

@@ -4,9 +4,9 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
+from PIL import Image
 from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
@@ -29,12 +29,9 @@ from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.targets import class_dim_of
+from gradexplorer.files.meta import capture_meta
+from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.session import Session
-
-if TYPE_CHECKING:  # annotations only
-    from PIL import Image
-
-    from gradexplorer.models.loaded_model import LoadedModel
 
 THUMB = 64
 
@@ -230,6 +227,7 @@ class BatchPanel(QWidget):
     def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         if model is None:
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches.random_batches import random_shape_for
 
         # The shape a bare "Random" makes: the model's input shape, else what its first layer
@@ -244,6 +242,7 @@ class BatchPanel(QWidget):
             self.source_label.setText("<i>No input batch.</i> Drop images here, or use the buttons above.")
             self.preprocess_label.setText("")
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches import describe
 
         sample = "×".join(str(d) for d in batch.tensor.shape[1:])
@@ -297,8 +296,6 @@ class BatchPanel(QWidget):
 
     def _show_capture_inputs(self, capture: Capture) -> None:
         """A capture opened from a file, without its batch: show its input tensor."""
-        from gradexplorer.files.meta import capture_meta
-
         self.list.clear()
         meta = capture_meta(capture)
         preds = top_classes(capture.output, meta.categories, class_dim=class_dim_of(capture.meta.get("target")))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import (
@@ -37,10 +37,13 @@ from gradexplorer.app.window.controller import WindowController
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import BatchSpec
 from gradexplorer.pipeline.session import Session
 
 if TYPE_CHECKING:  # annotations only (imported on first use)
     from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer.recording.dataset import DatasetStats
 
 
 class RunHost(Protocol):
@@ -171,8 +174,6 @@ class DatasetRun(QObject):
             batch_size, max_samples = answer
         try:
             w.run_panel.apply_target()
-            from gradexplorer.pipeline.options import BatchSpec
-
             options = dataclasses.replace(s.capture_options(force=True), batch=BatchSpec(inputs=(str(folder),)),
                                           mode="stats", train=False, input_grad=False)
         except GradExplorerError as exc:
@@ -181,8 +182,8 @@ class DatasetRun(QObject):
         loaded, lock = s.model, s.run_lock
         size, most = int(batch_size), max_samples
 
-        def task(progress: Progress, cancel: threading.Event) -> Any:
-            from gradexplorer.pipeline.job import CaptureJob
+        def task(progress: Progress, cancel: threading.Event) -> tuple[Capture, DatasetStats]:
+            # Imported on first use: a dataset run is not needed to start the window.
             from gradexplorer.recording.dataset import run_dataset_job
 
             job = CaptureJob(options, progress, cancel, loaded=loaded, lock=lock)
@@ -211,6 +212,7 @@ class DatasetRun(QObject):
             self.runner.cancel()
 
     def _on_progress(self, _gen: int, _stage: str, done: int, total: int) -> None:
+        # Imported on first use: a dataset run is not needed to start the window.
         from gradexplorer.recording.dataset import eta_text
 
         self.window.run_panel.show_progress(done, total, eta_text(done, total, self._started))
@@ -220,7 +222,7 @@ class DatasetRun(QObject):
         if not self.window.controller.run_runner.is_busy():
             self.window.run_panel.set_running(False, message)
 
-    def _on_finished(self, _gen: int, result: Any, seconds: float) -> None:
+    def _on_finished(self, _gen: int, result: tuple[Capture, DatasetStats], seconds: float) -> None:
         cap, stats = result
         s = self.window.session
         if s.generation != self._generation:

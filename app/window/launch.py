@@ -37,6 +37,7 @@ def launch(options: CaptureOptions | None = None, run: bool = False, screenshot:
         ``options`` and ``run`` are then ignored.
     """
     if options is None and capture is None:
+        # Imported on first use: the demos are not needed when options name a model.
         from gradexplorer.models.demos import WINDOW_DEMO
 
         options, run = CaptureOptions(WINDOW_DEMO), True

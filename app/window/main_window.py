@@ -38,6 +38,7 @@ from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.pipeline.session import Session
@@ -67,8 +68,6 @@ class MainWindow(QMainWindow):
         self.session = session or Session()
         self.settings = settings or AppSettings()
         if devices is None:
-            from gradexplorer.base.devices import list_devices
-
             devices = list_devices()
         self.devices = devices
         self.view_state = ViewState()

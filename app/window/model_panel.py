@@ -4,7 +4,6 @@ demos, recent models, a checkpoint file or a Python factory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -25,11 +24,10 @@ from gradexplorer.app import dialogs
 from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
+from gradexplorer.models import trust_subject
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.weights import ModelInfo
 from gradexplorer.pipeline.session import Session
-
-if TYPE_CHECKING:  # torchvision's catalog is imported on first use (start-up time)
-    from gradexplorer.models.loaded_model import LoadedModel
-    from gradexplorer.models.weights import ModelInfo
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -135,6 +133,7 @@ class ModelPanel(QWidget):
         self._fill(catalog)
 
     def _fill(self, catalog: list) -> None:
+        # Imported on first use: the demos are not needed to start the window.
         from gradexplorer.models.demos import list_demos
 
         current = self.selected_spec()
@@ -313,7 +312,6 @@ class ModelPanel(QWidget):
         text = dialogs.ask_text(self, "Python factory", "package.module:function or path/to/file.py:function")
         if not text:
             return
-        from gradexplorer.models import trust_subject
 
         if not dialogs.confirm_trust(self, trust_subject(text),
                                      "gradexplorer will import this module and call the function."):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, QTimer, Signal
@@ -27,13 +26,17 @@ from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.capturing.memory_estimate import (
+    MemoryEstimate,
+    budget_message,
+    budget_shortfall,
+    estimate_capture_memory,
+    stats_only_fits,
+)
 from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.targets import CLASS_KINDS, Target, parse_target
+from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.session import Session
-
-if TYPE_CHECKING:  # annotations only
-    from gradexplorer.models.loaded_model import LoadedModel
 
 TARGETS = (
     ("top1", "Top-1 logit (predicted class)"),
@@ -246,6 +249,7 @@ class RunPanel(QWidget):
         elif text.lstrip("-").isdigit():
             index = int(text)
         else:
+            # Imported on first use: reading inputs is not needed to start the window.
             from gradexplorer.batches import parse_labels
 
             index = int(parse_labels(text, 1, self.session.categories)[0])
@@ -462,8 +466,6 @@ class RunPanel(QWidget):
     def compute_estimate(self) -> MemoryEstimate | None:
         """The estimate for the session's current settings, when a fitting probed tree is
         at hand (starts a probe in a worker otherwise and returns None)."""
-        from gradexplorer.capturing.memory_estimate import estimate_capture_memory
-
         s = self.session
         if s.model is None or s.batch is None or not s.selection or s.tree is None:
             return None
@@ -485,8 +487,6 @@ class RunPanel(QWidget):
 
     def update_estimate(self) -> MemoryEstimate | None:
         """Recompute the estimate and the budget warning now (also the debounced slot)."""
-        from gradexplorer.capturing.memory_estimate import budget_message, budget_shortfall, stats_only_fits
-
         self._estimate_timer.stop()
         try:
             estimate = self.compute_estimate()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # Qt is imported when a wait begins, not when a script imports this module
-    from PySide6.QtCore import SignalInstance
+from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 
 
 def wait_for_signal(signal: SignalInstance, start: Callable[[], object] | None = None,
@@ -20,8 +19,6 @@ def wait_for_signal(signal: SignalInstance, start: Callable[[], object] | None =
     TimeoutError
         When the signal does not fire within ``timeout_s``.
     """
-    from PySide6.QtCore import QEventLoop, QTimer
-
     loop = QEventLoop()
     got: list[tuple[Any, ...]] = []
 
