@@ -85,7 +85,6 @@ class ViewContext:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
         if self.capture is not None:  # a capture opened from a file names its samples
-
             return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
