@@ -42,17 +42,10 @@ from gradexplorer.app.views.plot_style import (
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
 from gradexplorer.files.capture_file import load_capture
-from gradexplorer.recording.timeline import (
-    Onset,
-    Timeline,
-    capture_onset,
-    layer_histograms,
-    log_colour,
-    nonfinite_onset,
-    read_timeline,
-    timeline_csv,
-    timeline_from_capture,
-)
+
+# The readers are looked up on the module when a worker calls them (tests replace them).
+from gradexplorer.recording import timeline as timelines
+from gradexplorer.recording.timeline import Onset, Timeline, log_colour
 from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
 KIND_LABELS = {
@@ -294,13 +287,14 @@ class TimelineView(QWidget):
             cap = self._capture
             if cap is None:
                 return
-            self._submit(lambda: (timeline_from_capture(cap, kind, stat), capture_onset(cap)), self._on_full)
+            self._submit(lambda: (timelines.timeline_from_capture(cap, kind, stat), timelines.capture_onset(cap)),
+                         self._on_full)
             return
         path = self.source
         assert path is not None  # a log is open
 
         def read() -> tuple[Timeline, Onset | None]:
-            return read_timeline(path, kind, stat), nonfinite_onset(path)
+            return timelines.read_timeline(path, kind, stat), timelines.nonfinite_onset(path)
 
         self._submit(read, self._on_full)
 
@@ -312,7 +306,7 @@ class TimelineView(QWidget):
         assert path is not None  # a log is open
 
         def read() -> tuple[Timeline, Onset | None]:
-            return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
+            return timelines.read_timeline(path, kind, stat, since_step=last), timelines.nonfinite_onset(path)
 
         def got(result: tuple[Timeline, Onset | None]) -> None:
             new, onset = result
@@ -482,7 +476,7 @@ class TimelineView(QWidget):
         assert path is not None  # histograms over steps come from a log
 
         def read() -> tuple[np.ndarray, np.ndarray]:
-            return layer_histograms(path, layer, int(call or 0), kind)
+            return timelines.layer_histograms(path, layer, int(call or 0), kind)
 
         def got(result: tuple[np.ndarray, np.ndarray]) -> None:
             steps, counts = result
@@ -531,7 +525,7 @@ class TimelineView(QWidget):
             if not path:
                 return None
         try:
-            timeline_csv(self.timeline, path)
+            timelines.timeline_csv(self.timeline, path)
         except GradExplorerError as exc:
             self.status.setText(f"{exc.problem} {exc.fix}")
             return None
