@@ -88,7 +88,7 @@ def _app():
 
 
 def _window():
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
     from gradexplorer.app.window.main_window import MainWindow
     from gradexplorer.base.devices import DeviceInfo
 

@@ -504,7 +504,8 @@ def test_a_batch_the_model_cannot_take_is_refused_in_words(key, source, needles,
 
 @pytest.mark.parametrize("key", ["bf16", "lstm"])
 def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
-    from gradexplorer.app.window import dialogs, error_dialog
+    from gradexplorer.app import dialogs
+    from gradexplorer.app.window import dataset_run, error_dialog
     from gradexplorer.app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
@@ -512,7 +513,7 @@ def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
     errors = []
     monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: errors.append(exc))
     monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(pictures))
-    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (2, None))
+    monkeypatch.setattr(dataset_run, "ask_dataset_run", lambda parent, f, b: (2, None))
     kind = KINDS[key]
     w = MainWindow(devices=CPU)
     qtbot.addWidget(w)

@@ -41,9 +41,10 @@ def register(sub: SubParsers) -> None:
 
 def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer inspect``; returns the exit status."""
-    from gradexplorer.app.cli.inspect_log import check_csv_target, cmd_inspect_log, is_watch_log  # imports numpy
+    from gradexplorer.app.cli.inspect_log import check_csv_target, cmd_inspect_log  # imports numpy
     from gradexplorer.files.capture_file import load_capture
     from gradexplorer.files.meta import capture_meta
+    from gradexplorer.recording.watch_log import is_watch_log
 
     path = Path(args.file).expanduser()
     if getattr(args, "csv", None):

@@ -12,17 +12,6 @@ from gradexplorer.app.cli.common import EXIT_OK
 from gradexplorer.app.cli.format import fmt_num, human_size, table
 from gradexplorer.base.errors import GradExplorerError
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def is_watch_log(path: Path) -> bool:
-    """Whether ``path`` is an SQLite file (a watch log, or something to refuse as one)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(16) == SQLITE_MAGIC
-    except OSError:
-        return False
-
 
 def _first_last(v: np.ndarray) -> tuple[float, float]:
     idx = np.flatnonzero(~np.isnan(v))

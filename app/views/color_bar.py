@@ -8,7 +8,7 @@ it, so the window's bar and the exported SVG's bar agree.
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QLinearGradient, QPainter, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QLinearGradient, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from gradexplorer.model_graph.render import ColorScale, range_labels
@@ -62,7 +62,7 @@ class ColorBarWidget(QWidget):
         lo, hi = range_labels(self.scale.lo, self.scale.hi)
         return lo if v == self.scale.lo else hi
 
-    def paintEvent(self, event) -> None:
+    def paintEvent(self, event: QPaintEvent) -> None:
         if self.scale is None:
             return
         painter = QPainter(self)

@@ -8,9 +8,11 @@ the flow comparison); this view only lays it out.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
+import torch
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -29,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.analysis.heatmaps import layout_of
+from gradexplorer.analysis.heatmaps import Heatmap, layout_of
 from gradexplorer.app.views.plot_style import (
     FOREGROUND,
     SELECTED_COLOUR,
@@ -341,7 +343,7 @@ class CompareView(QWidget):
         self.call_selected.emit(c.layer, c.call)
 
     # -- heatmaps ---------------------------------------------------------------------
-    def _tensors(self):
+    def _tensors(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         c = self._current
         if c is None or self.a is None or self.b is None:
             return None, None
@@ -357,7 +359,7 @@ class CompareView(QWidget):
         self.display_combo.setEnabled(spatial)
         self.channel_spin.setVisible(spatial and display == "channel")
         self.k_spin.setVisible(spatial and display == "topk")
-        if spatial:
+        if spatial and ta is not None:
             self.channel_spin.setMaximum(max(layout_of(ta.shape[1:]).channels - 1, 0))
         self.sample_spin.setMaximum(max((ta.shape[0] if ta is not None and ta.dim() else 1) - 1, 0))
 
@@ -367,7 +369,7 @@ class CompareView(QWidget):
         self.heat_stack.setCurrentWidget(self.heat_note)
         self.heat_title.setText(" ")
 
-    def _draw_heatmaps(self, *_) -> None:
+    def _draw_heatmaps(self, *_: object) -> None:
         self._update_controls()
         c = self._current
         if c is None:
@@ -400,7 +402,8 @@ class CompareView(QWidget):
         self.heat_stack.setCurrentWidget(self.heat_widget)
         lo, hi = triple.levels
         gain = self.difference_gain()
-        for image, arr in zip(self.images, (triple.a.array, triple.b.array, triple.diff.array * gain)):
+        a, b, diff = _pictures(triple)
+        for image, arr in zip(self.images, (a.array, b.array, diff.array * gain)):
             image.setImage(arr, autoLevels=False, levels=(lo, hi))
         self.plots[2].setTitle("A − B" if gain == 1 else f"(A − B) × {gain:g}")
         self.colorbar.setLevels((lo, hi))
@@ -416,21 +419,22 @@ class CompareView(QWidget):
         t = self.triple
         if t is None or not self.amplify_check.isChecked():
             return 1.0
-        d = t.diff.array[np.isfinite(t.diff.array)]
+        diff = _pictures(t)[2].array
+        d = diff[np.isfinite(diff)]
         m = float(np.abs(d).max()) if d.size else 0.0
         if m == 0:
             return 1.0
         return float(10 ** max(0, math.floor(math.log10(t.levels[1] / m))))
 
     # -- flow -------------------------------------------------------------------------
-    def _draw_flow(self, *_) -> None:
+    def _draw_flow(self, *_: object) -> None:
         if self.a is None or self.b is None:
             return
         fc = flow_comparison(self.a, self.b, "l2", self.flow_kind.currentData(), self.mapping)
         self._flow_names = fc.names
         x = np.arange(len(fc.names), dtype=float)
 
-        def logs(values):
+        def logs(values: Sequence[float] | np.ndarray) -> np.ndarray:
             v = np.asarray(values, dtype=float)
             ok = np.isfinite(v) & (v > 0)
             return np.where(ok, np.log10(np.where(ok, v, 1.0)), np.nan)
@@ -463,3 +467,10 @@ class CompareView(QWidget):
             self.marker.show()
         else:
             self.marker.hide()
+
+
+def _pictures(triple: HeatmapTriple) -> tuple[Heatmap, Heatmap, Heatmap]:
+    """A's, B's and A − B's pictures (``HeatmapTriple`` holds them as plain objects)."""
+    a, b, diff = triple.a, triple.b, triple.diff
+    assert isinstance(a, Heatmap) and isinstance(b, Heatmap) and isinstance(diff, Heatmap)
+    return a, b, diff

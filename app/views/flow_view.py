@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.gradient_flow import FLAGS, METRIC_LABELS, flow_series
@@ -133,7 +134,7 @@ class GradientFlowView(QWidget):
             spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label}")
         return "&nbsp;&nbsp;".join(spans)
 
-    def _rebuild(self, *_):
+    def _rebuild(self, *_: object) -> None:
         cap = self._capture
         if cap is None or len(cap) == 0:
             self._names, self._values = [], np.zeros(0)
@@ -202,6 +203,7 @@ class GradientFlowView(QWidget):
 
     def describe_bar(self, i: int) -> str:
         name = self._names[i]
+        assert self._capture is not None  # the bars are the capture's layers
         rec = self._capture[name]
         calls = f", {len(rec.calls)} calls" if len(rec.calls) > 1 else ""
         flags = self._flags.get(name, [])
@@ -210,7 +212,7 @@ class GradientFlowView(QWidget):
                 f"{self.kind_combo.currentText()} = {_fmt(self._values[i])}{flag_text}")
 
     # -- events -----------------------------------------------------------------------
-    def _on_scene_clicked(self, event) -> None:
+    def _on_scene_clicked(self, event: Any) -> None:  # pyqtgraph's MouseClickEvent
         """Map the click's x to the nearest bar and emit its layer name."""
         if event.button() != Qt.MouseButton.LeftButton:
             return
@@ -222,7 +224,7 @@ class GradientFlowView(QWidget):
         self.set_selected(name)
         self.layer_clicked.emit(name)
 
-    def _on_mouse_moved(self, pos) -> None:
+    def _on_mouse_moved(self, pos: QPointF) -> None:
         i = self.index_at_scene_pos(pos)
         if i is None:
             self.plot_widget.setToolTip("")
@@ -231,6 +233,6 @@ class GradientFlowView(QWidget):
         self.hover_label.setText(text)
         self.plot_widget.setToolTip(text)
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._set_ticks()

@@ -78,7 +78,7 @@ class GradCamView(CaptureView):
             self.show_message(problem)
             return
         ctx = self.context
-        call = ctx.call_record
+        cap, _rec, call = ctx.selected()
         shape = tuple(call.shape)
         why = cam_unavailable_reason(shape, ctx.input_shape, ctx.layer)
         if why is not None:
@@ -100,8 +100,10 @@ class GradCamView(CaptureView):
             return
         self._cam = cam[0].cpu().numpy()
         self._picture = picture
-        target = ctx.capture.meta.get("target", "")
-        grid = "×".join(map(str, cam_grid(shape, ctx.input_shape)[:2]))
+        target = cap.meta.get("target", "")
+        grid_shape = cam_grid(shape, ctx.input_shape)
+        assert grid_shape is not None  # cam_unavailable_reason found a grid
+        grid = "×".join(map(str, grid_shape[:2]))
         flat = ("<br><span style='color:#d08000'>The CAM is zero everywhere: no channel of this layer "
                 "votes for the target (all channel weights × activations are ≤ 0, or the gradient is zero)."
                 "</span>" if not np.any(self._cam > 0) else "")
@@ -114,7 +116,7 @@ class GradCamView(CaptureView):
         self.show_content()
 
     def _predicted(self, s: int) -> str:
-        cap = self.context.capture
+        cap, _rec, _call = self.context.selected()
         out = cap.output
         if out is None or out.dim() != 2 or s >= out.shape[0]:
             return ""
@@ -123,7 +125,8 @@ class GradCamView(CaptureView):
     def _picture_for(self, s: int) -> tuple[Image.Image | None, str]:
         """The picture to overlay, and where it came from, in words."""
         ctx = self.context
-        x = ctx.capture.input if ctx.capture.input is not None else (ctx.batch.tensor if ctx.batch else None)
+        cap, _rec, _call = ctx.selected()
+        x = cap.input if cap.input is not None else (ctx.batch.tensor if ctx.batch else None)
         if ctx.batch is not None and ctx.batch.images and s < len(ctx.batch.images):
             img = ctx.batch.images[s]
             # The original picture lines up with the CAM only if preprocessing did not crop

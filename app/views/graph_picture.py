@@ -6,28 +6,25 @@ from __future__ import annotations
 import os
 import sys
 
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRectF
+from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtSvg import QSvgRenderer
+from PySide6.QtWidgets import QApplication
 
-def _app():
+
+def _app() -> None:
     # A QApplication, not a bare QGuiApplication: in a process that later opens widgets (the
     # window after a PNG export, a test session) a QGuiApplication instance makes every
     # QWidget abort with "Must construct a QApplication before a QWidget".
-    from PySide6.QtWidgets import QApplication
-
-    app = QApplication.instance()
-    if app is None:
+    if QApplication.instance() is None:
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform == "win32":
             os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-        app = QApplication([sys.argv[0] if sys.argv else "gradexplorer"])
-    return app
+        QApplication([sys.argv[0] if sys.argv else "gradexplorer"])
 
 
 def svg_to_png(svg: str, scale: float = 1.5, max_side: int = 16000) -> bytes:
     """PNG bytes of an SVG document, ``scale`` pixels per SVG unit (capped at ``max_side``)."""
     _app()
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRectF
-    from PySide6.QtGui import QColor, QImage, QPainter
-    from PySide6.QtSvg import QSvgRenderer
-
     renderer = QSvgRenderer(QByteArray(svg.encode()))
     size = renderer.defaultSize()
     scale = min(scale, max_side / max(1, size.width()), max_side / max(1, size.height()))
@@ -42,6 +39,7 @@ def svg_to_png(svg: str, scale: float = 1.5, max_side: int = 16000) -> bytes:
     buf = QByteArray()
     dev = QBuffer(buf)
     dev.open(QIODevice.OpenModeFlag.WriteOnly)
-    image.save(dev, "PNG")
+    # PySide6 6.11's stubs want bytes for the format; the binding itself refuses bytes and takes str.
+    image.save(dev, "PNG")  # type: ignore[call-overload]
     dev.close()
     return bytes(buf.data())

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import (
     QAction,
     QBrush,
@@ -31,6 +32,8 @@ from PySide6.QtGui import (
     QPainterPath,
     QPen,
     QPolygonF,
+    QShowEvent,
+    QWheelEvent,
 )
 from PySide6.QtWidgets import (
     QComboBox,
@@ -38,6 +41,9 @@ from PySide6.QtWidgets import (
     QGraphicsPathItem,
     QGraphicsRectItem,
     QGraphicsScene,
+    QGraphicsSceneContextMenuEvent,
+    QGraphicsSceneHoverEvent,
+    QGraphicsSceneMouseEvent,
     QGraphicsSimpleTextItem,
     QGraphicsView,
     QHBoxLayout,
@@ -45,15 +51,18 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMenu,
     QPushButton,
+    QStyleOptionGraphicsItem,
     QVBoxLayout,
     QWidget,
 )
 
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
-from gradexplorer.app.window.run_worker import TaskRunner
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.capturing.nonfinite import onset_location
-from gradexplorer.model_graph.graph import ModelGraph, extract_graph, first_sample
+from gradexplorer.base.file_write import atomic_write_bytes
+from gradexplorer.capturing.nonfinite import NonfiniteOnset, onset_location
+from gradexplorer.model_graph.graph import GraphView, ModelGraph, extract_graph, first_sample
 from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
 from gradexplorer.model_graph.render import (
     COLOR_BY,
@@ -66,6 +75,7 @@ from gradexplorer.model_graph.render import (
     node_tooltip,
     node_value,
     text_color,
+    to_svg,
 )
 
 #: Colour of selection, search hits and ticked layers.
@@ -81,7 +91,7 @@ class GraphNodeItem(QGraphicsItem):
     def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, fill: str, label: str,
                  kind: str, container: bool):
         super().__init__()
-        self.panel = panel
+        self.owner = panel
         self.node_id = node_id
         self.rect = rect
         self.fill = QColor(fill)
@@ -102,7 +112,7 @@ class GraphNodeItem(QGraphicsItem):
         # Room for the selection and search rings, and left for the NaN/Inf onset sign.
         return self.rect.adjusted(-26, -8, 8, 8)
 
-    def paint(self, painter: QPainter, option, widget=None) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
         pen = QPen(QColor("#333333"), 2.4 if self.container else 1.0)
         if self.hit:
             painter.setPen(QPen(HIT_COLOR, 7))
@@ -139,28 +149,28 @@ class GraphNodeItem(QGraphicsItem):
         painter.setPen(self.text_pen)
         n = len(self.lines)
         for i, line in enumerate(self.lines):
-            painter.setFont(self.panel.font_main if i == 0 else self.panel.font_small)
+            painter.setFont(self.owner.font_main if i == 0 else self.owner.font_small)
             h = self.rect.height() / n
             r = QRectF(self.rect.left(), self.rect.top() + i * h, self.rect.width(), h)
             painter.drawText(r, Qt.AlignmentFlag.AlignCenter, line)
 
-    def hoverEnterEvent(self, event) -> None:
-        self.setToolTip(self.panel.tooltip(self.node_id))
+    def hoverEnterEvent(self, event: QGraphicsSceneHoverEvent) -> None:
+        self.setToolTip(self.owner.tooltip(self.node_id))
         super().hoverEnterEvent(event)
 
-    def mousePressEvent(self, event) -> None:
+    def mousePressEvent(self, event: QGraphicsSceneMouseEvent) -> None:
         if event.button() == Qt.MouseButton.LeftButton:
-            self.panel.on_node_clicked(self.node_id)
+            self.owner.on_node_clicked(self.node_id)
             event.accept()
             return
         super().mousePressEvent(event)
 
-    def mouseDoubleClickEvent(self, event) -> None:
-        self.panel.toggle(self.node_id)
+    def mouseDoubleClickEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        self.owner.toggle(self.node_id)
         event.accept()
 
-    def contextMenuEvent(self, event) -> None:
-        self.panel.node_menu(self.node_id, event.screenPos())
+    def contextMenuEvent(self, event: QGraphicsSceneContextMenuEvent) -> None:
+        self.owner.node_menu(self.node_id, event.screenPos())
         event.accept()
 
 
@@ -169,7 +179,7 @@ class GraphFrameItem(QGraphicsRectItem):
 
     def __init__(self, panel: GraphPanel, node_id: str, rect: QRectF, title: str):
         super().__init__(rect)
-        self.panel = panel
+        self.owner = panel
         self.node_id = node_id
         self.setPen(QPen(QColor("#9e9e9e"), 1.0, Qt.PenStyle.DashLine))
         self.setBrush(QBrush(QColor(0, 0, 0, 10)))
@@ -179,8 +189,8 @@ class GraphFrameItem(QGraphicsRectItem):
         text.setFont(panel.font_small)
         text.setPos(rect.left() + 4, rect.top() + 2)
 
-    def mouseDoubleClickEvent(self, event) -> None:
-        self.panel.toggle(self.node_id)
+    def mouseDoubleClickEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        self.owner.toggle(self.node_id)
         event.accept()
 
 
@@ -222,7 +232,7 @@ class GraphCanvas(QGraphicsView):
         self.setOptimizationFlag(QGraphicsView.OptimizationFlag.DontSavePainterState, True)
         self.setBackgroundBrush(QColor("white"))
 
-    def wheelEvent(self, event) -> None:
+    def wheelEvent(self, event: QWheelEvent) -> None:
         factor = 1.0015 ** event.angleDelta().y()
         self.zoom(factor)
 
@@ -271,7 +281,7 @@ class GraphPanel(QWidget):
         self.engine = engine
         self.graph: ModelGraph | None = None
         self.expanded: set[str] = set()
-        self.layout: Layout | None = None
+        self.graph_layout: Layout | None = None
         self.items: dict[str, GraphNodeItem] = {}
         self.selected: str | None = None
         self.checked_layers: set[str] = set()
@@ -282,7 +292,7 @@ class GraphPanel(QWidget):
         self._hit_index = 0
         self._anchor: tuple[str, QPointF] | None = None
         self._requested_at = 0.0
-        self._view = None
+        self._view: GraphView | None = None
         self._pending: tuple | None = None
         self.font_main = QFont()
         self.font_main.setPointSizeF(8.5)
@@ -344,7 +354,7 @@ class GraphPanel(QWidget):
         so that a capture running at the same time never sees them."""
         self.status.setText("Finding the graph (one forward)…")
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> ModelGraph:
             with lock if lock is not None else contextlib.nullcontext():
                 return extract_graph(model, inputs)
 
@@ -358,7 +368,7 @@ class GraphPanel(QWidget):
         if self.isVisible():
             self.extract(model, inputs, lock)
 
-    def showEvent(self, event) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if self._pending is not None:
             self.extract(*self._pending)
@@ -367,7 +377,7 @@ class GraphPanel(QWidget):
         """Show ``graph`` collapsed to its default depth (about 60 nodes)."""
         self.graph = graph
         self.selected = None
-        self.layout = None
+        self.graph_layout = None
         self.canvas.scene().clear()
         self.items = {}
         if graph is None:
@@ -403,7 +413,7 @@ class GraphPanel(QWidget):
             self.recolor()
         self.set_onset(getattr(capture, "nonfinite_onset", None))
 
-    def set_onset(self, onset: dict | None) -> None:
+    def set_onset(self, onset: NonfiniteOnset | None) -> None:
         """Mark the nodes where NaN/Inf began (``Capture.nonfinite_onset``), or none."""
         self.onset = {}
         for kind in ("forward", "backward"):
@@ -435,6 +445,7 @@ class GraphPanel(QWidget):
         """Show which layers are ticked for capture (a green dot)."""
         self.checked_layers = set(names)
         for nid, item in self.items.items():
+            assert self.graph is not None  # items are the drawn graph's nodes
             node = self.graph.nodes[nid]
             item.checked = node.kind == "module" and node.name in self.checked_layers
             item.update()
@@ -462,7 +473,7 @@ class GraphPanel(QWidget):
         self._requested_at = time.perf_counter()
         self.status.setText("Laying out…")
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> tuple[ModelGraph, set[str], GraphView, Layout]:
             view = graph.view(expanded)
             return graph, expanded, view, layout_view(graph, view, engine)
 
@@ -477,7 +488,7 @@ class GraphPanel(QWidget):
         self.status.setText(f"Graph: {text}")
         self.failed.emit(str(text))
 
-    def _on_layout(self, _gen: int, result, _seconds: float) -> None:
+    def _on_layout(self, _gen: int, result: tuple[ModelGraph, set[str], GraphView, Layout], _seconds: float) -> None:
         graph, expanded, view, layout = result
         if graph is not self.graph:
             return  # a graph replaced since
@@ -485,12 +496,12 @@ class GraphPanel(QWidget):
             nid, old = self._anchor
             x, y = layout.pos[nid]
             layout = layout.shifted(old.x() - x, old.y() - y)
-        self.layout = layout
+        self.graph_layout = layout
         self._view = view
         self._draw(graph, view, layout)
         self.layout_done.emit(time.perf_counter() - self._requested_at)
 
-    def _draw(self, graph: ModelGraph, view, layout: Layout) -> None:
+    def _draw(self, graph: ModelGraph, view: GraphView, layout: Layout) -> None:
         scene = self.canvas.scene()
         keep_transform = self._anchor is not None
         center = self.canvas.mapToScene(self.canvas.viewport().rect().center())
@@ -540,7 +551,7 @@ class GraphPanel(QWidget):
                             f"layout {layout.engine} {layout.seconds * 1000:.0f} ms. Double-click a box "
                             "with a double border to open it, a frame to close it.")
         if self.search.text():
-            self.find(self.search.text())
+            self.find_nodes(self.search.text())
 
     # -- colour ---------------------------------------------------------------------
     @property
@@ -557,7 +568,7 @@ class GraphPanel(QWidget):
             item.update()
         self._update_scale_label(self.graph, self._view)
 
-    def _update_scale_label(self, graph: ModelGraph, view) -> None:
+    def _update_scale_label(self, graph: ModelGraph, view: GraphView) -> None:
         stat = self.statistic
         if stat == "flags":
             self.color_bar.set_scale(None)
@@ -601,6 +612,7 @@ class GraphPanel(QWidget):
 
     def on_node_clicked(self, node_id: str) -> None:
         self._select(node_id)
+        assert self.graph is not None  # a node was clicked: a graph is drawn
         node = self.graph.nodes[node_id]
         if node.kind == "module" and node.name:
             self.layer_selected.emit(node.name, int(node.call or 0))
@@ -621,28 +633,32 @@ class GraphPanel(QWidget):
             self.relayout(anchor=node_id, anchor_to=child)
 
     def _first_visible_inside(self, node_id: str) -> str | None:
+        assert self.graph is not None
         inside = set(self.graph.descendants(node_id))
         return next((n for n in self.graph.nodes if n in inside and n in self.items), None)
 
-    def node_menu(self, node_id: str, screen_pos) -> None:
+    def node_menu(self, node_id: str, screen_pos: QPoint) -> None:
         self.build_node_menu(node_id).exec(screen_pos)
 
     def build_node_menu(self, node_id: str) -> QMenu:
         """The context menu of a node: tick/untick the layer, expand or collapse."""
-        node = self.graph.nodes[node_id]
+        assert self.graph is not None  # a node was right-clicked: a graph is drawn
+        graph = self.graph
+        node = graph.nodes[node_id]
         menu = QMenu(self)
         if node.kind == "module" and node.name:
             ticked = node.name in self.checked_layers
             act = QAction("Capture this layer", menu, checkable=True, checked=ticked)
             act.toggled.connect(lambda on, n=node.name: self.layer_check_requested.emit(n, on))
             menu.addAction(act)
-        if self.graph.is_container(node_id):
+        if graph.is_container(node_id):
             menu.addAction("Collapse" if node_id in self.expanded else "Expand", lambda: self.toggle(node_id))
-        if node.parent is not None and node.parent in self.expanded and node.parent != "m::0":
-            menu.addAction(f"Collapse {self.graph.nodes[node.parent].name}", lambda: self.toggle(node.parent))
+        parent = node.parent
+        if parent is not None and parent in self.expanded and parent != "m::0":
+            menu.addAction(f"Collapse {graph.nodes[parent].name}", lambda: self.toggle(parent))
         return menu
 
-    def find(self, text: str) -> list[str]:
+    def find_nodes(self, text: str) -> list[str]:
         """Highlight the visible nodes whose name contains ``text`` (or hold a match)."""
         for item in self.items.values():
             if item.hit:
@@ -675,20 +691,17 @@ class GraphPanel(QWidget):
     # -- export ---------------------------------------------------------------------
     def export(self, path: str | None = None) -> str | None:
         """Write the current view as SVG or PNG (by the file's suffix); asks for a path if none."""
-        if self.graph is None or self.layout is None:
+        if self.graph is None or self.graph_layout is None or self._view is None:
             return None
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export graph", "graph.svg", "SVG (*.svg);;PNG (*.png)")
             if not path:
                 return None
-        from gradexplorer.base.file_write import atomic_write_bytes
-        from gradexplorer.model_graph.render import to_svg
 
-        svg = to_svg(self.graph, self._view, self.layout, self.statistic,
+        svg = to_svg(self.graph, self._view, self.graph_layout, self.statistic,
                      title=str(self.graph.meta.get("model", "")))
         if path.lower().endswith(".png"):
+            # Imported on first use: Qt's SVG renderer is needed only for a PNG export.
             from gradexplorer.app.views.graph_picture import svg_to_png
 
             data = svg_to_png(svg)
@@ -729,15 +742,16 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
             controller.select_layer(name)  # says "not captured" when there is a capture
             tree_view.select_layer(name)
 
-    def follow_state(*_args) -> None:
+    def follow_state(*_args: object) -> None:
         if view_state.layer:
             panel.select_layer(view_state.layer, view_state.call)
 
-    def extract(*_args) -> None:
+    def extract(*_args: object) -> None:
         model, batch = session.model, session.batch
         if model is None:
             panel.set_graph(None)
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches.random_batches import random_batch_for
 
         # Every input of a several-input batch; without a batch, one sample that follows the

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QSignalBlocker, Qt
+from PySide6.QtCore import QPointF, QSignalBlocker, Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -18,7 +18,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.analysis.heatmaps import Heatmap, describe_layout, heatmap, is_signed, layout_of, symmetric_levels
+from gradexplorer.analysis.heatmaps import (
+    Heatmap,
+    Layout,
+    describe_layout,
+    heatmap,
+    is_signed,
+    layout_of,
+    symmetric_levels,
+)
 from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
 from gradexplorer.pipeline.view_state import ViewState
@@ -183,7 +191,7 @@ class HeatmapView(CaptureView):
     def _kind(self) -> str:
         return self.state.tensor if self.state.tensor in _TENSORS else _TENSORS[0]
 
-    def _sync_visibility(self, lay) -> None:
+    def _sync_visibility(self, lay: Layout | None) -> None:
         display = self.display_combo.currentData()
         spatial = lay is not None and lay.has_channels
         self.display_combo.setEnabled(spatial)
@@ -292,17 +300,18 @@ class HeatmapView(CaptureView):
                           + ("…" if len(hm.channels) > 12 else ""),
                   "reduce": f"{dict(_REDUCTIONS)[reduce]} over channels",
                   "all": "whole tensor"}[hm.display]
-        n_calls = len(ctx.record.calls)
+        _cap, rec, call_record = ctx.selected()
+        n_calls = len(rec.calls)
         call = f" · call {ctx.call + 1} of {n_calls}" if n_calls > 1 else ""
         self.layout_label.setText(
             f"<b>{ctx.layer}</b>{call} · {what} · {ctx.sample_name()} · {detail}<br>"
-            f"<span style='color:gray'>{describe_layout(ctx.call_record.shape, input_shape=ctx.input_shape)}</span>"
+            f"<span style='color:gray'>{describe_layout(call_record.shape, input_shape=ctx.input_shape)}</span>"
         )
         self.hover_label.setText(" ")
         self.show_content()
 
     # -- widgets -> state -----------------------------------------------------------------
-    def _on_controls_changed(self, *_):
+    def _on_controls_changed(self, *_: object) -> None:
         self._redraw()
 
     def _on_tensor_combo_changed(self, _index: int) -> None:
@@ -361,7 +370,7 @@ class HeatmapView(CaptureView):
         ch = f" channel {channel}" if channel is not None else ""
         return f"({r}, {c}){ch}: {_fmt(value)}"
 
-    def _on_mouse_moved(self, pos) -> None:
+    def _on_mouse_moved(self, pos: QPointF) -> None:
         if self._heatmap is None or not self.plot.vb.sceneBoundingRect().contains(pos):
             return
         p = self.image.mapFromScene(pos)

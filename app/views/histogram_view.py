@@ -11,14 +11,19 @@ the bins' edges (``2^-7``, ``-2^3``), and the counts are the exact integer ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QResizeEvent, QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
-from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView, ViewContext
+from gradexplorer.capturing.data import Capture
+from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.summary import tensor_stats
 
 _SCOPES = (("batch", "whole batch"), ("sample", "this sample"))
@@ -33,12 +38,13 @@ def edge_label(value: float) -> str:
     return f"{'-' if value < 0 else ''}2^{round(math.log2(abs(value)))}"
 
 
-def log2_edges(capture) -> np.ndarray:
+def log2_edges(capture: Capture | None) -> np.ndarray:
     """The signed log2 bins' edges of a dataset capture (its ``meta["dataset"]``, else
     ``gradexplorer.stats.merge``'s, which the capture's are)."""
     meta = getattr(capture, "meta", None) or {}
     edges = (meta.get("dataset") or {}).get("hist_edges")
     if edges is None:
+        # Imported on first use: needed only for the log2 histograms of mergeable statistics.
         from gradexplorer.stats.merge import hist_edges
 
         return hist_edges()
@@ -56,7 +62,7 @@ class HistogramView(CaptureView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._stats: dict | None = None
+        self._stats: TensorStats | None = None
         self._cache: dict = {}
 
         content = QWidget(self)
@@ -65,6 +71,9 @@ class HistogramView(CaptureView):
         self.scope_combo = QComboBox()
         for key, label in _SCOPES:
             self.scope_combo.addItem(label, key)
+        model = self.scope_combo.model()
+        assert isinstance(model, QStandardItemModel)  # a combo box's own model: its items can be disabled
+        self._scope_model = model
         self.log_check = QCheckBox("log counts")
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
@@ -107,7 +116,7 @@ class HistogramView(CaptureView):
         self.log_check.toggled.connect(self._on_log_chosen)
         self.log_check.toggled.connect(self._on_controls_changed)
 
-    def set_context(self, context) -> None:
+    def set_context(self, context: ViewContext) -> None:
         if context.capture is not self.context.capture:
             self._cache.clear()
         super().set_context(context)
@@ -124,7 +133,7 @@ class HistogramView(CaptureView):
     def set_scope(self, scope: str) -> None:
         self.scope_combo.setCurrentIndex([k for k, _ in _SCOPES].index(scope))
 
-    def current_stats(self) -> dict | None:
+    def current_stats(self) -> TensorStats | None:
         self.ensure_drawn()
         return self._stats
 
@@ -137,8 +146,9 @@ class HistogramView(CaptureView):
         edges, counts, _x = self._bars(self._stats)
         return edges, counts
 
-    def _bars(self, s: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(value edges, counts, x edges on the plot)`` of the bars to draw."""
+    def _bars(self, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(value edges, counts, x edges on the plot)`` of the bars to draw (a dataset
+        capture's records, ``DatasetTensorStats``, may hold log2 bins)."""
         if s.get("hist_kind") != "log2":
             counts = s["hist"].numpy().astype(np.float64)
             edges = np.linspace(s["hist_range"][0], s["hist_range"][1], len(counts) + 1)
@@ -158,7 +168,7 @@ class HistogramView(CaptureView):
     # -- drawing ----------------------------------------------------------------------
     def _fill_tensor_combo(self) -> None:
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
+        _cap, rec, call = ctx.selected()
         keep = self.tensor_combo.currentData() or "grad_output"
         items = [(k, TENSOR_LABELS[k]) for k in ("grad_output", "activation", "grad_input")
                  if call.stats.get(k)]
@@ -175,15 +185,15 @@ class HistogramView(CaptureView):
         sample_ok = not ctx.stats_only
         dataset = ctx.capture is not None and bool(ctx.capture.meta.get("dataset"))
         self.scope_combo.setItemText(0, "whole dataset" if dataset else _SCOPES[0][1])
-        self.scope_combo.model().item(1).setEnabled(sample_ok)
+        self._scope_model.item(1).setEnabled(sample_ok)
         if not sample_ok and self.scope_combo.currentIndex() == 1:
             self.scope_combo.blockSignals(True)
             self.scope_combo.setCurrentIndex(0)
             self.scope_combo.blockSignals(False)
 
-    def _stats_for(self, key: str, scope: str) -> tuple[dict | None, str]:
+    def _stats_for(self, key: str, scope: str) -> tuple[TensorStats | None, str]:
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
+        _cap, rec, call = ctx.selected()
         dataset = (ctx.capture.meta.get("dataset") if ctx.capture is not None else None) or {}
         if key.startswith("param:"):
             p = key.split(":", 1)[1]
@@ -233,7 +243,7 @@ class HistogramView(CaptureView):
     def _on_log_chosen(self, _checked: bool) -> None:
         self._log_chosen = True  # the default's own change is made with signals blocked
 
-    def _draw(self, s: dict, scope_text: str) -> None:
+    def _draw(self, s: TensorStats, scope_text: str) -> None:
         edges, counts, x = self._bars(s)
         if not self._log_chosen and self.log_check.isChecked() != (s.get("hist_kind") == "log2"):
             self.log_check.blockSignals(True)  # the default, not a change to redraw for
@@ -248,6 +258,7 @@ class HistogramView(CaptureView):
         left.enableAutoSIPrefix(not log)
         bottom = self.plot.getAxis("bottom")
         if s.get("hist_kind") == "log2":
+            # Imported on first use: needed only for the log2 histograms of mergeable statistics.
             from gradexplorer.stats.merge import ZERO_BIN
 
             # Ticks on the bins' edges, about seven of them; the zero bin (|x| < 2^-126) is
@@ -290,9 +301,9 @@ class HistogramView(CaptureView):
             f"<span style='color:{colour}'>{nonfinite}</span>{approx}"
         )
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self.note.setPos(self.plot.vb.width() - 8, 4)
 
-    def _on_controls_changed(self, *_):
+    def _on_controls_changed(self, *_: object) -> None:
         self.refresh()

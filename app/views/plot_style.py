@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pyqtgraph as pg
 
@@ -34,7 +35,8 @@ def style_plot_widget(widget: pg.GraphicsView) -> None:
     widget.setBackground(BACKGROUND)
 
 
-def image_plot(layout: pg.GraphicsLayout, row: int = 0, col: int = 0, title: str | None = None):
+def image_plot(layout: pg.GraphicsLayout, row: int = 0, col: int = 0,
+               title: str | None = None) -> tuple[pg.PlotItem, pg.ImageItem]:
     """A plot for pictures in ``layout``: row 0 at the top, square pixels.
 
     Returns
@@ -58,7 +60,7 @@ def image_plot(layout: pg.GraphicsLayout, row: int = 0, col: int = 0, title: str
 class IntegerAxis(pg.AxisItem):
     """An axis of counts (steps, batches): ticks only at whole numbers, never "2.5"."""
 
-    def tickSpacing(self, minVal, maxVal, size):  # pyqtgraph's names
+    def tickSpacing(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, float]]:  # pyqtgraph's names
         whole = [(spacing, offset) for spacing, offset in super().tickSpacing(minVal, maxVal, size)
                  if spacing >= 1 and float(spacing).is_integer()]
         return whole or [(1.0, 0.0)]
@@ -72,7 +74,7 @@ class Log10Axis(pg.AxisItem):
 
     log_labels = True
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # An SI prefix would rescale the exponents themselves ("x0.001").
         self.enableAutoSIPrefix(False)
@@ -82,7 +84,7 @@ class Log10Axis(pg.AxisItem):
         self.picture = None
         self.update()
 
-    def tickStrings(self, values, scale, spacing):
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
         if not self.log_labels:
             return super().tickStrings(values, scale, spacing)
         out = []

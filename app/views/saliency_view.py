@@ -12,6 +12,7 @@ from gradexplorer.analysis.heatmaps import display_image, saliency_map, symmetri
 from gradexplorer.analysis.saliency import is_sequence_input, token_saliency
 from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
 from gradexplorer.app.views.view_context import STATS_ONLY_NOTE, CaptureView
+from gradexplorer.capturing.data import Capture
 
 
 class SaliencyView(CaptureView):
@@ -69,8 +70,9 @@ class SaliencyView(CaptureView):
         if cap is None:
             self.show_message("No capture yet: choose a model and a batch, then Run (Ctrl+R).")
             return
-        if is_sequence_input(ctx.input_shape):
-            self._show_tokens()
+        shape = ctx.input_shape
+        if shape is not None and is_sequence_input(shape):
+            self._show_tokens(cap, shape)
             return
         self.token_widget.hide()
         self.plot_widget.show()
@@ -107,13 +109,13 @@ class SaliencyView(CaptureView):
         )
         self.show_content()
 
-    def _show_tokens(self) -> None:
+    def _show_tokens(self, cap: Capture, input_shape: tuple[int, ...]) -> None:
         ctx = self.context
         if ctx.stats_only:
             self.show_message(STATS_ONLY_NOTE.format(what="the saliency of each token"))
             return
-        sal = token_saliency(ctx.capture, ctx.sample)
-        x = ctx.capture.input
+        sal = token_saliency(cap, ctx.sample)
+        x = cap.input
         if sal is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point():
             self.show_message("No input gradient in this capture: enable \"input gradient\" in the run options "
                               "and run again to see how much the target depends on each input feature.")
@@ -138,7 +140,7 @@ class SaliencyView(CaptureView):
         strongest = int(np.nanargmax(sal.values)) if n and np.isfinite(sal.values).any() else None
         peak = f" · largest at {sal.unit} {strongest}" if strongest is not None else ""
         self.info_label.setText(
-            f"Saliency of each {sal.unit} of {ctx.sample_name()} for target <i>{ctx.capture.meta.get('target', '')}</i>"
-            f" · input shape ({', '.join(map(str, ctx.input_shape))}) · {sal.source}{peak}"
+            f"Saliency of each {sal.unit} of {ctx.sample_name()} for target <i>{cap.meta.get('target', '')}</i>"
+            f" · input shape ({', '.join(map(str, input_shape))}) · {sal.source}{peak}"
         )
         self.show_content()

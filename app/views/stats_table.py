@@ -6,7 +6,9 @@ import csv
 import io
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
@@ -30,7 +32,7 @@ COLUMNS = (
 _CSV_HEADER = ["tensor", "numel", "min", "max", "mean", "std", "mean_abs", "l2", "zero_percent", "nan", "inf"]
 
 
-def _cell(key: str, value) -> str:
+def _cell(key: str, value: float) -> str:
     if key in ("numel", "nan_count", "inf_count"):
         return f"{int(value):,}"
     if key == "zero_fraction":
@@ -46,7 +48,7 @@ class StatsTableView(CaptureView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._rows: list[tuple[str, dict | None]] = []
+        self._rows: list[tuple[str, Mapping[str, Any] | None]] = []
         content = QWidget(self)
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
@@ -64,7 +66,7 @@ class StatsTableView(CaptureView):
         self.set_content(content)
 
     # -- public API -------------------------------------------------------------------
-    def rows(self) -> list[tuple[str, dict | None]]:
+    def rows(self) -> list[tuple[str, Mapping[str, Any] | None]]:
         """``(label, stats)`` per row, as shown (stats None: not captured)."""
         self.ensure_drawn()
         return list(self._rows)
@@ -125,8 +127,9 @@ class StatsTableView(CaptureView):
             self.show_message(problem)
             return
         ctx = self.context
-        call, rec = ctx.call_record, ctx.record
-        rows = [(TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
+        _cap, rec, call = ctx.selected()
+        rows: list[tuple[str, Mapping[str, Any] | None]] = [
+            (TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
         rows += [(f"gradient of {p}", s) for p, s in rec.param_stats.items()]
         self._rows = rows
         self.table.setRowCount(len(rows))

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer.app import dialogs
 from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
     FOREGROUND,
@@ -38,6 +39,12 @@ from gradexplorer.app.views.plot_style import (
     colormap,
     style_plot_widget,
 )
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.data import Capture
+from gradexplorer.files.capture_file import load_capture
+
+# The readers are looked up on the module when a worker calls them (tests replace them).
+from gradexplorer.recording import timeline as timelines
 from gradexplorer.recording.timeline import Onset, Timeline, log_colour
 from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
@@ -224,17 +231,15 @@ class TimelineView(QWidget):
 
     def open_capture(self, path: str) -> None:
         """Show a dataset capture's per-batch series (loaded in the worker)."""
-        from gradexplorer.files.capture_file import load_capture
-
         self.timer.stop()
         self.source, self.source_kind = os.fspath(path), "capture"
         self._fill_stats()
         self.status.setText(f"Loading {path} …")
 
-        def load():
+        def load() -> Capture:
             return load_capture(path)
 
-        def loaded(cap):
+        def loaded(cap: Capture) -> None:
             self._capture = cap
             self._reload()
 
@@ -279,19 +284,17 @@ class TimelineView(QWidget):
         kind, stat = self.kind_combo.currentData(), self.stat_combo.currentData()
         self.timeline = None
         if self.source_kind == "capture":
-            from gradexplorer.recording.timeline import capture_onset, timeline_from_capture
-
             cap = self._capture
             if cap is None:
                 return
-            self._submit(lambda: (timeline_from_capture(cap, kind, stat), capture_onset(cap)), self._on_full)
+            self._submit(lambda: (timelines.timeline_from_capture(cap, kind, stat), timelines.capture_onset(cap)),
+                         self._on_full)
             return
         path = self.source
+        assert path is not None  # a log is open
 
-        def read():
-            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
-
-            return read_timeline(path, kind, stat), nonfinite_onset(path)
+        def read() -> tuple[Timeline, Onset | None]:
+            return timelines.read_timeline(path, kind, stat), timelines.nonfinite_onset(path)
 
         self._submit(read, self._on_full)
 
@@ -300,13 +303,12 @@ class TimelineView(QWidget):
             return
         path, kind, stat = self.source, self.kind_combo.currentData(), self.stat_combo.currentData()
         last = int(self.timeline.steps[-1]) if self.timeline.steps.size else -1
+        assert path is not None  # a log is open
 
-        def read():
-            from gradexplorer.recording.timeline import nonfinite_onset, read_timeline
+        def read() -> tuple[Timeline, Onset | None]:
+            return timelines.read_timeline(path, kind, stat, since_step=last), timelines.nonfinite_onset(path)
 
-            return read_timeline(path, kind, stat, since_step=last), nonfinite_onset(path)
-
-        def got(result):
+        def got(result: tuple[Timeline, Onset | None]) -> None:
             new, onset = result
             if self.timeline is None or new.steps.size == 0:
                 return
@@ -316,7 +318,7 @@ class TimelineView(QWidget):
 
         self._submit(read, got)
 
-    def _on_full(self, result) -> None:
+    def _on_full(self, result: tuple[Timeline, Onset | None]) -> None:
         self.timeline, self.onset = result
         self._fill_layer_list()
         self._draw()
@@ -353,7 +355,7 @@ class TimelineView(QWidget):
         self.selected = [it.text() for it in self.layer_list.selectedItems()]
         self._draw_selection()
 
-    def _on_heat_click(self, event) -> None:
+    def _on_heat_click(self, event: Any) -> None:  # pyqtgraph's MouseClickEvent
         t = self.timeline
         if t is None or not t.rows:
             return
@@ -471,13 +473,12 @@ class TimelineView(QWidget):
             return
         layer, _, call = label.partition("#")
         kind, path = self.kind_combo.currentData(), self.source
+        assert path is not None  # histograms over steps come from a log
 
-        def read():
-            from gradexplorer.recording.timeline import layer_histograms
+        def read() -> tuple[np.ndarray, np.ndarray]:
+            return timelines.layer_histograms(path, layer, int(call or 0), kind)
 
-            return layer_histograms(path, layer, int(call or 0), kind)
-
-        def got(result):
+        def got(result: tuple[np.ndarray, np.ndarray]) -> None:
             steps, counts = result
             self.show_histograms(label, steps, counts)
 
@@ -507,8 +508,6 @@ class TimelineView(QWidget):
     def export_png(self, path: str | None = None) -> str | None:
         """Save the view as it is drawn (asks for a file when ``path`` is None)."""
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export timeline as PNG", "timeline.png", "PNG images (*.png)")
             if not path:
                 return None
@@ -519,19 +518,14 @@ class TimelineView(QWidget):
 
     def export_csv(self, path: str | None = None) -> str | None:
         """Save the matrix shown, layers × steps, with the loss (asks when ``path`` is None)."""
-        from gradexplorer.base.errors import GradExplorerError
-        from gradexplorer.recording.timeline import timeline_csv
-
         if self.timeline is None:
             return None
         if path is None:
-            from gradexplorer.app.window import dialogs
-
             path = dialogs.ask_save_file(self, "Export timeline as CSV", "timeline.csv", "CSV files (*.csv)")
             if not path:
                 return None
         try:
-            timeline_csv(self.timeline, path)
+            timelines.timeline_csv(self.timeline, path)
         except GradExplorerError as exc:
             self.status.setText(f"{exc.problem} {exc.fix}")
             return None

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 import torch
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.heatmaps import grad_x_activation
 from gradexplorer.analysis.summary import input_shape_of
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import Batch
+from gradexplorer.files.meta import capture_meta
 from gradexplorer.pipeline.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
 
 #: The note views that need tensors show for statistics-only captures.
@@ -47,6 +49,13 @@ class ViewContext:
             return None
         return rec.calls[min(max(self.call, 0), len(rec.calls) - 1)]
 
+    def selected(self) -> tuple[Capture, LayerRecord, CallRecord]:
+        """The capture, layer and call shown, for a view whose ``common_problem()`` found
+        none of them missing."""
+        cap, rec, call = self.capture, self.record, self.call_record
+        assert cap is not None and rec is not None and call is not None, "checked by common_problem()"
+        return cap, rec, call
+
     @property
     def stats_only(self) -> bool:
         return self.capture is not None and self.capture.mode == "stats"
@@ -76,8 +85,6 @@ class ViewContext:
         if self.batch is not None and 0 <= self.sample < len(self.batch.names):
             return self.batch.names[self.sample]
         if self.capture is not None:  # a capture opened from a file names its samples
-            from gradexplorer.files.meta import capture_meta
-
             return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
@@ -161,11 +168,15 @@ class CaptureView(QWidget):
             self._dirty = False
             self.refresh()
 
-    def showEvent(self, event) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.ensure_drawn()
 
     def refresh(self) -> None:
+        raise NotImplementedError
+
+    def export_widget(self) -> QWidget:
+        """The widget a PNG export grabs (each view names its plot)."""
         raise NotImplementedError
 
     def common_problem(self, needs_tensors: str | None = None) -> str | None:

@@ -1,10 +1,13 @@
-"""The desktop window: the main window and its panels, dialogs, the workers that keep long work
-off the UI thread, and the settings.
+"""The desktop window: the main window and its panels, the compare and timeline windows, the
+error dialog and the settings. It asks its questions through ``gradexplorer.app.dialogs``
+and runs long work through ``gradexplorer.app.run_worker``.
 
 Modules
 -------
 launch
     Starting the app: ``launch()``, what ``gradexplorer`` without a subcommand calls.
+application
+    The QApplication with gradexplorer's look, for every window.
 main_window
     The main window: layout, menus, shortcuts, status bar.
 controller
@@ -25,10 +28,6 @@ timeline_window
     The timeline view in a window of its own.
 onset_link
     Where NaN/Inf began, as a status-bar link.
-run_worker
-    Long work off the GUI thread.
-dialogs
-    File pickers and questions, in one replaceable place.
 error_dialog
     A failure shown to the user.
 settings
@@ -38,7 +37,7 @@ signal_wait
 """
 
 __all__ = [
-    "launch", "main_window", "controller", "model_panel", "batch_panel", "run_panel", "module_tree_view",
-    "compare_window", "dataset_run", "timeline_window", "onset_link", "run_worker", "dialogs", "error_dialog",
+    "launch", "application", "main_window", "controller", "model_panel", "batch_panel", "run_panel",
+    "module_tree_view", "compare_window", "dataset_run", "timeline_window", "onset_link", "error_dialog",
     "settings", "signal_wait",
 ]

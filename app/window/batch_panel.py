@@ -3,9 +3,12 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from PIL import Image
 from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QIcon, QImage, QPainter, QPixmap
+from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QFont, QIcon, QImage, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -21,17 +24,19 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.analysis.class_names import class_name, top_classes
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.targets import class_dim_of
+from gradexplorer.files.meta import capture_meta
+from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.session import Session
 
 THUMB = 64
 
 
-def pil_to_pixmap(image, size: int = THUMB) -> QPixmap:
+def pil_to_pixmap(image: Image.Image, size: int = THUMB) -> QPixmap:
     """A square thumbnail of a PIL image, letterboxed on white."""
     im = image.convert("RGB")
     im.thumbnail((size, size))
@@ -182,11 +187,14 @@ class BatchPanel(QWidget):
         shape = self.shape_edit.text().strip() or self.shape_edit.placeholderText()
         self.load_requested.emit([f"random:{shape}"])
 
+    def _load_recent(self, item: str) -> Callable[[], None]:
+        return lambda: self.load_requested.emit(item.split("\n"))
+
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
         items = self.settings.recent_inputs()
         for item in items:
-            self.recent_menu.addAction(item, lambda s=item: self.load_requested.emit(s.split("\n")))
+            self.recent_menu.addAction(item, self._load_recent(item))
         self.recent_menu.setEnabled(bool(items))
 
     def show_sample(self, index: int) -> None:
@@ -200,25 +208,26 @@ class BatchPanel(QWidget):
             self.sample_selected.emit(row)
 
     # -- drag and drop -------------------------------------------------------------------
-    def dragEnterEvent(self, event) -> None:
+    def dragEnterEvent(self, event: QDragEnterEvent | QDragMoveEvent) -> None:
         if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
             event.acceptProposedAction()
         else:
             event.ignore()
 
-    def dragMoveEvent(self, event) -> None:
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
         self.dragEnterEvent(event)
 
-    def dropEvent(self, event) -> None:
+    def dropEvent(self, event: QDropEvent) -> None:
         paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
         if paths:
             event.acceptProposedAction()
             self.load_requested.emit(paths)
 
     # -- session -> widgets ---------------------------------------------------------------
-    def _on_model_model_changed(self, model) -> None:
+    def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         if model is None:
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches.random_batches import random_shape_for
 
         # The shape a bare "Random" makes: the model's input shape, else what its first layer
@@ -233,6 +242,7 @@ class BatchPanel(QWidget):
             self.source_label.setText("<i>No input batch.</i> Drop images here, or use the buttons above.")
             self.preprocess_label.setText("")
             return
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches import describe
 
         sample = "×".join(str(d) for d in batch.tensor.shape[1:])
@@ -286,12 +296,11 @@ class BatchPanel(QWidget):
 
     def _show_capture_inputs(self, capture: Capture) -> None:
         """A capture opened from a file, without its batch: show its input tensor."""
-        from gradexplorer.files.meta import capture_meta
-
         self.list.clear()
         meta = capture_meta(capture)
         preds = top_classes(capture.output, meta.categories, class_dim=class_dim_of(capture.meta.get("target")))
         x = capture.input
+        assert x is not None  # shown only for a capture that carries its input
         source = f" from {meta.batch_source}" if meta.batch_source else ""
         self.source_label.setText(f"<b>{len(x)} samples</b> ({'×'.join(str(d) for d in x.shape[1:])}) "
                                   f"· from the capture file{source}")

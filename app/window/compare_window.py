@@ -2,23 +2,38 @@
 
 The window owns a :class:`~gradexplorer.app.views.compare_view.CompareView` and a task runner: loading
 files and running the second capture happen in a worker thread (``gradexplorer.pipeline.compare_sources``),
-never on the GUI thread. The questions ("compare with what?") go through ``gradexplorer.app.window.dialogs``
+never on the GUI thread. The questions ("compare with what?") go through ``gradexplorer.app.dialogs``
 so that tests answer them.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import TypeAlias
 
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QTabWidget, QWidget
 
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.views.compare_view import CompareView
 from gradexplorer.app.views.graph_view import GraphPanel
-from gradexplorer.app.window import dialogs, error_dialog
-from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.app.window import error_dialog
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.model_graph.compare import DIVERGENCE_BY
+from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.comparison.compare import Comparison, compare, save_csv
+from gradexplorer.files.capture_file import load_capture
+from gradexplorer.model_graph.compare import DIVERGENCE_BY, attach_comparison
+from gradexplorer.model_graph.graph import ModelGraph
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.compare_sources import Variant, compare_variant, options_from_session
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
+from gradexplorer.pipeline.session import Session
+
+#: What a comparison's worker hands back: A, B and their comparison.
+Compared: TypeAlias = tuple[Capture, Capture, Comparison]
 
 #: What "Compare with…" offers, in the order of the list.
 CHOICES = (
@@ -34,11 +49,8 @@ CHOICES = (
 )
 
 
-def ask_source(parent: QWidget | None, devices: list[str] | None = None):
+def ask_source(parent: QWidget | None, devices: list[str] | None = None) -> str | Variant | None:
     """Ask what to compare with. Returns a file path (str), a ``Variant``, or None."""
-    from gradexplorer.pipeline.compare_sources import Variant
-    from gradexplorer.pipeline.options import BatchSpec
-
     choice = dialogs.ask_item(parent, "Compare with…", "Compare this capture (A) with (B):", list(CHOICES),
                               editable=False)
     if not choice:
@@ -105,11 +117,9 @@ class CompareWindow(QMainWindow):
         self.resize(1400, 900)
 
     # -- starting work ------------------------------------------------------------------
-    def compare_captures(self, a, b, label_a: str = "A", label_b: str = "B") -> int:
+    def compare_captures(self, a: Capture, b: Capture, label_a: str = "A", label_b: str = "B") -> int:
         """Compare two captures already in memory (off the GUI thread: it is all tensors)."""
-        from gradexplorer.comparison.compare import compare
-
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Compared:
             progress("comparing", 0, 0)
             return a, b, compare(a, b, label_a=label_a, label_b=label_b)
 
@@ -117,10 +127,7 @@ class CompareWindow(QMainWindow):
 
     def compare_files(self, path_a: str, path_b: str) -> int:
         """Load two capture files and compare them."""
-        from gradexplorer.comparison.compare import compare
-        from gradexplorer.files.capture_file import load_capture
-
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Compared:
             progress("reading A", 0, 0)
             a = load_capture(path_a)
             progress("reading B", 0, 0)
@@ -130,12 +137,9 @@ class CompareWindow(QMainWindow):
 
         return self._start(task, "reading captures")
 
-    def compare_with_file(self, reference, path: str, label_a: str = "this run") -> int:
+    def compare_with_file(self, reference: Capture, path: str, label_a: str = "this run") -> int:
         """Compare a capture in memory (A) with a capture file (B)."""
-        from gradexplorer.comparison.compare import compare
-        from gradexplorer.files.capture_file import load_capture
-
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Compared:
             progress("reading B", 0, 0)
             b = load_capture(path)
             progress("comparing", 0, 0)
@@ -143,18 +147,18 @@ class CompareWindow(QMainWindow):
 
         return self._start(task, "reading capture")
 
-    def compare_variant(self, base, variant, *, reference=None, loaded=None, batch=None, lock=None) -> int:
+    def compare_variant(self, base: CaptureOptions, variant: Variant, *, reference: Capture | None = None,
+                        loaded: LoadedModel | None = None, batch: Batch | None = None,
+                        lock: threading.Lock | None = None) -> int:
         """Run B (``variant`` of the options ``base``) and compare it with A."""
-        from gradexplorer.pipeline.compare_sources import compare_variant
-
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> Compared:
             runs = compare_variant(base, variant, reference=reference, loaded=loaded, batch=batch, lock=lock,
                                    progress=progress, cancel=cancel)
             return runs.a, runs.b, runs.result
 
         return self._start(task, "capturing B")
 
-    def _start(self, task, what: str) -> int:
+    def _start(self, task: Task, what: str) -> int:
         self.status_label.setText(what + "…")
         self.progress_bar.setRange(0, 0)
         self.progress_bar.show()
@@ -169,19 +173,16 @@ class CompareWindow(QMainWindow):
         else:
             self.progress_bar.setRange(0, 0)
 
-    def _on_finished(self, _gen: int, result, seconds: float) -> None:
+    def _on_finished(self, _gen: int, result: Compared, seconds: float) -> None:
         a, b, comparison = result
         self.view.set_comparison(a, b, comparison)
         self.show_graph(a, b, comparison)
         self.export_action.setEnabled(True)
         self._done_status(f"compared in {seconds:.2f} s")
 
-    def show_graph(self, a, b, comparison) -> bool:
+    def show_graph(self, a: Capture, b: Capture, comparison: Comparison) -> bool:
         """Draw the graph a capture carries (A's, else B's), coloured by ``comparison``.
         Returns False (and says why in the graph tab) when neither carries one."""
-        from gradexplorer.model_graph.compare import attach_comparison
-        from gradexplorer.model_graph.graph import ModelGraph
-
         side, data = ("a", a.graph) if getattr(a, "graph", None) else ("b", getattr(b, "graph", None))
         graph = None
         if data:
@@ -208,8 +209,6 @@ class CompareWindow(QMainWindow):
 
     def export_csv(self, path: str | None = None) -> Path | None:
         """Write the comparison's figures as CSV (asks where when no path is given)."""
-        from gradexplorer.comparison.compare import save_csv
-
         if self.view.result is None:
             return None
         path = path or dialogs.ask_save_file(self, "Export comparison as CSV", "comparison.csv", "CSV files (*.csv)")
@@ -221,20 +220,18 @@ class CompareWindow(QMainWindow):
             error_dialog.show_error(self, "Cannot export", exc)
             return None
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         self.runner.shutdown()
         self.graph_panel.shutdown()
         super().closeEvent(event)
 
 
-def compare_with(parent: QWidget | None, session, devices: list[str] | None = None) -> CompareWindow | None:
+def compare_with(parent: QWidget | None, session: Session, devices: list[str] | None = None) -> CompareWindow | None:
     """The "Compare with…" action of the main window: ask, then open a compare window.
 
     ``session`` is the window's ``gradexplorer.pipeline.session.Session`` after a run; A is its capture.
     Returns the window (shown), or None when the user cancelled or there is no capture.
     """
-    from gradexplorer.pipeline.compare_sources import Variant, options_from_session
-
     if session.capture is None:
         error_dialog.show_error(parent, "Nothing to compare", GradExplorerError(
             "There is no capture to compare yet.", "Run a capture first (Ctrl+R)."))

@@ -10,24 +10,37 @@ worker; the UI thread never runs forward, backward, ``torch.load`` or ``torch.sa
 
 from __future__ import annotations
 
+import sys
+import threading
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, TypeAlias
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from gradexplorer.analysis.gradcam import cam_supported
 from gradexplorer.analysis.summary import input_shape_of, summarize
-from gradexplorer.app.window import dialogs, error_dialog
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import Progress, Task, TaskRunner
+from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
-from gradexplorer.app.window.run_worker import TaskRunner
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired
+from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.files.capture_file import load_capture, save_capture
+from gradexplorer.models import trust_subject
+from gradexplorer.models.weights import ModelInfo, model_catalog
+from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
 from gradexplorer.pipeline.view_state import ViewState, clamp
+
+#: What the file worker hands back: ``("open", capture, path)`` or ``("save", written file, path)``.
+FileDone: TypeAlias = tuple[str, Capture | Path, str]
 
 
 class RunSettings(Protocol):
@@ -53,15 +66,15 @@ class LoadedModel:
     batch_error: GradExplorerError | None
 
 
-def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str], labels: str | None = None):
+def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: list[str],
+                    labels: str | None = None) -> Task:
     """The worker's job for loading a model: download weights when needed (cancellable),
     load, pick a batch that fits (the given sources, else the current images, else a
     default), and probe the tree."""
 
-    def task(progress, cancel) -> LoadedModel:
+    def task(progress: Progress, cancel: threading.Event) -> LoadedModel:
+        # Imported on first use: reading inputs is not needed to start the window.
         from gradexplorer.batches import load_batch
-        from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
-        from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
         options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
                                  batch=BatchSpec.from_sources(sources), labels=labels)
@@ -192,9 +205,7 @@ class WindowController(QObject):
 
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list)."""
-        def task(progress, cancel):
-            from gradexplorer.models.weights import model_catalog
-
+        def task(progress: Progress, cancel: threading.Event) -> list[ModelInfo]:
             return model_catalog()
 
         self.catalog_runner.start(task)
@@ -204,8 +215,6 @@ class WindowController(QObject):
         """Tell the user; the window stays usable (the dialog is not modal)."""
         self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
         if self.unattended:
-            import sys
-
             print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
         error_dialog.show_error(self.dialog_parent, title, exc)
         self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
@@ -266,8 +275,6 @@ class WindowController(QObject):
         self.model_busy.emit(False, "")
         request = self._last_model_request
         if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
-            from gradexplorer.models import trust_subject  # names the file or factory that will run
-
             subject = exc.subject or trust_subject(request.spec)
             if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
                 self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
@@ -288,7 +295,8 @@ class WindowController(QObject):
         model = self.session.model
         sources = [str(x) for x in sources]
 
-        def task(progress, cancel):
+        def task(progress: Progress, cancel: threading.Event) -> tuple[Batch, list[str]]:
+            # Imported on first use: reading inputs is not needed to start the window.
             from gradexplorer.batches import load_batch
 
             return load_batch(sources, model, labels), sources
@@ -296,7 +304,7 @@ class WindowController(QObject):
         self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
         return self.batch_runner.start(task)
 
-    def _on_batch_loaded(self, _gen: int, result, seconds: float) -> None:
+    def _on_batch_loaded(self, _gen: int, result: tuple[Batch, list[str]], seconds: float) -> None:
         batch, sources = result
         self.session.set_batch(batch, sources)
         if sources and sources != ["demo"] and not sources[0].startswith("random"):
@@ -411,9 +419,7 @@ class WindowController(QObject):
         if not path:
             return None
 
-        def task(progress, cancel):
-            from gradexplorer.files.capture_file import load_capture
-
+        def task(progress: Progress, cancel: threading.Event) -> FileDone:
             return ("open", load_capture(path), path)
 
         self.status.emit(f"Opening {path}…", 0)
@@ -434,19 +440,17 @@ class WindowController(QObject):
         read = [options.model, options.weights, options.labels] if options is not None else []
         read += list(self.session.batch_sources)
 
-        def task(progress, cancel):
-            from gradexplorer.base.file_write import check_output_path
-            from gradexplorer.files.capture_file import save_capture
-
+        def task(progress: Progress, cancel: threading.Event) -> FileDone:
             check_output_path(path, read)
             return ("save", save_capture(cap, path), path)
 
         self.status.emit(f"Saving {path}…", 0)
         return self.file_runner.start(task)
 
-    def _on_file_done(self, _gen: int, result, seconds: float) -> None:
+    def _on_file_done(self, _gen: int, result: FileDone, seconds: float) -> None:
         kind, value, path = result
         if kind == "open":
+            assert isinstance(value, Capture)
             self.run_runner.cancel()
             self.session.open_capture(value, path)
             self.status.emit(f"Opened {path} ({len(value)} layers).", 8000)

@@ -15,7 +15,9 @@ result dropped): what the window shows always comes from the last thing the user
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import (
@@ -24,14 +26,35 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QLabel,
     QSpinBox,
+    QStatusBar,
     QVBoxLayout,
     QWidget,
 )
 
-from gradexplorer.app.window import dialogs
-from gradexplorer.app.window.run_worker import TaskRunner
+from gradexplorer.app import dialogs
+from gradexplorer.app.run_worker import Progress, TaskRunner
+from gradexplorer.app.window.controller import WindowController
+from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import BatchSpec
+from gradexplorer.pipeline.session import Session
+
+if TYPE_CHECKING:  # annotations only (imported on first use)
+    from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer.recording.dataset import DatasetStats
+
+
+class RunHost(Protocol):
+    """What a run over a folder uses of its window (the main window)."""
+
+    session: Session
+    controller: WindowController
+    run_panel: RunPanel
+    timeline_windows: list[TimelineWindow]
+
+    def statusBar(self) -> QStatusBar: ...
 
 #: The batch size the question proposes first.
 DEFAULT_BATCH_SIZE = 16
@@ -75,13 +98,25 @@ class DatasetRunDialog(QDialog):
         return self.batch_spin.value(), (self.max_spin.value() or None)
 
 
+def ask_dataset_run(parent: QWidget | None, folder: str, batch_size: int) -> tuple[int, int | None] | None:
+    """Run over folder…: ``(batch_size, max_samples or None for all)``, or None when cancelled.
+
+    Looked up on this module at call time, so tests replace it with ``monkeypatch``; the
+    dialog itself is shown through :func:`gradexplorer.app.dialogs.run_modal`.
+    """
+    dialog = DatasetRunDialog(parent, folder, batch_size)
+    return dialog.values() if dialogs.run_modal(dialog) else None
+
+
 class DatasetRun(QObject):
     """The window's "Run over folder…" (see the module docstring).
 
     Parameters
     ----------
-    window : MainWindow
-        Its session, controller (errors, status), run panel and dialog parent are used.
+    window : RunHost
+        Its session, controller (errors, status), run panel and status bar are used.
+    parent : QWidget
+        The parent of this object, its questions and its timeline windows (the window).
 
     Signals
     -------
@@ -96,8 +131,9 @@ class DatasetRun(QObject):
 
     done = Signal(str)
 
-    def __init__(self, window) -> None:
-        super().__init__(window)
+    def __init__(self, window: RunHost, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.dialog_parent = parent
         self.window = window
         self.runner = TaskRunner("dataset", self)
         self.result: Capture | None = None
@@ -128,18 +164,16 @@ class DatasetRun(QObject):
         if not s.selection:
             self._refuse(GradExplorerError("no layers are checked;", "tick at least one layer in the module tree."))
             return None
-        folder = folder or dialogs.ask_folder(w, "Run over folder: a folder of images")
+        folder = folder or dialogs.ask_folder(self.dialog_parent, "Run over folder: a folder of images")
         if not folder:
             return None
         if batch_size is None:
-            answer = dialogs.ask_dataset_run(w, folder, DEFAULT_BATCH_SIZE)
+            answer = ask_dataset_run(self.dialog_parent, folder, DEFAULT_BATCH_SIZE)
             if answer is None:
                 return None
             batch_size, max_samples = answer
         try:
             w.run_panel.apply_target()
-            from gradexplorer.pipeline.options import BatchSpec
-
             options = dataclasses.replace(s.capture_options(force=True), batch=BatchSpec(inputs=(str(folder),)),
                                           mode="stats", train=False, input_grad=False)
         except GradExplorerError as exc:
@@ -148,8 +182,8 @@ class DatasetRun(QObject):
         loaded, lock = s.model, s.run_lock
         size, most = int(batch_size), max_samples
 
-        def task(progress, cancel):
-            from gradexplorer.pipeline.job import CaptureJob
+        def task(progress: Progress, cancel: threading.Event) -> tuple[Capture, DatasetStats]:
+            # Imported on first use: a dataset run is not needed to start the window.
             from gradexplorer.recording.dataset import run_dataset_job
 
             job = CaptureJob(options, progress, cancel, loaded=loaded, lock=lock)
@@ -173,11 +207,12 @@ class DatasetRun(QObject):
         self.done.emit("failed")
 
     # -- following the worker ----------------------------------------------------------------
-    def _on_newer_request(self, *_args) -> None:
+    def _on_newer_request(self, *_args: object) -> None:
         if self.runner.is_busy():
             self.runner.cancel()
 
     def _on_progress(self, _gen: int, _stage: str, done: int, total: int) -> None:
+        # Imported on first use: a dataset run is not needed to start the window.
         from gradexplorer.recording.dataset import eta_text
 
         self.window.run_panel.show_progress(done, total, eta_text(done, total, self._started))
@@ -187,7 +222,7 @@ class DatasetRun(QObject):
         if not self.window.controller.run_runner.is_busy():
             self.window.run_panel.set_running(False, message)
 
-    def _on_finished(self, _gen: int, result, seconds: float) -> None:
+    def _on_finished(self, _gen: int, result: tuple[Capture, DatasetStats], seconds: float) -> None:
         cap, stats = result
         s = self.window.session
         if s.generation != self._generation:
@@ -215,13 +250,14 @@ class DatasetRun(QObject):
         self.done.emit("cancelled")
 
     # -- the timeline ----------------------------------------------------------------------------
-    def open_timeline(self):
+    def open_timeline(self) -> TimelineWindow | None:
         """The per-batch series of the last dataset run, in a timeline window."""
         if self.result is None:
             return None
+        # Imported on first use: the timeline's modules are not needed to start the window.
         from gradexplorer.app.window.timeline_window import TimelineWindow
 
-        window = TimelineWindow.of_capture(self.result, "dataset run", self.window)
+        window = TimelineWindow.of_capture(self.result, "dataset run", self.dialog_parent)
         self.window.timeline_windows.append(window)
         window.show()
         return window

@@ -8,7 +8,9 @@ and to the shared ``gradexplorer.pipeline.view_state.ViewState``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
@@ -25,9 +27,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.views import CaptureViews
+from gradexplorer.app import dialogs
+from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.app.views.graph_view import GraphPanel, wire_graph_panel
-from gradexplorer.app.window import dialogs
 from gradexplorer.app.window.batch_panel import BatchPanel
 from gradexplorer.app.window.controller import WindowController
 from gradexplorer.app.window.dataset_run import DatasetRun
@@ -36,9 +38,15 @@ from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.inputs import Batch
 from gradexplorer.pipeline.session import Session
 from gradexplorer.pipeline.view_state import ViewState
+
+if TYPE_CHECKING:  # annotations only (both are imported on first use)
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer.app.window.timeline_window import TimelineWindow
 
 DEFAULT_SIZE = QSize(1500, 950)
 
@@ -60,12 +68,10 @@ class MainWindow(QMainWindow):
         self.session = session or Session()
         self.settings = settings or AppSettings()
         if devices is None:
-            from gradexplorer.base.devices import list_devices
-
             devices = list_devices()
         self.devices = devices
         self.view_state = ViewState()
-        self.timeline_windows: list = []
+        self.timeline_windows: list[TimelineWindow] = []
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
@@ -81,7 +87,7 @@ class MainWindow(QMainWindow):
         self.batch_panel = BatchPanel(s, self.settings, self)
         self.run_panel = RunPanel(s, devices, self)
         self.controller = WindowController(s, self.settings, self.view_state, self, self.run_panel)
-        self.dataset_run = DatasetRun(self)  # Run ▸ Run over folder… (app/window/dataset_run.py)
+        self.dataset_run = DatasetRun(self, self)  # Run ▸ Run over folder… (app/window/dataset_run.py)
         c = self.controller
         # The controller's signals and actions, under the window's names.
         self.model_loaded, self.batch_loaded, self.run_done = c.model_loaded, c.batch_loaded, c.run_done
@@ -153,7 +159,8 @@ class MainWindow(QMainWindow):
             bar.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
-        def action(text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        def action(text: str, slot: Callable[[], object], shortcut: str | QKeySequence.StandardKey | None = None,
+                   tip: str = "") -> QAction:
             a = QAction(text, self)
             if shortcut is not None:
                 a.setShortcut(QKeySequence(shortcut))
@@ -268,7 +275,7 @@ class MainWindow(QMainWindow):
             pass
 
     # -- following the controller and the view state ------------------------------------------
-    def _on_capture_shown(self, capture: Capture | None, batch) -> None:
+    def _on_capture_shown(self, capture: Capture | None, batch: Batch | None) -> None:
         self.views.set_capture(capture, batch)
         self._update_status()
 
@@ -308,8 +315,9 @@ class MainWindow(QMainWindow):
         self.dataset_timeline_action.setEnabled(self.dataset_run.result is not None)
         self.dataset_timeline_button.setVisible(self.dataset_run.result is not None)
 
-    def compare_with(self):
+    def compare_with(self) -> CompareWindow | None:
         """Compare with…: ask for B (another run or a file) and open a compare window."""
+        # Imported on first use: the comparison's modules are not needed to start the window.
         from gradexplorer.app.window.compare_window import compare_with
 
         self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
@@ -339,10 +347,13 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.model_panel)
         self.model_panel.focus_search()
 
+    def _request_recent(self, spec: str) -> Callable[[], object]:
+        return lambda: self.controller.request_model(ModelRequest(spec))
+
     def _fill_recent_menu(self) -> None:
         self.recent_menu.clear()
         for spec in self.settings.recent_models():
-            self.recent_menu.addAction(spec, lambda s=spec: self.controller.request_model(ModelRequest(s)))
+            self.recent_menu.addAction(spec, self._request_recent(spec))
         if self.recent_menu.isEmpty():
             self.recent_menu.addAction("(none yet)").setEnabled(False)
 
@@ -351,8 +362,9 @@ class MainWindow(QMainWindow):
                           "<b>gradexplorer</b><br>See the gradients inside a PyTorch model: per-layer capture, "
                           "heatmaps, histograms, gradient flow and Grad-CAM.")
 
-    def open_timeline(self, path: str | None = None):
+    def open_timeline(self, path: str | None = None) -> TimelineWindow | None:
         """Open a watch log or dataset capture in a timeline window of its own."""
+        # Imported on first use: the timeline's modules are not needed to start the window.
         from gradexplorer.app.window.timeline_window import TIMELINE_FILTER, TimelineWindow
 
         path = path or dialogs.ask_open_file(self, "Open timeline", TIMELINE_FILTER)

@@ -20,9 +20,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
+from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
+from gradexplorer.models import trust_subject
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.weights import ModelInfo
 from gradexplorer.pipeline.session import Session
 
 TASK_TITLES = {
@@ -59,7 +63,7 @@ class ModelPanel(QWidget):
         super().__init__(parent)
         self.session = session
         self.settings = settings
-        self._catalog: dict[str, object] = {}
+        self._catalog: dict[str, ModelInfo] = {}
         self._local_weights: str | None = None
 
         self.current_label = QLabel(self)
@@ -123,12 +127,13 @@ class ModelPanel(QWidget):
         self._on_model_model_changed(session.model)
 
     # -- catalog ---------------------------------------------------------------------------
-    def set_catalog(self, catalog: list) -> None:
+    def set_catalog(self, catalog: list[ModelInfo]) -> None:
         """Show the torchvision models (``gradexplorer.models.weights.model_catalog()``)."""
         self._catalog = {info.name: info for info in catalog}
         self._fill(catalog)
 
     def _fill(self, catalog: list) -> None:
+        # Imported on first use: the demos are not needed to start the window.
         from gradexplorer.models.demos import list_demos
 
         current = self.selected_spec()
@@ -182,8 +187,7 @@ class ModelPanel(QWidget):
             g = group("torchvision models")
             QTreeWidgetItem(g, ["loading…", ""]).setFlags(Qt.ItemFlag.NoItemFlags)
         self.list.expandToDepth(0)
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
+        for top in self._groups():
             if top.childCount() > 20:
                 top.setExpanded(top.text(0).startswith("Classification"))
         if current:
@@ -192,11 +196,9 @@ class ModelPanel(QWidget):
 
     def _apply_search(self, text: str) -> None:
         text = text.strip().lower()
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
+        for top in self._groups():
             visible = 0
-            for j in range(top.childCount()):
-                child = top.child(j)
+            for child in _children(top):
                 show = not text or text in child.text(0).lower()
                 child.setHidden(not show)
                 visible += show
@@ -204,11 +206,14 @@ class ModelPanel(QWidget):
             if text and visible:
                 top.setExpanded(True)
 
+    def _groups(self) -> list[QTreeWidgetItem]:
+        """The list's top-level items: the groups of models."""
+        items = (self.list.topLevelItem(i) for i in range(self.list.topLevelItemCount()))
+        return [item for item in items if item is not None]
+
     def select_spec(self, spec: str) -> bool:
-        for i in range(self.list.topLevelItemCount()):
-            top = self.list.topLevelItem(i)
-            for j in range(top.childCount()):
-                child = top.child(j)
+        for top in self._groups():
+            for child in _children(top):
                 if child.data(0, SPEC_ROLE) == spec:
                     top.setExpanded(True)
                     self.list.setCurrentItem(child)
@@ -221,7 +226,7 @@ class ModelPanel(QWidget):
         return item.data(0, SPEC_ROLE) if item is not None else None
 
     # -- weights ----------------------------------------------------------------------------
-    def _on_current_changed(self, current, _previous) -> None:
+    def _on_current_changed(self, current: QTreeWidgetItem | None, _previous: QTreeWidgetItem | None) -> None:
         spec = current.data(0, SPEC_ROLE) if current is not None else None
         self._local_weights = None
         with QSignalBlocker(self.weights_combo):
@@ -307,7 +312,6 @@ class ModelPanel(QWidget):
         text = dialogs.ask_text(self, "Python factory", "package.module:function or path/to/file.py:function")
         if not text:
             return
-        from gradexplorer.models import trust_subject
 
         if not dialogs.confirm_trust(self, trust_subject(text),
                                      "gradexplorer will import this module and call the function."):
@@ -339,14 +343,12 @@ class ModelPanel(QWidget):
             self.progress.setRange(0, 0)
             self.progress.setFormat(stage)
 
-    def _on_model_model_changed(self, model) -> None:
+    def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         if model is None:
             self.current_label.setText("<i>No model loaded</i>")
             return
         tree = self.session.tree
         params = tree.root.total_params if tree is not None and "" in tree.nodes else 0
-        from gradexplorer.app.window.module_tree_view import format_count
-
         weights = model.weights or "random init"
         if weights.startswith("file:"):
             weights = "file " + weights[5:].rsplit("/", 1)[-1]
@@ -356,3 +358,8 @@ class ModelPanel(QWidget):
             f"<span style='color:#6b7280'>weights: {weights} · input {shape} · {model.task}</span>")
         self.current_label.setToolTip("\n".join(model.notes) if model.notes else model.spec)
         self.select_spec(model.spec)
+
+
+def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
+    children = (item.child(j) for j in range(item.childCount()))
+    return [child for child in children if child is not None]

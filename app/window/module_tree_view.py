@@ -13,13 +13,16 @@ output shape, calls, and after a run the gradient norm with a small inline bar.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias, overload
 
 from PySide6.QtCore import (
     QAbstractItemModel,
     QItemSelectionModel,
     QModelIndex,
     QObject,
+    QPersistentModelIndex,
+    QPoint,
     QRect,
     QSize,
     QSortFilterProxyModel,
@@ -29,6 +32,7 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QFontMetrics, QGuiApplication, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -45,9 +49,12 @@ from PySide6.QtWidgets import (
 
 from gradexplorer.analysis.summary import summarize
 from gradexplorer.capturing.data import Capture
-from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.capturing.module_tree import ModuleNode, ModuleTree
 from gradexplorer.capturing.nonfinite import onset_location
 from gradexplorer.pipeline.session import Session
+
+#: What Qt hands an item model's overrides: an index, or a persistent one.
+AnyIndex: TypeAlias = QModelIndex | QPersistentModelIndex
 
 COLUMNS = ("Module", "Type", "Output", "Grad norm", "Params", "Calls")
 COL_NAME, COL_TYPE, COL_SHAPE, COL_GRAD, COL_PARAMS, COL_CALLS = range(len(COLUMNS))
@@ -237,7 +244,7 @@ class ModuleTreeModel(QAbstractItemModel):
         return self._flags.get(name)
 
     # -- QAbstractItemModel ------------------------------------------------------------
-    def index(self, row: int, column: int, parent: QModelIndex = QModelIndex()) -> QModelIndex:
+    def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:
         if column < 0 or column >= len(COLUMNS) or row < 0:
             return QModelIndex()
         if not parent.isValid():
@@ -251,7 +258,11 @@ class ModuleTreeModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(row, column, kids[row])
 
-    def parent(self, index: QModelIndex | None = None) -> Any:
+    @overload
+    def parent(self) -> QObject | None: ...
+    @overload
+    def parent(self, index: AnyIndex) -> QModelIndex: ...
+    def parent(self, index: AnyIndex | None = None) -> QObject | QModelIndex | None:
         if index is None:
             return QObject.parent(self)
         if not index.isValid():
@@ -261,17 +272,17 @@ class ModuleTreeModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(self._row[p], 0, p)
 
-    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:
+    def rowCount(self, parent: AnyIndex = QModelIndex()) -> int:
         if not parent.isValid():
             return 1 if self._names else 0
         if parent.column() != 0:
             return 0
         return len(self._children[parent.internalId()])
 
-    def hasChildren(self, parent: QModelIndex = QModelIndex()) -> bool:
+    def hasChildren(self, parent: AnyIndex = QModelIndex()) -> bool:
         return self.rowCount(parent) > 0
 
-    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:
+    def columnCount(self, parent: AnyIndex = QModelIndex()) -> int:
         return len(COLUMNS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -289,7 +300,7 @@ class ModuleTreeModel(QAbstractItemModel):
                 }[section]
         return None
 
-    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
+    def flags(self, index: AnyIndex) -> Qt.ItemFlag:
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
         f = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
@@ -297,7 +308,7 @@ class ModuleTreeModel(QAbstractItemModel):
             f |= Qt.ItemFlag.ItemIsUserCheckable
         return f
 
-    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid() or self._tree is None:
             return None
         i = index.internalId()
@@ -340,7 +351,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return list(self._onset.get(name, []))
         return None
 
-    def _display(self, node, col: int) -> str:
+    def _display(self, node: ModuleNode, col: int) -> str:
         if col == COL_NAME:
             if not node.name:
                 m = self.session.model
@@ -367,7 +378,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return "inf" if not math.isfinite(v) else f"{v:.2e}"
         return ""
 
-    def _badges(self, node) -> list[tuple[str, QColor]]:
+    def _badges(self, node: ModuleNode) -> list[tuple[str, QColor]]:
         out: list[tuple[str, QColor]] = []
         if node.reused:
             out.append((f"×{node.calls}", BLUE))
@@ -385,7 +396,7 @@ class ModuleTreeModel(QAbstractItemModel):
             out.append((flag, RED))
         return out
 
-    def _tooltip(self, node) -> str:
+    def _tooltip(self, node: ModuleNode) -> str:
         lines = [f"<b>{node.name or '(model)'}</b> &nbsp;<i>{node.type}</i>"]
         if node.total_params:
             lines.append(f"parameters: {node.total_params:,} ({node.own_params:,} own)"
@@ -412,7 +423,7 @@ class ModuleTreeModel(QAbstractItemModel):
                             else "the first gradient of backward that went non-finite)") + "</span>")
         return "<br>".join(lines)
 
-    def setData(self, index: QModelIndex, value: Any, role: int = Qt.ItemDataRole.EditRole) -> bool:
+    def setData(self, index: AnyIndex, value: Any, role: int = Qt.ItemDataRole.EditRole) -> bool:
         if not index.isValid() or role != Qt.ItemDataRole.CheckStateRole or index.column() != COL_NAME:
             return False
         state = value.value if hasattr(value, "value") else int(value)
@@ -447,7 +458,7 @@ class ModuleFilterProxy(QSortFilterProxyModel):
             self._text = text.strip().lower()
             self.invalidateFilter()
 
-    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:
+    def filterAcceptsRow(self, source_row: int, source_parent: AnyIndex) -> bool:
         if not self._text:
             return True
         model = self.sourceModel()
@@ -460,7 +471,7 @@ class ModuleFilterProxy(QSortFilterProxyModel):
 class NameDelegate(QStyledItemDelegate):
     """Draws the module name with small coloured badges at the right (×3, in-place, flags)."""
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: AnyIndex) -> None:
         badges = index.data(BADGES_ROLE) or []
         if not badges:
             super().paint(painter, option, index)
@@ -487,7 +498,7 @@ class NameDelegate(QStyledItemDelegate):
         self.initStyleOption(opt, index)
         opt.rect = QRect(full.left(), full.top(), full.width() - total, full.height())
         widget = option.widget
-        style = widget.style() if widget is not None else QGuiApplication.instance().style()
+        style = widget.style() if widget is not None else QApplication.style()
         # Background across the whole cell first, then the item in the narrowed rect.
         bg = QStyleOptionViewItem(option)
         self.initStyleOption(bg, index)
@@ -518,7 +529,7 @@ class NameDelegate(QStyledItemDelegate):
 class BarDelegate(QStyledItemDelegate):
     """The gradient norm as a number over a small log-scaled bar."""
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: AnyIndex) -> None:
         fraction = index.data(BAR_ROLE)
         if fraction is None:
             super().paint(painter, option, index)
@@ -528,7 +539,7 @@ class BarDelegate(QStyledItemDelegate):
         text = opt.text
         opt.text = ""
         widget = option.widget
-        style = widget.style() if widget is not None else QGuiApplication.instance().style()
+        style = widget.style() if widget is not None else QApplication.style()
         style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, widget)
         painter.save()
         # A spreadsheet-style data bar behind the number: length is the log-scaled norm.
@@ -673,7 +684,7 @@ class ModuleTreeView(QTreeView):
         if root.isValid():
             self.expand(root)
 
-    def _on_context_menu(self, pos) -> None:
+    def _on_context_menu(self, pos: QPoint) -> None:
         idx = self.indexAt(pos)
         name = idx.data(NAME_ROLE) if idx.isValid() else None
         self.build_menu(name).exec(self.viewport().mapToGlobal(pos))
@@ -691,7 +702,7 @@ class ModuleTreePanel(QWidget):
         self.filter_edit.setClearButtonEnabled(True)
         self.filter_edit.textChanged.connect(self.view.set_filter)
 
-        def button(text: str, tip: str, slot) -> QToolButton:
+        def button(text: str, tip: str, slot: Callable[[], object]) -> QToolButton:
             b = QToolButton(self)
             b.setText(text)
             b.setToolTip(tip)
@@ -731,7 +742,7 @@ class ModuleTreePanel(QWidget):
         session.tree_changed.connect(lambda _t: self._update_summary())
         self._update_summary()
 
-    def _update_summary(self, *_args) -> None:
+    def _update_summary(self, *_args: object) -> None:
         tree = self.session.tree
         if tree is None:
             self.summary.setText("No model")
@@ -752,10 +763,12 @@ class ModuleTreePanel(QWidget):
             if node.name:
                 counts[node.type] = counts.get(node.type, 0) + 1
         for type_name in sorted(counts, key=lambda t: (-counts[t], t))[:40]:
-            sub = self.type_menu.addMenu(f"{type_name}  ({counts[type_name]})")
-            sub.addAction("Check all", lambda t=type_name: self.session.select_type(t, True))
-            sub.addAction("Uncheck all", lambda t=type_name: self.session.select_type(t, False))
-            sub.addAction("Only these", lambda t=type_name: self.session.set_selection(tree.of_type(t)))
+            self._add_type_actions(self.type_menu.addMenu(f"{type_name}  ({counts[type_name]})"), type_name, tree)
+
+    def _add_type_actions(self, menu: QMenu, type_name: str, tree: ModuleTree) -> None:
+        menu.addAction("Check all", lambda: self.session.select_type(type_name, True))
+        menu.addAction("Uncheck all", lambda: self.session.select_type(type_name, False))
+        menu.addAction("Only these", lambda: self.session.set_selection(tree.of_type(type_name)))
 
     def _check_children(self) -> None:
         name = self.view.current_name()

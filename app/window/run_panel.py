@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
+import torch
 from PySide6.QtCore import QSignalBlocker, QStringListModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QButtonGroup,
@@ -19,10 +22,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer.app.run_worker import Progress, TaskRunner
+from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.capturing.memory_estimate import (
+    MemoryEstimate,
+    budget_message,
+    budget_shortfall,
+    estimate_capture_memory,
+    stats_only_fits,
+)
+from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.targets import CLASS_KINDS, Target, parse_target
+from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.session import Session
 
 TARGETS = (
@@ -146,8 +159,9 @@ class RunPanel(QWidget):
         self.budget_message: str | None = None
         #: Over the budget, keeping statistics only would fit (the dialog offers the switch).
         self.stats_only_fits = False
-        self._probed_tree = None  # (model module, per-sample bytes, tree) probed in a worker
-        self._probe_runner = None
+        # (model module, per-sample bytes, tree) probed in a worker
+        self._probed_tree: tuple[torch.nn.Module, int, ModuleTree] | None = None
+        self._probe_runner: TaskRunner | None = None
         self._estimate_timer = QTimer(self)
         self._estimate_timer.setSingleShot(True)
         self._estimate_timer.setInterval(30)  # set_model emits several signals: one estimate
@@ -235,6 +249,7 @@ class RunPanel(QWidget):
         elif text.lstrip("-").isdigit():
             index = int(text)
         else:
+            # Imported on first use: reading inputs is not needed to start the window.
             from gradexplorer.batches import parse_labels
 
             index = int(parse_labels(text, 1, self.session.categories)[0])
@@ -260,7 +275,7 @@ class RunPanel(QWidget):
         self.session.set_target(self.target_text(), key or None)
         self.session.set_labels(self.labels_edit.text())
 
-    def _on_target_changed(self, *_args) -> None:
+    def _on_target_changed(self, *_args: object) -> None:
         kind = self.target_combo.currentData()
         self.class_edit.setVisible(kind == "class")
         self.labels_edit.setVisible(kind == "cross_entropy")
@@ -339,7 +354,7 @@ class RunPanel(QWidget):
             self.progress.setValue(0)
             self._update_run_enabled()
 
-    def _on_model_model_changed(self, model) -> None:
+    def _on_model_model_changed(self, model: LoadedModel | None) -> None:
         self._reset_idle()
         self._class_names.setStringList(list(self.session.categories or []))
         with QSignalBlocker(self.key_combo):
@@ -406,14 +421,14 @@ class RunPanel(QWidget):
         self.progress.setFormat(text)
 
     # -- memory estimate ------------------------------------------------------------------
-    def _probed_tree_for(self, sample_bytes: int):
+    def _probed_tree_for(self, sample_bytes: int) -> ModuleTree | None:
         """A tree probed with a sample of ``sample_bytes``, or None (a probe is started)."""
         s = self.session
         tree = s.tree
         if tree is not None and tree.probed and tree.call_io and tree.call_io[0].input_bytes == sample_bytes:
             return tree
         cached = self._probed_tree
-        if cached is not None and cached[0] is s.model.module and cached[1] == sample_bytes:
+        if cached is not None and s.model is not None and cached[0] is s.model.module and cached[1] == sample_bytes:
             return cached[2]
         self._start_probe(sample_bytes)
         return None
@@ -421,42 +436,36 @@ class RunPanel(QWidget):
     def _start_probe(self, sample_bytes: int) -> None:
         # The session's tree was probed with another sample shape (or not at all): probe a
         # tree of our own with one sample of this batch, in a worker.
-        from gradexplorer.app.window.run_worker import TaskRunner
-
-        if self._probe_runner is None:
-            self._probe_runner = TaskRunner("estimate-probe", self)
-            self._probe_runner.finished.connect(self._on_probe_done)
-            self._probe_runner.failed.connect(self._on_probe_failed)
+        runner = self._probe_runner
+        if runner is None:
+            runner = self._probe_runner = TaskRunner("estimate-probe", self)
+            runner.finished.connect(self._on_probe_done)
+            runner.failed.connect(self._on_probe_failed)
         s = self.session
+        assert s.model is not None and s.batch is not None  # an estimate needs both
         module, x = s.model.module, s.batch.model_input[:1]
         lock = s.run_lock  # a probe's hooks must not meet a capture's
 
-        def task(progress, cancel):
-            from gradexplorer.capturing.module_tree import ModuleTree
-
+        def task(progress: Progress, cancel: threading.Event) -> tuple[torch.nn.Module, int, ModuleTree]:
             tree = ModuleTree.build(module)
             with lock:
                 tree.probe(module, x)
             return module, sample_bytes, tree
 
-        self._probe_runner.start(task)
+        runner.start(task)
         self._show_estimate(None, "estimating…")
 
-    def _on_probe_done(self, _gen: int, result, _seconds: float) -> None:
+    def _on_probe_done(self, _gen: int, result: tuple[torch.nn.Module, int, ModuleTree], _seconds: float) -> None:
         self._probed_tree = result
         self.update_estimate()
 
     def _on_probe_failed(self, _gen: int, exc: BaseException) -> None:
-        from gradexplorer.app.window.error_dialog import one_line
-
         self._probed_tree = None
         self._show_estimate(None, "", f"The memory needed cannot be estimated: {one_line(exc)}")
 
     def compute_estimate(self) -> MemoryEstimate | None:
         """The estimate for the session's current settings, when a fitting probed tree is
         at hand (starts a probe in a worker otherwise and returns None)."""
-        from gradexplorer.capturing.memory_estimate import estimate_capture_memory
-
         s = self.session
         if s.model is None or s.batch is None or not s.selection or s.tree is None:
             return None
@@ -478,8 +487,6 @@ class RunPanel(QWidget):
 
     def update_estimate(self) -> MemoryEstimate | None:
         """Recompute the estimate and the budget warning now (also the debounced slot)."""
-        from gradexplorer.capturing.memory_estimate import budget_message, budget_shortfall, stats_only_fits
-
         self._estimate_timer.stop()
         try:
             estimate = self.compute_estimate()

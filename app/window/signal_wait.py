@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 
 
-def wait_for_signal(signal, start: Callable[[], object] | None = None, timeout_s: float = 600.0) -> tuple:
+def wait_for_signal(signal: SignalInstance, start: Callable[[], object] | None = None,
+                    timeout_s: float = 600.0) -> tuple[Any, ...]:
     """Run the event loop until ``signal`` fires and return its arguments.
 
     ``start`` is called after connecting, so that a signal emitted at once is not missed.
@@ -15,12 +19,10 @@ def wait_for_signal(signal, start: Callable[[], object] | None = None, timeout_s
     TimeoutError
         When the signal does not fire within ``timeout_s``.
     """
-    from PySide6.QtCore import QEventLoop, QTimer
-
     loop = QEventLoop()
-    got: list = []
+    got: list[tuple[Any, ...]] = []
 
-    def on(*args):
+    def on(*args: Any) -> None:
         got.append(args)
         loop.quit()
 

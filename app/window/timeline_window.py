@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from gradexplorer.app.views.timeline_view import TimelineView
+from gradexplorer.app.window.application import setup_application
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.data import Capture
+from gradexplorer.recording.watch_log import is_watch_log
 
 #: The file filter of "Open timeline…".
 TIMELINE_FILTER = "Watch logs and dataset captures (*.gxw *.pt);;All files (*)"
@@ -19,8 +23,6 @@ class TimelineWindow(QMainWindow):
 
     def __init__(self, path: str | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from gradexplorer.app.cli.watch import is_watch_log
-
         self.view = TimelineView()
         self.setCentralWidget(self.view)
         self.resize(1400, 900)
@@ -34,7 +36,7 @@ class TimelineWindow(QMainWindow):
             self.view.open_capture(str(p))
 
     @classmethod
-    def of_capture(cls, cap, name: str, parent: QWidget | None = None) -> TimelineWindow:
+    def of_capture(cls, cap: Capture, name: str, parent: QWidget | None = None) -> TimelineWindow:
         """A timeline window on a dataset capture in memory (no file)."""
         window = cls(None, parent)
         window.setWindowTitle(f"gradexplorer timeline: {name}")
@@ -54,10 +56,6 @@ def launch_timeline(path: str, screenshot: str | None = None, select: str | None
     p = Path(path).expanduser()
     if not p.is_file():
         raise GradExplorerError(f"'{path}' does not exist;", "give a watch log (.gxw) or a dataset capture (.pt).")
-    from PySide6.QtCore import QTimer
-
-    from gradexplorer.app.window.launch import setup_application
-
     app = setup_application()
     window = TimelineWindow(str(p))
     view = window.view

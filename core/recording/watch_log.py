@@ -64,6 +64,20 @@ STAT_COLUMNS = ("numel", "count", "nan_count", "inf_count", "zero_count", "min",
 ALL_ROWS_QUERY = "SELECT s.*, st.loss, st.wall_time FROM stats s LEFT JOIN steps st USING (step, rank)"
 
 
+#: The first 16 bytes of every SQLite database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def is_watch_log(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an SQLite file: a watch log, or something to refuse as one (by its
+    header, so that a log renamed away from ``.gxw`` is still told from a capture file)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
 def encode_hist(hist: np.ndarray) -> tuple[int, bytes]:
     """(first bin, little-endian int64 counts up to the last non-zero bin)."""
     nz = np.flatnonzero(hist)

@@ -50,12 +50,12 @@ def shown_errors(monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_modal_dialogs(monkeypatch):
     """A test that reaches a real modal dialog fails instead of hanging."""
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.window.dialogs")
+        raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
-                 "ask_item", "confirm_trust", "ask_dataset_run"):
+                 "ask_item", "confirm_trust", "run_modal"):
         monkeypatch.setattr(dialogs, name, refuse)
     yield

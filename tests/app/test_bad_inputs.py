@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from gradexplorer.app import dialogs
 from gradexplorer.app.views.compare_view import CompareView
-from gradexplorer.app.window import compare_window, dialogs, error_dialog
+from gradexplorer.app.window import compare_window, error_dialog
 from gradexplorer.app.window.compare_window import CHOICES, CompareWindow, compare_with
 from gradexplorer.capturing.capture import capture
 from gradexplorer.comparison.compare import compare, flow_comparison, heatmap_triple

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
+from gradexplorer.app.window import dataset_run
 from gradexplorer.base.errors import BatchError, GradExplorerError
 from gradexplorer.recording.dataset import DatasetSource, capture_dataset
 from tests.conftest import assert_no_hooks
@@ -24,7 +25,7 @@ def folder(tmp_path_factory) -> Path:
 
 def start(qtbot, window, monkeypatch, path, batch_size=3, max_samples=None):
     monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(path))
-    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (batch_size, max_samples))
+    monkeypatch.setattr(dataset_run, "ask_dataset_run", lambda parent, f, b: (batch_size, max_samples))
     with qtbot.waitSignal(window.dataset_run.done, timeout=TIMEOUT) as done:
         window.run_folder_action.trigger()
     return done.args[0]
@@ -99,7 +100,7 @@ def test_cancel_mid_run_keeps_the_previous_capture(qtbot, demo, monkeypatch, fol
 
     monkeypatch.setattr(DatasetSource, "batches", slow_batches)
     monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(folder))
-    monkeypatch.setattr(dialogs, "ask_dataset_run", lambda parent, f, b: (2, None))
+    monkeypatch.setattr(dataset_run, "ask_dataset_run", lambda parent, f, b: (2, None))
     with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT) as done:
         demo.run_folder_action.trigger()
         assert demo.run_panel.cancel_button.isEnabled()
@@ -183,3 +184,21 @@ def test_the_question_has_sane_defaults(qtbot):
 
     texts = " ".join(label.text() for label in d.findChildren(QLabel))
     assert "Statistics only" in texts and "/some/folder" in texts
+
+
+def test_the_question_is_shown_through_dialogs_run_modal(qtbot, monkeypatch):
+    """The question's dialog is shown by the one replaceable modal call; its answer is the
+    dialog's values when accepted, None when cancelled."""
+    shown = []
+
+    def accept(dialog):
+        shown.append(dialog)
+        dialog.batch_spin.setValue(5)
+        dialog.max_spin.setValue(40)
+        return True
+
+    monkeypatch.setattr(dialogs, "run_modal", accept)
+    assert dataset_run.ask_dataset_run(None, "/some/folder", 8) == (5, 40)
+    assert isinstance(shown[0], dataset_run.DatasetRunDialog)
+    monkeypatch.setattr(dialogs, "run_modal", lambda dialog: False)
+    assert dataset_run.ask_dataset_run(None, "/some/folder", 8) is None

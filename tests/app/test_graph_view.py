@@ -109,11 +109,11 @@ def test_tick_and_untick_from_the_graph(qtbot, panel):
 
 
 def test_search_and_hover_text(panel):
-    hits = panel.find("downsample")
+    hits = panel.find_nodes("downsample")
     # Hidden inside collapsed blocks: the blocks that hold a match light up.
     assert set(hits) == {"m:layer2.0:0", "m:layer3.0:0", "m:layer4.0:0"}
     assert all(panel.items[h].hit for h in hits)
-    assert panel.find("") == [] and not any(i.hit for i in panel.items.values())
+    assert panel.find_nodes("") == [] and not any(i.hit for i in panel.items.values())
     tip = panel.tooltip("m:fc:0")
     assert "fc" in tip and "Linear" in tip and "2×1000" in tip and "gradient L2 norm" in tip
 
@@ -160,7 +160,7 @@ def test_log_colour_bar_follows_the_statistic(qtbot, panel):
 
 
 def test_export_svg_and_png(panel, tmp_path, monkeypatch):
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
 
     svg = panel.export(str(tmp_path / "g.svg"))
     text = (tmp_path / "g.svg").read_text()

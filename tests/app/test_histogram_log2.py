@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.views import CaptureViews
+from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.app.views.histogram_view import edge_label
 from gradexplorer.capturing.capture import capture
 from gradexplorer.recording.dataset import DatasetStats, to_capture

@@ -9,7 +9,8 @@ import torch
 from PySide6.QtCore import Qt
 
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app.window import dialogs, error_dialog
+from gradexplorer.app import dialogs
+from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.main_window import MainWindow
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.devices import DeviceInfo

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gradexplorer.capturing.memory_estimate
-from gradexplorer.app.window import dialogs
+from gradexplorer.app import dialogs
 from gradexplorer.app.window.main_window import MainWindow
 from gradexplorer.base.devices import DeviceInfo
 

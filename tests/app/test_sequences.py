@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app.views import CaptureViews
+from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.capturing.capture import capture
 
 

@@ -143,7 +143,7 @@ def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
 
 
 def test_export_png_and_csv(qtbot, view, tmp_path, monkeypatch):
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)
@@ -220,7 +220,7 @@ def test_unreadable_file_says_so(qtbot, view, tmp_path):
 
 
 def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
-    from gradexplorer.app.window import dialogs
+    from gradexplorer.app import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)

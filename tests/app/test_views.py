@@ -14,7 +14,8 @@ from torch import nn
 from gradexplorer.analysis.gradcam import grad_cam
 from gradexplorer.analysis.gradient_flow import flow_series
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app.views import CaptureViews, GradientFlowView
+from gradexplorer.app.views.capture_views import CaptureViews
+from gradexplorer.app.views.flow_view import GradientFlowView
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.inputs import Batch
 

@@ -2,12 +2,14 @@
 
 Every modal question goes through a function here, looked up on the module at call
 time (``dialogs.ask_open_files(...)``), so tests replace them with ``monkeypatch`` and
-never block on a real dialog.
+never block on a real dialog. A question with a dialog of its own (Run over folder…)
+builds it where it lives and shows it with :func:`run_modal`. The window and the views
+both ask through this module, which imports no other part of the app.
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox, QWidget
 
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.bmp *.webp *.tif *.tiff *.gif);;All files (*)"
 TENSOR_FILTER = "Tensor files (*.pt *.pth);;All files (*)"
@@ -46,12 +48,9 @@ def ask_item(parent: QWidget | None, title: str, label: str, items: list[str],
     return value.strip() if ok else None
 
 
-def ask_dataset_run(parent: QWidget | None, folder: str, batch_size: int) -> tuple[int, int | None] | None:
-    """Run over folder…: ``(batch_size, max_samples or None for all)``, or None when cancelled."""
-    from gradexplorer.app.window.dataset_run import DatasetRunDialog
-
-    dialog = DatasetRunDialog(parent, folder, batch_size)
-    return dialog.values() if dialog.exec() == DatasetRunDialog.DialogCode.Accepted else None
+def run_modal(dialog: QDialog) -> bool:
+    """Show ``dialog`` modally; whether the user accepted it."""
+    return dialog.exec() == QDialog.DialogCode.Accepted
 
 
 def confirm_trust(parent: QWidget | None, what: str, why: str) -> bool:

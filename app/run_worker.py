@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, QRunnable, QThreadPool, Signal, Slot
 
 from gradexplorer.base.errors import CaptureCancelled
 
-Task = Callable[[Callable[[str, int, int], None], threading.Event], Any]
+#: ``progress(stage, done, total)``, callable from the worker thread.
+Progress = Callable[[str, int, int], None]
+#: A task: ``fn(progress, cancel)``, run in a worker thread.
+Task = Callable[[Progress, threading.Event], Any]
 
 _pool: QThreadPool | None = None
 
@@ -139,8 +142,6 @@ class TaskRunner(QObject):
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no task of this runner is alive (processing queued events)."""
-        from PySide6.QtCore import QCoreApplication
-
         end = time.monotonic() + timeout_s
         while self._live and time.monotonic() < end:
             QCoreApplication.processEvents()
