@@ -3,7 +3,8 @@ import-linter contract), except inside the two commands that open a window.
 
 One module per command; each registers its parser (``register(sub)``) and runs it
 (``cmd_<name>(args, ui)``). ``main`` imports the commands, the commands import ``common``,
-and nothing imports ``main``.
+and nothing imports ``main``. The engine is imported inside each command's
+function, so that a command pays at start only for what it runs.
 
 Modules
 -------

@@ -24,6 +24,9 @@ from gradexplorer.app.cli.common import (
 from gradexplorer.app.cli.format import fmt_seconds, fmt_shape, human_size
 from gradexplorer.base.units import counted
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+
 if TYPE_CHECKING:
     from gradexplorer.app.cli.common import SubParsers
     from gradexplorer.capturing.memory_estimate import MemoryEstimate

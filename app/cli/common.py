@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 from gradexplorer.app.cli.format import ProgressBar
 from gradexplorer.base.errors import GradExplorerError
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+
 if TYPE_CHECKING:
     from typing import TypeAlias
 

@@ -19,6 +19,9 @@ from gradexplorer.app.cli.common import EXIT_OK, UI, capture_options, check_out_
 from gradexplorer.app.cli.format import fmt_seconds, human_size
 from gradexplorer.base.errors import GradExplorerError
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+
 if TYPE_CHECKING:
     from gradexplorer.capturing.data import Capture
     from gradexplorer.recording.dataset import DatasetStats

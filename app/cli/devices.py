@@ -1,7 +1,7 @@
 """``gradexplorer devices``: the devices a capture can run on, with their memory.
 
-The engine is imported inside the command, for start-up time (``gradexplorer --help``
-loads no torch).
+The engine is imported inside the command, for start-up time: the parser of every
+command is built at start.
 """
 
 from __future__ import annotations

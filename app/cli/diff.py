@@ -17,6 +17,9 @@ from gradexplorer.app.cli.common import UI, UsageError, add_common
 from gradexplorer.app.cli.format import fmt_num, fmt_shape, table
 from gradexplorer.base.errors import GradExplorerError
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+
 if TYPE_CHECKING:
     from gradexplorer.app.cli.common import SubParsers
     from gradexplorer.comparison.compare import CallDiff, Comparison, KindDiff, TensorDiff

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING
 from gradexplorer.app.cli.common import UI, add_common, add_input_args, add_model_args, job_options, job_progress
 from gradexplorer.base.errors import GradExplorerError
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+from gradexplorer.model_graph.statistics import DIVERGENCE_BY, STATISTIC_LABELS  # no torch: see its docstring
+
 if TYPE_CHECKING:
     from gradexplorer.app.cli.common import SubParsers
     from gradexplorer.model_graph.graph import ModelGraph
@@ -23,8 +27,6 @@ SUFFIXES = (".json", ".dot", ".svg", ".png")
 
 def register(sub: SubParsers) -> None:
     """Add the ``graph`` subcommand to the CLI's subparsers."""
-    from gradexplorer.model_graph.render import STATISTIC_LABELS
-
     p = sub.add_parser(
         "graph", help="draw the model's data-flow graph (JSON, DOT, SVG or PNG)",
         description="Write the model's data-flow graph: every module call, the tensor operations "
@@ -106,7 +108,6 @@ def build_graph(args: argparse.Namespace, ui: UI) -> ModelGraph:
 
 def _color_by(args: argparse.Namespace) -> str:
     """The statistic to colour by, checked against --compare."""
-    from gradexplorer.model_graph.compare import DIVERGENCE_BY
 
     if args.compare and not args.capture:
         raise GradExplorerError("--compare B.pt compares with a capture A;", "give --capture A.pt too.")

@@ -12,6 +12,9 @@ from gradexplorer.app.cli.common import EXIT_OK
 from gradexplorer.app.cli.format import fmt_num, human_size, table
 from gradexplorer.base.errors import GradExplorerError
 
+# Engine modules are imported inside the functions that use them (start-up time): main builds
+# every command's parser at start, and each command then loads only the engine parts it runs.
+
 
 def _first_last(v: np.ndarray) -> tuple[float, float]:
     idx = np.flatnonzero(~np.isnan(v))

@@ -65,9 +65,7 @@ from gradexplorer.capturing.nonfinite import NonfiniteOnset, onset_location
 from gradexplorer.model_graph.graph import GraphView, ModelGraph, extract_graph, first_sample
 from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
 from gradexplorer.model_graph.render import (
-    COLOR_BY,
     FLAG_COLORS,
-    STATISTIC_LABELS,
     clip_route,
     color_scale,
     edge_widths,
@@ -77,6 +75,7 @@ from gradexplorer.model_graph.render import (
     text_color,
     to_svg,
 )
+from gradexplorer.model_graph.statistics import COLOR_BY, STATISTIC_LABELS
 
 #: Colour of selection, search hits and ticked layers.
 SELECT_COLOR = QColor("#e6550d")

@@ -25,8 +25,9 @@ from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.comparison.compare import Comparison, compare, save_csv
 from gradexplorer.files.capture_file import load_capture
-from gradexplorer.model_graph.compare import DIVERGENCE_BY, attach_comparison
+from gradexplorer.model_graph.compare import attach_comparison
 from gradexplorer.model_graph.graph import ModelGraph
+from gradexplorer.model_graph.statistics import DIVERGENCE_BY
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.compare_sources import Variant, compare_variant, options_from_session
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions

@@ -15,15 +15,6 @@ from typing import Any
 
 from gradexplorer.model_graph.graph import ModelGraph, NodeStats
 
-#: Statistics of a comparison that colour the graph, with their labels.
-DIVERGENCE_BY = {
-    "div_grad": "gradient rel. L2 difference B vs A",
-    "div_activation": "activation rel. L2 difference B vs A",
-    "grad_ratio": "gradient norm ratio B / A",
-}
-#: Of those, the ratios: drawn on a diverging scale around 1.
-RATIOS = frozenset({"grad_ratio"})
-
 
 def _norm_ratio(kind_diff: Any) -> float | None:
     if kind_diff is None or kind_diff.note:

@@ -14,20 +14,10 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.model_graph.compare import DIVERGENCE_BY, RATIOS
 from gradexplorer.model_graph.graph import GraphView, ModelGraph
 from gradexplorer.model_graph.layout import Layout, node_label
+from gradexplorer.model_graph.statistics import DIVERGENCE_BY, RATIOS, STATISTIC_LABELS
 
-#: Statistics a node can be coloured by, with their labels.
-COLOR_BY = {
-    "grad_l2": "gradient L2 norm",
-    "grad_mean_abs": "mean |gradient|",
-    "grad_rms": "gradient RMS",
-    "activation_std": "activation std",
-    "flags": "flags",
-}
-#: Every statistic a node can be coloured by: its own, and a comparison's.
-STATISTIC_LABELS = {**COLOR_BY, **DIVERGENCE_BY}
 #: Colours of the flags, most serious first.
 FLAG_COLORS = {
     "nan/inf": "#d62728", "no gradient": "#7f7f7f", "zero": "#9467bd",

@@ -206,9 +206,10 @@ def test_sequence_and_dict_output_models_draw(qtbot):
 
 
 def test_window_graph_tab_colours_nodes_by_divergence_and_follows_the_table(qtbot, pair):
-    from gradexplorer.model_graph.compare import DIVERGENCE_BY, divergence_values
+    from gradexplorer.model_graph.compare import divergence_values
     from gradexplorer.model_graph.graph import graph_for_capture
     from gradexplorer.model_graph.render import color_scale
+    from gradexplorer.model_graph.statistics import DIVERGENCE_BY
 
     a, b, result = pair
     torch.manual_seed(0)

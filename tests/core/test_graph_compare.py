@@ -10,10 +10,11 @@ import torch
 
 from gradexplorer.capturing.capture import capture
 from gradexplorer.comparison.compare import compare
-from gradexplorer.model_graph.compare import DIVERGENCE_BY, attach_comparison
+from gradexplorer.model_graph.compare import attach_comparison
 from gradexplorer.model_graph.graph import extract_graph
 from gradexplorer.model_graph.layout import layout_view
 from gradexplorer.model_graph.render import NO_DATA, color_scale, colormap, diverging_colormap, node_colors, to_svg
+from gradexplorer.model_graph.statistics import DIVERGENCE_BY
 from tests.core.test_compare import Chain
 
 

@@ -148,3 +148,27 @@ def test_contracts_layer_every_part_of_the_app():
     layered = {name.strip() for layer in app["layers"] for name in layer.split("|")}
     assert layered == {m.name for m in pkgutil.iter_modules([str(ROOT / "app")])} - {"explore"}
     assert app["layers"].index("window") < app["layers"].index("views")  # views never import the window
+
+
+def _packages() -> list[Path]:
+    return sorted(p for folder in ("core", "app") for p in (ROOT / folder).rglob("__init__.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_every_package_says_what_it_owns_and_holds_no_logic():
+    """Each ``__init__.py`` has a docstring and an ``__all__``, and only re-exports: no
+    function or class is defined in one (the logic lives in a module named for it)."""
+    import ast
+
+    packages = _packages()
+    assert len(packages) >= 16
+    for path in packages:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = path.relative_to(ROOT)
+        assert ast.get_docstring(tree), f"{where} has no docstring saying what the package owns"
+        names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                 if isinstance(t, ast.Name)}
+        assert "__all__" in names, f"{where} has no __all__"
+        defined = [node.name for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert not defined, f"{where} defines {defined}: move them to a module of the package"
