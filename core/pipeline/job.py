@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+# The batch loaders are looked up on their package when called: tests replace them.
+from gradexplorer import batches
 from gradexplorer.base.devices import resolve_device
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
 from gradexplorer.base.units import format_bytes
-from gradexplorer.batches import check_batch_shape, load_batch, parse_labels, random_batch_for, random_shape_for
 from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch, ModelInputs
@@ -106,7 +107,7 @@ def default_batch_spec(loaded: LoadedModel, n: int = 2) -> BatchSpec | None:
     """
     if loaded.spec.startswith("demo:"):
         return BatchSpec(demo=True)
-    shape = random_shape_for(loaded.module, loaded.input_shape, n)
+    shape = batches.random_shape_for(loaded.module, loaded.input_shape, n)
     if shape is None:
         return None
     return BatchSpec(random="x".join(str(d) for d in shape))
@@ -180,7 +181,7 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
         # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
         # fail on an fp16 model or index an Embedding with floats.
-        made = random_batch_for(loaded.module, loaded.input_shape, n=1)
+        made = batches.random_batch_for(loaded.module, loaded.input_shape, n=1)
         x = made.tensor if made is not None else None
     keys: list[str] = []
     error = None
@@ -396,8 +397,8 @@ class CaptureJob:
             start = time.perf_counter()
             self._report(STAGE_LOAD_BATCH)
             sources = self._sources(loaded)
-            self.batch = load_batch(sources, loaded, self.options.labels)
-            check_batch_shape(self.batch, loaded.input_shape)
+            self.batch = batches.load_batch(sources, loaded, self.options.labels)
+            batches.check_batch_shape(self.batch, loaded.input_shape)
             self.labels = self.batch.labels
             self._labels_done = True
             self._timed("load_batch", start)
@@ -441,7 +442,7 @@ class CaptureJob:
 
     def _labels_for(self, batch: Batch, loaded: LoadedModel) -> torch.Tensor | None:
         if self.options.labels:
-            return parse_labels(self.options.labels, len(batch), loaded.categories)
+            return batches.parse_labels(self.options.labels, len(batch), loaded.categories)
         return batch.labels
 
     def _check_labels(self) -> None:

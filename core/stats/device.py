@@ -42,8 +42,7 @@ from typing import Any, cast
 
 import torch
 
-from gradexplorer.stats import cpu as cpu_stats
-from gradexplorer.stats.batched import batched_stats
+from gradexplorer.stats import batched, cpu as cpu_stats
 from gradexplorer.stats.moments import (
     HIST_BINS,
     fused_cpu_enabled,
@@ -356,7 +355,8 @@ class DeferredStats:
         """Summarise the tensors kept by ``summarize_later`` now, together, and let them go."""
         if self._later:
             try:
-                done = batched_stats([t for _s, t in self._later], self.hist_limit)
+                # looked up when called: tests wrap it
+                done = batched.batched_stats([t for _s, t in self._later], self.hist_limit)
             except Exception as exc:  # noqa: BLE001 - its buffers can exhaust a full GPU: one at a time
                 log.warning("batched statistics failed (%s: %s): summarising one tensor at a time",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
