@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    opens gradexplorer on its built-in demo
-#   make test   runs the code checks (ruff, mypy on core/, import-linter), then the whole
+#   make test   runs the code checks (ruff, mypy, import-linter), then the whole
 #               test suite (headless); `make lint` runs the checks alone
 #   make bench  also installs the optional `bench` extra (the peers: TorchLens, Captum),
 #               then prints the benchmark table

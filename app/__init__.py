@@ -14,7 +14,8 @@ dialogs
 run_worker
     Long work off the GUI thread (the window's and the views').
 explore
-    ``gradexplorer.explore``, the window on a live model.
+    ``gradexplorer.explore``, the window on a live model (not available yet: it raises and says
+    what to do instead).
 """
 
 __all__ = ["cli", "window", "views", "dialogs", "run_worker", "explore"]

@@ -289,7 +289,7 @@ def compile_seconds() -> dict:
     """First use of the numba statistics kernel in a fresh process: from an empty cache
     (compiling) and from the on-disk cache that run wrote (loading). Empty when numba is
     missing."""
-    code = ("import json, time, torch; t = time.perf_counter(); from core import cpu_stats; "
+    code = ("import json, time, torch; t = time.perf_counter(); from gradexplorer.stats import cpu as cpu_stats; "
             "ok = cpu_stats.available() and cpu_stats.summarize(torch.randn(100_000), 1 << 14) is not None; "
             "print(json.dumps({'ok': bool(ok), 'seconds': time.perf_counter() - t}))")
     out = {}

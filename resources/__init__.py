@@ -1,6 +1,5 @@
 """Data shipped with gradexplorer: the demos' weights and sample pictures.
 
-Installed from a wheel, this folder is the package ``core.resources`` (see setup.py);
-``core.demos`` finds it with ``importlib.resources``, and falls back to this folder of a
-checkout when gradexplorer runs from the source tree without being installed.
+This folder is the package ``gradexplorer.resources`` (setup.py maps it, in a wheel and in
+an editable install); ``gradexplorer.models.demos`` finds it with ``importlib.resources``.
 """

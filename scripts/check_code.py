@@ -40,7 +40,8 @@ CHECKS = [
         "mypy",
         [PY, "-m", "mypy"],
         ("mypy found type errors (listed above). Give the function the annotations it lacks or "
-         "fix the type; rerun with `.venv/bin/python -m mypy`. Settings: [tool.mypy] in pyproject.toml."),
+         "fix the type; rerun with `.venv/bin/python scripts/check_code.py` (it lays out the package "
+         "view that mypy reads). Settings: [tool.mypy] in pyproject.toml."),
     ),
     (
         "import-linter",

@@ -4,7 +4,8 @@ setup.py maps three folders into the package (``core/`` is ``gradexplorer``, ``a
 ``gradexplorer.app``, ``resources/`` is ``gradexplorer.resources``). Python follows that
 mapping through the editable install's import finder, but mypy and grimp (import-linter)
 walk folders: they are pointed at ``build/package/gradexplorer``, a folder of links to
-the three, made afresh by :func:`lay_out`. :func:`repository_path` turns a path in the view
+the three, made afresh by :func:`lay_out` (copies where the system refuses links, as
+Windows does without Developer Mode). :func:`repository_path` turns a path in the view
 back into the repository's, for what the tools report.
 """
 
@@ -21,20 +22,31 @@ PACKAGE = VIEW / "gradexplorer"
 LINKED = {"app": ROOT / "app", "resources": ROOT / "resources"}
 
 
-def lay_out() -> Path:
-    """Make ``build/package/gradexplorer`` anew; return ``build/package`` (for sys.path)."""
-    if PACKAGE.is_symlink() or PACKAGE.is_file():
-        PACKAGE.unlink()
-    elif PACKAGE.exists():
-        shutil.rmtree(PACKAGE)
-    PACKAGE.mkdir(parents=True)
-    for entry in sorted((ROOT / "core").iterdir()):
-        if entry.name == "__pycache__" or entry.name in LINKED:
-            continue
-        (PACKAGE / entry.name).symlink_to(os.path.relpath(entry, PACKAGE))
-    for name, target in LINKED.items():
-        (PACKAGE / name).symlink_to(os.path.relpath(target, PACKAGE))
-    return VIEW
+def lay_out(view: Path = VIEW) -> Path:
+    """Make ``VIEW/gradexplorer`` anew (``build/package`` unless told otherwise: a test lays
+    out its own, so that it never races with a ``make lint``); return ``view`` (for
+    sys.path)."""
+    package = view / "gradexplorer"
+    if package.is_symlink() or package.is_file():
+        package.unlink()
+    elif package.exists():
+        shutil.rmtree(package)
+    package.mkdir(parents=True)
+    entries = [(entry.name, entry) for entry in sorted((ROOT / "core").iterdir())
+               if entry.name != "__pycache__" and entry.name not in LINKED]
+    for name, target in [*entries, *LINKED.items()]:
+        _link(package / name, target)
+    return view
+
+
+def _link(path: Path, target: Path) -> None:
+    try:
+        path.symlink_to(os.path.relpath(target, path.parent), target_is_directory=target.is_dir())
+    except OSError:  # no symbolic links here: a copy serves (it is laid out anew every run)
+        if target.is_dir():
+            shutil.copytree(target, path, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(target, path)
 
 
 def repository_path(text: str) -> str:

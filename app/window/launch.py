@@ -21,7 +21,7 @@ def launch(options: CaptureOptions | None = None, run: bool = False, screenshot:
     ----------
     options : CaptureOptions, optional
         What to load and how to run: the options the ``capture`` command builds from the
-        same flags (``gradexplorer.app.cli.main.capture_options``). The window loads their model, batch
+        same flags (``gradexplorer.app.cli.common.capture_options``). The window loads their model, batch
         (the default for the model when none is named: ``gradexplorer.pipeline.job.default_batch_spec``)
         and layers, and takes their run settings (``Session.apply_options``). Without
         options the built-in demo ``demo:shapes`` is loaded with its sample pictures and

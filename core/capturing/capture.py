@@ -31,7 +31,7 @@ import gc
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -454,7 +454,7 @@ def capture(
     meta : dict, optional
         Extra metadata (model, weights, categories...) stored in ``Capture.meta``.
     expected_calls : int, optional
-        Module calls per forward (from ``gradexplorer.capturing.module_tree.probe``), for progress.
+        Module calls per forward (from ``gradexplorer.capturing.module_tree.ModuleTree.probe``), for progress.
     hist_exact_limit : int, optional
         Histogram subsampling threshold (``gradexplorer.stats.summary``); default
         ``gradexplorer.stats.moments.HIST_EXACT_LIMIT``.
@@ -531,8 +531,6 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def _autocast(device: torch.device, autocast: str | None) -> AbstractContextManager[Any]:
     """Forward under ``torch.autocast`` with the dtype named (or no autocast)."""
-    from contextlib import nullcontext
-
     if autocast is None:
         return nullcontext()
     if autocast not in _AUTOCAST_DTYPES:

@@ -146,8 +146,8 @@ def model_state_preserved(model: nn.Module, train: bool | None = None,
     try:
         if moved:
             model.to(device)
-        if train is not None and any(mode != train for mode in modes.values()):
-            model.train(train)
+        if train is not None:
+            model.train(train)  # also when the flags already agree: a model may override train()
         yield
     finally:
         if saved_buffers is not None:

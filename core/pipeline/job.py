@@ -26,8 +26,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -172,8 +173,6 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
     PreparedModel
         A failed probe does not raise: it is reported in ``probe_error``.
     """
-    from contextlib import nullcontext
-
     tree = ModuleTree.build(loaded.module)
     x = None
     if sample is not None and sample.dim() > 0 and len(sample) > 0:
@@ -281,8 +280,6 @@ class CaptureJob:
         self.timing[step] = round(time.perf_counter() - start, 4)
 
     def _held(self) -> AbstractContextManager[Any]:
-        from contextlib import nullcontext
-
         return self.lock if self.lock is not None else nullcontext()
 
     # -- steps -------------------------------------------------------------------------
@@ -349,8 +346,6 @@ class CaptureJob:
         o = self.options
         if not o.weights or o.model.startswith("demo:"):
             return False
-        from pathlib import Path
-
         if Path(o.weights).expanduser().exists():
             return False
         import torchvision

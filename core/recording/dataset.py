@@ -17,9 +17,11 @@ float64 additions, and the series are identical.
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -461,8 +463,6 @@ def dataset_meta(loaded: Any, options: Any, source: DatasetSource, layers: Seque
     seconds : float, optional
         How long the capture took.
     """
-    import datetime as _dt
-
     return {
         "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
         "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
@@ -509,8 +509,6 @@ def run_dataset_job(job: Any, batch_size: int, max_samples: int | None = None) -
         model does not take, a bad target or layers; ``CaptureError`` when forward or
         backward fails; ``CaptureCancelled``.
     """
-    from contextlib import nullcontext
-
     start = time.perf_counter()
     device = job.resolve_device()
     loaded = job.load_model()

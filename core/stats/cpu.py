@@ -4,7 +4,7 @@ The torch path of ``gradexplorer.stats.summary`` reads a tensor five to seven ti
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of
-``cpu_stats_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
+``cpu_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
 deviations from the block's first value and their squares, and the magnitudes. When those
 sums are finite, so is every value of the block, and a second loop over it, still in the L1
 cache, takes the minimum and maximum and counts the zeros in the data's own float type,

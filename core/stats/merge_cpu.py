@@ -41,9 +41,9 @@ def _kernels() -> Any:
                     if not cpu_stats.available():  # numba, and the switch that turns kernels off
                         raise RuntimeError("numba kernels unavailable")
                     # Deferred: importing the kernels imports numba and compiles them (seconds).
-                    from gradexplorer.stats import merge_kernels as merge_stats_kernels
+                    from gradexplorer.stats import merge_kernels
 
-                    _state["kernels"] = merge_stats_kernels
+                    _state["kernels"] = merge_kernels
                 except Exception:  # noqa: BLE001 - no numba, or one that cannot build it: torch path
                     _state["kernels"] = False
     return _state["kernels"]

@@ -42,7 +42,7 @@ def fold_counts(bits: Any, fold: Any, out: Any) -> None:
 
 @njit(cache=True, nogil=True)
 def moments_and_counts(x: Any, bits: Any, fold: Any, res: Any, out: Any) -> None:
-    """The capture's fused moments of ``x`` (``cpu_stats_kernels.chunk``: float64 sums
+    """The capture's fused moments of ``x`` (``cpu_kernels.chunk``: float64 sums
     around block pivots, the NaN count, finite extremes) into ``res[0]``, then the log2
     bin counts of its bits (``bits``: ``x`` viewed as int32) into ``out``."""
     # No histogram sample (the log2 bins count every value); made here, since numba

@@ -101,10 +101,10 @@ print(json.dumps({"modules": sorted(graph.modules), "cycles": cycles}))
 
 
 
-def test_no_import_cycles():
+def test_no_import_cycles(tmp_path):
     # In a fresh interpreter on the package view: grimp finds the package through the import
     # system, and this process's gradexplorer (the editable install) would hide gradexplorer.app.
-    view = str(lay_out())
+    view = str(lay_out(tmp_path))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [view, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", CYCLES], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
