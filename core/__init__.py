@@ -35,8 +35,8 @@ GradExplorerError
     Every failure the user can cause: ``problem`` and ``fix`` say what happened and what
     to do.
 explore
-    The window on a live model: not available yet (it raises ``GradExplorerError`` saying
-    what to do instead).
+    The window on a live model and its batch (or on a capture), in the same process
+    (``gradexplorer.app.explore``).
 
 Importing ``gradexplorer`` loads none of these: each is imported on first use, so the
 package imports without Qt and without compiling the statistics kernels.

@@ -33,8 +33,10 @@ from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
 from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.models import trust_subject
+from gradexplorer.models.loaded_model import LoadedModel as Model
 from gradexplorer.models.weights import ModelInfo, model_catalog
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
+from gradexplorer.pipeline.live import is_live
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
 from gradexplorer.pipeline.view_state import ViewState, clamp
@@ -235,6 +237,32 @@ class WindowController(QObject):
         self._run_after_load = False
         return self._start_model_load(request, None)
 
+    def show_live(self, model: Model, batch: Batch | None, options: CaptureOptions, run: bool = False) -> int:
+        """Show a model handed over in memory (``gradexplorer.explore``) with its batch:
+        probed in a worker like a loaded one, then shown; run when asked. Nothing is
+        loaded and no trust is asked. Returns the task's generation."""
+        self._pending_layers = list(options.layers) or None
+        self._run_after_load = run
+        self._last_model_request = None  # a failure has no load to retry with trust
+        self._pending_inputs = None
+
+        def task(progress: Progress, cancel: threading.Event) -> LoadedModel:
+            progress(STAGE_PROBE, 0, 0)
+            prepared = probe_model(model, batch.model_input if batch is not None else None)
+            prepared.options = options
+            return LoadedModel(prepared, batch, [], None)
+
+        self.model_busy.emit(True, f"preparing {model.name}…")
+        self.status.emit(f"Preparing {model.name}…", 0)
+        return self.model_runner.start(task)
+
+    def show_capture(self, capture: Capture) -> None:
+        """Show a capture object the caller holds (``gradexplorer.explore(capture)``)."""
+        self.run_runner.cancel()
+        self.session.open_capture(capture)
+        self.status.emit(f"Showing the capture ({len(capture)} layers).", 8000)
+        self.file_done.emit("open")
+
     def _start_model_load(self, request: ModelRequest, inputs: list[str] | None, labels: str | None = None) -> int:
         self._last_model_request = request
         self._pending_inputs = inputs
@@ -249,7 +277,7 @@ class WindowController(QObject):
         s.set_model(result.prepared)
         s.set_batch(result.batch, result.sources)
         spec = result.prepared.loaded.spec
-        if not spec.startswith("demo:"):
+        if not spec.startswith("demo:") and not is_live(spec):  # nothing on disk to open again
             self.settings.add_recent_model(spec)
         message = f"Loaded {result.prepared.loaded.name} in {seconds:.1f} s"
         if result.prepared.probe_error is not None:

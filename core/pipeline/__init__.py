@@ -13,8 +13,10 @@ compare_sources
     Where the second capture of a comparison comes from.
 session
     The state of one exploring session, shared by the window's panels.
+live
+    A model and a batch from the caller's process, made ready for a session.
 view_state
     What the user is looking at: an evented model the views share.
 """
 
-__all__ = ["options", "job", "provenance", "compare_sources", "session", "view_state"]
+__all__ = ["options", "job", "provenance", "compare_sources", "session", "live", "view_state"]

@@ -24,6 +24,7 @@ from gradexplorer.capturing.inputs import Batch
 from gradexplorer.comparison.compare import Comparison, Tolerance, compare
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.live import is_live
 from gradexplorer.pipeline.options import AUTOCAST_DTYPES, BatchSpec, CaptureOptions
 
 #: ``Variant.autocast`` value that turns autocast off in B (when A used it).
@@ -197,6 +198,11 @@ def compare_variant(
         From either capture (``CaptureCancelled`` when cancelled), or a variant that
         changes nothing; ``gradexplorer.comparison.compare.CompareError`` when the captures share no layer.
     """
+    if variant.weights is not None and variant.model is None and is_live(base.model):
+        raise GradExplorerError(
+            "other weights cannot be loaded for a model handed over in memory (gradexplorer.explore);",
+            "change the autocast, device, train mode, input or target instead, or load the other weights "
+            "into a second model and compare the two captures with gradexplorer.compare.")
     options_b = variant.apply(base)
     job_a = CaptureJob(base, _staged(progress, "A"), cancel, loaded=loaded, batch=batch, lock=lock)
     a = reference if reference is not None else job_a.run()

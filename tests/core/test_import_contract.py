@@ -81,10 +81,12 @@ def test_public_api():
     assert not {m.name for m in pkgutil.iter_modules(gradexplorer.__path__)} & set(gradexplorer.__all__)
 
 
-def test_explore_says_it_is_not_there_yet():
-    with pytest.raises(gradexplorer.GradExplorerError, match="not available") as info:
-        gradexplorer.explore(object())
-    assert "gradexplorer.capture" in info.value.fix
+def test_explore_refuses_what_is_not_a_model():
+    """``gx.explore`` is reachable from a bare import; a wrong argument is said in words
+    before the window (and Qt) is loaded (the window itself: tests/app/test_explore.py)."""
+    with pytest.raises(gradexplorer.GradExplorerError, match=r"torch\.nn\.Module") as info:
+        gradexplorer.explore(object(), None)
+    assert "Capture" in info.value.fix
 
 
 CYCLES = """

@@ -1,0 +1,292 @@
+"""``gradexplorer.explore``: the window on a live model, in the same process.
+
+The captures it shows are checked against plain autograd on the same model and batch
+(``tests/ground_truth.py``), and the model is checked to be left exactly as it was:
+parameters, buffers (BatchNorm statistics), modes, ``.grad`` and hooks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gradexplorer as gx
+from gradexplorer.app import explore as explore_module
+from tests.ground_truth import compare, reference
+
+TIMEOUT = 60_000
+
+
+class Net(nn.Module):
+    """Convolutions, BatchNorm (buffers that a forward in train mode would change),
+    dropout (modes), two inputs' worth of keyword arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.drop = nn.Dropout(0.5)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.pool(self.drop(self.relu(self.bn(self.conv(x))))).flatten(1)
+        out = self.fc(y)
+        return out * scale if scale is not None else out
+
+
+def model_state(model: nn.Module) -> dict:
+    """Everything explore must leave as it was."""
+    return {
+        "tensors": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "grads": {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()},
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "training": {n: m.training for n, m in model.named_modules()},
+        "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+                     + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules()),
+        "tensor_hooks": sum(len(p._backward_hooks or {}) for p in model.parameters()),
+    }
+
+
+def assert_same_state(before: dict, after: dict) -> None:
+    assert before["training"] == after["training"]
+    assert before["requires_grad"] == after["requires_grad"]
+    assert before["hooks"] == after["hooks"] == 0
+    assert before["tensor_hooks"] == after["tensor_hooks"] == 0
+    for k, v in before["tensors"].items():
+        assert torch.equal(v, after["tensors"][k]), k
+    for k, g in before["grads"].items():
+        if g is None:
+            assert after["grads"][k] is None, k
+        else:
+            assert torch.equal(g, after["grads"][k]), k
+
+
+@pytest.fixture
+def live():
+    torch.manual_seed(0)
+    model = Net()
+    model.train()  # the user's mode: explore runs in eval and must put train back
+    model.fc.weight.grad = torch.full_like(model.fc.weight, 0.25)  # a .grad the user accumulated
+    x = torch.randn(3, 3, 12, 12)
+    return model, x
+
+
+@pytest.fixture(autouse=True)
+def _close_windows():
+    yield
+    for window in list(explore_module._open_windows):
+        window.close()
+        window.shutdown()
+    explore_module._open_windows.clear()
+
+
+def test_nonblocking_explore_shows_the_live_models_capture_exactly(qtbot, live):
+    model, x = live
+    before = model_state(model)
+    window = gx.explore(model, x, block=False)
+    qtbot.addWidget(window)
+    assert window in explore_module._open_windows  # held while open: a notebook may drop it
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+    cap = window.session.capture
+    assert cap.meta["model"] == "live:Net"
+    assert window.session.model is not None and window.session.model.module is model  # not a copy
+    names = ["conv", "bn", "relu", "fc"]
+    worst = compare(cap, reference(model, x, names, target="top1"), names)
+    assert worst < 1e-6
+    assert_same_state(before, model_state(model))
+    assert window.isVisible()
+    assert "Net" in window.windowTitle()
+    window.close()
+    assert window not in explore_module._open_windows  # closed: the model can be collected
+
+
+def test_explore_takes_the_command_lines_options(qtbot, live):
+    model, x = live
+    before = model_state(model)
+    labels = torch.tensor([1, 4, 0])
+    window = gx.explore(model, x, layers=["fc", "conv"], target="cross_entropy", labels=labels,
+                        mode="stats", input_grad=True, block=False, name="my net")
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+    cap = window.session.capture
+    assert set(cap.layers) == {"fc", "conv"}
+    assert cap.meta["model_name"] == "my net"
+    assert cap.meta["labels"] == [1, 4, 0]
+    assert window.session.mode == "stats"
+    ref = reference(model, x, ["fc"], target="cross_entropy", labels=labels, input_grad=True)
+    want = ref["calls"]["fc"][0]["grad_output"].double()
+    got = cap.layers["fc"].calls[0].stats.get("grad_output")
+    assert got is not None
+    assert got["l2"] == pytest.approx(float(want.norm()), rel=1e-6)
+    assert got["max"] == pytest.approx(float(want.max()), rel=1e-6)
+    assert_same_state(before, model_state(model))
+
+
+def test_explore_with_several_inputs_as_keyword_arguments(qtbot, live):
+    model, x = live
+    scale = torch.tensor([[2.0], [0.5], [1.0]])
+    window = gx.explore(model, {"x": x, "scale": scale}, layers="fc", block=False)
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+    cap = window.session.capture
+    model.eval()
+    with torch.no_grad():
+        want = model(x, scale=scale) / scale  # fc's output, before the scale
+    got = cap.layers["fc"].calls[0].activation
+    assert got is not None and torch.allclose(got, want, atol=1e-6)
+
+
+def test_explore_a_capture_object_and_a_capture_file(qtbot, live, tmp_path):
+    model, x = live
+    cap = gx.capture(model, x, layers=["fc"])
+    window = gx.explore(cap, block=False)
+    qtbot.addWidget(window)
+    assert window.session.capture is cap
+    path = tmp_path / "cap.pt"
+    gx.save_capture(cap, path)
+    other = gx.explore(str(path), block=False)
+    qtbot.addWidget(other)
+    qtbot.waitUntil(lambda: other.session.capture is not None, timeout=TIMEOUT)
+    assert list(other.session.capture.layers) == ["fc"]
+    assert torch.equal(other.session.capture.layers["fc"].calls[0].grad_output,
+                       cap.layers["fc"].calls[0].grad_output)
+
+
+def test_explore_returns_at_once_under_ipythons_qt_loop(qtbot, live, monkeypatch):
+    """In IPython with ``%gui qt`` on (or turned on by explore, as napari does), the
+    window is returned at once and the loop between cells drives it."""
+    model, x = live
+
+    class Shell:
+        def __init__(self) -> None:
+            self.active_eventloop: str | None = None
+            self.enabled: list[str] = []
+
+        def enable_gui(self, gui: str) -> None:
+            self.enabled.append(gui)
+            self.active_eventloop = gui
+
+    shell = Shell()
+    fake = type(sys)("IPython")
+    fake.get_ipython = lambda: shell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    exec_calls = []
+    from PySide6.QtWidgets import QApplication
+
+    monkeypatch.setattr(QApplication, "exec", lambda *a: exec_calls.append(a) or 0)
+    window = gx.explore(model, x, layers="fc")
+    qtbot.addWidget(window)
+    assert shell.enabled == ["qt"]  # %gui qt was turned on
+    assert exec_calls == []  # nothing blocked
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+
+
+def test_explore_without_ipython_blocks_until_closed(qtbot, live, monkeypatch):
+    """From a script: the event loop runs until the window closes (stood in for here)."""
+    model, x = live
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    ran = []
+    from PySide6.QtWidgets import QApplication
+
+    monkeypatch.setattr(QApplication, "exec", lambda *a: ran.append(True) or 0)
+    window = gx.explore(model, x, layers="fc", run=False)
+    qtbot.addWidget(window)
+    assert ran == [True]
+    assert window not in explore_module._open_windows
+
+
+def test_explore_inside_a_running_event_loop_returns_at_once(qtbot, live, monkeypatch):
+    from PySide6.QtCore import QTimer
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    seen = []
+    QTimer.singleShot(0, lambda: seen.append(explore_module._event_loop_running()))
+    qtbot.waitUntil(lambda: bool(seen), timeout=5000)
+    assert seen == [True]
+    assert explore_module._event_loop_running() is False  # the test's body runs outside the loop
+
+
+@pytest.mark.parametrize("bad, words", [
+    (lambda m, x: gx.explore("resnet18", block=False), "no capture file"),
+    (lambda m, x: gx.explore(__file__, block=False), "cannot be read"),
+    (lambda m, x: gx.explore(object(), x, block=False), "torch.nn.Module"),
+    (lambda m, x: gx.explore(m, "pictures/", block=False), "cannot be called with"),
+    (lambda m, x: gx.explore(m, x[:0], block=False), "no samples"),
+    (lambda m, x: gx.explore(m, x, labels=[1], block=False), "1 labels for 3 samples"),
+    (lambda m, x: gx.explore(m, x, target="nonsense", block=False), "target"),
+    (lambda m, x: gx.explore(m, x, mode="everything", block=False), "capture mode"),
+    (lambda m, x: gx.explore(None), "needs a model"),
+])
+def test_bad_arguments_are_refused_in_words_before_a_window_opens(qtbot, live, bad, words, monkeypatch, tmp_path):
+    model, x = live
+    monkeypatch.chdir(tmp_path)
+    before = model_state(model)
+    from gradexplorer.app.window import error_dialog
+
+    shown: list = []
+    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: shown.append((title, exc)))
+    try:
+        window = bad(model, x)
+    except gx.GradExplorerError as exc:
+        assert words in str(exc)
+    else:  # a file that cannot be read is said in the window, which stays usable
+        qtbot.addWidget(window)
+        qtbot.waitUntil(lambda: bool(shown), timeout=TIMEOUT)
+        assert words in str(shown[0][1]) or words in shown[0][0]
+    assert_same_state(before, model_state(model))
+
+
+def test_screenshot_refuses_a_folder_before_anything_runs(live, tmp_path):
+    model, x = live
+    with pytest.raises(gx.GradExplorerError, match="folder"):
+        gx.explore(model, x, screenshot=tmp_path)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from torch import nn
+    import gradexplorer as gx
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    x = torch.randn(2, 3, 8, 8)
+    model(x)  # materialise the lazy layer, as a user's notebook would have
+    model.train()
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    window = gx.explore(model, x, screenshot=sys.argv[1])
+    assert model.training and all(m.training for m in model.modules())
+    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+    cap = window.session.capture
+    assert cap is not None and len(cap) == 5, cap
+    print("captured", len(cap), "layers; model unchanged")
+""")
+
+
+def test_explore_from_a_script_saves_the_window_and_returns(tmp_path):
+    script = tmp_path / "explore_script.py"
+    script.write_text(SCRIPT)
+    shot = tmp_path / "w.png"
+    env = {**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen",
+           "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini")}
+    result = subprocess.run([sys.executable, str(script), str(shot)], capture_output=True, text=True,
+                            timeout=240, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "captured 5 layers; model unchanged" in result.stdout
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(shot) as picture:
+        assert picture.size[0] >= 800 and picture.size[1] >= 500

@@ -1,0 +1,82 @@
+"""A model and a batch from the caller's process (``gradexplorer.pipeline.live``): what
+``gradexplorer.explore`` hands the window, without the window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.pipeline.compare_sources import Variant, compare_variant
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.live import LIVE_WEIGHTS, is_live, live_batch, live_request
+from tests.ground_truth import compare, reference
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+def test_a_live_model_is_the_callers_object_and_says_where_it_came_from():
+    model = net()
+    x = torch.randn(3, 6)
+    request = live_request(model, x, name="probe net", categories=list("abcd"))
+    loaded = request.loaded
+    assert loaded.module is model and is_live(loaded.spec) and loaded.spec == "live:probe net"
+    assert loaded.weights == LIVE_WEIGHTS and loaded.categories == list("abcd")
+    assert loaded.input_shape == (6,)  # from the batch: the window's random batches follow it
+    assert request.options.device == "cpu"  # where the model is
+    assert request.batch is not None and request.batch.names == ["sample 0", "sample 1", "sample 2"]
+
+
+def test_a_live_batch_runs_the_capture_the_command_line_would_exactly():
+    model = net()
+    x = torch.randn(3, 6, requires_grad=True)  # part of the caller's graph: detached, not kept
+    request = live_request(model, x, target="cross_entropy", labels=[0, 3, 1])
+    assert request.batch is not None and not request.batch.tensor.requires_grad
+    cap = CaptureJob(request.options, loaded=request.loaded, batch=request.batch).run()
+    names = ["0", "1", "2"]
+    ref = reference(model, x.detach(), names, target="cross_entropy", labels=torch.tensor([0, 3, 1]))
+    assert compare(cap, ref, names) < 1e-6
+    assert cap.meta["model"] == "live:Sequential" and cap.meta["weights"] == LIVE_WEIGHTS
+    assert x.grad is None  # the caller's tensor was never differentiated
+
+
+def test_positional_and_keyword_inputs():
+    batch = live_batch((torch.zeros(2, 3), torch.ones(2)))
+    assert isinstance(batch.inputs, ModelInputs) and len(batch.inputs.args) == 2
+    assert "with more inputs" in batch.source
+    batch = live_batch({"input_ids": torch.zeros(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5)})
+    assert batch.inputs is not None and set(batch.inputs.kwargs) == {"input_ids", "attention_mask"}
+    assert batch.tensor.dtype == torch.long and len(batch) == 2
+
+
+@pytest.mark.parametrize("inputs, labels, words", [
+    ("photos/", None, "cannot be called with"),
+    ({"x": 1.0}, None, "hold no tensor"),
+    ({1: torch.zeros(2)}, None, "not a name"),
+    (torch.tensor(3.0), None, "single number"),
+    (torch.zeros(0, 6), None, "no samples"),
+    (torch.zeros(2, 6), [1, 2, 3], "3 labels for 2 samples"),
+    (torch.zeros(2, 6), [0.5, 1.5], "class indices"),
+])
+def test_bad_inputs_are_said_in_words(inputs, labels, words):
+    with pytest.raises(GradExplorerError, match=words):
+        live_batch(inputs, labels=labels)
+
+
+def test_not_a_module_is_refused():
+    with pytest.raises(GradExplorerError, match=r"torch\.nn\.Module"):
+        live_request(lambda x: x, torch.zeros(1, 2))
+
+
+def test_compare_variants_reuse_the_live_model_and_refuse_other_weights():
+    model = net()
+    request = live_request(model, torch.randn(2, 6))
+    runs = compare_variant(request.options, Variant(train=True), loaded=request.loaded, batch=request.batch)
+    assert runs.b.meta["model"] == "live:Sequential"  # B ran on the same object, nothing loaded
+    with pytest.raises(GradExplorerError, match="handed over in memory"):
+        compare_variant(request.options, Variant(weights="DEFAULT"), loaded=request.loaded, batch=request.batch)
