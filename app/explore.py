@@ -202,8 +202,10 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
     from gradexplorer.app.window.application import setup_application
     from gradexplorer.app.window.main_window import MainWindow
 
-    app = setup_application()
+    # Decided before the application exists: IPython's Qt integration makes its own
+    # QApplication when it is turned on here, and it must be the one the window uses.
     nonblocking = (not block) if block is not None else _event_loop_running()
+    app = setup_application()
     window = MainWindow(restore_geometry=shot is None)
     window.controller.unattended = shot is not None
     if shot is not None:

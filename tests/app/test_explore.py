@@ -7,9 +7,11 @@ parameters, buffers (BatchNorm statistics), modes, ``.grad`` and hooks.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -278,7 +280,7 @@ def test_explore_from_a_script_saves_the_window_and_returns(tmp_path):
     script = tmp_path / "explore_script.py"
     script.write_text(SCRIPT)
     shot = tmp_path / "w.png"
-    env = {**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen",
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen",
            "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini")}
     result = subprocess.run([sys.executable, str(script), str(shot)], capture_output=True, text=True,
                             timeout=240, env=env, cwd=Path(__file__).resolve().parents[2])
@@ -290,3 +292,43 @@ def test_explore_from_a_script_saves_the_window_and_returns(tmp_path):
 
     with Image.open(shot) as picture:
         assert picture.size[0] >= 800 and picture.size[1] >= 500
+
+
+KERNEL_CELLS = [
+    "import torch, gradexplorer as gx\n"
+    "torch.manual_seed(0)\n"
+    "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+    "x = torch.randn(4, 8)",
+    "w = gx.explore(m, x)",  # no %gui qt first: explore turns it on, as napari does
+]
+
+
+def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(tmp_path):
+    """A real ipykernel: the cell with ``gx.explore`` returns, the next cells run while
+    the window is open, and the kernel's Qt loop drives the window's run to its end."""
+    pytest.importorskip("ipykernel")
+    manager = pytest.importorskip("jupyter_client.manager")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini")}
+    km, kc = manager.start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    out: list[str] = []
+
+    def run(code: str) -> str:
+        out.clear()
+        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(
+            m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
+    try:
+        for cell in KERNEL_CELLS:
+            run(cell)
+        assert run("print(1 + 1)").strip() == "2"  # the notebook is usable with the window open
+        for _ in range(240):
+            if run("print(w.session.capture is not None)").strip() == "True":
+                break
+            time.sleep(0.25)
+        assert run("print(len(w.session.capture), w.isVisible())").split() == ["3", "True"]
+        assert run("w.close(); import gradexplorer.app.explore as e; print(len(e._open_windows))").strip() == "0"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
