@@ -295,10 +295,10 @@ def test_explore_from_a_script_saves_the_window_and_returns(tmp_path):
 
 
 KERNEL_CELLS = [
-    "import torch, gradexplorer as gx\n"
-    "torch.manual_seed(0)\n"
-    "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
-    "x = torch.randn(4, 8)",
+    ("import torch, gradexplorer as gx\n"
+     "torch.manual_seed(0)\n"
+     "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+     "x = torch.randn(4, 8)"),
     "w = gx.explore(m, x)",  # no %gui qt first: explore turns it on, as napari does
 ]
 
