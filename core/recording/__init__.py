@@ -7,6 +7,8 @@ layer_recorder
     Hooks that record mergeable statistics of selected modules.
 watch
     ``watch()``: a model inside the user's own training loop.
+sharded
+    Which part of a tensor sharded over ranks (an FSDP2 ``DTensor``) a rank counts.
 watch_log
     The ``.gxw`` log (SQLite, one transaction per step).
 dataset
@@ -16,4 +18,4 @@ timeline
     Arrays over steps from a watch log or a dataset capture.
 """
 
-__all__ = ["layer_recorder", "watch", "watch_log", "dataset", "timeline"]
+__all__ = ["layer_recorder", "sharded", "watch", "watch_log", "dataset", "timeline"]

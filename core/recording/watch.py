@@ -32,6 +32,8 @@ What it does, and why it is built this way:
 * Under ``torch.distributed`` (DDP), rank 0 writes: module statistics merged over ranks
   (rank -1 in the log), or every rank's own rows when ``per_rank=True``. Parameter
   gradients are the same on every rank after DDP's all-reduce: rank 0's are logged.
+  Under FSDP2 each rank summarises its shard of every parameter and rank 0 merges them:
+  the statistics of the whole tensor, never gathered (``gradexplorer.recording.sharded``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from torch import nn
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
+from gradexplorer.recording.sharded import local_part, refuse_flat_sharding
 from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
 from gradexplorer.stats.merge import MergeStats
 from gradexplorer.stats.merge_cpu import distance
@@ -86,6 +89,7 @@ class Watch:
         if not isinstance(every, int) or every < 1:
             raise GradExplorerError(f"every={every!r} is not a positive whole number of steps.",
                                     "Pass every=1 to watch every step, every=10 for one step in ten.")
+        refuse_flat_sharding(model)
         self.model = model
         self.out = out
         self.every = every
@@ -200,34 +204,45 @@ class Watch:
         step = self.step_index
         assert self._recorder is not None
         rows = self._recorder.rows
-        ratios: dict[str, float] = {}
+        # Per parameter, this rank's share of the update ratio's two norms, squared: the
+        # ratio is taken once they are summed over the ranks (sharded parameters).
+        norms: dict[str, tuple[float, float]] = {}
+        reports = []
         with torch.no_grad():
             for pname, p in self.params.items():
                 if p.grad is not None:
-                    rows[(pname, 0, "grad")] = MergeStats.of_tensor(p.grad)
+                    part = local_part(p.grad, self.rank)
+                    if part.problem is not None:
+                        reports.append((pname, f"gradient not recorded: {part.problem}"))
+                    elif part.tensor is not None:
+                        rows[(pname, 0, "grad")] = MergeStats.of_tensor(part.tensor)
                 before = self._weights_before.get(pname) if self._weights_valid else None
                 if before is None:
                     continue
-                weight = MergeStats.of_tensor(before)
+                before_part, now_part = local_part(before, self.rank), local_part(p.detach(), self.rank)
+                if before_part.tensor is None or now_part.tensor is None:
+                    continue
+                before_local, now_local = before_part.tensor, now_part.tensor
+                weight = MergeStats.of_tensor(before_local)
                 rows[(pname, 0, "weight")] = weight
                 # Norms accumulated in float64. The difference of two nearby float32 weights
                 # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
                 if weight.count == weight.numel:  # all finite: the statistics hold the norm
                     w_norm = weight.summary()["l2"]
                 else:
-                    w_norm = float(torch.linalg.vector_norm(before, dtype=torch.float64))
-                d_norm = distance(p, before)  # one compiled pass on the CPU, no temporary
+                    w_norm = float(torch.linalg.vector_norm(before_local, dtype=torch.float64))
+                d_norm = distance(now_local, before_local)  # one compiled pass on the CPU, no temporary
                 if d_norm is None:
-                    d_norm = float(torch.linalg.vector_norm(p.detach() - before, dtype=torch.float64))
-                ratios[pname] = d_norm / w_norm if w_norm > 0 else (math.inf if d_norm > 0 else 0.0)
+                    d_norm = float(torch.linalg.vector_norm(now_local - before_local, dtype=torch.float64))
+                norms[pname] = (d_norm * d_norm, w_norm * w_norm)
         self._weights_valid = False
-        reports = [(n, "selected but not called during this step") for n in self._recorder.not_called()]
+        reports += [(n, "selected but not called during this step") for n in self._recorder.not_called()]
         seconds = time.time() - self._started
         self._recorder.rows = {}
         if self.world > 1:
-            self._write_distributed(step, loss, seconds, rows, ratios, reports)
+            self._write_distributed(step, loss, seconds, rows, norms, reports)
         else:
-            self._write(step, 0, loss, seconds, rows, ratios, reports)
+            self._write(step, 0, loss, seconds, rows, _ratios([norms]), reports)
 
     def _write(self, step: int, rank: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
                ratios: dict[str, float], reports: list[tuple[str, str]]) -> None:
@@ -239,17 +254,20 @@ class Watch:
         self._writer.write_step(step, rank, loss, time.time(), seconds, table, reports)
 
     def _write_distributed(self, step: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
-                           ratios: dict[str, float], reports: list[tuple[str, str]]) -> None:
+                           norms: dict[str, tuple[float, float]], reports: list[tuple[str, str]]) -> None:
         import torch.distributed as dist
 
+        # Each rank sends only what it counts (``local_part``): DDP's replicated parameters
+        # from rank 0, a sharded parameter's shard from every rank. A few hundred bytes per
+        # tensor, never a tensor.
         mine = {"rank": self.rank, "loss": loss, "seconds": seconds, "reports": reports,
-                "rows": {k: v.to_dict() for k, v in rows.items()
-                         if k[2] not in ("grad", "weight") or self.rank == 0}}
+                "rows": {k: v.to_dict() for k, v in rows.items()}, "norms": norms}
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if self.rank != 0:
             return
         assert gathered is not None
+        ratios = _ratios([g["norms"] for g in gathered])
         losses = [g["loss"] for g in gathered if g["loss"] is not None]
         mean_loss = sum(losses) / len(losses) if losses else None
         all_reports = [(layer, f"rank {g['rank']}: {msg}") for g in gathered for layer, msg in g["reports"]]
@@ -270,6 +288,19 @@ class Watch:
         self.reports.append((step, layer, message))
         if self._writer is not None:
             self._writer.report(step, layer, message)
+
+
+def _ratios(shares: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
+    """The update ratio |Δw|/|w| of each parameter from every rank's squared norms of
+    its part (one share per rank; a replicated parameter has one share in all)."""
+    totals: dict[str, list[float]] = {}
+    for share in shares:
+        for name, (d2, w2) in share.items():
+            total = totals.setdefault(name, [0.0, 0.0])
+            total[0] += d2
+            total[1] += w2
+    return {name: (math.sqrt(d2 / w2) if w2 > 0 else (math.inf if d2 > 0 else 0.0))
+            for name, (d2, w2) in totals.items()}
 
 
 def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: LayerSpec = None,

@@ -1,0 +1,182 @@
+"""The watch under FSDP2 (``fully_shard`` over each Linear and the root; torchrun, 2 CPU
+processes, gloo): every parameter's statistics are those of the whole unsharded tensor,
+merged from the shards; activations and output gradients merged over ranks as under DDP.
+
+Two truths: the full tensors the worker gathered for the test (``DTensor.full_tensor``),
+summarised in float64 NumPy, which the merged statistics must equal to 1e-9; and one
+unsharded process on the same data by plain autograd, which the gradients must match
+(loss averaged over ranks, as FSDP2's reduce-scatter averages).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradexplorer.recording.watch_log import open_log
+from tests.core.watch_fsdp_worker import STEPS, make_batches, make_model
+
+ROOT = Path(__file__).resolve().parents[2]
+LINEARS = ("0", "2", "4")
+
+
+def run_torchrun(out: Path, mode: str, dump: Path) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "tests.core.watch_fsdp_worker", str(out), mode, str(dump)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def rows_of(path: Path) -> dict:
+    con = open_log(path)
+    out = {(r["step"], r["layer"], r["kind"], r["rank"]): dict(r) for r in con.execute("SELECT * FROM stats")}
+    con.close()
+    return out
+
+
+def float64_stats(t: torch.Tensor) -> dict:
+    v = t.detach().double().numpy().reshape(-1)
+    return {"l2": float(np.sqrt(np.sum(v * v))), "min": float(v.min()), "max": float(v.max()),
+            "mean": float(v.mean()), "count": v.size}
+
+
+def assert_stats(row: dict, values: torch.Tensor, rel: float) -> None:
+    want = float64_stats(values)
+    assert row["count"] == want["count"]
+    for key in ("l2", "min", "max"):
+        assert row[key] == pytest.approx(want[key], rel=rel, abs=1e-300), key
+    # the mean may be near zero: within rel of the tensor's mean |x|
+    scale = float(values.detach().double().abs().mean())
+    assert abs(row["mean"] - want["mean"]) <= rel * max(scale, 1e-300)
+
+
+def reference_run(bf16: bool = False) -> list[dict]:
+    """One unsharded process, the same data and updates: per step the weights before it,
+    the parameter gradients of the loss averaged over the 2 ranks' shards, and each
+    Linear's activations and output gradients per shard (each shard's own loss)."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    for x, y in make_batches():
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        acts: dict[str, list] = {n: [] for n in LINEARS}
+        outgrads: dict[str, list] = {n: [] for n in LINEARS}
+        for xs, ys in zip(x.chunk(2), y.chunk(2)):
+            h = xs
+            kept = {}
+            for i, layer in enumerate(model):
+                h = layer(h)
+                if str(i) in LINEARS:
+                    kept[str(i)] = h
+            loss = F.mse_loss(h, ys)
+            grads = torch.autograd.grad(loss, list(kept.values()))
+            for (name, value), g in zip(kept.items(), grads):
+                acts[name].append(value.detach())
+                outgrads[name].append(g)
+        loss = sum(F.mse_loss(model(xs), ys) for xs, ys in zip(x.chunk(2), y.chunk(2))) / 2
+        opt.zero_grad()
+        loss.backward()
+        steps.append({"weights": weights, "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                      "acts": {n: torch.cat(v) for n, v in acts.items()},
+                      "outgrads": {n: torch.cat(v) for n, v in outgrads.items()}})
+        opt.step()
+    return steps
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fsdp")
+    log, dump = folder / "fp32.gxw", folder / "fp32.pt"
+    run_torchrun(log, "fp32", dump)
+    return rows_of(log), torch.load(dump)
+
+
+@pytest.mark.slow
+def test_fsdp2_parameter_statistics_are_the_whole_tensors(fp32_run):
+    rows, full = fp32_run
+    ref = reference_run()
+    for step in range(STEPS):
+        for name, grad in full[step]["grads"].items():
+            row = rows[(step, name, "grad", -1)]
+            assert_stats(row, grad, rel=1e-9)  # merged from the shards: exact
+            assert torch.allclose(grad, ref[step]["grads"][name], rtol=1e-5, atol=1e-7)  # the right gradient
+            weight = full[step]["weights"][name]
+            assert torch.equal(weight, ref[step]["weights"][name])
+            assert_stats(rows[(step, name, "weight", -1)], weight, rel=1e-9)
+        # the update ratio over the whole tensor: |lr * grad| / |w|
+        for name, grad in full[step]["grads"].items():
+            want = float(0.1 * grad.double().norm() / full[step]["weights"][name].double().norm())
+            assert rows[(step, name, "weight", -1)]["update_ratio"] == pytest.approx(want, rel=1e-5)
+    # names as the user's model has them, each parameter logged once per step
+    assert {k[1] for k in rows if k[2] == "grad"} == {n for n, _ in make_model().named_parameters()}
+    assert not any(k[3] != -1 for k in rows)
+
+
+@pytest.mark.slow
+def test_fsdp2_activation_statistics_merge_over_ranks(fp32_run):
+    rows, _full = fp32_run
+    ref = reference_run()
+    for step in range(STEPS):
+        for name in LINEARS:
+            assert_stats(rows[(step, name, "activation", -1)], ref[step]["acts"][name], rel=1e-6)
+            assert_stats(rows[(step, name, "grad_output", -1)], ref[step]["outgrads"][name], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["bf16", "keep", "per_rank"])
+def test_fsdp2_policies_and_per_rank(tmp_path, mode):
+    log, dump = tmp_path / "w.gxw", tmp_path / "w.pt"
+    run_torchrun(log, mode, dump)
+    rows, full = rows_of(log), torch.load(dump)
+    ref = reference_run()
+    rank = -1 if mode != "per_rank" else None
+    for step in range(STEPS):
+        for name, grad in full[step]["grads"].items():
+            if rank is None:  # each rank's own shard: together, the whole tensor
+                parts = [rows[(step, name, "grad", r)] for r in (0, 1) if (step, name, "grad", r) in rows]
+                assert sum(p["count"] for p in parts) == grad.numel()
+                assert max(p["max"] for p in parts if p["count"]) == pytest.approx(float(grad.max()), rel=1e-9)
+                continue
+            assert_stats(rows[(step, name, "grad", rank)], grad, rel=1e-9)
+            # bf16 compute: the gradient of the policy, near the float32 one
+            tolerance = 5e-2 if mode == "bf16" else 1e-5
+            assert torch.allclose(grad, ref[step]["grads"][name], rtol=tolerance, atol=tolerance * 1e-1)
+        if mode == "bf16":
+            for name in LINEARS:
+                row = rows[(step, name, "activation", -1)]
+                acts = ref[step]["acts"][name].double()
+                # bfloat16 keeps 8 bits: inputs, weights and outputs of each of up to three
+                # layers are rounded to 2**-8 of their size, so 5% of the largest value bounds it.
+                bound = 0.05 * float(acts.abs().max())
+                assert row["count"] == acts.numel()
+                for key, want in (("l2", acts.norm()), ("min", acts.min()), ("max", acts.max()),
+                                  ("mean", acts.mean())):
+                    assert abs(row[key] - float(want)) <= bound, key
+                assert row["l2"] != pytest.approx(float(acts.norm()), rel=1e-6)  # computed in bf16 indeed
+
+
+def test_fsdp1_is_refused_with_a_way_forward(tmp_path):
+    """FSDP1 cannot be built on a CPU-only machine ("FSDP needs a non-CPU accelerator"), so
+    the wrapper is made without its constructor: the refusal looks at the module types."""
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from gradexplorer.base.errors import GradExplorerError
+    from gradexplorer.recording.watch import watch
+
+    wrapper = FullyShardedDataParallel.__new__(FullyShardedDataParallel)
+    nn.Module.__init__(wrapper)
+    model = nn.Sequential(nn.Linear(2, 2), wrapper)
+    with pytest.raises(GradExplorerError, match="FSDP1") as info:
+        watch(model, out=str(tmp_path / "w.gxw"))
+    assert "fully_shard" in info.value.fix
+    assert not (tmp_path / "w.gxw").exists()  # refused before the log was made

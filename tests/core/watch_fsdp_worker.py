@@ -1,0 +1,83 @@
+"""One rank of an FSDP2 training watched with gloo (run by test_watch_fsdp under torchrun):
+``torchrun --standalone --nproc-per-node 2 -m tests.core.watch_fsdp_worker LOG MODE DUMP``.
+
+MODE: ``fp32``, ``bf16`` (a ``MixedPrecisionPolicy`` computing in bfloat16),
+``keep`` (``reshard_after_forward=False``) or ``per_rank``. Rank 0 also saves,
+for the test only, every parameter's full gradient and weights at each step
+(``DTensor.full_tensor``) to DUMP: the statistics the watch merged from shards are checked
+against them.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from gradexplorer.recording.watch import watch
+
+STEPS = 2
+PER_RANK = 4
+
+
+def make_model() -> nn.Module:
+    # Rows that do not split evenly over 2 ranks (7, 5), and a bias of one row: rank 1
+    # holds an empty shard of it.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 1))
+
+
+def make_batches(world: int = 2):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(world * PER_RANK, 12, generator=g), torch.randn(world * PER_RANK, 1, generator=g))
+            for _ in range(STEPS)]
+
+
+def shard(model: nn.Module, mode: str) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict = {}
+    if mode == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    if mode == "keep":
+        kwargs["reshard_after_forward"] = False
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def main() -> None:
+    out, mode, dump = sys.argv[1], sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model()
+    model = shard(model, mode)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved: list[dict] = []
+    with watch(model, out=out, every=1, per_rank=(mode == "per_rank")) as w:
+        for x, y in make_batches(world):
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            weights = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+            loss = F.mse_loss(model(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            opt.step()
+            w.step(loss=loss)
+            saved.append({"weights": weights, "grads": grads})
+    if rank == 0:
+        torch.save(saved, dump)
+    dist.barrier()
+    del model, opt
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
