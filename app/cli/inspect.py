@@ -88,6 +88,13 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     if meta.labels is not None:
         header.insert(6, ("labels", ", ".join(_label_text(i, meta.categories) for i in meta.labels[:6])
                           + (" ..." if len(meta.labels) > 6 else "")))
+    if meta.target_words:
+        header.insert(3, ("", meta.target_words))
+    if meta.input_grad_of and cap.input_grad is not None:
+        header.insert(len(header) - 1, ("", f"input grad of {meta.input_grad_of}"))
+    for i, tokens in enumerate((meta.tokens or ())[:6]):
+        predicted = meta.predicted_tokens[i] if meta.predicted_tokens and i < len(meta.predicted_tokens) else None
+        header.append((f"tokens {i}", " | ".join(tokens) + (f"  -> next {predicted!r}" if predicted else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
     from gradexplorer.analysis.summary import summarize

@@ -374,6 +374,9 @@ META = Record(
             "model", "model_name", "weights", "arch", "task", "batch", "batch_source", "preprocessing",
             "target", "device", "dtype", "mode", "autocast", "torch_version", "created")},
         "categories": Nullable(NAMES), "sample_names": Nullable(NAMES), "input_names": Nullable(NAMES),
+        # A batch of texts: each sample's token strings; the prediction at the target's position.
+        "tokens": Nullable(Items(NAMES)), "predicted_tokens": Nullable(NAMES),
+        "target_words": Nullable(TEXT), "input_grad_of": Nullable(TEXT),
         "labels": Nullable(Items(Integer())),
         "train": Nullable(Flag()), "input_grad": Nullable(Flag()),
         "seconds": Nullable(NUMBER),
