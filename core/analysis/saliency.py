@@ -76,6 +76,9 @@ def token_saliency(capture: Capture, sample: int) -> TokenSaliency | None:
     if x.dim() == 3 and isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(x.shape):
         return TokenSaliency(_norms(g[s]), "gradient with respect to the input, L2 norm over its features")
     b, t = int(x.shape[0]), int(x.shape[1])
+    if x.dim() == 2 and isinstance(g, torch.Tensor) and g.dim() == 3 and tuple(g.shape[:2]) == (b, t):
+        where = capture.meta.get("input_grad_of") or "the token vectors"
+        return TokenSaliency(_norms(g[s]), f"gradient at {where}, L2 norm over its features")
     for name in capture.layer_order:
         for call in capture[name].calls:
             grad = call.grad_output
