@@ -231,9 +231,7 @@ def select_output(output: Any, key: str | None = None) -> torch.Tensor:
     if isinstance(output, Mapping):
         keys = list(output.keys())
         if key is None:
-            # A Hugging Face ModelOutput puts ``loss`` first when labels are passed: the
-            # logits are what a class target reads.
-            key = "out" if "out" in output else "logits" if "logits" in output else keys[0] if keys else None
+            key = default_key(keys)
         if key not in output:
             raise GradExplorerError(
                 f"The model's output has no element '{key}'.",
@@ -270,6 +268,13 @@ def select_output(output: Any, key: str | None = None) -> torch.Tensor:
         f"The model returned a {type(output).__name__}, not a tensor.",
         "gradexplorer needs a model whose forward returns a tensor, a tuple or a dict of tensors.",
     )
+
+
+def default_key(keys: list) -> Any:
+    """The element of a dict output that a target without ``@key`` reads: ``out``, else
+    ``logits`` (a Hugging Face ModelOutput puts ``loss`` first when labels are passed), else
+    the first."""
+    return "out" if "out" in keys else "logits" if "logits" in keys else keys[0] if keys else None
 
 
 def output_keys(output: Any) -> list[str]:
@@ -343,7 +348,7 @@ def target_scalar(
         return y.mean()
     if y.dim() < 2:
         keys = output_keys(output)
-        picked = target.output_key or ("logits" if "logits" in keys else keys[0] if keys else "")
+        picked = target.output_key or (default_key(keys) if isinstance(output, Mapping) else keys[0] if keys else "")
         others = [k for k in keys if k != picked]
         raise GradExplorerError(
             f"Target '{target}' needs class logits of shape (B, classes, ...); the output "
