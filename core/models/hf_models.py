@@ -21,8 +21,9 @@ from typing import Any
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
 from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.weights import ModelInfo
 
-__all__ = ["HF_PREFIX", "HF_TASKS", "hf_spec", "load_hf", "hf_available", "hf_listing", "INSTALL_HINT"]
+__all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "hf_available", "hf_catalog", "hf_spec", "load_hf"]
 
 HF_PREFIX = "hf:"
 INSTALL_HINT = "pip install 'gradexplorer[hf]'"
@@ -66,21 +67,31 @@ def hf_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 
 
-def hf_listing() -> list[str]:
-    """Model specs for the window's browser: a few known Hub names and the models in the
-    Hugging Face cache (empty without transformers)."""
+#: The catalog task of Hugging Face entries (:func:`hf_catalog`).
+HF_TASK = "hugging_face"
+
+
+def hf_catalog() -> list[ModelInfo]:
+    """The window's model browser entries: the models in the Hugging Face cache, then a few
+    known Hub names (empty without transformers). Reads the cache's folder names only.
+
+    Returns
+    -------
+    list of ModelInfo
+        ``name`` is the ``hf:`` spec, ``task`` is :data:`HF_TASK`, ``cached`` is
+        ``("hub",)`` for a model in the cache.
+    """
     if not hf_available():
         return []
-    names = list(HF_EXAMPLES)
+    cached: list[str] = []
     try:
         from huggingface_hub import scan_cache_dir
 
-        for repo in scan_cache_dir().repos:
-            if repo.repo_type == "model" and repo.repo_id not in names:
-                names.append(repo.repo_id)
+        cached = sorted(repo.repo_id for repo in scan_cache_dir().repos if repo.repo_type == "model")
     except Exception:  # noqa: BLE001 - no cache yet, or one we cannot read: the examples are enough
         pass
-    return [HF_PREFIX + n for n in names]
+    names = cached + [n for n in HF_EXAMPLES if n not in cached]
+    return [ModelInfo(HF_PREFIX + n, HF_TASK, (), None, ("hub",) if n in cached else ()) for n in names]
 
 
 def _offline() -> bool:
