@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-WORDS = "the cat sat on a mat dog ran big small red blue and".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "big", "small", "red", "blue", "and"]
 
 
 def tokenizer(bert: bool = False):

@@ -295,8 +295,8 @@ class HeatmapView(CaptureView):
         self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
         # A batch of texts: each row is a token, named by its string.
-        tokens = ctx.tokens() if hm.layout.kind == "matrix" else None
-        self._tokens = tokens if tokens is not None and len(tokens) == rows else None
+        words = ctx.tokens() if hm.layout.kind == "matrix" else None
+        self._tokens = words if words is not None and len(words) == rows else None
         left = self.plot.getAxis("left")
         if self._tokens is not None:
             step = max(1, int(np.ceil(rows / 30)))

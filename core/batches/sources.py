@@ -78,6 +78,7 @@ def load_batch(
     if not sources:
         raise BatchError("no input was given;", SOURCES_HINT + ".")
 
+    batch: Batch | None
     if all(s.startswith(TEXT_SOURCE) for s in sources):
         batch = load_text([s[len(TEXT_SOURCE):] for s in sources], model)
     elif len(sources) == 1:

@@ -138,6 +138,12 @@ class CaptureMeta:
         return f"sample {index}"
 
 
+def _token_rows(rows: Any) -> tuple[tuple[str, ...], ...] | None:
+    if rows is None:
+        return None
+    return tuple(tuple(str(t) for t in row) for row in rows)
+
+
 def _parse_cli_batch_line(line: str) -> tuple[str, str | None]:
     """(source, preprocessing) from a version 1 CLI ``batch`` line, as well as it can.
 
@@ -249,7 +255,7 @@ def capture_meta(cap: Capture | dict) -> CaptureMeta:
         layer_order=tuple(get("layer_order") or ()),
         call_order=tuple((str(n), int(i)) for n, i in (get("call_order") or ())),
         not_called=tuple(get("not_called") or ()),
-        tokens=tuple(tuple(str(t) for t in row) for row in get("tokens")) if get("tokens") is not None else None,
+        tokens=_token_rows(get("tokens")),
         target_words=get("target_words"),
         predicted_tokens=_tuple(get("predicted_tokens")),
         input_grad_of=get("input_grad_of"),

@@ -152,9 +152,9 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
 
 def _progress_class(progress: Callable[[int, int], None] | None) -> Any:
     """A tqdm class that reports bytes to ``progress`` (huggingface_hub draws its bars with it)."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
-    class Reporting(tqdm):  # type: ignore[misc,valid-type]
+    class Reporting(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)

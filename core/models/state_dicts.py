@@ -128,7 +128,7 @@ def _read_safetensors(path: Path) -> Mapping[str, torch.Tensor]:
                              "Install it: pip install safetensors (or 'gradexplorer[hf]').") from None
     try:
         state = load_file(str(path), device="cpu")
-    except Exception as exc:  # noqa: BLE001 - a damaged header or data raises several kinds
+    except Exception as exc:  # a damaged header or data raises several kinds
         raise ModelLoadError(f"The weights file '{path}' cannot be read as safetensors: {short_reason(exc)}",
                              "Check that the file is complete.") from exc
     if not state:
@@ -147,7 +147,7 @@ def tied_keys(module: nn.Module) -> dict[str, str]:
     for key, value in module.state_dict(keep_vars=True).items():
         if not isinstance(value, torch.Tensor) or value.numel() == 0:
             continue
-        ident = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        ident = (value.untyped_storage().data_ptr(), int(value.storage_offset()), tuple(value.shape))
         if ident in first:
             tied[key] = first[ident]
         else:

@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
-from gradexplorer.app.views.capture_views import CaptureViews  # noqa: E402
-from gradexplorer.batches import load_batch  # noqa: E402
-from gradexplorer.capturing.capture import capture  # noqa: E402
-from gradexplorer.models import load_model  # noqa: E402
-from gradexplorer.pipeline.options import CaptureOptions  # noqa: E402
-from gradexplorer.pipeline.job import CaptureJob  # noqa: E402
-from tests import hf_tiny  # noqa: E402
+from gradexplorer.app.views.capture_views import CaptureViews
+from gradexplorer.batches import load_batch
+from gradexplorer.capturing.capture import capture
+from gradexplorer.models import load_model
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import CaptureOptions
+from tests import hf_tiny
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,17 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
-from gradexplorer.app.cli.main import main  # noqa: E402
-from gradexplorer.base.errors import ModelLoadError, TrustRequired  # noqa: E402
-from gradexplorer.batches import load_batch  # noqa: E402
-from gradexplorer.capturing.capture import capture  # noqa: E402
-from gradexplorer.capturing.inputs import ModelInputs  # noqa: E402
-from gradexplorer.capturing.targets import parse_target  # noqa: E402
-from gradexplorer.files.capture_file import load_capture  # noqa: E402
-from gradexplorer.files.meta import capture_meta  # noqa: E402
-from gradexplorer.models import load_model  # noqa: E402
-from tests import hf_tiny  # noqa: E402
-from tests.conftest import assert_no_hooks, assert_unchanged, snapshot  # noqa: E402
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.batches import load_batch
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.capturing.targets import parse_target
+from gradexplorer.files.capture_file import load_capture
+from gradexplorer.files.meta import capture_meta
+from gradexplorer.models import load_model
+from tests import hf_tiny
+from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +95,7 @@ def test_cli_captures_a_saved_gpt2_folder_from_text_exactly(saved, offline, tmp_
     from transformers import GPT2LMHeadModel
 
     model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
-    kwargs = {k: v for k, v in cap.model_inputs["kwargs"].items()}
+    kwargs = dict(cap.model_inputs["kwargs"])
     assert set(kwargs) == {"input_ids", "attention_mask", "position_ids"}
     _check_against_autograd(cap, model, kwargs, meta.target, model.transformer.wte)
     # left padding with counted positions: the padded sample predicts as it does alone
@@ -138,7 +136,7 @@ def test_a_model_output_with_labels_gives_the_logits_to_the_target_not_the_loss(
     batch = load_batch(["text:the cat sat", "text:a dog ran"], loaded)
     kwargs = dict(batch.inputs.kwargs, labels=torch.tensor([0, 2]))
     model = loaded.module
-    assert list(model(**kwargs).keys())[0] == "loss"
+    assert next(iter(model(**kwargs).keys())) == "loss"
     cap = capture(model, ModelInputs((), kwargs), target="top1", input_grad=True)
     assert tuple(cap.output.shape) == (2, 3)
     _check_against_autograd(cap, model, {k: v for k, v in kwargs.items() if k != "labels"}, "top1",
@@ -188,7 +186,7 @@ def test_save_pretrained_weights_load_with_their_tied_key(saved, tmp_path):
         "    torch.manual_seed(1)\n"
         "    return hf_tiny.gpt2()\n")
     pt = tmp_path / "weights.pt"
-    torch.save({k: v for k, v in load_file(str(file)).items()}, pt)
+    torch.save(dict(load_file(str(file))), pt)
     for weights in (file, pt):
         loaded = load_model(f"{factory}:build", weights=str(weights), trust=True)
         wte = loaded.module.transformer.wte.weight
@@ -198,7 +196,7 @@ def test_save_pretrained_weights_load_with_their_tied_key(saved, tmp_path):
 
 
 def test_not_in_the_cache_while_offline_says_so(offline):
-    with pytest.raises(ModelLoadError, match="not in the Hugging Face cache.*HF_HUB_OFFLINE"):
+    with pytest.raises(ModelLoadError, match=r"not in the Hugging Face cache.*HF_HUB_OFFLINE"):
         load_model("hf:nobody/nothing-here")
 
 
