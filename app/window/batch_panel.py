@@ -313,6 +313,9 @@ class BatchPanel(QWidget):
         preds = (top_classes(capture.output, self.session.categories,
                              class_dim=class_dim_of(capture.meta.get("target")))
                  if capture is not None else [])
+        tokenizer = self.session.model.tokenizer if self.session.model is not None else None
+        if capture is not None and capture.meta.get("predicted_tokens") and tokenizer is not None:
+            preds = _next_tokens(capture, tokenizer)
         for i in range(self.list.count()):
             self.list.item(i).setText(self._item_text(i, preds[i] if i < len(preds) else None))
 
@@ -334,3 +337,19 @@ class BatchPanel(QWidget):
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
+
+
+def _next_tokens(capture: Capture, tokenizer: object, k: int = 5) -> list[list[tuple[str, float]]]:
+    """A language model's top next tokens at the target's position, per sample, with their
+    probabilities (the thumbnails' "top classes" of a text batch)."""
+    from gradexplorer.capturing.targets import parse_target
+
+    y = capture.output
+    position = parse_target(capture.meta.get("target") or "top1").position
+    if y is None or y.dim() != 3 or position is None:
+        return []
+    probs = torch.softmax(y[:, position, :].double(), dim=-1)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    decode = tokenizer.decode  # type: ignore[attr-defined]
+    return [[(repr(decode([int(t)])), float(p)) for p, t in zip(ps, ts)]
+            for ps, ts in zip(top.values.tolist(), top.indices.tolist())]

@@ -234,6 +234,7 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
             f"The weights of '{spec}' are a pickle (pytorch_model.bin), and unpickling can run code.",
             "Pass --trust if you trust where it came from, or save it again with safetensors "
             "(model.save_pretrained(path), the default).",
+            subject=f"the pickled weights of the Hugging Face model '{name}'",
         )
     cls = model_class(transformers, config, hf_class)
     kwargs: dict[str, Any] = {"config": config}
@@ -269,6 +270,7 @@ def _config(transformers: Any, folder: Path, spec: str, trust: bool) -> Any:
         raise TrustRequired(
             f"'{spec}' comes with Python code of its own (auto_map in config.json), which loading would run.",
             "Pass --trust if you trust where it came from.",
+            subject=f"the Python code of the Hugging Face model '{hf_spec(spec)}'",
         )
     try:
         return transformers.AutoConfig.from_pretrained(str(folder), trust_remote_code=trust)

@@ -113,3 +113,9 @@ def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder,
     assert batch.tokens == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
     cap = capture(loaded.module, batch.model_input, target="top1,dim=-1,pos=-1")
     assert cap.output.shape[:2] == (2, 3)
+    # after a run, each sample lists its likeliest next tokens (not "class N")
+    cap.meta["predicted_tokens"] = ["x", "y"]
+    session.set_batch(batch, got.args[0])
+    session.capture_changed.emit(cap)
+    best = loaded.tokenizer.decode([int(cap.output[0, -1].argmax())])
+    assert panel.list.item(0).text().splitlines()[1].startswith(f"1. {best!r}")

@@ -244,3 +244,15 @@ def test_position_targets_parse_and_print():
     assert t.describe() == "the logit of the predicted next token at the last position"
     with pytest.raises(Exception, match="per-token logits"):
         parse_target("sum,pos=-1")
+
+
+def test_the_model_browser_lists_the_models_in_the_cache(offline):
+    from gradexplorer.models.hf_models import HF_TASK, hf_catalog
+
+    hf_tiny.save_in_cache("gpt2", offline, repo="tiny-org/tiny-gpt2")
+    entries = {info.name: info for info in hf_catalog()}
+    assert entries["hf:tiny-org/tiny-gpt2"].cached == ("hub",)
+    assert entries["hf:tiny-org/tiny-gpt2"].task == HF_TASK
+    assert entries["hf:openai-community/gpt2"].cached == ()
+    loaded = load_model("hf:tiny-org/tiny-gpt2")
+    assert loaded.tokenizer is not None and loaded.weights.endswith("0" * 40)
