@@ -88,5 +88,30 @@ def token_saliency(capture: Capture, sample: int) -> TokenSaliency | None:
     return None
 
 
+def token_saliency_csv(capture: Capture) -> str | None:
+    """Every sample's per-token saliency as CSV: ``sample, position, token, saliency``, the
+    token strings of a batch of texts (empty for other sequences); None when the capture has
+    no token saliency (not a sequence, or no gradient at the tokens)."""
+    import csv
+    import io
+
+    x = capture.input
+    if not isinstance(x, torch.Tensor) or not is_sequence_input(tuple(x.shape)):
+        return None
+    tokens = capture.meta.get("tokens")
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["sample", "position", "token", "saliency"])
+    for sample in range(int(x.shape[0])):
+        sal = token_saliency(capture, sample)
+        if sal is None:
+            return None
+        row = tokens[sample] if isinstance(tokens, list) and sample < len(tokens) else None
+        for position, value in enumerate(sal.values.tolist()):
+            word = row[position] if row is not None and position < len(row) else ""
+            w.writerow([sample, position, word, repr(float(value))])
+    return buf.getvalue()
+
+
 def _norms(tokens: torch.Tensor) -> np.ndarray:
     return tokens.detach().to(torch.float64).cpu().norm(dim=-1).numpy()

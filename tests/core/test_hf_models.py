@@ -106,6 +106,13 @@ def test_cli_captures_a_saved_gpt2_folder_from_text_exactly(saved, offline, tmp_
     shown = capsys.readouterr().out
     assert "the | cat | sat" in shown and "[pad] | a | dog" in shown
     assert "predicted next token" in shown
+    csv_out = tmp_path / "tokens.csv"
+    assert main(["inspect", str(out), "--csv", str(csv_out)]) == 0
+    rows = csv_out.read_text().splitlines()
+    assert rows[0] == "sample,position,token,saliency" and rows[1].startswith("0,0,the,")
+    assert rows[4].startswith("1,0,[pad],")
+    norms = cap.input_grad.double().norm(dim=-1)
+    assert float(rows[3].split(",")[3]) == pytest.approx(float(norms[0, 2]), rel=1e-12)
 
 
 def test_cli_captures_a_bert_classifier_from_the_cache_by_name(saved, offline, tmp_path, capsys):
