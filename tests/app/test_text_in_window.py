@@ -119,3 +119,28 @@ def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder,
     session.capture_changed.emit(cap)
     best = loaded.tokenizer.decode([int(cap.output[0, -1].argmax())])
     assert panel.list.item(0).text().splitlines()[1].startswith(f"1. {best!r}")
+
+
+def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folder, monkeypatch):
+    import gradexplorer.app.window.launch
+    from gradexplorer.app.cli import common
+    from gradexplorer.app.cli import main as cli
+    from gradexplorer.app.window.launch import start
+    from tests.app.conftest import TIMEOUT
+
+    calls = []
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+                        lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
+    words = ["--model", f"hf:{folder}", "--text", "the cat sat", "--text", "a dog"]
+    assert cli.main([*words, "--run"]) == 0
+    ((options, run),) = calls
+    assert options == common.capture_options(cli.build_parser().parse_args(["capture", *words, "--out", "x.pt"]))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, run)
+    assert done.args == ["ok"]
+    s = window.session
+    again = s.capture_options(force=options.force)  # what a second run would run
+    assert (again.batch, again.target, again.model) == (options.batch, options.target, options.model)
+    assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
