@@ -123,8 +123,7 @@ def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder,
 
 def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folder, monkeypatch):
     import gradexplorer.app.window.launch
-    from gradexplorer.app.cli import common
-    from gradexplorer.app.cli import main as cli
+    from gradexplorer.app.cli import common, main as cli
     from gradexplorer.app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
