@@ -128,6 +128,12 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
          f"{fmt_seconds(cap.meta.get('seconds', 0.0))}"
          f" (total {fmt_seconds(elapsed)})"),
     ]
+    if cap.meta.get("target_words"):
+        lines.insert(2, f"          {cap.meta['target_words']}"
+                     + (f": {', '.join(repr(t) for t in cap.meta['predicted_tokens'])}"
+                        if cap.meta.get("predicted_tokens") else ""))
+    if batch.tokens is not None:
+        lines.insert(2, f"text      {batch.preprocessing}")
     if cap.meta.get("not_called"):
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")

@@ -84,9 +84,14 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     """``--model`` (required unless ``required`` is false), ``--weights``, ``--arch``, ``--trust``."""
     p.add_argument(
         "--model", required=required, metavar="NAME|PATH|SPEC",
-        help="a torchvision name (resnet18), demo:shapes, demo:seed-mlp, a checkpoint file, "
+        help="a torchvision name (resnet18), demo:shapes, demo:seed-mlp, a Hugging Face model "
+             "hf:ORG/NAME or hf:FOLDER (save_pretrained), a checkpoint file, "
              "or a factory pkg.mod:fn / file.py:fn (needs --trust)",
     )
+    p.add_argument("--hf-class", metavar="CLASS",
+                   help="for hf: models, the transformers class (GPT2LMHeadModel, AutoModelForCausalLM) or a "
+                        "task word (causal-lm, sequence-classification, token-classification, masked-lm, base); "
+                        "default: the config's architectures")
     p.add_argument(
         "--weights", metavar="W",
         help="torchvision weights: DEFAULT, an enum name (IMAGENET1K_V1) or a local .pth file; "
@@ -110,6 +115,9 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
              "of the model's input shape",
     )
     group.add_argument("--demo-input", action="store_true", help="the demo model's own batch")
+    group.add_argument("--text", action="append", metavar="TEXT",
+                       help="a text sample, tokenised with the model's tokenizer (repeat for a batch; a .txt "
+                            "file gives one sample a line)")
 
 
 def add_memory_budget(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -139,9 +147,9 @@ def job_options(args: argparse.Namespace, **settings: Any) -> CaptureOptions:
     from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
     batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random,
-                      demo=bool(getattr(args, "demo_input", False)))
+                      demo=bool(getattr(args, "demo_input", False)), texts=tuple(getattr(args, "text", None) or ()))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
-                          batch=batch, **settings)
+                          batch=batch, hf_class=getattr(args, "hf_class", None), **settings)
 
 
 def capture_options(args: argparse.Namespace) -> CaptureOptions:

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gui.add_argument("--trust", action="store_true", help="allow running code from the model source")
     gui.add_argument("--input", nargs="+", metavar="FILE", help="image files, a folder or a .pt tensor")
     gui.add_argument("--random", metavar="SHAPE", help="a random batch of SHAPE, e.g. 2x3x224x224")
+    gui.add_argument("--text", action="append", metavar="TEXT",
+                     help="a text sample for a model with a tokenizer (repeat for a batch; a .txt file: one a line)")
     gui.add_argument("--labels", metavar="LABELS", help="class indices or names for the batch, e.g. 3,1,0")
     gui.add_argument("--layers", nargs="+", metavar="PATTERN", help="layers to tick: names or globs ('layer4.*')")
     gui.add_argument("--target", metavar="T",
@@ -43,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_gui(args: argparse.Namespace, ui: UI) -> int:
     """Check the desktop app's flags, then open the window; returns its exit status."""
-    if args.input and args.random:
-        raise UsageError("--input and --random cannot be used together; see 'gradexplorer --help'.")
+    if sum(bool(v) for v in (args.input, args.random, getattr(args, "text", None))) > 1:
+        raise UsageError("--input, --random and --text cannot be used together; see 'gradexplorer --help'.")
     if args.screenshot:
         folder = Path(args.screenshot).expanduser().parent
         if str(folder) and not folder.is_dir():
@@ -79,7 +81,7 @@ def _check_capture_to_open(args: argparse.Namespace) -> None:
     """A capture file opens on its own: it needs no model, input or run, and must exist
     (whether it is a capture is told when the window reads it, off the UI thread)."""
     given = [flag for flag, value in (("--model", args.model), ("--input", args.input), ("--random", args.random),
-                                      ("--run", args.run)) if value]
+                                      ("--text", getattr(args, "text", None)), ("--run", args.run)) if value]
     if given:
         raise UsageError(f"a capture file ('{args.open}') opens without a model or a run; leave out "
                          f"{given[0]}, or run 'gradexplorer --model ...' to capture anew.")

@@ -34,7 +34,8 @@ def register(sub: SubParsers) -> None:
                                    "exploding layers.")
     p.add_argument("file", metavar="FILE.pt|RUN.gxw")
     p.add_argument("--layer", metavar="NAME", help="details of one layer (a name or glob pattern)")
-    p.add_argument("--csv", metavar="FILE", help="watch logs: also export every row to this CSV file")
+    p.add_argument("--csv", metavar="FILE", help="watch logs: also export every row to this CSV file; a capture of "
+                   "a sequence: each token's saliency (sample, position, token, saliency)")
     add_common(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -51,9 +52,9 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         check_csv_target(args.csv)
     if path.suffix == ".gxw" or is_watch_log(path):
         return cmd_inspect_log(path, getattr(args, "csv", None))
-    if getattr(args, "csv", None):
-        raise GradExplorerError("--csv exports watch logs (.gxw);", "leave out --csv for a capture file.")
     cap = load_capture(path)
+    if getattr(args, "csv", None):
+        _write_token_csv(cap, args.csv)
     names = list(cap.layers)
     if args.layer:
         chosen = [n for n in names if n == args.layer or fnmatch.fnmatchcase(n, args.layer)]
@@ -88,6 +89,13 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     if meta.labels is not None:
         header.insert(6, ("labels", ", ".join(_label_text(i, meta.categories) for i in meta.labels[:6])
                           + (" ..." if len(meta.labels) > 6 else "")))
+    if meta.target_words:
+        header.insert(3, ("", meta.target_words))
+    if meta.input_grad_of and cap.input_grad is not None:
+        header.insert(len(header) - 1, ("", f"input grad of {meta.input_grad_of}"))
+    for i, tokens in enumerate((meta.tokens or ())[:6]):
+        predicted = meta.predicted_tokens[i] if meta.predicted_tokens and i < len(meta.predicted_tokens) else None
+        header.append((f"tokens {i}", " | ".join(tokens) + (f"  -> next {predicted!r}" if predicted else "")))
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
     from gradexplorer.analysis.summary import summarize
@@ -122,6 +130,20 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         for name in chosen:
             _print_layer_details(name, cap.layers[name])
     return EXIT_OK
+
+
+def _write_token_csv(cap: Any, out: str) -> None:
+    """``inspect CAPTURE --csv FILE``: each token's saliency, with its string for a text batch."""
+    from gradexplorer.analysis.saliency import token_saliency_csv
+    from gradexplorer.base.file_write import atomic_write_text
+
+    text = token_saliency_csv(cap)
+    if text is None:
+        raise GradExplorerError(
+            "--csv of a capture file exports each token's saliency, and this capture has none (its input is not "
+            "a sequence, or no gradient reached the tokens);",
+            "capture with --input-grad (or with the embedding layer selected), or leave out --csv.")
+    atomic_write_text(out, text)
 
 
 def _all_inputs_text(model_inputs: dict[str, Any] | None) -> str:

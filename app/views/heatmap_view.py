@@ -53,6 +53,7 @@ class HeatmapView(CaptureView):
         super().__init__(parent)
         self.state = state if state is not None else ViewState()
         self._heatmap: Heatmap | None = None
+        self._tokens: tuple[str, ...] | None = None  # the rows of a text sample
         self._signed = False
         self._applying = False
 
@@ -293,6 +294,15 @@ class HeatmapView(CaptureView):
         # sequence drawn with square cells is a thin strip between empty margins).
         self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
+        # A batch of texts: each row is a token, named by its string.
+        words = ctx.tokens() if hm.layout.kind == "matrix" else None
+        self._tokens = words if words is not None and len(words) == rows else None
+        left = self.plot.getAxis("left")
+        if self._tokens is not None:
+            step = max(1, int(np.ceil(rows / 30)))
+            left.setTicks([[(r + 0.5, self._tokens[r][:12]) for r in range(0, rows, step)]])
+        else:
+            left.setTicks(None)
 
         what = TENSOR_LABELS[kind]
         detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
@@ -366,7 +376,9 @@ class HeatmapView(CaptureView):
             return f"index {flat}: {_fmt(value)}"
         lay = hm.layout
         if lay.kind == "matrix":
-            return f"token {r}, channel {c}: {_fmt(value)}"
+            tokens = self._tokens
+            word = f" {tokens[r]!r}" if tokens is not None and 0 <= r < len(tokens) else ""
+            return f"token {r}{word}, channel {c}: {_fmt(value)}"
         ch = f" channel {channel}" if channel is not None else ""
         return f"({r}, {c}){ch}: {_fmt(value)}"
 

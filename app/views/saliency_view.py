@@ -24,6 +24,7 @@ class SaliencyView(CaptureView):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._map: np.ndarray | None = None
+        self._tick_texts: list[str] = []
         content = QWidget(self)
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
@@ -127,9 +128,15 @@ class SaliencyView(CaptureView):
         self._map = sal.values[None, :]
         n = len(sal.values)
         self.token_bars.setOpts(x=np.arange(n), height=sal.values, width=0.8)
-        # One bar per token or feature: whole-number ticks only (0.5 steps read as positions).
-        step = max(1, int(np.ceil(n / 20)))
-        self.token_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)]])
+        # One bar per token or feature: whole-number ticks only (0.5 steps read as positions);
+        # the token strings themselves for a batch of texts.
+        tokens = ctx.tokens() if sal.unit == "token" else None
+        if tokens is not None and len(tokens) != n:
+            tokens = None
+        step = max(1, int(np.ceil(n / (40 if tokens else 20))))
+        ticks = [(i, _tick(tokens[i]) if tokens else str(i)) for i in range(0, n, step)]
+        self.token_plot.getAxis("bottom").setTicks([ticks])
+        self._tick_texts = [t for _, t in ticks]
         self.token_plot.setLabel("bottom", sal.unit)
         self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)" if sal.unit == "token"
                                  else "saliency (|gradient|)")
@@ -139,8 +146,19 @@ class SaliencyView(CaptureView):
         self.token_widget.show()
         strongest = int(np.nanargmax(sal.values)) if n and np.isfinite(sal.values).any() else None
         peak = f" · largest at {sal.unit} {strongest}" if strongest is not None else ""
+        if strongest is not None and tokens:
+            peak += f" ({tokens[strongest]!r})"
+        predicted = cap.meta.get("predicted_tokens")
+        if isinstance(predicted, list) and 0 <= ctx.sample < len(predicted):
+            peak += f" · predicts {predicted[ctx.sample]!r} next"
         self.info_label.setText(
             f"Saliency of each {sal.unit} of {ctx.sample_name()} for target <i>{cap.meta.get('target', '')}</i>"
             f" · input shape ({', '.join(map(str, input_shape))}) · {sal.source}{peak}"
         )
         self.show_content()
+
+
+def _tick(token: str, n: int = 10) -> str:
+    """A token as a tick label: short, its spaces visible."""
+    text = token.replace(" ", "·") if token.strip() != token else token
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -88,6 +88,15 @@ class ViewContext:
             return capture_meta(self.capture).sample_name(self.sample)
         return f"sample {self.sample}"
 
+    def tokens(self) -> tuple[str, ...] | None:
+        """The selected sample's token strings, for a batch of texts (else None)."""
+        if self.batch is not None and self.batch.tokens is not None:
+            rows = self.batch.tokens
+            return tuple(rows[self.sample]) if 0 <= self.sample < len(rows) else None
+        if self.capture is not None:
+            return capture_meta(self.capture).tokens_of(self.sample)
+        return None
+
     def tensor(self, kind: str) -> torch.Tensor | None:
         """The whole batch's tensor of the selected call (``kind`` in ``TENSOR_LABELS``)."""
         call = self.call_record

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMenu,
+    QPlainTextEdit,
     QPushButton,
     QToolButton,
     QVBoxLayout,
@@ -127,6 +128,20 @@ class BatchPanel(QWidget):
         self.random_button.clicked.connect(self._on_random)
         self.shape_edit.returnPressed.connect(self._on_random)
 
+        # Text models (a tokenizer came with the model): one sample a line.
+        self.text_edit = QPlainTextEdit(self)
+        self.text_edit.setPlaceholderText("Text, one sample a line (tokenised with the model's tokenizer)")
+        self.text_edit.setMaximumHeight(72)
+        self.text_button = QPushButton("Use text", self)
+        self.text_button.setToolTip("Tokenise the lines above and use them as the batch")
+        self.text_button.clicked.connect(self._on_text)
+        self.text_box = QWidget(self)
+        text_row = QHBoxLayout(self.text_box)
+        text_row.setContentsMargins(0, 0, 0, 0)
+        text_row.addWidget(self.text_edit, 1)
+        text_row.addWidget(self.text_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.text_box.hide()
+
         self.list = QListWidget(self)
         self.list.setIconSize(QSize(THUMB, THUMB))
         self.list.setViewMode(QListWidget.ViewMode.ListMode)
@@ -155,6 +170,7 @@ class BatchPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
         layout.addLayout(row)
+        layout.addWidget(self.text_box)
         layout.addWidget(self.source_label)
         layout.addWidget(self.list, 1)
         layout.addWidget(self.preprocess_label)
@@ -186,6 +202,11 @@ class BatchPanel(QWidget):
     def _on_random(self) -> None:
         shape = self.shape_edit.text().strip() or self.shape_edit.placeholderText()
         self.load_requested.emit([f"random:{shape}"])
+
+    def _on_text(self) -> None:
+        lines = [line for line in self.text_edit.toPlainText().splitlines() if line.strip()]
+        if lines:
+            self.load_requested.emit([f"text:{line}" for line in lines])
 
     def _load_recent(self, item: str) -> Callable[[], None]:
         return lambda: self.load_requested.emit(item.split("\n"))
@@ -225,6 +246,7 @@ class BatchPanel(QWidget):
 
     # -- session -> widgets ---------------------------------------------------------------
     def _on_model_model_changed(self, model: LoadedModel | None) -> None:
+        self.text_box.setVisible(model is not None and model.tokenizer is not None)
         if model is None:
             return
         # Imported on first use: reading inputs is not needed to start the window.
@@ -291,6 +313,9 @@ class BatchPanel(QWidget):
         preds = (top_classes(capture.output, self.session.categories,
                              class_dim=class_dim_of(capture.meta.get("target")))
                  if capture is not None else [])
+        tokenizer = self.session.model.tokenizer if self.session.model is not None else None
+        if capture is not None and capture.meta.get("predicted_tokens") and tokenizer is not None:
+            preds = _next_tokens(capture, tokenizer)
         for i in range(self.list.count()):
             self.list.item(i).setText(self._item_text(i, preds[i] if i < len(preds) else None))
 
@@ -312,3 +337,19 @@ class BatchPanel(QWidget):
             if i < len(preds):
                 lines += [f"{r + 1}. {c}  {p * 100:.1f}%" for r, (c, p) in enumerate(preds[i])]
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
+
+
+def _next_tokens(capture: Capture, tokenizer: object, k: int = 5) -> list[list[tuple[str, float]]]:
+    """A language model's top next tokens at the target's position, per sample, with their
+    probabilities (the thumbnails' "top classes" of a text batch)."""
+    from gradexplorer.capturing.targets import parse_target
+
+    y = capture.output
+    position = parse_target(capture.meta.get("target") or "top1").position
+    if y is None or y.dim() != 3 or position is None:
+        return []
+    probs = torch.softmax(y[:, position, :].double(), dim=-1)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    decode = tokenizer.decode  # type: ignore[attr-defined]
+    return [[(repr(decode([int(t)])), float(p)) for p, t in zip(ps, ts)]
+            for ps, ts in zip(top.values.tolist(), top.indices.tolist())]

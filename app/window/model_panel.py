@@ -36,6 +36,7 @@ TASK_TITLES = {
     "detection": "Detection (not supported yet)",
     "optical_flow": "Optical flow",
     "quantized": "Quantized",
+    "hugging_face": "Hugging Face (transformers)",
 }
 SPEC_ROLE = Qt.ItemDataRole.UserRole + 1
 NO_WEIGHTS = "__none__"
@@ -129,7 +130,8 @@ class ModelPanel(QWidget):
     # -- catalog ---------------------------------------------------------------------------
     def set_catalog(self, catalog: list[ModelInfo]) -> None:
         """Show the torchvision models (``gradexplorer.models.weights.model_catalog()``)."""
-        self._catalog = {info.name: info for info in catalog}
+        # Hugging Face entries load as saved: no torchvision weights to choose.
+        self._catalog = {info.name: info for info in catalog if info.task != "hugging_face"}
         self._fill(catalog)
 
     def _fill(self, catalog: list) -> None:
@@ -171,6 +173,8 @@ class ModelPanel(QWidget):
             for info in infos:
                 if info.cached:
                     state = "cached"
+                elif task == "hugging_face":
+                    state = "downloads"
                 elif info.weights:
                     state = f"{len(info.weights)} to download"
                 else:

@@ -76,6 +76,9 @@ def token_saliency(capture: Capture, sample: int) -> TokenSaliency | None:
     if x.dim() == 3 and isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(x.shape):
         return TokenSaliency(_norms(g[s]), "gradient with respect to the input, L2 norm over its features")
     b, t = int(x.shape[0]), int(x.shape[1])
+    if x.dim() == 2 and isinstance(g, torch.Tensor) and g.dim() == 3 and tuple(g.shape[:2]) == (b, t):
+        where = capture.meta.get("input_grad_of") or "the token vectors"
+        return TokenSaliency(_norms(g[s]), f"gradient at {where}, L2 norm over its features")
     for name in capture.layer_order:
         for call in capture[name].calls:
             grad = call.grad_output
@@ -83,6 +86,31 @@ def token_saliency(capture: Capture, sample: int) -> TokenSaliency | None:
                 return TokenSaliency(_norms(grad[s]), f"gradient at the output of '{name}' (the token vectors), "
                                                       "L2 norm over its features")
     return None
+
+
+def token_saliency_csv(capture: Capture) -> str | None:
+    """Every sample's per-token saliency as CSV: ``sample, position, token, saliency``, the
+    token strings of a batch of texts (empty for other sequences); None when the capture has
+    no token saliency (not a sequence, or no gradient at the tokens)."""
+    import csv
+    import io
+
+    x = capture.input
+    if not isinstance(x, torch.Tensor) or not is_sequence_input(tuple(x.shape)):
+        return None
+    tokens = capture.meta.get("tokens")
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["sample", "position", "token", "saliency"])
+    for sample in range(int(x.shape[0])):
+        sal = token_saliency(capture, sample)
+        if sal is None:
+            return None
+        row = tokens[sample] if isinstance(tokens, list) and sample < len(tokens) else None
+        for position, value in enumerate(sal.values.tolist()):
+            word = row[position] if row is not None and position < len(row) else ""
+            w.writerow([sample, position, word, repr(float(value))])
+    return buf.getvalue()
 
 
 def _norms(tokens: torch.Tensor) -> np.ndarray:

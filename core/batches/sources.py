@@ -26,8 +26,12 @@ from gradexplorer.batches.tensor_files import (
     load_tensor_file,
     looks_like_tensor_file,
 )
+from gradexplorer.batches.text import load_text
 from gradexplorer.capturing.inputs import Batch, ModelInputs
 from gradexplorer.models.loaded_model import LoadedModel
+
+#: How a text sample is named among the sources (``gradexplorer.pipeline.options.TEXT_SOURCE``).
+TEXT_SOURCE = "text:"
 
 
 def load_batch(
@@ -46,6 +50,8 @@ def load_batch(
           with seed 0. ``"random"`` alone uses two samples of ``model.input_shape``.
         - one ``.pt``/``.pth`` file (or another ``torch.save`` zip archive, such as a
           capture file): :func:`load_tensor_file`.
+        - ``"text:the cat sat"`` (one or several, a ``.txt`` file after ``text:`` gives one
+          sample per line): tokenised by the model's tokenizer (``gradexplorer.batches.text``).
         - ``"demo"``: the demo batch of the demo model ``model`` (``gradexplorer.models.demos``).
         - image files and folders: :func:`load_images` with the model's preprocess
           (the default ImageNet preprocess when the model has none).
@@ -72,7 +78,10 @@ def load_batch(
     if not sources:
         raise BatchError("no input was given;", SOURCES_HINT + ".")
 
-    if len(sources) == 1:
+    batch: Batch | None
+    if all(s.startswith(TEXT_SOURCE) for s in sources):
+        batch = load_text([s[len(TEXT_SOURCE):] for s in sources], model)
+    elif len(sources) == 1:
         batch = _named_source(sources[0].strip(), model)
     else:
         _refuse_tensor_files_among(sources)

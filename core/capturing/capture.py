@@ -401,6 +401,25 @@ def _module_hooks(model: nn.Module, recorder: _Recorder, hooks: Hooks) -> Iterat
         recorder.activations.clear()
 
 
+def _embedding_outputs(model: nn.Module, x: torch.Tensor, hooks: Hooks) -> list[tuple[str, torch.Tensor]]:
+    """Hooks that collect, as forward runs, the output of each ``nn.Embedding`` call that
+    reads the token ids ``x`` (a view of them counts: models reshape their ids), first
+    first. The list fills during forward."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def grab(name: str, args: tuple, kwargs: dict, output: Any) -> None:
+        ids = first_tensor_input(args, kwargs)
+        if (ids is None or found or not isinstance(output, torch.Tensor) or not output.requires_grad
+                or ids.numel() != x.numel() or ids.data_ptr() != x.data_ptr()):
+            return
+        found.append((name, output))
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding):
+            hooks.forward(module, lambda m, a, k, o, _n=name: grab(_n, a, k, o), with_kwargs=True)
+    return found
+
+
 def capture(
     model: nn.Module,
     inputs: torch.Tensor | ModelInputs,
@@ -588,6 +607,9 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         want_x_grad = input_grad or not params
         if want_x_grad and x.is_floating_point():
             x = x.detach().requires_grad_(True)
+        # Token ids have no gradient: the input gradient is then taken at their vectors,
+        # the output of the embedding that reads them.
+        embedded = _embedding_outputs(model, x, hooks) if input_grad and not x.is_floating_point() else None
         try:
             with torch.enable_grad(), _autocast(dev, settings.autocast):
                 output = several.call(model, x) if several is not None else model(x)
@@ -615,7 +637,16 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
                 "The target does not depend on anything that requires a gradient.",
                 "Check that the model has trainable parameters or ask for the input gradient.",
             )
+        if embedded is not None and not embedded:
+            raise CaptureError(
+                f"The input gradient was asked for, but the input is {str(x.dtype).replace('torch.', '')} "
+                "token ids, which have no gradient, and no nn.Embedding of the model reads them.",
+                "Leave the input gradient off, or capture the layer that turns the ids into vectors.",
+            )
+        emb_name, emb_out = embedded[0] if embedded else (None, None)
         grad_inputs = list(params) + ([x] if want_x_grad and x.requires_grad else [])
+        if emb_out is not None:
+            grad_inputs.append(emb_out)
         try:
             grads = torch.autograd.grad(scalar, grad_inputs, allow_unused=True)
         except GradExplorerError:
@@ -648,6 +679,11 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
                     rec.param_grads[pname] = recorder.keep(g, copy=False)
             layers_out[name] = rec
         x_grad = grad_of.get(id(x)) if input_grad else None
+        if emb_out is not None:
+            x_grad = grad_of.get(id(emb_out))
+            if x_grad is None:  # the target does not depend on the tokens: a zero gradient, truly
+                x_grad = torch.zeros_like(emb_out)
+            x_grad = x_grad.detach().reshape(*x.shape, -1)
         # Queued before the wait below, as the other copies are.
         kept_x_grad = recorder.keep(x_grad, copy=False) if x_grad is not None else None
         if dev.type == "cuda":
@@ -675,6 +711,8 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             "not_called": not_called,
             "seconds": round(time.perf_counter() - t0, 4),
         })
+        if emb_name is not None:
+            info["input_grad_of"] = f"the output of '{emb_name}' (the token embeddings)"
         model_inputs = None
         primary = inputs.detach().cpu()
         if several is not None:  # every argument, so that a notebook can run the batch again

@@ -112,6 +112,8 @@ class Batch:
     inputs : ModelInputs or None
         All the arguments, for a model that takes several inputs (``tensor`` is the first
         of them); None for one input.
+    tokens : list of list of str or None
+        For a batch of texts: each sample's token strings, position by position.
     """
 
     tensor: torch.Tensor
@@ -121,6 +123,7 @@ class Batch:
     preprocessing: str = "none"
     images: list | None = None
     inputs: ModelInputs | None = None
+    tokens: list[list[str]] | None = None
 
     def __len__(self) -> int:
         return int(self.tensor.shape[0])

@@ -40,18 +40,45 @@ class Target:
         The output's class axis for ``top1``, ``class`` and ``cross_entropy``: 1 for
         ``(B, classes, *positions)`` (classifiers, segmentation, Conv1d), -1 for a sequence
         model's per-token logits ``(B, length, vocab)``. Any dim but the batch's (0).
+    position : int or None
+        For a sequence output ``(B, length, vocab)``: read one position only (``-1``, the
+        last: a causal language model's prediction of the next token); ``None`` sums over
+        every position.
     """
 
     kind: str = "top1"
     class_index: int | None = None
     output_key: str | None = None
     class_dim: int = 1
+    position: int | None = None
 
     def __str__(self) -> str:
         s = f"class:{self.class_index}" if self.kind == "class" else self.kind
         if self.class_dim != 1 and self.kind in CLASS_KINDS:
             s += f",dim={self.class_dim}"
+        if self.position is not None:
+            s += f",pos={self.position}"
         return f"{s}@{self.output_key}" if self.output_key is not None else s
+
+    def describe(self) -> str:
+        """The target in words ("the logit of the predicted next token at the last position")."""
+        if self.kind in ("sum", "mean"):
+            what = f"the {self.kind} of the output"
+        elif self.kind == "cross_entropy":
+            what = "the cross-entropy against the labels"
+        elif self.kind == "class":
+            what = f"the logit of class {self.class_index}"
+        elif self.position is not None and self.class_dim == -1:
+            what = "the logit of the predicted next token"
+        else:
+            what = "the largest logit of each sample"
+        if self.position == -1:
+            what += " at the last position"
+        elif self.position is not None:
+            what += f" at position {self.position}"
+        elif self.kind in CLASS_KINDS and self.class_dim != 1:
+            what += ", summed over positions"
+        return what + (f" (output '{self.output_key}')" if self.output_key else "")
 
 
 #: Targets that read a class axis (``Target.class_dim``).
@@ -78,7 +105,7 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
     """
     if isinstance(spec, Target):
         if output_key is not None:
-            return Target(spec.kind, spec.class_index, output_key, spec.class_dim)
+            return Target(spec.kind, spec.class_index, output_key, spec.class_dim, spec.position)
         return spec
     text = str(spec).strip()
     key = None
@@ -86,7 +113,7 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
         text, key = text.split("@", 1)
         key = key.strip() or None
     key = output_key if output_key is not None else key
-    text, class_dim = _split_class_dim(text, spec)
+    text, class_dim, position = _split_class_dim(text, spec)
     target = _parse_kind(text, spec, key)
     if class_dim != 1:
         if target.kind not in CLASS_KINDS:
@@ -95,20 +122,41 @@ def parse_target(spec: str | Target, output_key: str | None = None) -> Target:
                 "Drop the ',dim=...' part, or use top1, class:N or cross_entropy.",
             )
         target = Target(target.kind, target.class_index, target.output_key, class_dim)
+    if position is not None:
+        if target.kind not in ("top1", "class") or target.class_dim != -1:
+            raise GradExplorerError(
+                f"Target '{spec}' reads one position, which needs per-token logits with the classes last.",
+                "Write it as top1,dim=-1,pos=-1 (or class:N,dim=-1,pos=-1).",
+            )
+        target = Target(target.kind, target.class_index, target.output_key, target.class_dim, position)
     return target
 
 
-def _split_class_dim(text: str, spec: object) -> tuple[str, int]:
-    """``"top1,dim=-1"`` -> ``("top1", -1)``; no ``,dim=`` part -> ``(text, 1)``."""
+def _split_class_dim(text: str, spec: object) -> tuple[str, int, int | None]:
+    """``"top1,dim=-1,pos=-1"`` -> ``("top1", -1, -1)``; no parts -> ``(text, 1, None)``."""
     if "," not in text:
-        return text, 1
-    text, clause = text.split(",", 1)
-    name, _, value = clause.replace(" ", "").partition("=")
-    if name.lower() != "dim":
-        raise GradExplorerError(
-            f"Target '{spec}' has an unknown part ',{clause.strip()}'.",
-            "The only part after a comma is the class axis, e.g. top1,dim=-1.",
-        )
+        return text, 1, None
+    text, *clauses = text.split(",")
+    dim, position = 1, None
+    for clause in clauses:
+        name, _, value = clause.replace(" ", "").partition("=")
+        if name.lower() == "dim":
+            dim = _class_dim_value(value, spec)
+        elif name.lower() in ("pos", "position"):
+            try:
+                position = int(value)
+            except ValueError:
+                raise GradExplorerError(f"Target '{spec}' has no position number after 'pos='.",
+                                        "Write it as top1,dim=-1,pos=-1 (the last position).") from None
+        else:
+            raise GradExplorerError(
+                f"Target '{spec}' has an unknown part ',{clause.strip()}'.",
+                "The parts after a comma are the class axis and a position, e.g. top1,dim=-1,pos=-1.",
+            )
+    return text, dim, position
+
+
+def _class_dim_value(value: str, spec: object) -> int:
     try:
         dim = int(value)
     except ValueError:
@@ -121,7 +169,7 @@ def _split_class_dim(text: str, spec: object) -> tuple[str, int]:
             f"Target '{spec}' puts the classes on dim 0, the batch.",
             "Use dim=1 for (B, classes, ...) or dim=-1 for (B, length, vocab).",
         )
-    return text, dim
+    return dim
 
 
 def _parse_kind(text: str, spec: object, key: str | None) -> Target:
@@ -183,7 +231,7 @@ def select_output(output: Any, key: str | None = None) -> torch.Tensor:
     if isinstance(output, Mapping):
         keys = list(output.keys())
         if key is None:
-            key = "out" if "out" in output else keys[0] if keys else None
+            key = default_key(keys)
         if key not in output:
             raise GradExplorerError(
                 f"The model's output has no element '{key}'.",
@@ -220,6 +268,13 @@ def select_output(output: Any, key: str | None = None) -> torch.Tensor:
         f"The model returned a {type(output).__name__}, not a tensor.",
         "gradexplorer needs a model whose forward returns a tensor, a tuple or a dict of tensors.",
     )
+
+
+def default_key(keys: list) -> Any:
+    """The element of a dict output that a target without ``@key`` reads: ``out``, else
+    ``logits`` (a Hugging Face ModelOutput puts ``loss`` first when labels are passed), else
+    the first."""
+    return "out" if "out" in keys else "logits" if "logits" in keys else keys[0] if keys else None
 
 
 def output_keys(output: Any) -> list[str]:
@@ -292,10 +347,14 @@ def target_scalar(
     if target.kind == "mean":
         return y.mean()
     if y.dim() < 2:
+        keys = output_keys(output)
+        picked = target.output_key or (default_key(keys) if isinstance(output, Mapping) else keys[0] if keys else "")
+        others = [k for k in keys if k != picked]
         raise GradExplorerError(
-            f"Target '{target}' needs class logits of shape (B, classes, ...); the output has "
-            f"shape {tuple(y.shape)}.",
-            "Use the sum or mean target for this model.",
+            f"Target '{target}' needs class logits of shape (B, classes, ...); the output "
+            f"{'element ' + repr(picked) + ' ' if keys else ''}has shape {tuple(y.shape)}.",
+            f"Pick the logits with @KEY (the output has {', '.join(others)}: e.g. {target}@{others[0]})"
+            if others else "Use the sum or mean target for this model.",
         )
     dim = target.class_dim
     if not is_class_axis(dim, y.dim()):
@@ -306,6 +365,16 @@ def target_scalar(
         )
     # The class axis second, as cross_entropy and the messages below expect.
     y = y.movedim(dim, 1)
+    if target.position is not None:
+        if y.dim() != 3 or not -y.shape[2] <= target.position < y.shape[2]:
+            raise GradExplorerError(
+                f"Target '{target}' reads position {target.position}, but the output has shape "
+                f"{tuple(y.movedim(1, dim).shape)}.",
+                "Give a position inside the sequence (-1 is the last), or drop ',pos=...'.",
+            )
+        y = y[:, :, target.position]
+        if labels is not None and labels.dim() > 1:
+            labels = labels[:, target.position]
     classes = y.shape[1]
     if target.kind == "top1":
         return y.max(dim=1).values.sum()

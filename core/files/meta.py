@@ -84,6 +84,15 @@ class CaptureMeta:
     layer_order, not_called : tuple of str
     call_order : tuple of (str, int)
         Every (layer, call index) in the order the calls returned, when recorded.
+    tokens : tuple of tuple of str or None
+        For a batch of texts, each sample's token strings, position by position.
+    target_words : str or None
+        The target in words ("the logit of the predicted next token at the last position").
+    predicted_tokens : tuple of str or None
+        For a target at one position of per-token logits: each sample's predicted token.
+    input_grad_of : str or None
+        What the input gradient is taken with respect to, when not the input itself (token
+        ids have none: "the output of 'transformer.wte' (the token embeddings)").
     """
 
     model: str | None = None
@@ -111,12 +120,28 @@ class CaptureMeta:
     layer_order: tuple[str, ...] = ()
     call_order: tuple[tuple[str, int], ...] = ()
     not_called: tuple[str, ...] = ()
+    tokens: tuple[tuple[str, ...], ...] | None = None
+    target_words: str | None = None
+    predicted_tokens: tuple[str, ...] | None = None
+    input_grad_of: str | None = None
+
+    def tokens_of(self, index: int) -> tuple[str, ...] | None:
+        """Sample ``index``'s token strings, or None for a batch that was not text."""
+        if self.tokens is None or not 0 <= index < len(self.tokens):
+            return None
+        return self.tokens[index]
 
     def sample_name(self, index: int) -> str:
         """The name of sample ``index`` (``"sample 3"`` when the file has none)."""
         if 0 <= index < len(self.sample_names):
             return self.sample_names[index]
         return f"sample {index}"
+
+
+def _token_rows(rows: Any) -> tuple[tuple[str, ...], ...] | None:
+    if rows is None:
+        return None
+    return tuple(tuple(str(t) for t in row) for row in rows)
 
 
 def _parse_cli_batch_line(line: str) -> tuple[str, str | None]:
@@ -230,4 +255,8 @@ def capture_meta(cap: Capture | dict) -> CaptureMeta:
         layer_order=tuple(get("layer_order") or ()),
         call_order=tuple((str(n), int(i)) for n, i in (get("call_order") or ())),
         not_called=tuple(get("not_called") or ()),
+        tokens=_token_rows(get("tokens")),
+        target_words=get("target_words"),
+        predicted_tokens=_tuple(get("predicted_tokens")),
+        input_grad_of=get("input_grad_of"),
     )

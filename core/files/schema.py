@@ -328,6 +328,10 @@ def _graph_relations(graph: dict, path: str) -> None:
 
 def _input_relations(data: dict, path: str) -> None:
     x, g = _shape_of(data.get("input")), _shape_of(data.get("input_grad"))
+    meta = data.get("meta")
+    at_vectors = isinstance(meta, dict) and meta.get("input_grad_of") is not None
+    if at_vectors and x is not None and g is not None and len(g) == len(x) + 1 and g[:len(x)] == x:
+        return  # token ids' gradient, taken at their vectors: (B, T) ids, (B, T, D) gradient
     if x is not None and g is not None and x != g:
         raise SchemaViolation("input_grad", f"has shape {g}, but the input has shape {x}")
 
@@ -374,6 +378,9 @@ META = Record(
             "model", "model_name", "weights", "arch", "task", "batch", "batch_source", "preprocessing",
             "target", "device", "dtype", "mode", "autocast", "torch_version", "created")},
         "categories": Nullable(NAMES), "sample_names": Nullable(NAMES), "input_names": Nullable(NAMES),
+        # A batch of texts: each sample's token strings; the prediction at the target's position.
+        "tokens": Nullable(Items(NAMES)), "predicted_tokens": Nullable(NAMES),
+        "target_words": Nullable(TEXT), "input_grad_of": Nullable(TEXT),
         "labels": Nullable(Items(Integer())),
         "train": Nullable(Flag()), "input_grad": Nullable(Flag()),
         "seconds": Nullable(NUMBER),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from PIL import Image
@@ -40,7 +41,16 @@ class LoadedModel:
         explain shape mismatches.
     task : str
         ``"classification"``, ``"segmentation"``, ``"video"``, ``"detection"``,
-        ``"optical_flow"``, ``"quantized"``, ``"demo"`` or ``"other"``.
+        ``"optical_flow"``, ``"quantized"``, ``"demo"``, ``"language_model"``,
+        ``"token_classification"`` or ``"other"``.
+    tokenizer : object or None
+        A Hugging Face tokenizer, for text input (``--text``).
+    default_target : str or None
+        The target the plain ``top1`` stands for with this model: ``"top1,dim=-1,pos=-1"``
+        (the predicted next token at the last position) for a causal language model.
+    text_padding : str
+        Where a batch of texts is padded: ``"right"``, or ``"left"`` for a causal language
+        model (so that the last position is every sample's last token).
     """
 
     module: nn.Module
@@ -53,3 +63,6 @@ class LoadedModel:
     input_shape: tuple[int, ...] | None = None
     task: str = "other"
     notes: list[str] = field(default_factory=list)
+    tokenizer: Any = None
+    default_target: str | None = None
+    text_padding: str = "right"

@@ -30,6 +30,7 @@ from gradexplorer.models.files import (
     torchscript_error,
     zip_members,
 )
+from gradexplorer.models.hf_models import hf_spec, load_hf
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.pickles import load_export, pickled_module, read_checkpoint
 from gradexplorer.models.state_dicts import find_state_dict
@@ -50,6 +51,7 @@ def load_model(
     arch: str | None = None,
     trust: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    hf_class: str | None = None,
 ) -> LoadedModel:
     """Build or load the model the user asked for, in eval mode.
 
@@ -60,6 +62,8 @@ def load_model(
 
         - a torchvision model name (``"resnet18"``, ``"fcn_resnet50"``, ``"r3d_18"``...);
         - ``"demo:seed-mlp"`` or ``"demo:shapes"``;
+        - ``"hf:ORG/NAME"`` or ``"hf:PATH"`` of a ``save_pretrained`` folder: a Hugging Face
+          model (``gradexplorer.models.hf_models.load_hf``);
         - a checkpoint file: a state dict (``.pth``/``.pt``, needs ``arch``), a pickled
           ``nn.Module`` (needs ``trust``), or a ``torch.export`` archive (``.pt2``, needs
           ``trust``). TorchScript archives are refused: their modules cannot be hooked;
@@ -79,6 +83,8 @@ def load_model(
         says.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` while pretrained weights download.
+    hf_class : str, optional
+        For ``hf:`` models: the transformers class or task word to build.
 
     Returns
     -------
@@ -107,6 +113,12 @@ def load_model(
     if text.startswith("demo:"):
         _refuse_extras(text, weights=weights, arch=arch)
         return load_demo(text)
+    if hf_spec(text) is not None:
+        _refuse_extras(text, weights=weights, arch=arch)
+        return load_hf(text, hf_class=hf_class, trust=trust, progress=progress)
+    if hf_class is not None:
+        raise ModelLoadError(f"--hf-class goes only with an hf: model, not '{text}'.",
+                             "Give the model as hf:ORG/NAME or hf:PATH, or leave --hf-class out.")
 
     name = torchvision_name(text)
     if name is not None:
@@ -173,6 +185,8 @@ def trust_subject(spec: str) -> str:
     text = spec.strip()
     if text.startswith("demo:") or torchvision_name(text) is not None:
         return f"'{text}'"
+    if hf_spec(text) is not None:
+        return f"the Hugging Face model '{hf_spec(text)}' (its own Python code, or its pickled weights)"
     factory = parse_factory(text)
     if factory is not None:
         return describe_factory(factory)

@@ -85,6 +85,8 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
         blocked global and what the file seems to be), or holds no state dict.
     """
     check_file(path, "weights file")
+    if path.suffix.lower() == ".safetensors":
+        return _read_safetensors(path)
     try:
         with warnings.catch_warnings():
             # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
@@ -115,6 +117,57 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
             "Save it with torch.save(model.state_dict(), path).",
         )
     return state
+
+
+def _read_safetensors(path: Path) -> Mapping[str, torch.Tensor]:
+    # safetensors holds tensors only: nothing in it can run code.
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ModelLoadError(f"'{path}' is a safetensors file, and the safetensors package is not installed.",
+                             "Install it: pip install safetensors (or 'gradexplorer[hf]').") from None
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as exc:  # a damaged header or data raises several kinds
+        raise ModelLoadError(f"The weights file '{path}' cannot be read as safetensors: {short_reason(exc)}",
+                             "Check that the file is complete.") from exc
+    if not state:
+        raise ModelLoadError(f"The safetensors file '{path}' holds no tensors.", "Give the model's weights file.")
+    return state
+
+
+def tied_keys(module: nn.Module) -> dict[str, str]:
+    """The model's state-dict keys that share their tensor with an earlier key, mapped to it
+    (a language model's ``lm_head.weight`` -> ``transformer.wte.weight``).
+
+    ``save_pretrained`` leaves such keys out of its files, since loading the other fills them.
+    """
+    first: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    tied: dict[str, str] = {}
+    for key, value in module.state_dict(keep_vars=True).items():
+        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+            continue
+        ident = (value.untyped_storage().data_ptr(), int(value.storage_offset()), tuple(value.shape))
+        if ident in first:
+            tied[key] = first[ident]
+        else:
+            first[ident] = key
+    return tied
+
+
+def fill_tied(state: Mapping[str, torch.Tensor], module: nn.Module) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """``state`` with the model's tied keys it lacks filled from the key they are tied to,
+    and the keys so filled."""
+    out = _copy(state)
+    filled = []
+    for key, other in tied_keys(module).items():
+        if key not in out and other in out:
+            out[key] = out[other]
+            filled.append(key)
+        elif other not in out and key in out:
+            out[other] = out[key]
+            filled.append(other)
+    return out, filled
 
 
 def describe_object(obj: object) -> str:
@@ -257,7 +310,7 @@ def load_state_into(
     """
     own = module.state_dict()
     matched = match_keys(state, own)
-    state = matched.state
+    state, tied = fill_tied(matched.state, module)
     report = fit_report(state, own)
     if not report.fits:
         raise ModelLoadError(
@@ -272,8 +325,12 @@ def load_state_into(
             f"The weights in '{source}' do not fit {target}: {short_reason(exc)}",
             "Check that the architecture is the one the file was saved from.",
         ) from exc
-    note = matched.note(source)
-    return [note] if note else []
+    notes = [n for n in [matched.note(source)] if n]
+    if tied:
+        others = tied_keys(module)
+        notes.append(f"{listing(tied, 3)} tied to {listing([others.get(k, k) for k in tied], 3)} "
+                     f"(shared weights, left out of {source.name})")
+    return notes
 
 
 def _prefix_hint(

@@ -38,6 +38,7 @@ from gradexplorer import batches
 from gradexplorer.base.devices import resolve_device
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
 from gradexplorer.base.units import format_bytes
+from gradexplorer.batches.text import predicted_tokens
 from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch, ModelInputs
@@ -334,7 +335,7 @@ class CaptureJob:
         if self._fetch_weights():
             self.check_cancel()
             self._report(STAGE_LOAD_MODEL)
-        self.loaded = load_model(o.model, weights=o.weights, arch=o.arch, trust=o.trust,
+        self.loaded = load_model(o.model, weights=o.weights, arch=o.arch, trust=o.trust, hf_class=o.hf_class,
                                  progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total))
         self.check_cancel()
         self._timed("load_model", start)
@@ -456,7 +457,7 @@ class CaptureJob:
         GradExplorerError
         """
         loaded = self.load_model()
-        target = parse_target(self.options.target)
+        target = parse_target(self.target())
         index = target.class_index
         if target.kind == "class" and loaded.categories and index is not None and index >= len(loaded.categories):
             n = len(loaded.categories)
@@ -600,7 +601,7 @@ class CaptureJob:
         start = time.perf_counter()
         with self._held():
             cap = capture_module.capture(
-                loaded.module, batch.model_input, layers=o.layer_spec(), target=o.target, labels=self.labels,
+                loaded.module, batch.model_input, layers=o.layer_spec(), target=self.target(), labels=self.labels,
                 mode=o.mode, input_grad=o.input_grad, device=device, train=o.train,
                 progress=self.progress, cancel=self.cancel, meta=meta, expected_calls=expected,
                 autocast=o.autocast,
@@ -608,8 +609,21 @@ class CaptureJob:
             cap.graph = self._graph_for(cap, loaded.module, batch.model_input)
         self._timed("capture", start)
         cap.meta["timing"] = dict(self.timing)
+        cap.meta["target_words"] = parse_target(self.target()).describe()
+        predicted = predicted_tokens(cap, loaded.tokenizer, parse_target(self.target()))
+        if predicted is not None:
+            cap.meta["predicted_tokens"] = predicted
         self.result = cap
         return cap
+
+    def target(self) -> str:
+        """The target the capture runs: the options', except that the plain ``top1`` of a
+        model with a default target of its own (a causal language model: the predicted next
+        token at the last position) stands for that one."""
+        loaded = self.load_model()
+        if self.options.target == "top1" and loaded.default_target:
+            return loaded.default_target
+        return self.options.target
 
     def _prepare_kernels(self, model: Any, inputs: torch.Tensor | ModelInputs) -> None:
         """Compile the CPU statistics kernels for the dtypes this capture will summarise,

@@ -24,6 +24,8 @@ from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.targets import parse_target
 
 MODES = ("full", "stats")
+#: How a text sample is named among a batch's sources (``gradexplorer.batches.load_batch``).
+TEXT_SOURCE = "text:"
 AUTOCAST_DTYPES = ("bf16", "fp16")
 
 
@@ -42,27 +44,33 @@ class BatchSpec:
         when the batch is made (``gradexplorer.batches.random_batch``).
     demo : bool
         The demo model's own batch (``--demo-input``).
+    texts : tuple of str
+        Texts, one sample each, tokenised with the model's tokenizer (``--text``); a
+        ``.txt`` file among them gives one sample per line.
     """
 
     inputs: tuple[str, ...] = ()
     random: str | None = None
     demo: bool = False
+    texts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, bytes)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(str(s) for s in self.inputs))
+        texts = (self.texts,) if isinstance(self.texts, str) else tuple(str(t) for t in (self.texts or ()))
+        object.__setattr__(self, "texts", texts)
         if self.random is not None:
             text = str(self.random).strip()
             if text.lower().startswith("random:"):
                 text = text[len("random:"):].strip()
             object.__setattr__(self, "random", text)
-        chosen = [bool(self.inputs), self.random is not None, bool(self.demo)]
+        chosen = [bool(self.inputs), self.random is not None, bool(self.demo), bool(self.texts)]
         if sum(chosen) > 1:
             raise GradExplorerError(
                 "more than one input was given;",
-                "give only one of --input FILES, --random [SHAPE] or --demo-input.",
+                "give only one of --input FILES, --text TEXT, --random [SHAPE] or --demo-input.",
             )
 
     @classmethod
@@ -70,9 +78,12 @@ class BatchSpec:
         """The spec of a list of ``gradexplorer.batches.load_batch`` sources (what the window keeps).
 
         ``["demo"]`` is the demo batch, ``["random"]`` / ``["random:2x10"]`` a random one,
-        anything else files; ``None`` or ``[]`` is the default.
+        ``["text:the cat sat", ...]`` texts, anything else files; ``None`` or ``[]`` is the
+        default.
         """
         items = [str(s).strip() for s in (sources or []) if str(s).strip()]
+        if items and all(s.startswith(TEXT_SOURCE) for s in items):
+            return cls(texts=tuple(s[len(TEXT_SOURCE):] for s in items))
         if len(items) == 1:
             lowered = items[0].lower()
             if lowered == "demo":
@@ -84,12 +95,14 @@ class BatchSpec:
     @property
     def is_default(self) -> bool:
         """No input was named: the job picks one that fits the model."""
-        return not self.inputs and self.random is None and not self.demo
+        return not self.inputs and self.random is None and not self.demo and not self.texts
 
     def sources(self) -> list[str]:
         """The ``gradexplorer.batches.load_batch`` sources for this spec (empty when default)."""
         if self.inputs:
             return list(self.inputs)
+        if self.texts:
+            return [TEXT_SOURCE + t for t in self.texts]
         if self.random is not None:
             return [f"random:{self.random}"] if self.random else ["random"]
         if self.demo:
@@ -136,6 +149,8 @@ class CaptureOptions:
         Bytes the capture may use; ``None`` is half the free memory of the device.
     force : bool
         Run even when the estimate is over the budget.
+    hf_class : str or None
+        For an ``hf:`` model: the transformers class or task word to build (``--hf-class``).
     """
 
     model: str
@@ -153,6 +168,7 @@ class CaptureOptions:
     autocast: str | None = None
     memory_budget: int | None = None
     force: bool = False
+    hf_class: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise what front ends naturally hand over (lists, None) so that equal
@@ -164,7 +180,7 @@ class CaptureOptions:
                 "no model was given;",
                 "give --model: a torchvision name (resnet18), demo:shapes, a checkpoint file or module:function.",
             )
-        for name in ("weights", "arch", "labels"):
+        for name in ("weights", "arch", "labels", "hf_class"):
             value = getattr(self, name)
             put(self, name, str(value).strip() or None if value is not None else None)
         if isinstance(self.layers, str):

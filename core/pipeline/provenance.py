@@ -52,4 +52,5 @@ def build_meta(loaded: LoadedModel, batch: Batch, labels: torch.Tensor | None,
         "labels": [int(v) for v in labels.tolist()] if labels is not None else None,
         "input_grad": bool(options.input_grad),
         "autocast": options.autocast,
+        **({"tokens": [list(t) for t in batch.tokens]} if batch.tokens is not None else {}),
     }

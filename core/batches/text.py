@@ -1,0 +1,146 @@
+"""Text in: samples tokenised with the model's own tokenizer (``--text``), and the token
+strings that the views, ``inspect`` and the CSV show in place of positions.
+
+A batch of texts is padded to its longest sample: on the right for most models, on the
+left for a causal language model (so that the last position is every sample's last token,
+the one whose next token the default target reads), with ``position_ids`` that count the
+real tokens only, as generation does. The padding is said in the batch's preprocessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradexplorer.base.errors import BatchError
+from gradexplorer.capturing.inputs import Batch, ModelInputs
+from gradexplorer.models.loaded_model import LoadedModel
+
+__all__ = ["TEXT_FILE_SUFFIX", "expand_texts", "load_text", "token_strings", "predicted_tokens"]
+
+TEXT_FILE_SUFFIX = ".txt"
+
+
+def expand_texts(texts: Sequence[str]) -> list[str]:
+    """The samples of ``texts``: each text is one, an existing ``.txt`` file one per
+    non-empty line."""
+    out: list[str] = []
+    for text in texts:
+        path = Path(text).expanduser()
+        if text.lower().endswith(TEXT_FILE_SUFFIX) and path.is_file():
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BatchError(f"the text file '{path}' cannot be read: {exc};",
+                                 "give a UTF-8 text file, one sample a line.") from exc
+            found = [line for line in lines if line.strip()]
+            if not found:
+                raise BatchError(f"the text file '{path}' has no text;", "write one sample a line.")
+            out.extend(found)
+        else:
+            out.append(text)
+    if not out or not all(t.strip() for t in out):
+        raise BatchError("an empty text was given;", "give some words: --text \"the cat sat\".")
+    return out
+
+
+def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
+    """Tokenise ``texts`` into a batch of keyword arguments (``input_ids``,
+    ``attention_mask``, and ``position_ids`` when left-padded).
+
+    Parameters
+    ----------
+    texts : sequence of str
+        One sample each; an existing ``.txt`` file gives one sample per line.
+    model : LoadedModel
+        Its ``tokenizer`` tokenises; its ``text_padding`` says which side is padded.
+
+    Returns
+    -------
+    Batch
+        ``tensor`` is ``input_ids`` ``(B, T)``; ``tokens`` the token strings of each sample.
+
+    Raises
+    ------
+    BatchError
+        No model, a model without a tokenizer, an empty text.
+    """
+    if model is None or getattr(model, "tokenizer", None) is None:
+        name = f"'{model.spec}'" if model is not None else "this model"
+        raise BatchError(
+            f"{name} has no tokenizer, so text cannot be turned into its input;",
+            "use a Hugging Face model saved with its tokenizer (hf:ORG/NAME or a save_pretrained folder "
+            "holding tokenizer.json), or give a .pt file of token ids with --input.",
+        )
+    samples = expand_texts(texts)
+    tok = model.tokenizer
+    side = model.text_padding
+    if tok.pad_token is None:
+        # GPT-2 has no padding token; any id works under the attention mask.
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    tok.padding_side = side
+    try:
+        enc = tok(samples, return_tensors="pt", padding=True)
+    except Exception as exc:
+        raise BatchError(f"the tokenizer refused the text: {type(exc).__name__}: {exc};",
+                         "check the text, or give token ids in a .pt file with --input.") from exc
+    ids = enc["input_ids"]
+    mask = enc.get("attention_mask")
+    kwargs: dict[str, Any] = {"input_ids": ids}
+    if mask is not None:
+        kwargs["attention_mask"] = mask
+    padded = mask is not None and bool((mask == 0).any())
+    if side == "left" and mask is not None and _takes(model, "position_ids"):
+        kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    tokens = [token_strings(tok, row, None if mask is None else m) for row, m in
+              zip(ids.tolist(), mask.tolist() if mask is not None else [None] * len(samples))]
+    lengths = [int(m.sum()) for m in mask] if mask is not None else [ids.shape[1]] * len(samples)
+    how = f"tokenised by {type(tok).__name__}, " + (
+        f"padded on the {side} to {ids.shape[1]} tokens (lengths {', '.join(map(str, lengths))})" if padded
+        else f"{ids.shape[1]} tokens, no padding")
+    names = [_short(s) for s in samples]
+    n = len(samples)
+    return Batch(
+        tensor=ids, labels=None, names=names,
+        source=f"{n} text{'s' if n != 1 else ''}", preprocessing=how,
+        inputs=ModelInputs((), kwargs), tokens=tokens,
+    )
+
+
+def token_strings(tokenizer: Any, ids: Sequence[int], mask: Sequence[int] | None = None) -> list[str]:
+    """Each id as the text it stands for (spaces shown as they are; padding as ``[pad]``)."""
+    out = []
+    for i, token_id in enumerate(ids):
+        if mask is not None and not mask[i]:
+            out.append("[pad]")
+            continue
+        text = tokenizer.decode([int(token_id)])
+        out.append(text if text.strip() else repr(text).strip("'") or "∅")
+    return out
+
+
+def predicted_tokens(capture: Any, tokenizer: Any, target: Any) -> list[str] | None:
+    """The token each sample's logits predict at the target's position (a causal language
+    model's next token), or None when the capture is not of one position of per-token logits."""
+    y = getattr(capture, "output", None)
+    if tokenizer is None or not isinstance(y, torch.Tensor) or y.dim() != 3 or target.position is None:
+        return None
+    ids = y[:, target.position, :].argmax(dim=-1).tolist()
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _takes(model: LoadedModel, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _short(text: str, n: int = 32) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"

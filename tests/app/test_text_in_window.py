@@ -1,0 +1,145 @@
+"""Text models in the window: the saliency bars and the token heatmap rows are named by the
+token strings, the bars equal autograd's gradient at the embeddings, and the batch panel
+offers a text box for a model with a tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from gradexplorer.app.views.capture_views import CaptureViews
+from gradexplorer.batches import load_batch
+from gradexplorer.capturing.capture import capture
+from gradexplorer.models import load_model
+from gradexplorer.pipeline.job import CaptureJob
+from gradexplorer.pipeline.options import CaptureOptions
+from tests import hf_tiny
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return hf_tiny.save("gpt2", tmp_path_factory.mktemp("hf") / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def text_capture(folder):
+    job = CaptureJob(CaptureOptions(model=f"hf:{folder}", batch=["text:the cat sat on a mat", "text:a dog ran"],
+                                    input_grad=True))
+    return job, job.run()
+
+
+def test_saliency_bars_are_named_by_the_tokens_and_equal_autograd(qtbot, text_capture):
+    job, cap = text_capture
+    w = CaptureViews()
+    qtbot.addWidget(w)
+    w.resize(1000, 700)
+    w.show()
+    w.set_capture(cap, job.batch)
+    w.show_view("Saliency")
+    view = w.saliency_view
+    bars = view.current_map()[0]
+    assert view._tick_texts == ["the", "cat", "sat", "on", "a", "mat"]
+    info = view.info_label.text()
+    assert "transformer.wte" in info and "predicts" in info
+    # ground truth: autograd at the embedding output, same model, same inputs
+    model = job.loaded.module
+    kwargs = job.batch.inputs.kwargs
+    seen = {}
+    h = model.transformer.wte.register_forward_hook(lambda m, a, o: seen.setdefault("e", o))
+    logits = model(**kwargs).logits
+    h.remove()
+    g = torch.autograd.grad(logits[:, -1].max(-1).values.sum(), seen["e"])[0]
+    np.testing.assert_allclose(bars, g[0].double().norm(dim=-1).numpy(), rtol=1e-5, atol=1e-9)
+    # the second sample is left-padded: its first position is named so
+    w.set_sample(1)
+    w.show_view("Saliency")
+    assert view._tick_texts == ["[pad]"] * 3 + ["a", "dog", "ran"]
+    shot = os.environ.get("GX_SALIENCY_SHOT")
+    if shot:
+        w.set_sample(0)
+        w.show_view("Saliency")
+        w.grab().save(shot)
+
+
+def test_token_heatmap_rows_are_the_tokens(qtbot, text_capture):
+    job, cap = text_capture
+    w = CaptureViews()
+    qtbot.addWidget(w)
+    w.resize(1000, 700)
+    w.show()
+    w.set_capture(cap, job.batch)
+    w.show_view("Heatmap")
+    view = w.heatmap_view
+    view.ensure_drawn()
+    assert view._tokens == ("the", "cat", "sat", "on", "a", "mat")
+    assert "'sat'" in view.hover_text(2, 0)
+
+
+def test_a_capture_file_alone_still_names_its_tokens(qtbot, text_capture, tmp_path):
+    from gradexplorer.files.capture_file import load_capture, save_capture
+
+    _job, cap = text_capture
+    again = load_capture(save_capture(cap, tmp_path / "t.pt"))
+    w = CaptureViews()
+    qtbot.addWidget(w)
+    w.show()
+    w.set_capture(again, None)
+    w.show_view("Saliency")
+    w.saliency_view.ensure_drawn()
+    assert w.saliency_view._tick_texts == ["the", "cat", "sat", "on", "a", "mat"]
+
+
+def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder, tmp_path, monkeypatch):
+    from gradexplorer.app.window.batch_panel import BatchPanel
+    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer.pipeline.session import Session
+
+    session = Session()
+    panel = BatchPanel(session, AppSettings(str(tmp_path / "s.ini")))
+    qtbot.addWidget(panel)
+    panel.show()
+    assert not panel.text_box.isVisibleTo(panel)
+    loaded = load_model(f"hf:{folder}")
+    session.set_model(loaded)
+    assert panel.text_box.isVisibleTo(panel)
+    panel.text_edit.setPlainText("the cat sat\n\na dog")
+    with qtbot.waitSignal(panel.load_requested) as got:
+        panel.text_button.click()
+    assert got.args[0] == ["text:the cat sat", "text:a dog"]
+    batch = load_batch(got.args[0], loaded)
+    assert batch.tokens == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    cap = capture(loaded.module, batch.model_input, target="top1,dim=-1,pos=-1")
+    assert cap.output.shape[:2] == (2, 3)
+    # after a run, each sample lists its likeliest next tokens (not "class N")
+    cap.meta["predicted_tokens"] = ["x", "y"]
+    session.set_batch(batch, got.args[0])
+    session.capture_changed.emit(cap)
+    best = loaded.tokenizer.decode([int(cap.output[0, -1].argmax())])
+    assert panel.list.item(0).text().splitlines()[1].startswith(f"1. {best!r}")
+
+
+def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folder, monkeypatch):
+    import gradexplorer.app.window.launch
+    from gradexplorer.app.cli import common, main as cli
+    from gradexplorer.app.window.launch import start
+    from tests.app.conftest import TIMEOUT
+
+    calls = []
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+                        lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
+    words = ["--model", f"hf:{folder}", "--text", "the cat sat", "--text", "a dog"]
+    assert cli.main([*words, "--run"]) == 0
+    ((options, run),) = calls
+    assert options == common.capture_options(cli.build_parser().parse_args(["capture", *words, "--out", "x.pt"]))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, run)
+    assert done.args == ["ok"]
+    s = window.session
+    again = s.capture_options(force=options.force)  # what a second run would run
+    assert (again.batch, again.target, again.model) == (options.batch, options.target, options.model)
+    assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)

@@ -1,0 +1,265 @@
+"""Hugging Face models by name and text in, offline: tiny GPT-2 and BERT models saved with
+``save_pretrained`` (into a folder and into a Hugging Face cache layout) with a tokenizer
+trained here; every capture checked against ``torch.autograd.grad`` on the same model."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.batches import load_batch
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.inputs import ModelInputs
+from gradexplorer.capturing.targets import parse_target
+from gradexplorer.files.capture_file import load_capture
+from gradexplorer.files.meta import capture_meta
+from gradexplorer.models import load_model
+from tests import hf_tiny
+from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {"gpt2": hf_tiny.save("gpt2", root / "gpt2"), "bert": hf_tiny.save("bert", root / "bert")}
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    # huggingface_hub reads these once at import: point them at the temporary home.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return home
+
+
+def _truth(model, kwargs, target, embedding):
+    """Parameter gradients and the gradient at the embedding's output, by autograd alone."""
+    seen = {}
+    handle = embedding.register_forward_hook(lambda m, a, o: seen.setdefault("emb", o))
+    try:
+        out = model(**kwargs)
+    finally:
+        handle.remove()
+    logits = out.logits
+    t = parse_target(target)
+    y = logits[:, t.position] if t.position is not None else logits
+    scalar = y.max(dim=-1).values.sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(scalar, [*params, seen["emb"]], allow_unused=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g for p, g in zip(params, grads[:-1])}, grads[-1], logits.detach()
+
+
+def _check_against_autograd(cap, model, kwargs, target, embedding):
+    by_param, emb_grad, logits = _truth(model, kwargs, target, embedding)
+    torch.testing.assert_close(cap.output, logits, rtol=0, atol=1e-6)
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            full = f"{name}.{pname}" if name else pname
+            if g is None or full not in by_param:
+                continue
+            torch.testing.assert_close(g, by_param[full], rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked >= 10
+    assert cap.input_grad is not None and cap.input_grad.shape == emb_grad.shape
+    torch.testing.assert_close(cap.input_grad, emb_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_captures_a_saved_gpt2_folder_from_text_exactly(saved, offline, tmp_path, capsys):
+    out = tmp_path / "lm.pt"
+    code = main(["-q", "capture", "--model", f"hf:{saved['gpt2']}", "--text", "the cat sat", "--text", "a dog",
+                 "--input-grad", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "the logit of the predicted next token at the last position" in printed
+    assert "padded on the left" in printed
+    cap = load_capture(out)
+    meta = capture_meta(cap)
+    assert meta.target == "top1,dim=-1,pos=-1"
+    assert meta.tokens == (("the", "cat", "sat"), ("[pad]", "a", "dog"))
+    assert meta.input_grad and "transformer.wte" in meta.input_grad_of
+    assert len(meta.predicted_tokens) == 2
+
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
+    kwargs = dict(cap.model_inputs["kwargs"])
+    assert set(kwargs) == {"input_ids", "attention_mask", "position_ids"}
+    _check_against_autograd(cap, model, kwargs, meta.target, model.transformer.wte)
+    # left padding with counted positions: the padded sample predicts as it does alone
+    alone = model(input_ids=kwargs["input_ids"][1:, 1:]).logits[0, -1]
+    torch.testing.assert_close(cap.output[1, -1], alone, rtol=1e-5, atol=1e-5)
+
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "the | cat | sat" in shown and "[pad] | a | dog" in shown
+    assert "predicted next token" in shown
+    csv_out = tmp_path / "tokens.csv"
+    assert main(["inspect", str(out), "--csv", str(csv_out)]) == 0
+    rows = csv_out.read_text().splitlines()
+    assert rows[0] == "sample,position,token,saliency" and rows[1].startswith("0,0,the,")
+    assert rows[4].startswith("1,0,[pad],")
+    norms = cap.input_grad.double().norm(dim=-1)
+    assert float(rows[3].split(",")[3]) == pytest.approx(float(norms[0, 2]), rel=1e-12)
+
+
+def test_cli_captures_a_bert_classifier_from_the_cache_by_name(saved, offline, tmp_path, capsys):
+    hf_tiny.copy(saved["bert"], offline / "hub" / "models--tiny-org--tiny-bert" / "snapshots" / ("1" * 40))
+    (offline / "hub" / "models--tiny-org--tiny-bert" / "refs").mkdir()
+    (offline / "hub" / "models--tiny-org--tiny-bert" / "refs" / "main").write_text("1" * 40)
+    texts = tmp_path / "samples.txt"
+    texts.write_text("the big dog ran\n\nthe small red cat sat on a mat\n")
+    out = tmp_path / "cls.pt"
+    code = main(["-q", "capture", "--model", "hf:tiny-org/tiny-bert", "--text", str(texts), "--input-grad",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr()
+    cap = load_capture(out)
+    meta = capture_meta(cap)
+    assert meta.categories == ("neg", "mid", "pos") and meta.target == "top1"
+    assert meta.tokens[0][:5] == ("[CLS]", "the", "big", "dog", "ran") and meta.tokens[0][-1] == "[pad]"
+    assert "padded on the right" in meta.preprocessing
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(saved["bert"]).eval()
+    kwargs = dict(cap.model_inputs["kwargs"])
+    _check_against_autograd(cap, model, kwargs, "top1", model.bert.embeddings.word_embeddings)
+
+
+def test_a_model_output_with_labels_gives_the_logits_to_the_target_not_the_loss(saved):
+    """With labels passed, a ModelOutput's first element is the loss."""
+    loaded = load_model(f"hf:{saved['bert']}")
+    batch = load_batch(["text:the cat sat", "text:a dog ran"], loaded)
+    kwargs = dict(batch.inputs.kwargs, labels=torch.tensor([0, 2]))
+    model = loaded.module
+    assert next(iter(model(**kwargs).keys())) == "loss"
+    cap = capture(model, ModelInputs((), kwargs), target="top1", input_grad=True)
+    assert tuple(cap.output.shape) == (2, 3)
+    _check_against_autograd(cap, model, {k: v for k, v in kwargs.items() if k != "labels"}, "top1",
+                            model.bert.embeddings.word_embeddings)
+    # a scalar element picked on purpose says which elements hold the logits
+    with pytest.raises(Exception, match="@logits"):
+        capture(model, ModelInputs((), kwargs), target="top1@loss")
+
+
+def test_input_gradient_of_token_ids_is_taken_at_the_embeddings(saved):
+    loaded = load_model(f"hf:{saved['gpt2']}")
+    model = loaded.module
+    batch = load_batch(["text:the cat sat on a mat"], loaded)
+    before = snapshot(model)
+    cap = capture(model, batch.model_input, target="top1,dim=-1,pos=-1", input_grad=True)
+    assert_no_hooks(model)
+    assert_unchanged(model, before)
+    assert cap.input_grad is not None and tuple(cap.input_grad.shape) == (1, 6, 32)
+    assert cap.meta["input_grad_of"] == "the output of 'transformer.wte' (the token embeddings)"
+    _check_against_autograd(cap, model, dict(batch.inputs.kwargs), "top1,dim=-1,pos=-1", model.transformer.wte)
+
+
+def test_input_gradient_of_ids_without_an_embedding_is_refused_in_words():
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, ids):
+            return self.lin(torch.nn.functional.one_hot(ids, 4).float().mean(1))
+
+    with pytest.raises(Exception, match="token ids, which have no gradient"):
+        capture(Counts(), torch.tensor([[0, 1, 3]]), input_grad=True)
+
+
+def test_save_pretrained_weights_load_with_their_tied_key(saved, tmp_path):
+    """save_pretrained leaves lm_head.weight (tied to transformer.wte.weight) out of its file."""
+    from safetensors.torch import load_file
+
+    file = saved["gpt2"] / "model.safetensors"
+    assert "lm_head.weight" not in load_file(str(file))
+    factory = tmp_path / "nets.py"
+    factory.write_text(
+        "from tests import hf_tiny\n"
+        "def build():\n"
+        "    import torch\n"
+        "    torch.manual_seed(1)\n"
+        "    return hf_tiny.gpt2()\n")
+    pt = tmp_path / "weights.pt"
+    torch.save(dict(load_file(str(file))), pt)
+    for weights in (file, pt):
+        loaded = load_model(f"{factory}:build", weights=str(weights), trust=True)
+        wte = loaded.module.transformer.wte.weight
+        assert torch.equal(wte, load_file(str(file))["transformer.wte.weight"])
+        assert loaded.module.lm_head.weight.data_ptr() == wte.data_ptr()
+        assert any("tied to transformer.wte.weight" in n for n in loaded.notes)
+
+
+def test_not_in_the_cache_while_offline_says_so(offline):
+    with pytest.raises(ModelLoadError, match=r"not in the Hugging Face cache.*HF_HUB_OFFLINE"):
+        load_model("hf:nobody/nothing-here")
+
+
+def test_without_transformers_the_message_says_what_to_install(saved, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ModelLoadError) as info:
+        load_model(f"hf:{saved['gpt2']}")
+    assert "pip install 'gradexplorer[hf]'" in str(info.value.fix)
+
+
+def test_own_code_and_pickled_weights_need_trust(saved, tmp_path):
+    folder = hf_tiny.copy(saved["gpt2"], tmp_path / "remote")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TrustRequired, match="code of its own"):
+        load_model(f"hf:{folder}")
+    pickled = hf_tiny.copy(saved["gpt2"], tmp_path / "pickled")
+    (pickled / "model.safetensors").unlink()
+    torch.save(hf_tiny.gpt2().state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(TrustRequired, match="pickle"):
+        load_model(f"hf:{pickled}")
+
+
+def test_the_class_comes_from_the_config_or_a_task_word(saved):
+    assert type(load_model(f"hf:{saved['gpt2']}").module).__name__ == "GPT2LMHeadModel"
+    base = load_model(f"hf:{saved['gpt2']}", hf_class="base")
+    assert type(base.module).__name__ == "GPT2Model" and base.default_target is None
+    with pytest.raises(ModelLoadError, match="task word"):
+        load_model(f"hf:{saved['gpt2']}", hf_class="no-such-task")
+    with pytest.raises(ModelLoadError, match="only with an hf: model"):
+        load_model("resnet18", hf_class="base")
+
+
+def test_text_needs_a_tokenizer(saved):
+    from gradexplorer.base.errors import BatchError
+
+    with pytest.raises(BatchError, match="has no tokenizer"):
+        load_batch(["text:the cat"], load_model("demo:seed-mlp"))
+
+
+def test_position_targets_parse_and_print():
+    t = parse_target("top1,dim=-1,pos=-1")
+    assert (t.class_dim, t.position, str(t)) == (-1, -1, "top1,dim=-1,pos=-1")
+    assert t.describe() == "the logit of the predicted next token at the last position"
+    with pytest.raises(Exception, match="per-token logits"):
+        parse_target("sum,pos=-1")
+
+
+def test_the_model_browser_lists_the_models_in_the_cache(offline):
+    from gradexplorer.models.hf_models import HF_TASK, hf_catalog
+
+    hf_tiny.save_in_cache("gpt2", offline, repo="tiny-org/tiny-gpt2")
+    entries = {info.name: info for info in hf_catalog()}
+    assert entries["hf:tiny-org/tiny-gpt2"].cached == ("hub",)
+    assert entries["hf:tiny-org/tiny-gpt2"].task == HF_TASK
+    assert entries["hf:openai-community/gpt2"].cached == ()
+    loaded = load_model("hf:tiny-org/tiny-gpt2")
+    assert loaded.tokenizer is not None and loaded.weights.endswith("0" * 40)
