@@ -33,6 +33,7 @@ from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
 from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.models import trust_subject
+from gradexplorer.models.timm_models import timm_catalog
 from gradexplorer.models.weights import ModelInfo, model_catalog
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
@@ -206,7 +207,8 @@ class WindowController(QObject):
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list)."""
         def task(progress: Progress, cancel: threading.Event) -> list[ModelInfo]:
-            return model_catalog()
+            # timm's models join the list when timm is installed (an empty list otherwise).
+            return model_catalog() + timm_catalog()
 
         self.catalog_runner.start(task)
 
