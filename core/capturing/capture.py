@@ -41,7 +41,7 @@ from torch import nn
 from gradexplorer.base import devices
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
-from gradexplorer.capturing import compiled
+from gradexplorer.capturing import compiled, recomputation
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import OnsetTracker
@@ -231,6 +231,10 @@ class _Recorder:
 
     # -- module hooks ---------------------------------------------------------------
     def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if recomputation.recomputing():
+            return None  # activation checkpointing re-running forward in backward
+        if recomputation.reentrant_checkpoint():
+            raise recomputation.reentrant_refusal(name)
         self.call_count += 1
         self._tick("forward", self.call_count, self.expected_calls)
         self.running.append(name)
@@ -252,6 +256,8 @@ class _Recorder:
 
     def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict,
                      output: Any) -> torch.Tensor | None:
+        if recomputation.recomputing():
+            return None
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
