@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pickletools
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gradexplorer.base.errors import listing
 
@@ -170,7 +171,7 @@ def short_reason(exc: BaseException) -> str:
     return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
-class _Inert(list):  # noqa: FURB189 - a list so that the safe unpickler may append to it
+class _Inert(list):
     """What an object of a refused global becomes in :func:`load_inert`: nothing is called,
     imported or kept; its arguments and state are dropped."""
 
@@ -213,7 +214,7 @@ def load_inert(path: Path, globals_: list[str]) -> object:
     """
     import torch
 
-    stand_ins = [(_Inert, name) for name in globals_]
+    stand_ins: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [(_Inert, name) for name in globals_]
     with torch.serialization.safe_globals(stand_ins):
         return torch.load(path, map_location="cpu", weights_only=True)
 

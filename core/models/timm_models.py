@@ -304,7 +304,7 @@ def _categories(timm: Any, module: torch.nn.Module) -> list[str] | None:
         if subset is None:
             return None
         names = list(timm.data.ImageNetInfo(subset).label_descriptions())
-    except Exception:  # class names are a nicety; a model without them still loads
+    except Exception:  # noqa: BLE001 - class names are a nicety; a model without them still loads
         return None
     classes = getattr(module, "num_classes", None)
     return names if classes in (None, len(names)) else None

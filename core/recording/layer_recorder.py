@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from gradexplorer.base.errors import CaptureCancelled
-from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.capturing import recomputation
+from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.hooks.installed import Hooks, hooks_installed
 from gradexplorer.stats.merge import MergeStats, per_sample_norms
 

@@ -37,7 +37,7 @@ def test_layers_inside_a_compiled_submodule_are_refused_in_words():
     net[2] = torch.compile(net[2], backend="eager")
     x = torch.randn(3, 8)
     net(x)
-    with pytest.raises(GradExplorerError, match="torch.compile"):
+    with pytest.raises(GradExplorerError, match=r"torch\.compile"):
         capture(net, x, layers=["0", "2._orig_mod"])
     assert_no_hooks(net)
     assert len(capture(net, x, layers=["0"])["0"].calls) == 1
