@@ -84,8 +84,8 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     """``--model`` (required unless ``required`` is false), ``--weights``, ``--arch``, ``--trust``."""
     p.add_argument(
         "--model", required=required, metavar="NAME|PATH|SPEC",
-        help="a torchvision name (resnet18), demo:shapes, demo:seed-mlp, a Hugging Face model "
-             "hf:ORG/NAME or hf:FOLDER (save_pretrained), a checkpoint file, "
+        help="a torchvision name (resnet18), a timm name (timm:resnet18), demo:shapes, demo:seed-mlp, "
+             "a Hugging Face model hf:ORG/NAME or hf:FOLDER (save_pretrained), a checkpoint file, "
              "or a factory pkg.mod:fn / file.py:fn (needs --trust)",
     )
     p.add_argument("--hf-class", metavar="CLASS",
@@ -95,6 +95,7 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument(
         "--weights", metavar="W",
         help="torchvision weights: DEFAULT, an enum name (IMAGENET1K_V1) or a local .pth file; "
+             "timm: DEFAULT (from the Hugging Face cache, else downloaded); "
              "default: random initialisation",
     )
     p.add_argument("--arch", metavar="A", help="torchvision architecture of a weights-only checkpoint file")

@@ -30,10 +30,14 @@ def register(sub: SubParsers) -> None:
 
 def cmd_models(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer models``; returns the exit status."""
+    from gradexplorer.models.timm_models import hub_cache_dir, timm_available, timm_catalog
     from gradexplorer.models.weights import cache_dir, model_catalog
 
     catalog = model_catalog()
-    tasks = sorted({info.task for info in catalog})
+    tasks = sorted({info.task for info in catalog} | ({"timm"} if timm_available() else set()))
+    # timm's ~1,300 names are listed only when asked for (--task timm).
+    if args.task and args.task.strip().lower() == "timm":
+        catalog = timm_catalog()
     if args.task:
         wanted = args.task.strip().lower()
         if wanted not in tasks:
@@ -49,14 +53,16 @@ def cmd_models(args: argparse.Namespace, ui: UI) -> int:
         names = [
             _member(w) + ("*" if w == info.default_weights else "")
             for w in info.weights
-        ]
+        ] or ([f"{info.default_weights}*"] if info.default_weights and info.task == "timm" else [])
         cached = ", ".join(_member(w) for w in info.cached)
         rows.append([info.name, info.task, ", ".join(names) or "-", f"{check} {cached}" if cached else ""])
     if rows:
         print(table(["MODEL", "TASK", "WEIGHTS", "CACHED"], rows))
     n_cached = sum(1 for info in catalog if info.cached)
+    folder = hub_cache_dir() if args.task and args.task.strip().lower() == "timm" else cache_dir()
+    more = " timm models: --task timm." if timm_available() and not args.task else ""
     print(f"\n{len(catalog)} models, {n_cached} with cached weights. * default weights. "
-          f"Cache folder: {cache_dir()}")
+          f"Cache folder: {folder}{more}")
     return EXIT_OK
 
 

@@ -93,7 +93,8 @@ class GradCamView(CaptureView):
         picture, source = self._picture_for(s)
         size = (picture.height, picture.width) if picture is not None else None
         try:
-            cam = grad_cam(call.activation[s : s + 1], call.grad_output[s : s + 1], out_size=size, layer=ctx.layer)
+            cam = grad_cam(call.activation[s : s + 1], call.grad_output[s : s + 1], out_size=size, layer=ctx.layer,
+                           input_shape=ctx.input_shape)
         except GradExplorerError as exc:
             self.image.clear()
             self.show_message(f"{exc.problem}\n{exc.fix}")

@@ -35,6 +35,7 @@ from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.models import trust_subject
 from gradexplorer.models.hf_models import hf_catalog
 from gradexplorer.models.loaded_model import LoadedModel as Model
+from gradexplorer.models.timm_models import timm_catalog
 from gradexplorer.models.weights import ModelInfo, model_catalog
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.live import is_live
@@ -209,7 +210,8 @@ class WindowController(QObject):
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list)."""
         def task(progress: Progress, cancel: threading.Event) -> list[ModelInfo]:
-            return model_catalog() + hf_catalog()
+            # Hugging Face and timm models join the list when those libraries are installed.
+            return model_catalog() + hf_catalog() + timm_catalog()
 
         self.catalog_runner.start(task)
 

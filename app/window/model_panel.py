@@ -1,5 +1,5 @@
-"""Choosing a model: torchvision models by task with their weights and cache state, the
-demos, recent models, a checkpoint file or a Python factory."""
+"""Choosing a model: torchvision models by task and timm models (when timm is installed),
+with their weights and cache state, the demos, recent models, a checkpoint file or a Python factory."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ TASK_TITLES = {
     "optical_flow": "Optical flow",
     "quantized": "Quantized",
     "hugging_face": "Hugging Face (transformers)",
+    "timm": "timm models (weights from the Hugging Face cache)",
 }
 SPEC_ROLE = Qt.ItemDataRole.UserRole + 1
 NO_WEIGHTS = "__none__"
@@ -129,7 +130,8 @@ class ModelPanel(QWidget):
 
     # -- catalog ---------------------------------------------------------------------------
     def set_catalog(self, catalog: list[ModelInfo]) -> None:
-        """Show the torchvision models (``gradexplorer.models.weights.model_catalog()``)."""
+        """Show the models of ``gradexplorer.models.weights.model_catalog()`` (torchvision)
+        and ``gradexplorer.models.timm_models.timm_catalog()``."""
         # Hugging Face entries load as saved: no torchvision weights to choose.
         self._catalog = {info.name: info for info in catalog if info.task != "hugging_face"}
         self._fill(catalog)
@@ -177,6 +179,8 @@ class ModelPanel(QWidget):
                     state = "downloads"
                 elif info.weights:
                     state = f"{len(info.weights)} to download"
+                elif info.default_weights:
+                    state = "to download"
                 else:
                     state = "no weights"
                 item = QTreeWidgetItem(g, [info.name, state])
@@ -284,6 +288,8 @@ class ModelPanel(QWidget):
             self.hint.setText("These weights are in the local cache: loads offline.")
         elif full in info.weights:
             self.hint.setText("Not cached: Load downloads them first (progress below, can be cancelled).")
+        elif full == info.default_weights and full is not None:
+            self.hint.setText("Not in the Hugging Face cache: Load downloads them through timm.")
         else:
             self.hint.setText("")
 

@@ -3,7 +3,9 @@
 For a spatial layer with activation A (C x H x W) and gradient G of a pre-softmax
 target: alpha_c = mean over H, W of G_c; CAM = ReLU(sum_c alpha_c A_c), upsampled to
 the input size and min-max scaled per sample (Selvaraju et al., 2017). ViT token maps
-``(B, 1+N, C)`` are turned into ``(B, C, sqrt(N), sqrt(N))`` first.
+``(B, 1+N, C)`` are turned into ``(B, C, sqrt(N), sqrt(N))`` first, and channels-last maps
+``(B, H, W, C)`` (the norms and MLPs of ConvNeXt and Swin blocks) into ``(B, C, H, W)``
+(:func:`is_channels_last`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,39 @@ from gradexplorer.base.errors import GradExplorerError
 _FIX = "Choose a convolutional layer (B, C, H, W) or a ViT block with (B, 1+N, C) tokens."
 
 
+def is_channels_last(shape: Sequence[int], input_shape: Sequence[int] | None = None) -> bool:
+    """Whether a 4-D activation is laid out ``(B, H, W, C)`` rather than ``(B, C, H, W)``.
+
+    With a picture input ``(B, C, H, W)``: when only the channels-last reading gives a grid
+    that divides the input with one stride in both directions (ConvNeXt's ``(B, 7, 7, 768)``
+    on 224 px: 7 × 7 at stride 32, where channels first would be a 7 × 768 grid). Without
+    one: when dims 1 and 2 are equal and the last is larger (a square grid of channels).
+    Channels first wins whenever both readings fit.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Activation shape including the batch dimension.
+    input_shape : sequence of int, optional
+        The model input's shape (batch first).
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 4:
+        return False
+    if input_shape is not None and is_image_input(input_shape):
+        h, w = int(input_shape[2]), int(input_shape[3])
+        return _divides(shape[1], shape[2], h, w) and not _divides(shape[2], shape[3], h, w)
+    return shape[1] == shape[2] and shape[3] > shape[1]
+
+
+def _divides(gh: int, gw: int, h: int, w: int) -> bool:
+    # A grid of gh × gw cells over an h × w picture: one stride (give or take rounding).
+    if not (1 <= gh <= h and 1 <= gw <= w):
+        return False
+    sh, sw = h / gh, w / gw
+    return abs(sh - sw) <= max(1.0, 0.25 * max(sh, sw))
+
+
 def cam_grid(shape: Sequence[int], input_shape: Sequence[int] | None = None) -> tuple[int, int, bool] | None:
     """The spatial grid Grad-CAM weighs for an activation of this shape.
 
@@ -36,12 +71,13 @@ def cam_grid(shape: Sequence[int], input_shape: Sequence[int] | None = None) -> 
     Returns
     -------
     (int, int, bool) or None
-        ``(height, width, drops_class_token)``: a conv map's own ``H × W``, or the
+        ``(height, width, drops_class_token)``: a conv map's own ``H × W`` (also of a
+        channels-last map, :func:`is_channels_last`), or the
         square grid of ViT tokens (``gradexplorer.analysis.token_grid``); ``None`` when there is none.
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) == 4:
-        h, w = shape[2], shape[3]
+        h, w = (shape[1], shape[2]) if is_channels_last(shape, input_shape) else (shape[2], shape[3])
         if input_shape is not None and not is_image_input(input_shape):
             return None
         return (h, w, False) if h >= 1 and w >= 1 else None
@@ -108,9 +144,9 @@ def cam_unavailable_reason(shape: Sequence[int], input_shape: Sequence[int] | No
             f"{where} outputs ({dims}). Select a convolutional layer or a transformer block.")
 
 
-def _to_channels_first(t: torch.Tensor, grid: tuple[int, int, bool]) -> torch.Tensor:
+def _to_channels_first(t: torch.Tensor, grid: tuple[int, int, bool], channels_last: bool) -> torch.Tensor:
     if t.dim() == 4:
-        return t
+        return t.permute(0, 3, 1, 2) if channels_last else t
     h, w, drop_cls = grid
     if drop_cls:
         t = t[:, 1:, :]
@@ -123,6 +159,7 @@ def grad_cam(
     out_size: tuple[int, int] | None = None,
     *,
     layer: str | None = None,
+    input_shape: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Grad-CAM heatmaps for a batch.
 
@@ -138,6 +175,9 @@ def grad_cam(
         the layer's own grid when omitted.
     layer : str, optional
         The layer's name, used only in error messages.
+    input_shape : sequence of int, optional
+        The model input's shape (batch first): tells a channels-last map ``(B, H, W, C)``
+        from a channels-first one (:func:`is_channels_last`).
 
     Returns
     -------
@@ -155,6 +195,9 @@ def grad_cam(
     where = f"'{layer}'" if layer else "this layer"
     shape = tuple(activation.shape)
     grid = cam_grid(shape)
+    last = is_channels_last(shape, input_shape)
+    if grid is not None and last:
+        grid = (shape[1], shape[2], False)
     if grid is None:
         described = ", ".join(["B", *map(str, shape[1:])])
         raise GradExplorerError(
@@ -173,8 +216,8 @@ def grad_cam(
         )
 
     with torch.no_grad():
-        a = _to_channels_first(activation.detach().float(), grid)
-        g = _to_channels_first(gradient.detach().float(), grid)
+        a = _to_channels_first(activation.detach().float(), grid, last)
+        g = _to_channels_first(gradient.detach().float(), grid, last)
         weights = g.mean(dim=(2, 3), keepdim=True)
         cam = F.relu((weights * a).sum(dim=1, keepdim=True))
         if out_size is not None and tuple(out_size) != tuple(cam.shape[2:]):

@@ -12,6 +12,7 @@ from torch import nn
 
 from gradexplorer.base.errors import BatchError
 from gradexplorer.capturing.inputs import Batch
+from gradexplorer.models.input_size import declared_input_shape
 
 # 2 GiB of float32; a typo such as 8x3x2240x2240 should be refused, not swap the machine.
 MAX_RANDOM_ELEMENTS = 2**29
@@ -175,7 +176,8 @@ def random_shape_for(
     module: nn.Module | None, input_shape: tuple[int | None, ...] | None, n: int = 2,
 ) -> tuple[int, ...] | None:
     """The full shape (batch first) of ``n`` random samples for a model: its known input
-    shape, else what its first layer takes (:class:`RandomRecipe`).
+    shape, else the one it declares (timm's ``pretrained_cfg``, a Hugging Face config's
+    ``image_size``), else what its first layer takes (:class:`RandomRecipe`).
 
     Parameters
     ----------
@@ -195,7 +197,7 @@ def random_shape_for(
     if input_shape is not None and all(isinstance(d, int) for d in input_shape):
         sample: tuple[int, ...] | None = tuple(d for d in input_shape if d is not None)
     else:
-        sample = recipe_for(module).sample_shape
+        sample = declared_input_shape(module) or recipe_for(module).sample_shape
     return None if sample is None else (n, *sample)
 
 

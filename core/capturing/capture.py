@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +41,7 @@ from torch import nn
 from gradexplorer.base import devices
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
+from gradexplorer.capturing import compiled, recomputation
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import OnsetTracker
@@ -230,6 +231,10 @@ class _Recorder:
 
     # -- module hooks ---------------------------------------------------------------
     def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if recomputation.recomputing():
+            return None  # activation checkpointing re-running forward in backward
+        if recomputation.reentrant_checkpoint():
+            raise recomputation.reentrant_refusal(name)
         self.call_count += 1
         self._tick("forward", self.call_count, self.expected_calls)
         self.running.append(name)
@@ -251,6 +256,8 @@ class _Recorder:
 
     def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict,
                      output: Any) -> torch.Tensor | None:
+        if recomputation.recomputing():
+            return None
         if self.running and self.running[-1] == name:
             self.running.pop()
         if name not in self.selected:
@@ -445,7 +452,10 @@ def capture(
     ----------
     model : nn.Module
         Left as it was: hooks removed, modes and BatchNorm statistics restored, ``.grad``
-        of every parameter untouched, device restored.
+        of every parameter untouched, device restored. A model under ``torch.compile`` is
+        captured through its eager module (``model._orig_mod``, whose names the layers
+        use); layers inside a compiled submodule are refused
+        (``gradexplorer.capturing.compiled``).
     inputs : Tensor or ModelInputs
         The batch ``(B, ...)``; it is not modified. For a model of several inputs, all its
         arguments (``gradexplorer.capturing.inputs.ModelInputs``): the first tensor is the recorded input.
@@ -504,6 +514,16 @@ def capture(
         train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
         hist_exact_limit=hist_exact_limit, autocast=autocast, keep_on_device=keep_on_device,
     )
+    eager = compiled.eager_root(model)
+    if eager is not model:
+        # Hooks on a compiled model that has run never fire: the eager module has the
+        # same parameters, and its names lose the wrapper's prefix.
+        model = eager
+        if isinstance(layers, str):
+            layers = layers.removeprefix(compiled.ORIG_PREFIX)
+        elif layers is not None and not callable(layers):
+            layers = [str(n).removeprefix(compiled.ORIG_PREFIX) for n in layers]
+        settings = replace(settings, layers=layers)
     with _old_objects_frozen():
         try:
             return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
@@ -574,6 +594,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         )
     target = parse_target(target)
     selected = resolve_layers(model, layers)
+    compiled.refuse_compiled_layers(model, selected)
     run_device = None
     if device is not None:
         run_device = devices.resolve_device(device) if isinstance(device, str) else torch.device(device)

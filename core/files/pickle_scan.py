@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pickletools
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gradexplorer.base.errors import listing
 
@@ -168,3 +169,62 @@ def short_reason(exc: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     reason = lines[0] if lines else type(exc).__name__
     return reason if len(reason) <= 300 else reason[:297] + "..."
+
+
+class _Inert(list):
+    """What an object of a refused global becomes in :func:`load_inert`: nothing is called,
+    imported or kept; its arguments and state are dropped."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> _Inert:
+        return super().__new__(cls)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__()
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "<object not unpickled>"
+
+
+def load_inert(path: Path, globals_: list[str]) -> object:
+    """``torch.load(path, weights_only=True)`` with each of ``globals_`` read as an inert
+    stand-in (never imported, never called), for files whose tensors are wanted and whose
+    other objects are not: a Lightning checkpoint's ``hyper_parameters`` holding a
+    ``pathlib.Path``.
+
+    Parameters
+    ----------
+    path : Path
+        A zip ``torch.save`` file.
+    globals_ : list of str
+        From :func:`unsafe_globals`; the caller refuses dangerous ones first
+        (:func:`is_dangerous`), so that a malicious file is still called one.
+
+    Returns
+    -------
+    object
+        What the file holds, with :class:`_Inert` where those objects were.
+
+    Raises
+    ------
+    Exception
+        Whatever ``torch.load`` raises when the file cannot be read this way either.
+    """
+    import torch
+
+    stand_ins: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [(_Inert, name) for name in globals_]
+    with torch.serialization.safe_globals(stand_ins):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def holds_inert(obj: object) -> bool:
+    """Whether ``obj`` (a tensor mapping) holds any stand-in of :func:`load_inert`."""
+    if isinstance(obj, _Inert):
+        return True
+    if isinstance(obj, dict):
+        return any(holds_inert(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(holds_inert(v) for v in obj)
+    return False

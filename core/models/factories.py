@@ -14,9 +14,13 @@ from torch import nn
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
 from gradexplorer.models.files import import_path
+from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.state_dicts import load_state_into, read_weights
 
+#: The weights label of a factory's model when no weights file was given: the factory may
+#: have loaded weights itself, so "random init" would be a guess (and often wrong).
+FACTORY_WEIGHTS = "as built by the factory"
 _FACTORY = re.compile(r"^(?P<target>.+):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
@@ -74,6 +78,9 @@ def load_factory(
 ) -> LoadedModel:
     """Import the factory, call it, and load ``weights`` (a state-dict file) into its model.
 
+    The model's weights are labelled ``file:PATH`` when a file was loaded, else
+    :data:`FACTORY_WEIGHTS` (which, given back as ``weights``, means no file).
+
     Raises
     ------
     TrustRequired
@@ -106,9 +113,9 @@ def load_factory(
             "not a torch.nn.Module.",
             "Make it return the model (an nn.Module instance).",
         )
-    label = None
+    label = FACTORY_WEIGHTS
     notes = ["built by a trusted factory"]
-    if weights is not None:
+    if weights is not None and weights != FACTORY_WEIGHTS:
         path = Path(weights).expanduser()
         notes.extend(load_state_into(result, read_weights(path), path, spec))
         label = f"file:{path}"
@@ -117,6 +124,7 @@ def load_factory(
         spec=spec,
         name=factory.attr,
         weights=label,
+        input_shape=declared_input_shape(result),
         task="other",
         notes=notes,
     )

@@ -34,6 +34,7 @@ from gradexplorer.models.hf_models import hf_spec, load_hf
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.pickles import load_export, pickled_module, read_checkpoint
 from gradexplorer.models.state_dicts import find_state_dict
+from gradexplorer.models.timm_models import is_timm_spec, load_timm
 from gradexplorer.models.torchvision_models import (
     load_torchvision,
     load_with_arch,
@@ -64,6 +65,7 @@ def load_model(
         - ``"demo:seed-mlp"`` or ``"demo:shapes"``;
         - ``"hf:ORG/NAME"`` or ``"hf:PATH"`` of a ``save_pretrained`` folder: a Hugging Face
           model (``gradexplorer.models.hf_models.load_hf``);
+        - ``"timm:NAME"``, a timm model by name (timm is optional);
         - a checkpoint file: a state dict (``.pth``/``.pt``, needs ``arch``), a pickled
           ``nn.Module`` (needs ``trust``), or a ``torch.export`` archive (``.pt2``, needs
           ``trust``). TorchScript archives are refused: their modules cannot be hooked;
@@ -72,7 +74,9 @@ def load_model(
     weights : str, optional
         For torchvision names: ``None`` (random initialisation), ``"DEFAULT"``, a weights
         enum member (``"IMAGENET1K_V1"`` or ``"ResNet18_Weights.IMAGENET1K_V1"``), or the path
-        of a local state-dict file. For factories: the path of a state-dict file to load
+        of a local state-dict file. For ``timm:`` names: ``None`` (random initialisation,
+        seeded), ``"DEFAULT"`` (timm's pretrained weights from the Hugging Face cache, or
+        downloaded) or a state-dict file. For factories: the path of a state-dict file to load
         into the factory's model.
     arch : str, optional
         The torchvision architecture of a checkpoint file that holds weights only.
@@ -119,6 +123,10 @@ def load_model(
     if hf_class is not None:
         raise ModelLoadError(f"--hf-class goes only with an hf: model, not '{text}'.",
                              "Give the model as hf:ORG/NAME or hf:PATH, or leave --hf-class out.")
+
+    if is_timm_spec(text):
+        _refuse_extras(text, arch=arch)
+        return load_timm(text, weights=weights, progress=progress)
 
     name = torchvision_name(text)
     if name is not None:
@@ -183,7 +191,7 @@ def trust_subject(spec: str) -> str:
         "the Python file '/home/me/nets.py', then its build()".
     """
     text = spec.strip()
-    if text.startswith("demo:") or torchvision_name(text) is not None:
+    if text.startswith("demo:") or is_timm_spec(text) or torchvision_name(text) is not None:
         return f"'{text}'"
     if hf_spec(text) is not None:
         return f"the Hugging Face model '{hf_spec(text)}' (its own Python code, or its pickled weights)"
@@ -216,7 +224,7 @@ def _refuse_extras(spec: str, *, weights: str | None = None, arch: str | None = 
     if weights is not None:
         raise ModelLoadError(
             f"Weights cannot be chosen for '{spec}'.",
-            "--weights goes only with a torchvision model name or a factory.",
+            "--weights goes only with a torchvision or timm model name or a factory.",
         )
     if arch is not None:
         raise ModelLoadError(

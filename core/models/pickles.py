@@ -17,6 +17,7 @@ from torch import nn
 from gradexplorer.base.errors import ModelLoadError, TrustRequired, listing
 from gradexplorer.files.pickle_scan import refusal, short_reason
 from gradexplorer.models.files import import_path
+from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 
 #: Where whole models sit inside a checkpoint dict.
@@ -125,6 +126,7 @@ def pickled_module(obj: object, path: Path, *, spec: str, arch: str | None) -> L
         spec=spec,
         name=f"{type(module).__name__} ({path.name})",
         weights=f"file:{path}",
+        input_shape=declared_input_shape(module),
         task="other",
         notes=["unpickled from a trusted file"],
     )

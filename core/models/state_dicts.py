@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gradexplorer.base.errors import ModelLoadError, listing
-from gradexplorer.files.pickle_scan import refusal, short_reason
+from gradexplorer.files.pickle_scan import Refusal, holds_inert, is_dangerous, load_inert, refusal, short_reason
 from gradexplorer.models.files import check_file
 
 #: Where state dicts sit inside a checkpoint dict.
@@ -100,6 +100,9 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
                 f"{short_reason(exc)}",
                 "Check that the file is complete and was written by torch.save.",
             ) from exc
+        state = _state_dict_despite(path, refused)
+        if state is not None:
+            return state
         if refused.whole_model:
             fix = ("To use that model, give the file as the model instead: --model FILE "
                    "--trust (only if you trust where it came from).")
@@ -168,6 +171,24 @@ def fill_tied(state: Mapping[str, torch.Tensor], module: nn.Module) -> tuple[dic
             out[other] = out[key]
             filled.append(other)
     return out, filled
+
+
+def _state_dict_despite(path: Path, refused: Refusal) -> Mapping[str, torch.Tensor] | None:
+    # A checkpoint whose other entries hold Python objects (a Lightning checkpoint's
+    # hyper_parameters with a pathlib.Path) still has a state dict of tensors: read it with
+    # those objects made inert, unless the file imports something that runs commands.
+    if refused.whole_model or any(is_dangerous(g) for g in refused.globals):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = load_inert(path, refused.globals)
+    except Exception:  # noqa: BLE001 - not readable this way either: the refusal stands
+        return None
+    state = find_state_dict(obj)
+    if state is None or holds_inert(state):
+        return None
+    return state
 
 
 def describe_object(obj: object) -> str:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from gradexplorer.base.errors import CaptureCancelled
+from gradexplorer.capturing import recomputation
 from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.hooks.installed import Hooks, hooks_installed
 from gradexplorer.stats.merge import MergeStats, per_sample_norms
@@ -92,6 +93,8 @@ class LayerRecorder:
             raise CaptureCancelled()
 
     def _on_forward(self, name: str, output: Any) -> None:
+        if recomputation.recomputing():
+            return  # activation checkpointing re-running forward in backward: not a call
         self._check_cancel()
         call = self.calls.get(name, 0)
         self.calls[name] = call + 1

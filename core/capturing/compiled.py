@@ -1,0 +1,68 @@
+"""Models under ``torch.compile``: hooks added to a compiled model that has already run
+never fire (dynamo runs its traced graph), so a capture would record 0 calls.
+
+A compiled root is captured through its eager module, ``compiled._orig_mod``: the same
+parameters and the same names, hooks that fire, numbers of the uncompiled model. A
+compiled submodule cannot be swapped without changing the user's model, so layers inside
+one are refused in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from gradexplorer.base.errors import GradExplorerError
+
+__all__ = ["ORIG_PREFIX", "compiled_modules", "eager_root", "refuse_compiled_layers"]
+
+#: The prefix ``torch.compile``'s wrapper puts before the eager module's names.
+ORIG_PREFIX = "_orig_mod."
+
+
+def _optimized_module() -> type | None:
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # a torch without dynamo compiles nothing
+        return None
+    return OptimizedModule
+
+
+def compiled_modules(model: nn.Module) -> list[str]:
+    """Qualified names of the modules wrapped by ``torch.compile`` (the root is ``""``)."""
+    kind = _optimized_module()
+    if kind is None:
+        return []
+    return [name for name, m in model.named_modules() if isinstance(m, kind)]
+
+
+def eager_root(model: nn.Module) -> nn.Module:
+    """``model`` itself, or the eager module inside a compiled root (``_orig_mod``),
+    unwrapped as many times as it was compiled."""
+    kind = _optimized_module()
+    while kind is not None and isinstance(model, kind):
+        model = model._orig_mod  # type: ignore[assignment]
+    return model
+
+
+def refuse_compiled_layers(model: nn.Module, selected: Sequence[str]) -> None:
+    """Refuse layers that sit inside a compiled submodule: their hooks would never fire.
+
+    Raises
+    ------
+    GradExplorerError
+        Naming the compiled submodules and how to capture them.
+    """
+    compiled = [c for c in compiled_modules(model) if c]
+    if not compiled:
+        return
+    inside = [n for n in selected if any(n == c or n.startswith(c + ".") for c in compiled)]
+    if inside:
+        names = ", ".join(compiled[:3]) + (f" and {len(compiled) - 3} more" if len(compiled) > 3 else "")
+        raise GradExplorerError(
+            f"{len(inside)} selected layer(s) are inside modules compiled with torch.compile "
+            f"({names}): hooks added to compiled code never fire, so they would record 0 calls.",
+            "Capture the model before compiling those modules, or leave their layers out "
+            "(--layers); a whole compiled model is captured through its eager module.",
+        )
