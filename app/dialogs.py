@@ -66,3 +66,17 @@ def confirm_trust(parent: QWidget | None, what: str, why: str) -> bool:
     box.setDefaultButton(QMessageBox.StandardButton.No)
     box.button(QMessageBox.StandardButton.Yes).setText("Trust and load")
     return box.exec() == QMessageBox.StandardButton.Yes
+
+
+def confirm_close_during_run(parent: QWidget | None, what: str = "A run") -> bool:
+    """Ask before closing a window while work is in flight. Defaults to No."""
+    box = QMessageBox(parent)
+    box.setIcon(QMessageBox.Icon.Question)
+    box.setWindowTitle("gradexplorer: close?")
+    box.setText(f"<b>{what} is in progress: cancel it and close?</b>")
+    box.setInformativeText("What it has captured so far is not kept.")
+    box.setStandardButtons(QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No)
+    box.setDefaultButton(QMessageBox.StandardButton.No)
+    box.button(QMessageBox.StandardButton.Yes).setText("Cancel the run and close")
+    box.button(QMessageBox.StandardButton.No).setText("Keep running")
+    return box.exec() == QMessageBox.StandardButton.Yes

@@ -463,8 +463,17 @@ class WindowController(QObject):
         self.file_done.emit("failed")
 
     # -- end ------------------------------------------------------------------------------------------
+    def is_running(self) -> bool:
+        """Whether a capture is in flight (closing the window asks first)."""
+        return self.run_runner.is_busy()
+
     def shutdown(self) -> None:
-        """Cancel every worker and wait for the run (on close, and at the end of tests)."""
-        for runner in (self.run_runner, self.model_runner, self.batch_runner, self.file_runner, self.catalog_runner):
+        """Cancel every worker, then wait for each (on close, and at the end of tests).
+
+        Everything is cancelled before anything is waited for: a capture stops at the next
+        module it reaches, so closing during a run takes about as long as one module."""
+        runners = (self.run_runner, self.model_runner, self.batch_runner, self.file_runner, self.catalog_runner)
+        for runner in runners:
             runner.cancel()
-        self.run_runner.shutdown(30000)
+        for runner in runners:
+            runner.shutdown(30000)

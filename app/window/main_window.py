@@ -377,13 +377,20 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Cancel every worker and wait for them (on close, and at the end of tests)."""
-        self.graph_panel.shutdown()
+        # The capture first: the other panels' waits must not wait on a run still going.
+        self.dataset_run.runner.cancel()
+        self.controller.shutdown()
         self.dataset_run.shutdown()
+        self.graph_panel.shutdown()
         for window in self.timeline_windows:
             window.view.shutdown()
-        self.controller.shutdown()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        running = ("A run" if self.controller.is_running()
+                   else "A run over a folder" if self.dataset_run.runner.is_busy() else None)
+        if running and not self.controller.unattended and not dialogs.confirm_close_during_run(self, running):
+            event.ignore()
+            return
         self.settings.set_geometry(self.saveGeometry())
         self.settings.set_value("window/splitter", [str(v) for v in self.splitter.sizes()])
         self.settings.sync()
