@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeAlias
@@ -26,7 +27,7 @@ from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.app.window.settings import AppSettings
-from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired
+from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired, WeightsUnavailable
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
@@ -211,13 +212,21 @@ class WindowController(QObject):
         self.catalog_runner.start(task)
 
     # -- errors ----------------------------------------------------------------------------
-    def show_error(self, title: str, exc: BaseException) -> None:
-        """Tell the user; the window stays usable (the dialog is not modal)."""
-        self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
+    def show_error(self, title: str, exc: BaseException, actions: Sequence[error_dialog.Action] = (),
+                   words: tuple[str, str] | None = None) -> None:
+        """Tell the user; the window stays usable (the dialog is not modal).
+
+        ``actions`` are next steps offered as buttons, ``words`` the window's own message
+        and fix (see ``error_dialog.show_error``)."""
+        line = f"{words[0]} {words[1]}" if words is not None else error_dialog.one_line(exc)
+        self.status.emit(f"{title}: {line}", 15000)
         if self.unattended:
             print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
-        error_dialog.show_error(self.dialog_parent, title, exc)
-        self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
+        if actions or words is not None:
+            error_dialog.show_error(self.dialog_parent, title, exc, actions=actions, words=words)
+        else:
+            error_dialog.show_error(self.dialog_parent, title, exc)
+        self.error_shown.emit(f"{title}: {line}")
 
     # -- models ------------------------------------------------------------------------------
     def load_model(self, spec: str, weights: str | None = None, arch: str | None = None, trust: bool = False,
@@ -280,8 +289,39 @@ class WindowController(QObject):
                 self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
                                        self._pending_inputs)
                 return
+        if isinstance(exc, WeightsUnavailable) and request is not None and not self.unattended:
+            self._offer_other_weights(request, exc)
+            return
         self._run_after_load = False
         self.show_error("The model cannot be loaded", exc)
+        self.run_done.emit("failed")
+
+    USE_RANDOM = "Use random weights"
+    CHOOSE_WEIGHTS = "Choose file…"
+
+    def _offer_other_weights(self, request: ModelRequest, exc: WeightsUnavailable) -> None:
+        """Pretrained weights that cannot be had: say so plainly, and offer random weights
+        or a file the user has (a run asked for goes on with either)."""
+        inputs, run = self._pending_inputs, self._run_after_load
+        self._run_after_load = False
+
+        def load(weights: str | None) -> None:
+            self._run_after_load = run
+            self._start_model_load(ModelRequest(request.spec, weights, request.arch, request.trust), inputs)
+
+        def choose() -> None:
+            path = dialogs.ask_open_file(self.dialog_parent, "Choose the weights file", dialogs.WEIGHTS_FILTER)
+            if path:
+                load(path)
+
+        name = Path(exc.cache_file).name if exc.cache_file else "the weights file"
+        which = f" {exc.weights}" if exc.weights else ""
+        words = (f"The pretrained weights{which} are not on this computer, and they cannot be downloaded now.",
+                 f"Use random weights to look at {request.spec} now, or choose {name} if you have it. "
+                 "With a connection, Load downloads them.")
+        self.show_error("The pretrained weights are not available", exc,
+                        actions=[(self.USE_RANDOM, lambda: load(None)), (self.CHOOSE_WEIGHTS, choose)],
+                        words=words)
         self.run_done.emit("failed")
 
     def _on_model_cancelled(self, _gen: int) -> None:

@@ -4,6 +4,7 @@ demos, recent models, a checkpoint file or a Python factory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -241,8 +242,11 @@ class ModelPanel(QWidget):
                     self.weights_combo.addItem(f"{w.split('.')[-1]}{cached}", w)
                 self.weights_combo.addItem("none (random init)", NO_WEIGHTS)
                 self.weights_combo.addItem("local weights file…", LOCAL_FILE)
-                if info.default_weights and info.default_weights not in info.cached and info.cached:
-                    self.weights_combo.setCurrentIndex(self.weights_combo.findData(info.cached[0]))
+                if info.default_weights and info.default_weights not in info.cached:
+                    # Offline is the case to serve: never open on weights that Load would
+                    # have to download without saying so. Cached ones first, else random.
+                    first = info.cached[0] if info.cached else NO_WEIGHTS
+                    self.weights_combo.setCurrentIndex(self.weights_combo.findData(first))
                 self.weights_combo.setEnabled(True)
             else:
                 self.weights_combo.addItem("built in" if spec and spec.startswith("demo:") else "as saved", None)
@@ -272,6 +276,13 @@ class ModelPanel(QWidget):
         spec = self.selected_spec()
         info = self._catalog.get(spec) if spec else None
         weights = self.selected_weights()
+        if info is not None and weights is None and self.weights_combo.currentData() == NO_WEIGHTS:
+            if info.default_weights and info.default_weights not in info.cached:
+                self.hint.setText("Pretrained weights are not cached here: pick them above to download "
+                                  "them, or a local weights file.")
+            else:
+                self.hint.setText("")
+            return
         if info is None or weights is None:
             self.hint.setText("")
             return
@@ -349,15 +360,31 @@ class ModelPanel(QWidget):
             return
         tree = self.session.tree
         params = tree.root.total_params if tree is not None and "" in tree.nodes else 0
-        weights = model.weights or "random init"
-        if weights.startswith("file:"):
-            weights = "file " + weights[5:].rsplit("/", 1)[-1]
+        weights = model.weights_label
         shape = "×".join(str(d) for d in model.input_shape) if model.input_shape else "unknown"
         self.current_label.setText(
             f"<b>{model.name}</b> · {format_count(params)} parameters<br>"
             f"<span style='color:#6b7280'>weights: {weights} · input {shape} · {model.task}</span>")
         self.current_label.setToolTip("\n".join(model.notes) if model.notes else model.spec)
-        self.select_spec(model.spec)
+        if self.select_spec(model.spec):
+            self.show_weights(model.weights)
+
+    def show_weights(self, weights: str | None) -> None:
+        """Set the Weights box to what is loaded (``LoadedModel.weights``), not to a default."""
+        combo = self.weights_combo
+        if not combo.isEnabled():
+            return
+        with QSignalBlocker(combo):
+            if weights is None:
+                combo.setCurrentIndex(combo.findData(NO_WEIGHTS))
+            elif weights.startswith("file:"):
+                index = combo.findData(LOCAL_FILE)
+                self._local_weights = weights[5:]
+                combo.setItemText(index, f"file: {Path(weights[5:]).name}")
+                combo.setCurrentIndex(index)
+            elif combo.findData(weights) >= 0:
+                combo.setCurrentIndex(combo.findData(weights))
+        self._update_hint()
 
 
 def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:

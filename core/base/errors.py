@@ -53,7 +53,23 @@ class TrustRequired(ModelLoadError):
 
 
 class WeightsUnavailable(ModelLoadError):
-    """Pretrained weights are neither cached nor downloadable right now."""
+    """Pretrained weights are neither cached nor downloadable right now.
+
+    Parameters
+    ----------
+    problem, fix : str
+        As for :class:`GradExplorerError` (the command line's words).
+    weights : str, optional
+        The weights' full name ("ResNet18_Weights.IMAGENET1K_V1").
+    cache_file : str, optional
+        Where the weights file is looked for; the window words its own next steps from
+        these two (buttons, not flags).
+    """
+
+    def __init__(self, problem: str, fix: str = "", *, weights: str = "", cache_file: str = "") -> None:
+        super().__init__(problem, fix)
+        self.weights = weights
+        self.cache_file = cache_file
 
 
 class BatchError(GradExplorerError):

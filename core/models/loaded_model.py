@@ -41,6 +41,10 @@ class LoadedModel:
     task : str
         ``"classification"``, ``"segmentation"``, ``"video"``, ``"detection"``,
         ``"optical_flow"``, ``"quantized"``, ``"demo"`` or ``"other"``.
+    init_seed : int or None
+        The seed gradexplorer drew random initial weights from (``weights`` is ``None``
+        and the architecture was built here), so that loading again gives the same model;
+        ``None`` when the weights came from elsewhere.
     """
 
     module: nn.Module
@@ -53,3 +57,13 @@ class LoadedModel:
     input_shape: tuple[int, ...] | None = None
     task: str = "other"
     notes: list[str] = field(default_factory=list)
+    init_seed: int | None = None
+
+    @property
+    def weights_label(self) -> str:
+        """The weights in words: "random init, seed 0", "file w.pth", an enum name."""
+        if self.weights is None:
+            return "random init" if self.init_seed is None else f"random init, seed {self.init_seed}"
+        if self.weights.startswith("file:"):
+            return "file " + self.weights[5:].replace("\\", "/").rsplit("/", 1)[-1]
+        return self.weights

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from gradexplorer.app import dialogs
 
 TIMEOUT = 60_000
 
 SLOW_FACTORY = '''
 import time
+
+import torch
 import torch.nn as nn
 
 
@@ -75,3 +79,107 @@ def test_closing_an_idle_window_asks_nothing(qtbot, demo, monkeypatch):
     # confirm_close_during_run is refused by the suite's fixture: reaching it fails here.
     demo.close()
     assert not demo.isVisible()
+
+
+# -- pretrained weights while offline ----------------------------------------------------------------
+RESNET18 = "ResNet18_Weights.IMAGENET1K_V1"
+
+
+def _offline(monkeypatch, tmp_path):
+    from urllib.error import URLError
+
+    import gradexplorer.models.weights
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+
+    def offline(*args, **kwargs):
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(gradexplorer.models.weights, "urlopen", offline)
+
+
+def _info(cached: tuple[str, ...]):
+    from gradexplorer.models.weights import ModelInfo
+
+    return ModelInfo("resnet18", "classification", (RESNET18,), RESNET18, cached)
+
+
+def test_the_weights_box_opens_on_weights_it_can_load_offline(qtbot, window):
+    from gradexplorer.app.window.model_panel import NO_WEIGHTS
+
+    panel = window.model_panel
+    panel.set_catalog([_info(())])
+    assert panel.select_spec("resnet18")
+    assert panel.weights_combo.currentData() == NO_WEIGHTS
+    assert panel.current_request().weights is None
+    assert "not cached" in panel.hint.text() and "Not cached: Load downloads" not in panel.hint.text()
+    # Cached: the default weights, which load offline.
+    panel.set_catalog([_info((RESNET18,))])
+    assert panel.select_spec("resnet18")
+    assert panel.weights_combo.currentData() == "DEFAULT"
+    assert "local cache" in panel.hint.text()
+
+
+def test_weights_offline_offer_random_weights_and_the_box_shows_them(qtbot, window, shown_errors, monkeypatch,
+                                                                     tmp_path):
+    from gradexplorer.app.window.model_panel import NO_WEIGHTS
+    from gradexplorer.base.errors import WeightsUnavailable
+
+    _offline(monkeypatch, tmp_path)
+    qtbot.waitUntil(lambda: "resnet18" in window.model_panel._catalog, timeout=TIMEOUT)
+    with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
+        window.load_model("resnet18", weights="DEFAULT")
+    title, exc = shown_errors[-1]
+    assert isinstance(exc, WeightsUnavailable)
+    offered = shown_errors.offered[-1]
+    labels = [label for label, _ in offered["actions"]]
+    assert labels == ["Use random weights", "Choose file…"]
+    message, fix = offered["words"]
+    assert "--weights" not in message + fix and "random weights" in fix
+    assert window.session.model is None
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        dict(offered["actions"])["Use random weights"]()
+    model = window.session.model
+    assert model.spec == "resnet18" and model.weights is None and model.init_seed == 0
+    panel = window.model_panel
+    assert panel.weights_combo.currentData() == NO_WEIGHTS
+    assert "random init, seed 0" in panel.current_label.text()
+
+
+def test_weights_offline_choose_file_loads_it_and_the_box_names_it(qtbot, window, shown_errors, monkeypatch,
+                                                                   tmp_path):
+    import torchvision
+
+    from gradexplorer.app.window.model_panel import LOCAL_FILE
+
+    _offline(monkeypatch, tmp_path)
+    path = tmp_path / "my_resnet18.pth"
+    reference = torchvision.models.resnet18()
+    torch.save(reference.state_dict(), path)
+    qtbot.waitUntil(lambda: "resnet18" in window.model_panel._catalog, timeout=TIMEOUT)
+    with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
+        window.load_model("resnet18", weights="DEFAULT")
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: str(path))
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        dict(shown_errors.offered[-1]["actions"])["Choose file…"]()
+    model = window.session.model
+    assert model.weights == f"file:{path}"
+    assert torch.equal(model.module.conv1.weight, reference.conv1.weight)
+    panel = window.model_panel
+    assert panel.weights_combo.currentData() == LOCAL_FILE
+    assert panel.weights_combo.currentText() == "file: my_resnet18.pth"
+    assert panel.selected_weights() == str(path)
+
+
+def test_random_weights_are_seeded_and_leave_the_callers_random_state(monkeypatch):
+    from gradexplorer.models import load_model
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    a = load_model("resnet18", weights=None)
+    after = torch.rand(3)
+    b = load_model("resnet18", weights=None)
+    assert torch.equal(a.module.conv1.weight, b.module.conv1.weight)
+    assert torch.equal(after, expected_next)
+    assert a.init_seed == 0 and a.weights_label == "random init, seed 0"
