@@ -30,6 +30,7 @@ from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired, WeightsUnavailable
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
 from gradexplorer.files.capture_file import load_capture, save_capture
@@ -403,7 +404,11 @@ class WindowController(QObject):
         outcome = self.session.finish_run(gen, capture, seconds)
         self.run_busy.emit(False, f"done in {seconds:.2f} s" if outcome == "ok" else outcome)
         if outcome == "ok":
-            self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s.", 8000)
+            # A class target on a 3-D output reads dim 1 as the classes: a guess, said in words.
+            shape = tuple(capture.output.shape) if capture.output is not None else None
+            note = class_axis_note(shape, capture.meta.get("target", ""), window=True)
+            self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s."
+                             + (f" Note: {note[0].upper()}{note[1:]}" if note else ""), 30000 if note else 8000)
         self.run_done.emit(outcome)
 
     def _on_run_failed(self, gen: int, exc: BaseException) -> None:

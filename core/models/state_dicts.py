@@ -13,7 +13,7 @@ from torch import nn
 
 from gradexplorer.base.errors import ModelLoadError, listing
 from gradexplorer.files.pickle_scan import refusal, short_reason
-from gradexplorer.models.files import check_file
+from gradexplorer.models.files import check_file, not_a_checkpoint
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
@@ -93,11 +93,7 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
     except Exception as exc:  # damaged and unsafe files raise many different types
         refused = refusal(path, exc)
         if refused is None:
-            raise ModelLoadError(
-                f"The weights file '{path}' cannot be read as a PyTorch checkpoint: "
-                f"{short_reason(exc)}",
-                "Check that the file is complete and was written by torch.save.",
-            ) from exc
+            raise not_a_checkpoint(path, "weights file", short_reason(exc)) from exc
         if refused.whole_model:
             fix = ("To use that model, give the file as the model instead: --model FILE "
                    "--trust (only if you trust where it came from).")

@@ -183,3 +183,74 @@ def test_random_weights_are_seeded_and_leave_the_callers_random_state(monkeypatc
     assert torch.equal(a.module.conv1.weight, b.module.conv1.weight)
     assert torch.equal(after, expected_next)
     assert a.init_seed == 0 and a.weights_label == "random init, seed 0"
+
+
+# -- words that do not mislead ----------------------------------------------------------------------
+TINY_LM = '''
+import torch.nn as nn
+
+
+def build():
+    return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 7))
+'''
+
+
+def test_a_class_target_on_per_token_logits_says_which_axis_it_reads(qtbot, window, tmp_path):
+    factory = tmp_path / "tiny_lm.py"
+    factory.write_text(TINY_LM)
+    tokens = tmp_path / "tokens.pt"
+    torch.save(torch.randint(0, 11, (2, 16)), tokens)
+    said = []
+    window.controller.status.connect(lambda text, ms: said.append(text))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        window.load_model(f"{factory}:build", trust=True, inputs=[str(tokens)], run=True)
+    assert done.args == ["ok"]
+    note = [text for text in said if text.startswith("Captured")][-1]
+    assert "read as (batch, 16 classes, 7 positions)" in note and "'Classes on' to 'last dim'" in note
+    assert "--target" not in note
+    # The axis it suggests, taken: no note.
+    said.clear()
+    window.session.set_target("top1,dim=-1")
+    window.run_panel.sync_from_session()
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        window.run()
+    assert done.args == ["ok"]
+    captured = [text for text in said if text.startswith("Captured")][-1]
+    assert "Note" not in captured and "classes" not in captured
+
+
+def test_a_text_file_as_a_checkpoint_says_what_it_is(qtbot, window, shown_errors, tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello world\nsecond line\n")
+    with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
+        window.load_model(str(path))
+    problem = shown_errors[-1][1].problem
+    assert "is a text file that begins 'hello world', not a PyTorch checkpoint" in problem
+    assert "101" not in problem and "torch.save" in shown_errors[-1][1].fix
+
+
+def test_a_checkpoint_cut_short_is_called_damaged_not_something_else(tmp_path):
+    from gradexplorer.base.errors import ModelLoadError
+    from gradexplorer.models import load_model
+
+    whole = tmp_path / "whole.pt"
+    torch.save({"w": torch.zeros(4)}, whole)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole.read_bytes()[:200])
+    try:
+        load_model(str(cut))
+    except ModelLoadError as exc:
+        assert "damaged or cut short" in exc.problem and "text file" not in exc.problem
+    else:
+        raise AssertionError("a damaged checkpoint loaded")
+
+
+def test_the_command_line_says_what_a_non_checkpoint_file_is(tmp_path, capsys):
+    from gradexplorer.app.cli.main import main
+
+    picture = tmp_path / "cat.pth"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    code = main(["capture", "--model", "resnet18", "--weights", str(picture), "--out", str(tmp_path / "o.pt")])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "is a PNG picture, not a PyTorch checkpoint" in err and "Traceback" not in err
