@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
@@ -34,12 +34,14 @@ from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
 from gradexplorer.files.capture_file import load_capture, save_capture
-from gradexplorer.models import trust_subject
-from gradexplorer.models.weights import ModelInfo, model_catalog
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
 from gradexplorer.pipeline.view_state import ViewState, clamp
+
+if TYPE_CHECKING:  # annotations only: torchvision is imported in the workers that need it
+    from gradexplorer.models.weights import ModelInfo
 
 #: What the file worker hands back: ``("open", capture, path)`` or ``("save", written file, path)``.
 FileDone: TypeAlias = tuple[str, Capture | Path, str]
@@ -183,6 +185,7 @@ class WindowController(QObject):
         self._pending_inputs: list[str] | None = None
         self._last_model_request: ModelRequest | None = None
         self._shown_first_capture = False
+        self._catalog_asked = False
         # True when nobody is there to answer (``--screenshot``): no question is asked
         # (trust, memory budget); each error is also printed on stderr.
         self.unattended = False
@@ -206,8 +209,20 @@ class WindowController(QObject):
         session.capture_changed.connect(self._on_model_capture_changed)
 
     def start(self) -> None:
-        """Read the model catalog in a worker (the model panel's list)."""
+        """Read the model catalog in a worker (the model panel's list), once.
+
+        The window asks when its model list is first shown, not at start: the catalog
+        imports torchvision (seconds, about 200 MiB), which the first window and the demo
+        do not need."""
+        if self._catalog_asked:
+            return
+        self._catalog_asked = True
+
         def task(progress: Progress, cancel: threading.Event) -> list[ModelInfo]:
+            # Imported here, in the worker: torchvision takes seconds to import, and the
+            # first window does not need it.
+            from gradexplorer.models.weights import model_catalog
+
             return model_catalog()
 
         self.catalog_runner.start(task)
@@ -285,7 +300,7 @@ class WindowController(QObject):
         self.model_busy.emit(False, "")
         request = self._last_model_request
         if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
-            subject = exc.subject or trust_subject(request.spec)
+            subject = exc.subject or models.trust_subject(request.spec)
             if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
                 self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
                                        self._pending_inputs)

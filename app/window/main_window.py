@@ -136,7 +136,8 @@ class MainWindow(QMainWindow):
         if restore_geometry:
             self._restore_geometry()
         self._update_status()
-        c.start()
+        # The model list (torchvision's catalog) is read when it is first shown.
+        self.model_panel.first_shown.connect(c.start)
 
     # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -25,10 +26,12 @@ from gradexplorer.app import dialogs
 from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
-from gradexplorer.models import trust_subject
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.models.loaded_model import LoadedModel
-from gradexplorer.models.weights import ModelInfo
 from gradexplorer.pipeline.session import Session
+
+if TYPE_CHECKING:  # annotations only: torchvision, which weights.py imports, is not needed to start
+    from gradexplorer.models.weights import ModelInfo
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -59,12 +62,15 @@ class ModelPanel(QWidget):
 
     load_requested = Signal(object)
     cancel_requested = Signal()
+    #: The panel was shown for the first time: its model list is wanted now.
+    first_shown = Signal()
 
     def __init__(self, session: Session, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
         self.settings = settings
         self._catalog: dict[str, ModelInfo] = {}
+        self._shown = False
         self._local_weights: str | None = None
 
         self.current_label = QLabel(self)
@@ -126,6 +132,12 @@ class ModelPanel(QWidget):
         self._fill([])
         session.model_changed.connect(self._on_model_model_changed)
         self._on_model_model_changed(session.model)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if not self._shown:
+            self._shown = True
+            self.first_shown.emit()
 
     # -- catalog ---------------------------------------------------------------------------
     def set_catalog(self, catalog: list[ModelInfo]) -> None:
@@ -324,7 +336,7 @@ class ModelPanel(QWidget):
         if not text:
             return
 
-        if not dialogs.confirm_trust(self, trust_subject(text),
+        if not dialogs.confirm_trust(self, models.trust_subject(text),
                                      "gradexplorer will import this module and call the function."):
             return
         self.load_requested.emit(ModelRequest(text, None, None, True))

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torchvision
 
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.files.capture_file import FORMAT as CAPTURE_FORMAT
@@ -33,14 +32,17 @@ from gradexplorer.models.files import (
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.pickles import load_export, pickled_module, read_checkpoint
 from gradexplorer.models.state_dicts import find_state_dict
-from gradexplorer.models.torchvision_models import (
-    load_torchvision,
-    load_with_arch,
-    torchvision_name,
-)
-from gradexplorer.models.weights import model_task
 
 __all__ = ["load_model", "check_capturable", "trust_subject"]
+
+
+def torchvision_name(text: str) -> str | None:
+    """torchvision's name for ``text``, or None (``torchvision_models.torchvision_name``)."""
+    # torchvision is imported on first use here and below: it takes seconds and about
+    # 200 MiB to import, and the demos (the window's first model) need none of it.
+    from gradexplorer.models.torchvision_models import torchvision_name as name_of
+
+    return name_of(text)
 
 
 def load_model(
@@ -111,6 +113,8 @@ def load_model(
     name = torchvision_name(text)
     if name is not None:
         _refuse_extras(text, arch=arch)
+        from gradexplorer.models.torchvision_models import load_torchvision
+
         return load_torchvision(name, weights=weights, progress=progress)
 
     factory = parse_factory(text)
@@ -141,6 +145,10 @@ def check_capturable(spec: str) -> None:
     ModelLoadError
         ``spec`` names a detection model; the message says what to choose instead.
     """
+    if spec.strip().startswith("demo:"):
+        return
+    from gradexplorer.models.weights import model_task
+
     name = torchvision_name(spec)
     if name is None or model_task(name) != "detection":
         return
@@ -183,6 +191,8 @@ def trust_subject(spec: str) -> str:
 
 
 def _unknown_spec(text: str) -> ModelLoadError:
+    import torchvision
+
     names = torchvision.models.list_models()
     suggestions = difflib.get_close_matches(
         text.lower(), [*names, "demo:shapes", "demo:seed-mlp"], n=3, cutoff=0.6
@@ -237,4 +247,6 @@ def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> Loade
             "Give its torchvision architecture too, e.g. --arch resnet18 (in the window, "
             "choose it when opening the file).",
         )
+    from gradexplorer.models.torchvision_models import load_with_arch
+
     return load_with_arch(path, state, spec=spec, arch=arch)

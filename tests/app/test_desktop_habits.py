@@ -126,6 +126,7 @@ def test_weights_offline_offer_random_weights_and_the_box_shows_them(qtbot, wind
     from gradexplorer.base.errors import WeightsUnavailable
 
     _offline(monkeypatch, tmp_path)
+    window.controller.start()  # the model list, read when the Model tab is first shown
     qtbot.waitUntil(lambda: "resnet18" in window.model_panel._catalog, timeout=TIMEOUT)
     with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
         window.load_model("resnet18", weights="DEFAULT")
@@ -156,6 +157,7 @@ def test_weights_offline_choose_file_loads_it_and_the_box_names_it(qtbot, window
     path = tmp_path / "my_resnet18.pth"
     reference = torchvision.models.resnet18()
     torch.save(reference.state_dict(), path)
+    window.controller.start()  # the model list, read when the Model tab is first shown
     qtbot.waitUntil(lambda: "resnet18" in window.model_panel._catalog, timeout=TIMEOUT)
     with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
         window.load_model("resnet18", weights="DEFAULT")
@@ -254,3 +256,13 @@ def test_the_command_line_says_what_a_non_checkpoint_file_is(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code != 0
     assert "is a PNG picture, not a PyTorch checkpoint" in err and "Traceback" not in err
+
+
+def test_the_model_list_is_read_when_the_model_tab_is_first_shown(qtbot, window):
+    # torchvision's catalog costs seconds at start-up: the first window does without it.
+    window.show()
+    qtbot.wait(200)
+    assert not window.model_panel._catalog and not window.controller.catalog_runner.is_busy()
+    with qtbot.waitSignal(window.controller.catalog_ready, timeout=TIMEOUT):
+        window.tabs.setCurrentWidget(window.model_panel)
+    assert "resnet18" in window.model_panel._catalog
