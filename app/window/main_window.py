@@ -51,6 +51,20 @@ if TYPE_CHECKING:  # annotations only (both are imported on first use)
 DEFAULT_SIZE = QSize(1500, 950)
 
 
+def about_text() -> str:
+    """Help ▸ About: what gradexplorer is, its version and those of torch and Qt."""
+    # The front door's __version__ imports neither torch nor Qt; both are loaded by now.
+    import PySide6
+    import torch
+
+    from gradexplorer import __version__
+
+    return (f"<b>gradexplorer {__version__}</b><br>See the gradients inside a PyTorch model: per-layer "
+            "capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
+            f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
+            "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
+
+
 class MainWindow(QMainWindow):
     """gradexplorer's window: the panels, their layout, menus and status bar.
 
@@ -196,6 +210,17 @@ class MainWindow(QMainWindow):
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
                                     QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
+        self.close_action = action("&Close window", self.close, "Ctrl+W")
+        # This window's own: the compare and timeline windows have a Ctrl+W of their own.
+        self.close_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.shortcuts_action = action("&Keyboard shortcuts", self._show_shortcuts, "F1")
+        # Ctrl+1..9: the views' tabs, in their order (Heatmap, Grad-CAM, ...).
+        self.view_actions = []
+        for i in range(min(9, self.views.tabs.count())):
+            a = action(f"&{i + 1} {self.views.tabs.tabText(i)}",
+                       lambda _checked=False, i=i: self.views.tabs.setCurrentIndex(i), f"Ctrl+{i + 1}")
+            a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            self.view_actions.append(a)
 
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.model_tab_action)
@@ -209,6 +234,7 @@ class MainWindow(QMainWindow):
         menu.addAction(self.export_png_action)
         menu.addAction(self.export_csv_action)
         menu.addSeparator()
+        menu.addAction(self.close_action)
         menu.addAction(self.quit_action)
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
@@ -222,7 +248,11 @@ class MainWindow(QMainWindow):
         menu.addAction(self.filter_action)
         menu.addAction("Expand all modules", self.tree_view.expandAll)
         menu.addAction("Collapse modules", self.tree_view.collapse_to_top)
+        menu.addSeparator()
+        for a in self.view_actions:
+            menu.addAction(a)
         menu = self.menuBar().addMenu("&Help")
+        menu.addAction(self.shortcuts_action)
         menu.addAction("About gradexplorer", self._about)
         self._update_actions()
 
@@ -289,7 +319,11 @@ class MainWindow(QMainWindow):
     # -- status --------------------------------------------------------------------------
     def _update_status(self) -> None:
         s = self.session
-        if s.model is not None:
+        if s.capture is not None and s.capture_path:  # a capture file opened: its name, also over a model
+            name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
+            self.status_model.setText(f"  {name} (from file)  ")
+            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name}")
+        elif s.model is not None:
             self.status_model.setText(f"  {s.model.name}  ")
             self.setWindowTitle(f"gradexplorer — {s.model.name}")
         elif s.capture is not None:
@@ -298,6 +332,7 @@ class MainWindow(QMainWindow):
             self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name if s.capture_path else name}")
         else:
             self.status_model.setText("  no model  ")
+            self.setWindowTitle("gradexplorer")
         self.status_device.setText(f"  device: {s.device}  ")
         if s.capture is not None and s.last_run_seconds is not None and s.capture_path is None:
             self.status_run.setText(f"  last run: {s.last_run_seconds:.2f} s, {len(s.capture)} layers  ")
@@ -359,9 +394,25 @@ class MainWindow(QMainWindow):
             self.recent_menu.addAction("(none yet)").setEnabled(False)
 
     def _about(self) -> None:
-        QMessageBox.about(self, "About gradexplorer",
-                          "<b>gradexplorer</b><br>See the gradients inside a PyTorch model: per-layer capture, "
-                          "heatmaps, histograms, gradient flow and Grad-CAM.")
+        QMessageBox.about(self, "About gradexplorer", about_text())
+
+    def shortcut_list(self) -> list[tuple[str, str]]:
+        """``(keys, what)`` of every menu action with a shortcut, as the menus show them."""
+        rows = []
+        for menu_action in self.menuBar().actions():
+            menu = menu_action.menu()
+            for a in menu.actions() if menu is not None else []:
+                keys = a.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+                if keys:
+                    rows.append((keys, a.text().replace("&", "").rstrip("…")))
+        return rows
+
+    def _show_shortcuts(self) -> None:
+        rows = "".join(f"<tr><td><b>{keys}</b>&nbsp;&nbsp;</td><td>{what}</td></tr>"
+                       for keys, what in self.shortcut_list())
+        QMessageBox.information(self, "gradexplorer: keyboard shortcuts",
+                                f"<table>{rows}</table><p>The compare and timeline windows close with "
+                                "Ctrl+W; the timeline also with Esc.</p>")
 
     def open_timeline(self, path: str | None = None) -> TimelineWindow | None:
         """Open a watch log or dataset capture in a timeline window of its own."""

@@ -266,3 +266,68 @@ def test_the_model_list_is_read_when_the_model_tab_is_first_shown(qtbot, window)
     with qtbot.waitSignal(window.controller.catalog_ready, timeout=TIMEOUT):
         window.tabs.setCurrentWidget(window.model_panel)
     assert "resnet18" in window.model_panel._catalog
+
+
+# -- menus, shortcuts, title ------------------------------------------------------------------------
+def test_help_names_the_version_and_lists_the_shortcuts(qtbot, window):
+    from gradexplorer import __version__
+    from gradexplorer.app.window.main_window import about_text
+
+    assert __version__ in about_text()
+    keys = dict(window.shortcut_list())
+    assert keys["Ctrl+R"] == "Run" and keys["Ctrl+W"] == "Close window" and keys["F1"] == "Keyboard shortcuts"
+    assert keys["Ctrl+1"].endswith(window.views.tabs.tabText(0))
+    assert keys["Ctrl+2"].endswith(window.views.tabs.tabText(1))
+
+
+def _press(qtbot, w, key, modifier):
+    """A key press delivered as the shortcut map sees it (the window active)."""
+    from PySide6.QtCore import Qt
+
+    w.show()
+    qtbot.waitExposed(w)
+    w.activateWindow()
+    w.raise_()
+    qtbot.waitUntil(lambda: w.isActiveWindow(), timeout=5000)
+    qtbot.keyClick(w.focusWidget() or w, key, modifier or Qt.KeyboardModifier.NoModifier)
+
+
+def test_ctrl_number_brings_the_view_tab_forward(qtbot, window):
+    from PySide6.QtCore import Qt
+
+    _press(qtbot, window, Qt.Key.Key_3, Qt.KeyboardModifier.ControlModifier)
+    assert window.views.tabs.currentIndex() == 2
+    _press(qtbot, window, Qt.Key.Key_1, Qt.KeyboardModifier.ControlModifier)
+    assert window.views.tabs.currentIndex() == 0
+
+
+def test_ctrl_w_closes_the_main_window(qtbot, window):
+    from PySide6.QtCore import Qt
+
+    _press(qtbot, window, Qt.Key.Key_W, Qt.KeyboardModifier.ControlModifier)
+    assert not window.isVisible()
+
+
+def test_the_timeline_window_has_a_menu_and_closes_with_ctrl_w_and_esc(qtbot):
+    from PySide6.QtCore import Qt
+
+    from gradexplorer.app.window.timeline_window import TimelineWindow
+
+    for key, modifier in ((Qt.Key.Key_W, Qt.KeyboardModifier.ControlModifier),
+                          (Qt.Key.Key_Escape, Qt.KeyboardModifier.NoModifier),
+                          (Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)):
+        w = TimelineWindow(None)
+        qtbot.addWidget(w)
+        assert [a.text() for a in w.menuBar().actions()] == ["&File"]
+        _press(qtbot, w, key, modifier)
+        assert not w.isVisible(), key
+
+
+def test_the_title_follows_a_capture_opened_over_a_model(qtbot, demo, tmp_path):
+    path = tmp_path / "shapes_capture.pt"
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.export_capture(str(path))
+    assert demo.windowTitle() == f"gradexplorer — {demo.session.model.name}"
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.open_capture(str(path))
+    assert demo.windowTitle() == "gradexplorer — shapes_capture.pt"
