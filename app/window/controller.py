@@ -275,7 +275,9 @@ class WindowController(QObject):
         s.set_batch(result.batch, result.sources)
         spec = result.prepared.loaded.spec
         if not spec.startswith("demo:"):
-            self.settings.add_recent_model(spec)
+            options = result.prepared.options
+            self.settings.add_recent_model(spec, options.weights if options is not None else None,
+                                           options.arch if options is not None else None)
         message = f"Loaded {result.prepared.loaded.name} in {seconds:.1f} s"
         if result.prepared.probe_error is not None:
             message += f". {probe_failed_message(result.prepared.probe_error)}"
@@ -513,8 +515,10 @@ class WindowController(QObject):
             assert isinstance(value, Capture)
             self.run_runner.cancel()
             self.session.open_capture(value, path)
+            self.settings.add_recent_capture(str(Path(path).resolve()))
             self.status.emit(f"Opened {path} ({len(value)} layers).", 8000)
         else:
+            self.settings.add_recent_capture(str(Path(path).resolve()))
             self.status.emit(f"Saved {path} in {seconds:.1f} s.", 8000)
         self.file_done.emit(kind)
 

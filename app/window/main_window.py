@@ -37,7 +37,7 @@ from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
 from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
-from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.app.window.settings import AppSettings, RecentModel
 from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
@@ -229,6 +229,8 @@ class MainWindow(QMainWindow):
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         menu.addSeparator()
         menu.addAction(self.open_capture_action)
+        self.recent_captures_menu = menu.addMenu("Recent captures")
+        self.recent_captures_menu.aboutToShow.connect(self._fill_recent_captures_menu)
         menu.addAction(self.open_timeline_action)
         menu.addAction(self.export_capture_action)
         menu.addAction(self.export_png_action)
@@ -383,15 +385,26 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.model_panel)
         self.model_panel.focus_search()
 
-    def _request_recent(self, spec: str) -> Callable[[], object]:
-        return lambda: self.controller.request_model(ModelRequest(spec))
+    def _request_recent(self, entry: RecentModel) -> Callable[[], object]:
+        return lambda: self.controller.request_model(ModelRequest(entry.spec, entry.weights, entry.arch))
 
     def _fill_recent_menu(self) -> None:
         self.recent_menu.clear()
-        for spec in self.settings.recent_models():
-            self.recent_menu.addAction(spec, self._request_recent(spec))
+        for entry in self.settings.recent_model_entries():
+            weights = entry.weights or "random init"
+            if entry.weights and ("/" in entry.weights or "\\" in entry.weights):  # a file, not an enum name
+                weights = f"file {Path(entry.weights).name}"
+            text = f"{entry.spec}  ({weights}{', ' + entry.arch if entry.arch else ''})"
+            self.recent_menu.addAction(text, self._request_recent(entry))
         if self.recent_menu.isEmpty():
             self.recent_menu.addAction("(none yet)").setEnabled(False)
+
+    def _fill_recent_captures_menu(self) -> None:
+        self.recent_captures_menu.clear()
+        for path in self.settings.recent_captures():
+            self.recent_captures_menu.addAction(path, lambda _checked=False, path=path: self.controller.open_capture(path))
+        if self.recent_captures_menu.isEmpty():
+            self.recent_captures_menu.addAction("(none yet)").setEnabled(False)
 
     def _about(self) -> None:
         QMessageBox.about(self, "About gradexplorer", about_text())

@@ -331,3 +331,36 @@ def test_the_title_follows_a_capture_opened_over_a_model(qtbot, demo, tmp_path):
     with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
         demo.open_capture(str(path))
     assert demo.windowTitle() == "gradexplorer — shapes_capture.pt"
+
+
+# -- what is remembered ------------------------------------------------------------------------------
+def test_recent_models_keep_their_weights_and_load_with_them(qtbot, window, monkeypatch):
+    from gradexplorer.app.window.settings import AppSettings, RecentModel
+
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("resnet18", weights=None)
+    settings = AppSettings()
+    settings.add_recent_model("vgg11", "DEFAULT")
+    assert settings.recent_model_entries()[:2] == [RecentModel("vgg11", "DEFAULT", None),
+                                                    RecentModel("resnet18", None, None)]
+    assert settings.recent_models()[:2] == ["vgg11", "resnet18"]
+    window._fill_recent_menu()
+    texts = [a.text() for a in window.recent_menu.actions()]
+    assert texts[:2] == ["vgg11  (DEFAULT)", "resnet18  (random init)"]
+    asked = []
+    monkeypatch.setattr(window.controller, "request_model", asked.append)
+    window.recent_menu.actions()[0].trigger()
+    assert (asked[0].spec, asked[0].weights) == ("vgg11", "DEFAULT")
+
+
+def test_recent_captures_are_remembered_and_reopen(qtbot, demo, tmp_path):
+    from gradexplorer.app.window.settings import AppSettings
+
+    path = tmp_path / "cap.pt"
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.export_capture(str(path))
+    assert AppSettings().recent_captures() == [str(path.resolve())]
+    demo._fill_recent_captures_menu()
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT) as done:
+        demo.recent_captures_menu.actions()[0].trigger()
+    assert done.args == ["open"] and demo.session.capture_path == str(path.resolve())
