@@ -332,7 +332,7 @@ class ModelPanel(QWidget):
         self.load_requested.emit(ModelRequest(path, None, arch or None, False))
 
     def _on_factory(self) -> None:
-        text = dialogs.ask_text(self, "Python factory", "package.module:function or path/to/file.py:function")
+        text = dialogs.ask_factory(self)
         if not text:
             return
 

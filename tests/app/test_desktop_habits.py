@@ -364,3 +364,26 @@ def test_recent_captures_are_remembered_and_reopen(qtbot, demo, tmp_path):
     with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT) as done:
         demo.recent_captures_menu.actions()[0].trigger()
     assert done.args == ["open"] and demo.session.capture_path == str(path.resolve())
+
+
+def test_a_factory_model_is_named_by_its_file_and_function(tmp_path):
+    from gradexplorer.models import load_model
+
+    path = tmp_path / "my_nets.py"
+    path.write_text("import torch.nn as nn\ndef build():\n    return nn.Linear(3, 2)\n")
+    assert load_model(f"{path}:build", trust=True).name == "my_nets.build"
+    assert load_model("torch.nn:Identity", trust=True).name == "torch.nn.Identity"
+
+
+def test_the_factory_dialog_browses_for_a_file_and_fills_in_its_function(qtbot, tmp_path, monkeypatch):
+    path = tmp_path / "nets.py"
+    path.write_text("import torch.nn as nn\n\ndef _helper():\n    pass\n\ndef build():\n    return nn.Linear(2, 2)\n")
+    dialog = dialogs.FactoryDialog()
+    qtbot.addWidget(dialog)
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: str(path))
+    dialog.browse_button.click()
+    assert dialog.text() == f"{path}:build"
+    assert dialog.edit.selectedText() == "build"
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: None)  # cancelled: the text stays
+    dialog.browse_button.click()
+    assert dialog.text() == f"{path}:build"
