@@ -150,3 +150,18 @@ def ask_factory(parent: QWidget | None) -> str | None:
     if not run_modal(dialog):
         return None
     return dialog.text() or None
+
+
+def confirm_skip_unreadable(parent: QWidget | None, names: list[str], readable: int, why: str) -> bool:
+    """Some pictures cannot be read: go on with the others? Defaults to Yes."""
+    box = QMessageBox(parent)
+    box.setIcon(QMessageBox.Icon.Question)
+    box.setWindowTitle("gradexplorer: pictures that cannot be read")
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    box.setText(f"<b>{shown} cannot be read. Go on without {'it' if len(names) == 1 else 'them'}?</b>")
+    box.setInformativeText(f"The batch would hold the other {readable} picture{'s' if readable != 1 else ''}.")
+    box.setDetailedText(why)
+    box.setStandardButtons(QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel)
+    box.setDefaultButton(QMessageBox.StandardButton.Yes)
+    box.button(QMessageBox.StandardButton.Yes).setText("Go on without it" if len(names) == 1 else "Go on without them")
+    return box.exec() == QMessageBox.StandardButton.Yes

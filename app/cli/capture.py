@@ -89,6 +89,9 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
 
     loaded = job.load_model()
     batch = job.load_batch()
+    for step in batch.preprocessing.split("; "):
+        if step.startswith("left out, unreadable:"):  # --skip-unreadable: say which
+            ui.warn(f"{step[len('left out, unreadable:'):].strip()} cannot be read: left out of the batch.")
     made_up = options.batch.is_default and not loaded.spec.startswith("demo:")
     if made_up:
         ui.note(f"no input was given: {batch.source}, shape {fmt_shape(tuple(batch.tensor.shape))} "

@@ -27,7 +27,13 @@ from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.app.window.settings import AppSettings
-from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired, WeightsUnavailable
+from gradexplorer.base.errors import (
+    CaptureCancelled,
+    GradExplorerError,
+    TrustRequired,
+    UnreadableImages,
+    WeightsUnavailable,
+)
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.targets import class_axis_note
@@ -186,6 +192,7 @@ class WindowController(QObject):
         self._last_model_request: ModelRequest | None = None
         self._shown_first_capture = False
         self._catalog_asked = False
+        self._last_inputs: tuple[list[str], str | None] = ([], None)
         # True when nobody is there to answer (``--screenshot``): no question is asked
         # (trust, memory budget); each error is also printed on stderr.
         self.unattended = False
@@ -199,7 +206,7 @@ class WindowController(QObject):
         self.model_runner.failed.connect(self._on_model_failed)
         self.model_runner.cancelled.connect(self._on_model_cancelled)
         self.batch_runner.finished.connect(self._on_batch_loaded)
-        self.batch_runner.failed.connect(lambda g, e: self.show_error("The inputs cannot be used", e))
+        self.batch_runner.failed.connect(self._on_batch_failed)
         self.file_runner.finished.connect(self._on_file_done)
         self.file_runner.failed.connect(self._on_file_failed)
         self.file_runner.busy_changed.connect(self.file_busy)
@@ -348,19 +355,30 @@ class WindowController(QObject):
         self.status.emit("Loading cancelled; the previous model is still here.", 8000)
 
     # -- batches -----------------------------------------------------------------------------
-    def load_inputs(self, sources: list[str], labels: str | None = None) -> int:
-        """Load a batch for the current model in a worker."""
+    def load_inputs(self, sources: list[str], labels: str | None = None, skip_unreadable: bool = False) -> int:
+        """Load a batch for the current model in a worker (pictures that cannot be read
+        are left out with ``skip_unreadable``; without it the user is asked)."""
         model = self.session.model
         sources = [str(x) for x in sources]
+        self._last_inputs = (sources, labels)
 
         def task(progress: Progress, cancel: threading.Event) -> tuple[Batch, list[str]]:
             # Imported on first use: reading inputs is not needed to start the window.
-            from gradexplorer.batches import load_batch
+            from gradexplorer import batches
 
-            return load_batch(sources, model, labels), sources
+            return batches.load_batch(sources, model, labels, skip_unreadable=skip_unreadable), sources
 
         self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
         return self.batch_runner.start(task)
+
+    def _on_batch_failed(self, _gen: int, exc: BaseException) -> None:
+        if isinstance(exc, UnreadableImages) and exc.readable and not self.unattended:
+            if dialogs.confirm_skip_unreadable(self.dialog_parent, [Path(p).name for p in exc.paths],
+                                               exc.readable, exc.problem):
+                sources, labels = self._last_inputs
+                self.load_inputs(sources, labels, skip_unreadable=True)
+                return
+        self.show_error("The inputs cannot be used", exc)
 
     def _on_batch_loaded(self, _gen: int, result: tuple[Batch, list[str]], seconds: float) -> None:
         batch, sources = result

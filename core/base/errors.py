@@ -76,6 +76,25 @@ class BatchError(GradExplorerError):
     """The input batch could not be read or does not fit the model."""
 
 
+class UnreadableImages(BatchError):
+    """Some of the pictures of a batch cannot be read; the others can.
+
+    Parameters
+    ----------
+    problem, fix : str
+        As for :class:`GradExplorerError`.
+    paths : list of str
+        The unreadable files.
+    readable : int
+        How many of the batch's pictures can be read (the batch without the others).
+    """
+
+    def __init__(self, problem: str, fix: str = "", *, paths: list[str] | None = None, readable: int = 0) -> None:
+        super().__init__(problem, fix)
+        self.paths = list(paths or [])
+        self.readable = readable
+
+
 class CaptureError(GradExplorerError):
     """Forward or backward failed during a capture."""
 

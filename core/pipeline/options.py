@@ -42,11 +42,15 @@ class BatchSpec:
         when the batch is made (``gradexplorer.batches.random_batch``).
     demo : bool
         The demo model's own batch (``--demo-input``).
+    skip_unreadable : bool
+        Leave out pictures that cannot be read, when others can (``--skip-unreadable``);
+        without it they are refused, by name.
     """
 
     inputs: tuple[str, ...] = ()
     random: str | None = None
     demo: bool = False
+    skip_unreadable: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, bytes)):

@@ -387,3 +387,56 @@ def test_the_factory_dialog_browses_for_a_file_and_fills_in_its_function(qtbot, 
     monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: None)  # cancelled: the text stays
     dialog.browse_button.click()
     assert dialog.text() == f"{path}:build"
+
+
+# -- a batch with one picture that cannot be read ---------------------------------------------------
+def _pictures(tmp_path):
+    from PIL import Image
+
+    good = []
+    for i in range(2):
+        path = tmp_path / f"good_{i}.png"
+        Image.new("RGB", (64, 64), (40 * i, 90, 200)).save(path)
+        good.append(str(path))
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    return good, str(bad)
+
+
+def test_the_window_asks_to_go_on_without_an_unreadable_picture(qtbot, demo, monkeypatch, tmp_path):
+    good, bad = _pictures(tmp_path)
+    asked = []
+    monkeypatch.setattr(dialogs, "confirm_skip_unreadable",
+                        lambda parent, names, readable, why: asked.append((names, readable)) or True)
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs([*good, bad])
+    assert asked == [(["broken.png"], 2)]
+    assert len(demo.session.batch) == 2 and demo.session.batch.names == ["good_0.png", "good_1.png"]
+    assert "left out, unreadable: broken.png" in demo.session.batch.preprocessing
+
+
+def test_refusing_to_go_on_keeps_the_batch_and_says_why(qtbot, demo, monkeypatch, shown_errors, tmp_path):
+    from gradexplorer.base.errors import UnreadableImages
+
+    good, bad = _pictures(tmp_path)
+    before = demo.session.batch
+    monkeypatch.setattr(dialogs, "confirm_skip_unreadable", lambda *a: False)
+    with qtbot.waitSignal(demo.error_shown, timeout=TIMEOUT):
+        demo.load_inputs([*good, bad])
+    assert isinstance(shown_errors[-1][1], UnreadableImages) and "broken.png" in shown_errors[-1][1].problem
+    assert demo.session.batch is before
+
+
+def test_the_command_line_refuses_by_name_or_skips_with_a_warning(tmp_path, capsys):
+    from gradexplorer.app.cli.main import main
+
+    good, bad = _pictures(tmp_path)
+    args = ["capture", "--model", "demo:shapes", "--input", *good, bad]
+    code = main([*args, "--out", str(tmp_path / "a.pt")])
+    err = capsys.readouterr().err
+    assert code != 0 and "broken.png" in err and "--skip-unreadable" in err
+    assert not (tmp_path / "a.pt").exists()
+    code = main([*args, "--skip-unreadable", "--out", str(tmp_path / "b.pt")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "warning: broken.png cannot be read: left out of the batch." in err
