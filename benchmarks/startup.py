@@ -55,7 +55,7 @@ def child(started: float) -> None:
             super().__init__(*args, **kwargs)
             self.run_done.connect(self._first_run_done)
 
-        def showEvent(self, event):  # noqa: N802 - Qt override
+        def showEvent(self, event):
             super().showEvent(event)
             if "window" not in marks:
                 # Painted: the first turn of the event loop after show.

@@ -123,7 +123,8 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
     size = path.stat().st_size
     flagged = summarize(cap).layers_with("nan/inf")
     lines = [
-        f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else f"  ({loaded.weights_label})"),
+        f"model     {loaded.name}"
+        + (f"  weights {loaded.weights}" if loaded.weights else f"  ({loaded.weights_label})"),
         (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)}{' random' if made_up else ''} "
          f"sample{'s' if len(batch) != 1 else ''}{', no --input given' if made_up else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),

@@ -116,7 +116,8 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--demo-input", action="store_true", help="the demo model's own batch")
     p.add_argument("--skip-unreadable", action="store_true",
-                   help="leave out pictures that cannot be read (each named in a warning) instead of refusing the batch")
+                   help="leave out pictures that cannot be read (each named in a warning) "
+                        "instead of refusing the batch")
 
 
 def add_memory_budget(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.analysis.gradcam import cam_supported
 from gradexplorer.analysis.summary import input_shape_of, summarize
 from gradexplorer.app import dialogs
@@ -36,11 +37,10 @@ from gradexplorer.base.errors import (
 )
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
-from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.files.capture_file import load_capture, save_capture
-from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
@@ -341,9 +341,10 @@ class WindowController(QObject):
 
         name = Path(exc.cache_file).name if exc.cache_file else "the weights file"
         which = f" {exc.weights}" if exc.weights else ""
-        words = (f"The pretrained weights{which} are not on this computer, and they cannot be downloaded now.",
-                 f"Use random weights to look at {request.spec} now, or choose {name} if you have it. "
-                 "With a connection, Load downloads them.")
+        message = f"The pretrained weights{which} are not on this computer, and they cannot be downloaded now."
+        fix = (f"Use random weights to look at {request.spec} now, or choose {name} if you have it. "
+               "With a connection, Load downloads them.")
+        words = (message, fix)
         self.show_error("The pretrained weights are not available", exc,
                         actions=[(self.USE_RANDOM, lambda: load(None)), (self.CHOOSE_WEIGHTS, choose)],
                         words=words)

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 
 from gradexplorer.base.errors import GradExplorerError
 
-
 #: A next step offered as a button: its label ("Use random weights") and what it does.
 Action = tuple[str, Callable[[], object]]
 
@@ -30,7 +29,7 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     For a ``GradExplorerError`` the details are the errors beneath it (``__cause__``),
     the technical text a user need not read but may want to report."""
     if isinstance(exc, GradExplorerError):
-        causes = []
+        causes: list[str] = []
         cause = exc.__cause__ or exc.__context__
         while cause is not None and len(causes) < 5:
             causes.append("".join(traceback.format_exception_only(type(cause), cause)).strip())

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -196,7 +197,7 @@ class MainWindow(QMainWindow):
                                            "Open a watch log (.gxw) or a dataset capture: layers x steps")
         self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
-        self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.quit_action = action("&Quit", self.close, "Ctrl+Q")
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
@@ -217,8 +218,7 @@ class MainWindow(QMainWindow):
         # Ctrl+1..9: the views' tabs, in their order (Heatmap, Grad-CAM, ...).
         self.view_actions = []
         for i in range(min(9, self.views.tabs.count())):
-            a = action(f"&{i + 1} {self.views.tabs.tabText(i)}",
-                       lambda _checked=False, i=i: self.views.tabs.setCurrentIndex(i), f"Ctrl+{i + 1}")
+            a = action(f"&{i + 1} {self.views.tabs.tabText(i)}", self._show_tab(i), f"Ctrl+{i + 1}")
             a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
             self.view_actions.append(a)
 
@@ -385,6 +385,9 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.model_panel)
         self.model_panel.focus_search()
 
+    def _show_tab(self, index: int) -> Callable[[], object]:
+        return lambda: self.views.tabs.setCurrentIndex(index)
+
     def _request_recent(self, entry: RecentModel) -> Callable[[], object]:
         return lambda: self.controller.request_model(ModelRequest(entry.spec, entry.weights, entry.arch))
 
@@ -399,10 +402,13 @@ class MainWindow(QMainWindow):
         if self.recent_menu.isEmpty():
             self.recent_menu.addAction("(none yet)").setEnabled(False)
 
+    def _open_recent_capture(self, path: str) -> Callable[[], object]:
+        return lambda: self.controller.open_capture(path)
+
     def _fill_recent_captures_menu(self) -> None:
         self.recent_captures_menu.clear()
         for path in self.settings.recent_captures():
-            self.recent_captures_menu.addAction(path, lambda _checked=False, path=path: self.controller.open_capture(path))
+            self.recent_captures_menu.addAction(path, self._open_recent_capture(path))
         if self.recent_captures_menu.isEmpty():
             self.recent_captures_menu.addAction("(none yet)").setEnabled(False)
 
@@ -414,7 +420,7 @@ class MainWindow(QMainWindow):
         rows = []
         for menu_action in self.menuBar().actions():
             menu = menu_action.menu()
-            for a in menu.actions() if menu is not None else []:
+            for a in menu.actions() if isinstance(menu, QMenu) else []:
                 keys = a.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
                 if keys:
                     rows.append((keys, a.text().replace("&", "").rstrip("…")))

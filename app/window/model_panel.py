@@ -22,11 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.app import dialogs
 from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
-from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.session import Session
 
@@ -133,7 +133,7 @@ class ModelPanel(QWidget):
         session.model_changed.connect(self._on_model_model_changed)
         self._on_model_model_changed(session.model)
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if not self._shown:
             self._shown = True

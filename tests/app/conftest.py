@@ -69,6 +69,7 @@ def _no_modal_dialogs(monkeypatch):
         raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
-                 "ask_item", "confirm_trust", "confirm_close_during_run", "ask_factory", "confirm_skip_unreadable", "run_modal"):
+                 "ask_item", "confirm_trust", "confirm_close_during_run", "ask_factory",
+                 "confirm_skip_unreadable", "run_modal"):
         monkeypatch.setattr(dialogs, name, refuse)
     yield
