@@ -45,12 +45,14 @@ class _JobSignals(QObject):
 
 
 class _Job(QRunnable):
-    def __init__(self, generation: int, fn: Task, cancel: threading.Event, signals: _JobSignals):
+    def __init__(self, generation: int, fn: Task, cancel: threading.Event, signals: _JobSignals,
+                 ended: threading.Event):
         super().__init__()
         self.generation = generation
         self.fn = fn
         self.cancel = cancel
         self.signals = signals
+        self.ended = ended
         self.setAutoDelete(True)
 
     def run(self) -> None:
@@ -69,6 +71,8 @@ class _Job(QRunnable):
             signals.error.emit(gen, exc)
         else:
             signals.done.emit(gen, result, time.perf_counter() - start)
+        finally:
+            self.ended.set()
 
 
 class TaskRunner(QObject):
@@ -101,6 +105,9 @@ class TaskRunner(QObject):
         self.name = name
         self._generation = 0
         self._live: dict[int, tuple[threading.Event, _JobSignals]] = {}
+        # Set by each task's thread when it returns: shutdown waits for this runner's own
+        # tasks only, never for another runner's (the pool is shared).
+        self._ended: dict[int, threading.Event] = {}
         self._busy = False
 
     @property
@@ -124,9 +131,10 @@ class TaskRunner(QObject):
         signals.done.connect(self._on_done)
         signals.error.connect(self._on_error)
         self._live[gen] = (cancel, signals)
+        ended = self._ended[gen] = threading.Event()
         self._set_busy(True)
         self.started.emit(gen)
-        thread_pool().start(_Job(gen, fn, cancel, signals))
+        thread_pool().start(_Job(gen, fn, cancel, signals, ended))
         return gen
 
     def cancel(self) -> None:
@@ -135,10 +143,17 @@ class TaskRunner(QObject):
             cancel.set()
 
     def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Cancel everything and wait for the pool's threads (on close and in tests)."""
+        """Cancel this runner's tasks and wait until each has returned (on close and in
+        tests). Another runner's tasks are not waited for: waiting on the shared pool
+        would wait for work nobody has cancelled yet (a capture, while a window closes)."""
         self.cancel()
         self._generation += 1
-        return thread_pool().waitForDone(timeout_ms)
+        end = time.monotonic() + timeout_ms / 1000
+        for gen, ended in list(self._ended.items()):
+            if not ended.wait(max(0.0, end - time.monotonic())):
+                return False
+            self._ended.pop(gen, None)
+        return True
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no task of this runner is alive (processing queued events)."""
@@ -154,6 +169,7 @@ class TaskRunner(QObject):
             self.busy_changed.emit(busy)
 
     def _settle(self, gen: int) -> bool:
+        self._ended.pop(gen, None)
         live = self._live.pop(gen, None)
         if live is not None:
             live[1].deleteLater()

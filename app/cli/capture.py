@@ -89,6 +89,9 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
 
     loaded = job.load_model()
     batch = job.load_batch()
+    for step in batch.preprocessing.split("; "):
+        if step.startswith("left out, unreadable:"):  # --skip-unreadable: say which
+            ui.warn(f"{step[len('left out, unreadable:'):].strip()} cannot be read: left out of the batch.")
     made_up = options.batch.is_default and not loaded.spec.startswith("demo:")
     if made_up:
         ui.note(f"no input was given: {batch.source}, shape {fmt_shape(tuple(batch.tensor.shape))} "
@@ -120,7 +123,8 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
     size = path.stat().st_size
     flagged = summarize(cap).layers_with("nan/inf")
     lines = [
-        f"model     {loaded.name}" + (f"  weights {loaded.weights}" if loaded.weights else "  (random init)"),
+        f"model     {loaded.name}"
+        + (f"  weights {loaded.weights}" if loaded.weights else f"  ({loaded.weights_label})"),
         (f"batch     {fmt_shape(tuple(batch.tensor.shape))} ({len(batch)}{' random' if made_up else ''} "
          f"sample{'s' if len(batch) != 1 else ''}{', no --input given' if made_up else ''})"
          f"  target {cap.meta.get('target')}  device {cap.meta.get('device')}  mode {mode}"),

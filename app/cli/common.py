@@ -74,6 +74,11 @@ class UI:
             self.bar.close()
             print(text, file=sys.stderr, flush=True)
 
+    def warn(self, text: str) -> None:
+        """A warning on stderr, also under ``--quiet`` (something was left out)."""
+        self.bar.close()
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+
 
 # ---------------------------------------------------------------------------
 # Arguments several commands take
@@ -119,6 +124,9 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--text", action="append", metavar="TEXT",
                        help="a text sample, tokenised with the model's tokenizer (repeat for a batch; a .txt "
                             "file gives one sample a line)")
+    p.add_argument("--skip-unreadable", action="store_true",
+                   help="leave out pictures that cannot be read (each named in a warning) "
+                        "instead of refusing the batch")
 
 
 def add_memory_budget(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -148,7 +156,8 @@ def job_options(args: argparse.Namespace, **settings: Any) -> CaptureOptions:
     from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
     batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random,
-                      demo=bool(getattr(args, "demo_input", False)), texts=tuple(getattr(args, "text", None) or ()))
+                      demo=bool(getattr(args, "demo_input", False)), texts=tuple(getattr(args, "text", None) or ()),
+                      skip_unreadable=bool(getattr(args, "skip_unreadable", False)))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
                           batch=batch, hf_class=getattr(args, "hf_class", None), **settings)
 

@@ -108,7 +108,7 @@ class CompareWindow(QMainWindow):
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.export_action)
         close = QAction("&Close", self)
-        close.setShortcut(QKeySequence.StandardKey.Close)
+        close.setShortcut(QKeySequence("Ctrl+W"))
         close.triggered.connect(self.close)
         menu.addAction(close)
         self.runner.progress.connect(self._on_progress)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.analysis.gradcam import cam_supported
 from gradexplorer.analysis.summary import input_shape_of, summarize
 from gradexplorer.app import dialogs
@@ -26,22 +28,28 @@ from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.app.window.settings import AppSettings
-from gradexplorer.base.errors import CaptureCancelled, GradExplorerError, TrustRequired
+from gradexplorer.base.errors import (
+    CaptureCancelled,
+    GradExplorerError,
+    TrustRequired,
+    UnreadableImages,
+    WeightsUnavailable,
+)
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.files.capture_file import load_capture, save_capture
-from gradexplorer.models import trust_subject
-from gradexplorer.models.hf_models import hf_catalog
 from gradexplorer.models.loaded_model import LoadedModel as Model
-from gradexplorer.models.timm_models import timm_catalog
-from gradexplorer.models.weights import ModelInfo, model_catalog
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.live import is_live
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
 from gradexplorer.pipeline.view_state import ViewState, clamp
+
+if TYPE_CHECKING:  # annotations only: torchvision is imported in the workers that need it
+    from gradexplorer.models.weights import ModelInfo
 
 #: What the file worker hands back: ``("open", capture, path)`` or ``("save", written file, path)``.
 FileDone: TypeAlias = tuple[str, Capture | Path, str]
@@ -185,6 +193,8 @@ class WindowController(QObject):
         self._pending_inputs: list[str] | None = None
         self._last_model_request: ModelRequest | None = None
         self._shown_first_capture = False
+        self._catalog_asked = False
+        self._last_inputs: tuple[list[str], str | None] = ([], None)
         # True when nobody is there to answer (``--screenshot``): no question is asked
         # (trust, memory budget); each error is also printed on stderr.
         self.unattended = False
@@ -198,7 +208,7 @@ class WindowController(QObject):
         self.model_runner.failed.connect(self._on_model_failed)
         self.model_runner.cancelled.connect(self._on_model_cancelled)
         self.batch_runner.finished.connect(self._on_batch_loaded)
-        self.batch_runner.failed.connect(lambda g, e: self.show_error("The inputs cannot be used", e))
+        self.batch_runner.failed.connect(self._on_batch_failed)
         self.file_runner.finished.connect(self._on_file_done)
         self.file_runner.failed.connect(self._on_file_failed)
         self.file_runner.busy_changed.connect(self.file_busy)
@@ -208,21 +218,43 @@ class WindowController(QObject):
         session.capture_changed.connect(self._on_model_capture_changed)
 
     def start(self) -> None:
-        """Read the model catalog in a worker (the model panel's list)."""
+        """Read the model catalog in a worker (the model panel's list), once.
+
+        The window asks when its model list is first shown, not at start: the catalog
+        imports torchvision (seconds, about 200 MiB), which the first window and the demo
+        do not need."""
+        if self._catalog_asked:
+            return
+        self._catalog_asked = True
+
         def task(progress: Progress, cancel: threading.Event) -> list[ModelInfo]:
-            # Hugging Face and timm models join the list when those libraries are installed.
+            # Imported here, in the worker: torchvision takes seconds to import, and the
+            # first window does not need it. Hugging Face and timm models join the list
+            # when those libraries are installed.
+            from gradexplorer.models.hf_models import hf_catalog
+            from gradexplorer.models.timm_models import timm_catalog
+            from gradexplorer.models.weights import model_catalog
+
             return model_catalog() + hf_catalog() + timm_catalog()
 
         self.catalog_runner.start(task)
 
     # -- errors ----------------------------------------------------------------------------
-    def show_error(self, title: str, exc: BaseException) -> None:
-        """Tell the user; the window stays usable (the dialog is not modal)."""
-        self.status.emit(f"{title}: {error_dialog.one_line(exc)}", 15000)
+    def show_error(self, title: str, exc: BaseException, actions: Sequence[error_dialog.Action] = (),
+                   words: tuple[str, str] | None = None) -> None:
+        """Tell the user; the window stays usable (the dialog is not modal).
+
+        ``actions`` are next steps offered as buttons, ``words`` the window's own message
+        and fix (see ``error_dialog.show_error``)."""
+        line = f"{words[0]} {words[1]}" if words is not None else error_dialog.one_line(exc)
+        self.status.emit(f"{title}: {line}", 15000)
         if self.unattended:
             print(f"error: {title}: {error_dialog.one_line(exc)}", file=sys.stderr, flush=True)
-        error_dialog.show_error(self.dialog_parent, title, exc)
-        self.error_shown.emit(f"{title}: {error_dialog.one_line(exc)}")
+        if actions or words is not None:
+            error_dialog.show_error(self.dialog_parent, title, exc, actions=actions, words=words)
+        else:
+            error_dialog.show_error(self.dialog_parent, title, exc)
+        self.error_shown.emit(f"{title}: {line}")
 
     # -- models ------------------------------------------------------------------------------
     def load_model(self, spec: str, weights: str | None = None, arch: str | None = None, trust: bool = False,
@@ -281,7 +313,9 @@ class WindowController(QObject):
         s.set_batch(result.batch, result.sources)
         spec = result.prepared.loaded.spec
         if not spec.startswith("demo:") and not is_live(spec):  # nothing on disk to open again
-            self.settings.add_recent_model(spec)
+            options = result.prepared.options
+            self.settings.add_recent_model(spec, options.weights if options is not None else None,
+                                           options.arch if options is not None else None)
         message = f"Loaded {result.prepared.loaded.name} in {seconds:.1f} s"
         if result.prepared.probe_error is not None:
             message += f". {probe_failed_message(result.prepared.probe_error)}"
@@ -306,13 +340,45 @@ class WindowController(QObject):
         self.model_busy.emit(False, "")
         request = self._last_model_request
         if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
-            subject = exc.subject or trust_subject(request.spec)
+            subject = exc.subject or models.trust_subject(request.spec)
             if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
                 self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
                                        self._pending_inputs)
                 return
+        if isinstance(exc, WeightsUnavailable) and request is not None and not self.unattended:
+            self._offer_other_weights(request, exc)
+            return
         self._run_after_load = False
         self.show_error("The model cannot be loaded", exc)
+        self.run_done.emit("failed")
+
+    USE_RANDOM = "Use random weights"
+    CHOOSE_WEIGHTS = "Choose file…"
+
+    def _offer_other_weights(self, request: ModelRequest, exc: WeightsUnavailable) -> None:
+        """Pretrained weights that cannot be had: say so plainly, and offer random weights
+        or a file the user has (a run asked for goes on with either)."""
+        inputs, run = self._pending_inputs, self._run_after_load
+        self._run_after_load = False
+
+        def load(weights: str | None) -> None:
+            self._run_after_load = run
+            self._start_model_load(ModelRequest(request.spec, weights, request.arch, request.trust), inputs)
+
+        def choose() -> None:
+            path = dialogs.ask_open_file(self.dialog_parent, "Choose the weights file", dialogs.WEIGHTS_FILTER)
+            if path:
+                load(path)
+
+        name = Path(exc.cache_file).name if exc.cache_file else "the weights file"
+        which = f" {exc.weights}" if exc.weights else ""
+        message = f"The pretrained weights{which} are not on this computer, and they cannot be downloaded now."
+        fix = (f"Use random weights to look at {request.spec} now, or choose {name} if you have it. "
+               "With a connection, Load downloads them.")
+        words = (message, fix)
+        self.show_error("The pretrained weights are not available", exc,
+                        actions=[(self.USE_RANDOM, lambda: load(None)), (self.CHOOSE_WEIGHTS, choose)],
+                        words=words)
         self.run_done.emit("failed")
 
     def _on_model_cancelled(self, _gen: int) -> None:
@@ -321,19 +387,30 @@ class WindowController(QObject):
         self.status.emit("Loading cancelled; the previous model is still here.", 8000)
 
     # -- batches -----------------------------------------------------------------------------
-    def load_inputs(self, sources: list[str], labels: str | None = None) -> int:
-        """Load a batch for the current model in a worker."""
+    def load_inputs(self, sources: list[str], labels: str | None = None, skip_unreadable: bool = False) -> int:
+        """Load a batch for the current model in a worker (pictures that cannot be read
+        are left out with ``skip_unreadable``; without it the user is asked)."""
         model = self.session.model
         sources = [str(x) for x in sources]
+        self._last_inputs = (sources, labels)
 
         def task(progress: Progress, cancel: threading.Event) -> tuple[Batch, list[str]]:
             # Imported on first use: reading inputs is not needed to start the window.
-            from gradexplorer.batches import load_batch
+            from gradexplorer import batches
 
-            return load_batch(sources, model, labels), sources
+            return batches.load_batch(sources, model, labels, skip_unreadable=skip_unreadable), sources
 
         self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
         return self.batch_runner.start(task)
+
+    def _on_batch_failed(self, _gen: int, exc: BaseException) -> None:
+        if isinstance(exc, UnreadableImages) and exc.readable and not self.unattended:
+            if dialogs.confirm_skip_unreadable(self.dialog_parent, [Path(p).name for p in exc.paths],
+                                               exc.readable, exc.problem):
+                sources, labels = self._last_inputs
+                self.load_inputs(sources, labels, skip_unreadable=True)
+                return
+        self.show_error("The inputs cannot be used", exc)
 
     def _on_batch_loaded(self, _gen: int, result: tuple[Batch, list[str]], seconds: float) -> None:
         batch, sources = result
@@ -394,7 +471,11 @@ class WindowController(QObject):
         outcome = self.session.finish_run(gen, capture, seconds)
         self.run_busy.emit(False, f"done in {seconds:.2f} s" if outcome == "ok" else outcome)
         if outcome == "ok":
-            self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s.", 8000)
+            # A class target on a 3-D output reads dim 1 as the classes: a guess, said in words.
+            shape = tuple(capture.output.shape) if capture.output is not None else None
+            note = class_axis_note(shape, capture.meta.get("target", ""), window=True)
+            self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s."
+                             + (f" Note: {note[0].upper()}{note[1:]}" if note else ""), 30000 if note else 8000)
         self.run_done.emit(outcome)
 
     def _on_run_failed(self, gen: int, exc: BaseException) -> None:
@@ -484,8 +565,10 @@ class WindowController(QObject):
             assert isinstance(value, Capture)
             self.run_runner.cancel()
             self.session.open_capture(value, path)
+            self.settings.add_recent_capture(str(Path(path).resolve()))
             self.status.emit(f"Opened {path} ({len(value)} layers).", 8000)
         else:
+            self.settings.add_recent_capture(str(Path(path).resolve()))
             self.status.emit(f"Saved {path} in {seconds:.1f} s.", 8000)
         self.file_done.emit(kind)
 
@@ -494,8 +577,17 @@ class WindowController(QObject):
         self.file_done.emit("failed")
 
     # -- end ------------------------------------------------------------------------------------------
+    def is_running(self) -> bool:
+        """Whether a capture is in flight (closing the window asks first)."""
+        return self.run_runner.is_busy()
+
     def shutdown(self) -> None:
-        """Cancel every worker and wait for the run (on close, and at the end of tests)."""
-        for runner in (self.run_runner, self.model_runner, self.batch_runner, self.file_runner, self.catalog_runner):
+        """Cancel every worker, then wait for each (on close, and at the end of tests).
+
+        Everything is cancelled before anything is waited for: a capture stops at the next
+        module it reaches, so closing during a run takes about as long as one module."""
+        runners = (self.run_runner, self.model_runner, self.batch_runner, self.file_runner, self.catalog_runner)
+        for runner in runners:
             runner.cancel()
-        self.run_runner.shutdown(30000)
+        for runner in runners:
+            runner.shutdown(30000)

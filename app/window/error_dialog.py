@@ -12,17 +12,29 @@ Tests replace :func:`show_error` (``monkeypatch.setattr(error_dialog, "show_erro
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from gradexplorer.base.errors import GradExplorerError
 
+#: A next step offered as a button: its label ("Use random weights") and what it does.
+Action = tuple[str, Callable[[], object]]
+
 
 def describe(exc: BaseException) -> tuple[str, str, str]:
-    """``(message, fix, details)`` for an exception, in the user's words."""
+    """``(message, fix, details)`` for an exception, in the user's words.
+
+    For a ``GradExplorerError`` the details are the errors beneath it (``__cause__``),
+    the technical text a user need not read but may want to report."""
     if isinstance(exc, GradExplorerError):
-        return exc.problem, exc.fix, ""
+        causes: list[str] = []
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and len(causes) < 5:
+            causes.append("".join(traceback.format_exception_only(type(cause), cause)).strip())
+            cause = cause.__cause__ or cause.__context__
+        return exc.problem, exc.fix, "\n".join(causes)
     details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     first = str(exc).splitlines()[0] if str(exc) else ""
     message = f"Unexpected error: {type(exc).__name__}{': ' + first if first else ''}"
@@ -37,9 +49,22 @@ def one_line(exc: BaseException) -> str:
     return f"{message} {fix}".strip() if isinstance(exc, GradExplorerError) else message
 
 
-def show_error(parent: QWidget | None, title: str, exc: BaseException) -> QMessageBox:
-    """Show ``exc`` in a non-modal message box and return it."""
+def show_error(parent: QWidget | None, title: str, exc: BaseException, *,
+               actions: Sequence[Action] = (), words: tuple[str, str] | None = None) -> QMessageBox:
+    """Show ``exc`` in a non-modal message box and return it.
+
+    Parameters
+    ----------
+    actions : sequence of (label, callable)
+        Next steps offered as buttons beside Close; clicking one closes the box and runs it.
+    words : (message, fix), optional
+        The window's own words for the error (buttons rather than command-line flags); the
+        exception's text then goes under "Show Details...".
+    """
     message, fix, details = describe(exc)
+    if words is not None:
+        full = str(exc)
+        message, fix, details = words[0], words[1], full + (f"\n\n{details}" if details else "")
     box = QMessageBox(parent)
     box.setWindowTitle(f"gradexplorer: {title}")
     box.setIcon(QMessageBox.Icon.Warning if isinstance(exc, GradExplorerError) else QMessageBox.Icon.Critical)
@@ -50,6 +75,11 @@ def show_error(parent: QWidget | None, title: str, exc: BaseException) -> QMessa
         box.setDetailedText(details)
     box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     box.setStandardButtons(QMessageBox.StandardButton.Close)
+    for i, (label, run) in enumerate(actions):
+        button = box.addButton(label, QMessageBox.ButtonRole.ActionRole)
+        button.clicked.connect(lambda _checked=False, run=run: run())
+        if i == 0:
+            box.setDefaultButton(button)
     box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     box.setWindowModality(Qt.WindowModality.NonModal)
     box.show()

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -37,7 +38,7 @@ from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
 from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
-from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.app.window.settings import AppSettings, RecentModel
 from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
@@ -49,6 +50,20 @@ if TYPE_CHECKING:  # annotations only (both are imported on first use)
     from gradexplorer.app.window.timeline_window import TimelineWindow
 
 DEFAULT_SIZE = QSize(1500, 950)
+
+
+def about_text() -> str:
+    """Help ▸ About: what gradexplorer is, its version and those of torch and Qt."""
+    # The front door's __version__ imports neither torch nor Qt; both are loaded by now.
+    import PySide6
+    import torch
+
+    from gradexplorer import __version__
+
+    return (f"<b>gradexplorer {__version__}</b><br>See the gradients inside a PyTorch model: per-layer "
+            "capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
+            f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
+            "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
 
 
 class MainWindow(QMainWindow):
@@ -136,7 +151,8 @@ class MainWindow(QMainWindow):
         if restore_geometry:
             self._restore_geometry()
         self._update_status()
-        c.start()
+        # The model list (torchvision's catalog) is read when it is first shown.
+        self.model_panel.first_shown.connect(c.start)
 
     # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:
@@ -181,7 +197,7 @@ class MainWindow(QMainWindow):
                                            "Open a watch log (.gxw) or a dataset capture: layers x steps")
         self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
-        self.quit_action = action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.quit_action = action("&Quit", self.close, "Ctrl+Q")
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
@@ -195,6 +211,16 @@ class MainWindow(QMainWindow):
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
                                     QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
+        self.close_action = action("&Close window", self.close, "Ctrl+W")
+        # This window's own: the compare and timeline windows have a Ctrl+W of their own.
+        self.close_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.shortcuts_action = action("&Keyboard shortcuts", self._show_shortcuts, "F1")
+        # Ctrl+1..9: the views' tabs, in their order (Heatmap, Grad-CAM, ...).
+        self.view_actions = []
+        for i in range(min(9, self.views.tabs.count())):
+            a = action(f"&{i + 1} {self.views.tabs.tabText(i)}", self._show_tab(i), f"Ctrl+{i + 1}")
+            a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            self.view_actions.append(a)
 
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.model_tab_action)
@@ -203,11 +229,14 @@ class MainWindow(QMainWindow):
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         menu.addSeparator()
         menu.addAction(self.open_capture_action)
+        self.recent_captures_menu = menu.addMenu("Recent captures")
+        self.recent_captures_menu.aboutToShow.connect(self._fill_recent_captures_menu)
         menu.addAction(self.open_timeline_action)
         menu.addAction(self.export_capture_action)
         menu.addAction(self.export_png_action)
         menu.addAction(self.export_csv_action)
         menu.addSeparator()
+        menu.addAction(self.close_action)
         menu.addAction(self.quit_action)
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
@@ -221,7 +250,11 @@ class MainWindow(QMainWindow):
         menu.addAction(self.filter_action)
         menu.addAction("Expand all modules", self.tree_view.expandAll)
         menu.addAction("Collapse modules", self.tree_view.collapse_to_top)
+        menu.addSeparator()
+        for a in self.view_actions:
+            menu.addAction(a)
         menu = self.menuBar().addMenu("&Help")
+        menu.addAction(self.shortcuts_action)
         menu.addAction("About gradexplorer", self._about)
         self._update_actions()
 
@@ -288,7 +321,11 @@ class MainWindow(QMainWindow):
     # -- status --------------------------------------------------------------------------
     def _update_status(self) -> None:
         s = self.session
-        if s.model is not None:
+        if s.capture is not None and s.capture_path:  # a capture file opened: its name, also over a model
+            name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
+            self.status_model.setText(f"  {name} (from file)  ")
+            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name}")
+        elif s.model is not None:
             self.status_model.setText(f"  {s.model.name}  ")
             self.setWindowTitle(f"gradexplorer — {s.model.name}")
         elif s.capture is not None:
@@ -297,6 +334,7 @@ class MainWindow(QMainWindow):
             self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name if s.capture_path else name}")
         else:
             self.status_model.setText("  no model  ")
+            self.setWindowTitle("gradexplorer")
         self.status_device.setText(f"  device: {s.device}  ")
         if s.capture is not None and s.last_run_seconds is not None and s.capture_path is None:
             self.status_run.setText(f"  last run: {s.last_run_seconds:.2f} s, {len(s.capture)} layers  ")
@@ -347,20 +385,53 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.model_panel)
         self.model_panel.focus_search()
 
-    def _request_recent(self, spec: str) -> Callable[[], object]:
-        return lambda: self.controller.request_model(ModelRequest(spec))
+    def _show_tab(self, index: int) -> Callable[[], object]:
+        return lambda: self.views.tabs.setCurrentIndex(index)
+
+    def _request_recent(self, entry: RecentModel) -> Callable[[], object]:
+        return lambda: self.controller.request_model(ModelRequest(entry.spec, entry.weights, entry.arch))
 
     def _fill_recent_menu(self) -> None:
         self.recent_menu.clear()
-        for spec in self.settings.recent_models():
-            self.recent_menu.addAction(spec, self._request_recent(spec))
+        for entry in self.settings.recent_model_entries():
+            weights = entry.weights or "random init"
+            if entry.weights and ("/" in entry.weights or "\\" in entry.weights):  # a file, not an enum name
+                weights = f"file {Path(entry.weights).name}"
+            text = f"{entry.spec}  ({weights}{', ' + entry.arch if entry.arch else ''})"
+            self.recent_menu.addAction(text, self._request_recent(entry))
         if self.recent_menu.isEmpty():
             self.recent_menu.addAction("(none yet)").setEnabled(False)
 
+    def _open_recent_capture(self, path: str) -> Callable[[], object]:
+        return lambda: self.controller.open_capture(path)
+
+    def _fill_recent_captures_menu(self) -> None:
+        self.recent_captures_menu.clear()
+        for path in self.settings.recent_captures():
+            self.recent_captures_menu.addAction(path, self._open_recent_capture(path))
+        if self.recent_captures_menu.isEmpty():
+            self.recent_captures_menu.addAction("(none yet)").setEnabled(False)
+
     def _about(self) -> None:
-        QMessageBox.about(self, "About gradexplorer",
-                          "<b>gradexplorer</b><br>See the gradients inside a PyTorch model: per-layer capture, "
-                          "heatmaps, histograms, gradient flow and Grad-CAM.")
+        QMessageBox.about(self, "About gradexplorer", about_text())
+
+    def shortcut_list(self) -> list[tuple[str, str]]:
+        """``(keys, what)`` of every menu action with a shortcut, as the menus show them."""
+        rows = []
+        for menu_action in self.menuBar().actions():
+            menu = menu_action.menu()
+            for a in menu.actions() if isinstance(menu, QMenu) else []:
+                keys = a.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+                if keys:
+                    rows.append((keys, a.text().replace("&", "").rstrip("…")))
+        return rows
+
+    def _show_shortcuts(self) -> None:
+        rows = "".join(f"<tr><td><b>{keys}</b>&nbsp;&nbsp;</td><td>{what}</td></tr>"
+                       for keys, what in self.shortcut_list())
+        QMessageBox.information(self, "gradexplorer: keyboard shortcuts",
+                                f"<table>{rows}</table><p>The compare and timeline windows close with "
+                                "Ctrl+W; the timeline also with Esc.</p>")
 
     def open_timeline(self, path: str | None = None) -> TimelineWindow | None:
         """Open a watch log or dataset capture in a timeline window of its own."""
@@ -377,13 +448,20 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Cancel every worker and wait for them (on close, and at the end of tests)."""
-        self.graph_panel.shutdown()
+        # The capture first: the other panels' waits must not wait on a run still going.
+        self.dataset_run.runner.cancel()
+        self.controller.shutdown()
         self.dataset_run.shutdown()
+        self.graph_panel.shutdown()
         for window in self.timeline_windows:
             window.view.shutdown()
-        self.controller.shutdown()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        running = ("A run" if self.controller.is_running()
+                   else "A run over a folder" if self.dataset_run.runner.is_busy() else None)
+        if running and not self.controller.unattended and not dialogs.confirm_close_during_run(self, running):
+            event.ignore()
+            return
         self.settings.set_geometry(self.saveGeometry())
         self.settings.set_value("window/splitter", [str(v) for v in self.splitter.sizes()])
         self.settings.sync()

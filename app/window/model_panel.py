@@ -4,9 +4,11 @@ with their weights and cache state, the demos, recent models, a checkpoint file 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -20,14 +22,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.app import dialogs
 from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.units import format_bytes
-from gradexplorer.models import trust_subject
 from gradexplorer.models.loaded_model import LoadedModel
-from gradexplorer.models.weights import ModelInfo
 from gradexplorer.pipeline.session import Session
+
+if TYPE_CHECKING:  # annotations only: torchvision, which weights.py imports, is not needed to start
+    from gradexplorer.models.weights import ModelInfo
 
 TASK_TITLES = {
     "classification": "Classification",
@@ -60,12 +64,15 @@ class ModelPanel(QWidget):
 
     load_requested = Signal(object)
     cancel_requested = Signal()
+    #: The panel was shown for the first time: its model list is wanted now.
+    first_shown = Signal()
 
     def __init__(self, session: Session, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
         self.settings = settings
         self._catalog: dict[str, ModelInfo] = {}
+        self._shown = False
         self._local_weights: str | None = None
 
         self.current_label = QLabel(self)
@@ -127,6 +134,12 @@ class ModelPanel(QWidget):
         self._fill([])
         session.model_changed.connect(self._on_model_model_changed)
         self._on_model_model_changed(session.model)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._shown:
+            self._shown = True
+            self.first_shown.emit()
 
     # -- catalog ---------------------------------------------------------------------------
     def set_catalog(self, catalog: list[ModelInfo]) -> None:
@@ -249,8 +262,11 @@ class ModelPanel(QWidget):
                     self.weights_combo.addItem(f"{w.split('.')[-1]}{cached}", w)
                 self.weights_combo.addItem("none (random init)", NO_WEIGHTS)
                 self.weights_combo.addItem("local weights file…", LOCAL_FILE)
-                if info.default_weights and info.default_weights not in info.cached and info.cached:
-                    self.weights_combo.setCurrentIndex(self.weights_combo.findData(info.cached[0]))
+                if info.default_weights and info.default_weights not in info.cached:
+                    # Offline is the case to serve: never open on weights that Load would
+                    # have to download without saying so. Cached ones first, else random.
+                    first = info.cached[0] if info.cached else NO_WEIGHTS
+                    self.weights_combo.setCurrentIndex(self.weights_combo.findData(first))
                 self.weights_combo.setEnabled(True)
             else:
                 self.weights_combo.addItem("built in" if spec and spec.startswith("demo:") else "as saved", None)
@@ -280,6 +296,13 @@ class ModelPanel(QWidget):
         spec = self.selected_spec()
         info = self._catalog.get(spec) if spec else None
         weights = self.selected_weights()
+        if info is not None and weights is None and self.weights_combo.currentData() == NO_WEIGHTS:
+            if info.default_weights and info.default_weights not in info.cached:
+                self.hint.setText("Pretrained weights are not cached here: pick them above to download "
+                                  "them, or a local weights file.")
+            else:
+                self.hint.setText("")
+            return
         if info is None or weights is None:
             self.hint.setText("")
             return
@@ -319,11 +342,11 @@ class ModelPanel(QWidget):
         self.load_requested.emit(ModelRequest(path, None, arch or None, False))
 
     def _on_factory(self) -> None:
-        text = dialogs.ask_text(self, "Python factory", "package.module:function or path/to/file.py:function")
+        text = dialogs.ask_factory(self)
         if not text:
             return
 
-        if not dialogs.confirm_trust(self, trust_subject(text),
+        if not dialogs.confirm_trust(self, models.trust_subject(text),
                                      "gradexplorer will import this module and call the function."):
             return
         self.load_requested.emit(ModelRequest(text, None, None, True))
@@ -359,15 +382,31 @@ class ModelPanel(QWidget):
             return
         tree = self.session.tree
         params = tree.root.total_params if tree is not None and "" in tree.nodes else 0
-        weights = model.weights or "random init"
-        if weights.startswith("file:"):
-            weights = "file " + weights[5:].rsplit("/", 1)[-1]
+        weights = model.weights_label
         shape = "×".join(str(d) for d in model.input_shape) if model.input_shape else "unknown"
         self.current_label.setText(
             f"<b>{model.name}</b> · {format_count(params)} parameters<br>"
             f"<span style='color:#6b7280'>weights: {weights} · input {shape} · {model.task}</span>")
         self.current_label.setToolTip("\n".join(model.notes) if model.notes else model.spec)
-        self.select_spec(model.spec)
+        if self.select_spec(model.spec):
+            self.show_weights(model.weights)
+
+    def show_weights(self, weights: str | None) -> None:
+        """Set the Weights box to what is loaded (``LoadedModel.weights``), not to a default."""
+        combo = self.weights_combo
+        if not combo.isEnabled():
+            return
+        with QSignalBlocker(combo):
+            if weights is None:
+                combo.setCurrentIndex(combo.findData(NO_WEIGHTS))
+            elif weights.startswith("file:"):
+                index = combo.findData(LOCAL_FILE)
+                self._local_weights = weights[5:]
+                combo.setItemText(index, f"file: {Path(weights[5:]).name}")
+                combo.setCurrentIndex(index)
+            elif combo.findData(weights) >= 0:
+                combo.setCurrentIndex(combo.findData(weights))
+        self._update_hint()
 
 
 def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:

@@ -8,12 +8,20 @@ argument) points everything at an INI file: tests and screenshots use a throwawa
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from PySide6.QtCore import QByteArray, QSettings
 
 RECENT_LIMIT = 10
 ENV_VAR = "GRADEXPLORER_SETTINGS"
+
+
+class RecentModel(NamedTuple):
+    """A model loaded before: what ``ModelRequest`` needs to load it the same way again."""
+
+    spec: str
+    weights: str | None
+    arch: str | None
 
 
 class AppSettings:
@@ -70,10 +78,28 @@ class AppSettings:
 
     def recent_models(self) -> list[str]:
         """Model specs, most recent first."""
-        return self._recent("recent/models")
+        return [entry.spec for entry in self.recent_model_entries()]
 
-    def add_recent_model(self, spec: str) -> None:
-        self._push_recent("recent/models", spec)
+    def recent_model_entries(self) -> list[RecentModel]:
+        """Models with the weights and architecture they were loaded with, most recent first."""
+        entries = []
+        for item in self._recent("recent/models"):
+            spec, weights, arch = (item.split("\t") + ["", ""])[:3]
+            entries.append(RecentModel(spec, weights or None, arch or None))
+        return entries
+
+    def add_recent_model(self, spec: str, weights: str | None = None, arch: str | None = None) -> None:
+        """Remember ``spec`` with its weights (``None``: random init) and architecture."""
+        item = "\t".join([spec, weights or "", arch or ""]).rstrip("\t")
+        items = [item] + [v for v in self._recent("recent/models") if v.split("\t")[0] != spec]
+        self.set_value("recent/models", items[:RECENT_LIMIT])
+
+    def recent_captures(self) -> list[str]:
+        """Capture files opened or saved, most recent first."""
+        return self._recent("recent/captures")
+
+    def add_recent_capture(self, path: str) -> None:
+        self._push_recent("recent/captures", path)
 
     def recent_inputs(self) -> list[str]:
         """Input sources (files, folders, ``random:...``), most recent first."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from gradexplorer.app.views.timeline_view import TimelineView
@@ -26,6 +26,7 @@ class TimelineWindow(QMainWindow):
         self.view = TimelineView()
         self.setCentralWidget(self.view)
         self.resize(1400, 900)
+        self._build_menu(standalone=parent is None)
         if path is None:
             return
         p = Path(path)
@@ -42,6 +43,21 @@ class TimelineWindow(QMainWindow):
         window.setWindowTitle(f"gradexplorer timeline: {name}")
         window.view.show_capture(cap, name)
         return window
+
+    def _build_menu(self, standalone: bool) -> None:
+        menu = self.menuBar().addMenu("&File")
+        self.close_action = QAction("&Close", self)
+        # Ctrl+W, and Esc: the window is a look at a log, with nothing to lose by closing it.
+        self.close_action.setShortcuts([QKeySequence("Ctrl+W"), QKeySequence("Esc")])
+        self.close_action.triggered.connect(self.close)
+        menu.addAction(self.close_action)
+        if standalone:
+            # Opened from the main window, its Ctrl+Q (an application shortcut) quits; a
+            # second Ctrl+Q here would make both ambiguous, and neither would fire.
+            self.quit_action = QAction("&Quit", self)
+            self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
+            self.quit_action.triggered.connect(self.close)
+            menu.addAction(self.quit_action)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.view.shutdown()

@@ -53,11 +53,46 @@ class TrustRequired(ModelLoadError):
 
 
 class WeightsUnavailable(ModelLoadError):
-    """Pretrained weights are neither cached nor downloadable right now."""
+    """Pretrained weights are neither cached nor downloadable right now.
+
+    Parameters
+    ----------
+    problem, fix : str
+        As for :class:`GradExplorerError` (the command line's words).
+    weights : str, optional
+        The weights' full name ("ResNet18_Weights.IMAGENET1K_V1").
+    cache_file : str, optional
+        Where the weights file is looked for; the window words its own next steps from
+        these two (buttons, not flags).
+    """
+
+    def __init__(self, problem: str, fix: str = "", *, weights: str = "", cache_file: str = "") -> None:
+        super().__init__(problem, fix)
+        self.weights = weights
+        self.cache_file = cache_file
 
 
 class BatchError(GradExplorerError):
     """The input batch could not be read or does not fit the model."""
+
+
+class UnreadableImages(BatchError):
+    """Some of the pictures of a batch cannot be read; the others can.
+
+    Parameters
+    ----------
+    problem, fix : str
+        As for :class:`GradExplorerError`.
+    paths : list of str
+        The unreadable files.
+    readable : int
+        How many of the batch's pictures can be read (the batch without the others).
+    """
+
+    def __init__(self, problem: str, fix: str = "", *, paths: list[str] | None = None, readable: int = 0) -> None:
+        super().__init__(problem, fix)
+        self.paths = list(paths or [])
+        self.readable = readable
 
 
 class CaptureError(GradExplorerError):

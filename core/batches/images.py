@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradexplorer.base.errors import BatchError, listing
+from gradexplorer.base.errors import BatchError, UnreadableImages, listing
 from gradexplorer.batches.labels import LabelSpec, parse_labels
 from gradexplorer.batches.paths import SOURCES_HINT, display_path, missing_source
 from gradexplorer.capturing.inputs import Batch
@@ -186,6 +186,7 @@ def load_images(
     preprocess: Callable[[Image.Image], torch.Tensor] | None = None,
     preprocess_description: str | None = None,
     labels: LabelSpec | None = None,
+    skip_unreadable: bool = False,
 ) -> Batch:
     """Read image files and folders into one preprocessed batch.
 
@@ -211,6 +212,9 @@ def load_images(
     labels : str, int, sequence or Tensor, optional
         Class indices, parsed with :func:`parse_labels` (indices only: names need the
         model's categories, which :func:`load_batch` supplies).
+    skip_unreadable : bool
+        Leave out the files that are not readable images (each named in
+        ``Batch.preprocessing``) when others are; without it they are refused together.
 
     Returns
     -------
@@ -231,13 +235,32 @@ def load_images(
         preprocess_description = preprocess_description or DEFAULT_PREPROCESS_DESCRIPTION
     preprocess_description = preprocess_description or "custom preprocess"
 
-    samples = [_ImageSample.read(path, preprocess) for path in files]
+    samples, unreadable = [], []
+    for path in files:
+        try:
+            samples.append(_ImageSample.read(path, preprocess))
+        except _UnreadableFile as exc:
+            unreadable.append((path, exc.error))
+    if unreadable and not samples:
+        raise unreadable[0][1]
+    if unreadable and not skip_unreadable:
+        names = [str(path) for path, _ in unreadable]
+        reasons = "; ".join(exc.problem.rstrip(";") for _, exc in unreadable[:3])
+        raise UnreadableImages(
+            f"{len(unreadable)} of the {len(files)} pictures cannot be read ({reasons});",
+            f"remove {'it' if len(unreadable) == 1 else 'them'} from the inputs, or go on without "
+            f"{'it' if len(unreadable) == 1 else 'them'} ({len(samples)} pictures): --skip-unreadable.",
+            paths=names, readable=len(samples),
+        )
+    files = [sample.path for sample in samples]
     _check_one_shape(samples)
     steps = [
         f"{note} ({listing(names, 3)})" if len(names) < len(files) else note
         for note, names in _notes_by_kind(samples).items()
     ]
     steps.append(preprocess_description)
+    if unreadable:
+        steps.insert(0, f"left out, unreadable: {listing([path.name for path, _ in unreadable], 5)}")
     batch = Batch(
         tensor=torch.stack([sample.tensor for sample in samples]),
         labels=None,
@@ -263,7 +286,10 @@ class _ImageSample:
 
     @classmethod
     def read(cls, path: Path, preprocess: Callable[[Image.Image], torch.Tensor]) -> _ImageSample:
-        rgb, notes = _read_image(path)
+        try:
+            rgb, notes = _read_image(path)
+        except BatchError as exc:
+            raise _UnreadableFile(exc) from exc
         try:
             sample = preprocess(rgb)
         except Exception as exc:
@@ -277,6 +303,15 @@ class _ImageSample:
                 "end the preprocess with a conversion to tensor (transforms.ToTensor()).",
             )
         return cls(path, sample.detach(), _shrunk_copy(rgb), notes)
+
+
+class _UnreadableFile(Exception):
+    """A file that is not a readable image (its ``BatchError`` inside), told apart from a
+    preprocess that fails on a readable one."""
+
+    def __init__(self, error: BatchError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _check_one_shape(samples: list[_ImageSample]) -> None:

@@ -38,6 +38,7 @@ def load_batch(
     sources: Sequence[str],
     model: LoadedModel | None = None,
     labels: str | None = None,
+    skip_unreadable: bool = False,
 ) -> Batch:
     """Make a batch from what the user gave on the command line or in the GUI.
 
@@ -61,6 +62,9 @@ def load_batch(
     labels : str, optional
         Class indices or names, e.g. ``"3,1,0"`` or ``"tabby"``; they replace labels
         that came with the batch.
+    skip_unreadable : bool
+        Among pictures, leave out those that cannot be read (see :func:`load_images`);
+        without it, ``UnreadableImages`` names them.
 
     Returns
     -------
@@ -87,7 +91,7 @@ def load_batch(
         _refuse_tensor_files_among(sources)
         batch = None
     if batch is None:
-        batch = _images(sources, model)
+        batch = _images(sources, model, skip_unreadable)
 
     if labels is not None and str(labels).strip():
         batch.labels = parse_labels(
@@ -188,7 +192,7 @@ def _refuse_tensor_files_among(sources: list[str]) -> None:
         )
 
 
-def _images(sources: list[str], model: LoadedModel | None) -> Batch:
+def _images(sources: list[str], model: LoadedModel | None, skip_unreadable: bool = False) -> Batch:
     for source in sources:
         if not Path(source).expanduser().exists():
             raise missing_source(source)
@@ -204,5 +208,6 @@ def _images(sources: list[str], model: LoadedModel | None) -> Batch:
             "or a random batch.",
         )
     if model is not None and model.preprocess is not None:
-        return load_images(sources, model.preprocess, model.preprocess_description)
-    return load_images(sources)
+        return load_images(sources, model.preprocess, model.preprocess_description,
+                           skip_unreadable=skip_unreadable)
+    return load_images(sources, skip_unreadable=skip_unreadable)

@@ -287,7 +287,8 @@ def output_keys(output: Any) -> list[str]:
     return []
 
 
-def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target) -> str | None:
+def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target, *,
+                    window: bool = False) -> str | None:
     """What to tell the user when a class target reads a 3-D output, whose class axis is a guess.
 
     Class targets (``top1``, ``class:N``, ``cross_entropy``) take dim 1 as the classes, as for
@@ -299,6 +300,8 @@ def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target) 
     output_shape : tuple of int or None
         The shape of the output the target reads.
     target : str or Target
+    window : bool
+        Word the fix for the window ("set Classes on to last dim") rather than the command line.
 
     Returns
     -------
@@ -311,8 +314,9 @@ def class_axis_note(output_shape: tuple[int, ...] | None, target: str | Target) 
         return None
     b, c, n = output_shape
     last = Target(t.kind, t.class_index, t.output_key, -1)
+    fix = "set 'Classes on' to 'last dim'" if window else f"use --target {last}"
     return (f"the output ({b}, {c}, {n}) is read as (batch, {c} classes, {n} positions): {t} picks along "
-            f"dim 1; if it is per-token logits (batch, length, vocab), use --target {last}.")
+            f"dim 1; if it is per-token logits (batch, length, vocab), {fix}.")
 
 
 def target_scalar(

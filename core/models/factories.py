@@ -73,6 +73,14 @@ def describe_factory(factory: FactorySpec) -> str:
     return f"the Python module {factory.target} ({where}), {call}"
 
 
+def factory_name(factory: FactorySpec) -> str:
+    """The model's display name: where the factory lives and its name ("nets.build" for
+    nets.py:build), since a function's name alone ("build", "make") tells models apart
+    no better than "model" would."""
+    where = Path(factory.target).stem if factory.target.endswith(".py") else factory.target
+    return f"{where}.{factory.attr}"
+
+
 def load_factory(
     spec: str, factory: FactorySpec, *, trust: bool, weights: str | None
 ) -> LoadedModel:
@@ -122,7 +130,7 @@ def load_factory(
     return LoadedModel(
         module=result.eval(),
         spec=spec,
-        name=factory.attr,
+        name=factory_name(factory),
         weights=label,
         input_shape=declared_input_shape(result),
         task="other",

@@ -40,6 +40,67 @@ def check_file(path: Path, what: str) -> None:
         )
 
 
+#: First bytes of files people mistake for checkpoints, and what each is in words.
+_MAGIC = (
+    (b"\x89PNG", "a PNG picture"),
+    (b"\xff\xd8\xff", "a JPEG picture"),
+    (b"GIF8", "a GIF picture"),
+    (b"%PDF", "a PDF document"),
+    (b"\x89HDF", "an HDF5 file (Keras and TensorFlow save models in it)"),
+    (b"\x1f\x8b", "a gzip-compressed file"),
+    (b"\x08", "an ONNX or other protobuf file"),
+)
+
+#: What a model or weights file should be, for messages about a file that is not one.
+EXPECTED_CHECKPOINT = (
+    "a file written by torch.save (a state dict, .pth, or a whole model, .pt) or by "
+    "torch.export.save (.pt2)"
+)
+
+
+def file_kind(path: Path) -> str | None:
+    """What ``path`` is, in words, when its first bytes show it is no PyTorch checkpoint
+    ("a text file that begins 'hello world'", "a PNG picture"); ``None`` when it could be
+    one (a zip archive or a pickle, which ``torch.load`` reads) or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None
+    if head[:2] == b"PK" or head[:1] == b"\x80":  # torch.save's zip; a pickle (protocol 2+)
+        return None
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000:
+        return "a safetensors file"
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data in no format gradexplorer knows"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not first:
+        return "a text file of blank lines"
+    shown = first if len(first) <= 40 else first[:37] + "..."
+    return f"a text file that begins '{shown}'"
+
+
+def not_a_checkpoint(path: Path, what: str, reason: str) -> ModelLoadError:
+    """The refusal of a file ``torch.load`` cannot read: what the file is, when its first
+    bytes tell, and what was expected; else torch's ``reason``."""
+    kind = file_kind(path)
+    if kind is not None:
+        return ModelLoadError(
+            f"The {what} '{path}' is {kind}, not a PyTorch checkpoint.",
+            f"Give {EXPECTED_CHECKPOINT}.",
+        )
+    return ModelLoadError(
+        f"The {what} '{path}' cannot be read as a PyTorch checkpoint ({reason}): it looks like "
+        "one but is damaged or cut short.",
+        "Check that the file is complete and was written by torch.save.",
+    )
+
+
 def zip_members(path: Path) -> list[str] | None:
     """The member names of a zip archive (every ``torch.save`` file), or None for others."""
     try:

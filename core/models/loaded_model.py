@@ -51,6 +51,10 @@ class LoadedModel:
     text_padding : str
         Where a batch of texts is padded: ``"right"``, or ``"left"`` for a causal language
         model (so that the last position is every sample's last token).
+    init_seed : int or None
+        The seed gradexplorer drew random initial weights from (``weights`` is ``None``
+        and the architecture was built here), so that loading again gives the same model;
+        ``None`` when the weights came from elsewhere.
     """
 
     module: nn.Module
@@ -66,3 +70,13 @@ class LoadedModel:
     tokenizer: Any = None
     default_target: str | None = None
     text_padding: str = "right"
+    init_seed: int | None = None
+
+    @property
+    def weights_label(self) -> str:
+        """The weights in words: "random init, seed 0", "file w.pth", an enum name."""
+        if self.weights is None:
+            return "random init" if self.init_seed is None else f"random init, seed {self.init_seed}"
+        if self.weights.startswith("file:"):
+            return "file " + self.weights[5:].replace("\\", "/").rsplit("/", 1)[-1]
+        return self.weights

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torchvision
 
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.files.capture_file import FORMAT as CAPTURE_FORMAT
@@ -30,19 +29,36 @@ from gradexplorer.models.files import (
     torchscript_error,
     zip_members,
 )
-from gradexplorer.models.hf_models import hf_spec, load_hf
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.pickles import load_export, pickled_module, read_checkpoint
 from gradexplorer.models.state_dicts import find_state_dict
-from gradexplorer.models.timm_models import is_timm_spec, load_timm
-from gradexplorer.models.torchvision_models import (
-    load_torchvision,
-    load_with_arch,
-    torchvision_name,
-)
-from gradexplorer.models.weights import model_task
 
 __all__ = ["load_model", "check_capturable", "trust_subject"]
+
+
+def hf_spec(text: str) -> str | None:
+    """The repository or folder of an ``hf:`` spec, or None (``hf_models.hf_spec``)."""
+    # Imported on first use, as torchvision is: the model catalogs these modules build
+    # import torchvision, which the first window does not need.
+    from gradexplorer.models.hf_models import hf_spec as spec_of
+
+    return spec_of(text)
+
+
+def is_timm_spec(text: str) -> bool:
+    """Whether ``text`` names a timm model (``timm_models.is_timm_spec``)."""
+    from gradexplorer.models.timm_models import is_timm_spec as is_timm
+
+    return is_timm(text)
+
+
+def torchvision_name(text: str) -> str | None:
+    """torchvision's name for ``text``, or None (``torchvision_models.torchvision_name``)."""
+    # torchvision is imported on first use here and below: it takes seconds and about
+    # 200 MiB to import, and the demos (the window's first model) need none of it.
+    from gradexplorer.models.torchvision_models import torchvision_name as name_of
+
+    return name_of(text)
 
 
 def load_model(
@@ -119,6 +135,8 @@ def load_model(
         return load_demo(text)
     if hf_spec(text) is not None:
         _refuse_extras(text, weights=weights, arch=arch)
+        from gradexplorer.models.hf_models import load_hf
+
         return load_hf(text, hf_class=hf_class, trust=trust, progress=progress)
     if hf_class is not None:
         raise ModelLoadError(f"--hf-class goes only with an hf: model, not '{text}'.",
@@ -126,11 +144,15 @@ def load_model(
 
     if is_timm_spec(text):
         _refuse_extras(text, arch=arch)
+        from gradexplorer.models.timm_models import load_timm
+
         return load_timm(text, weights=weights, progress=progress)
 
     name = torchvision_name(text)
     if name is not None:
         _refuse_extras(text, arch=arch)
+        from gradexplorer.models.torchvision_models import load_torchvision
+
         return load_torchvision(name, weights=weights, progress=progress)
 
     factory = parse_factory(text)
@@ -161,6 +183,10 @@ def check_capturable(spec: str) -> None:
     ModelLoadError
         ``spec`` names a detection model; the message says what to choose instead.
     """
+    if spec.strip().startswith("demo:"):
+        return
+    from gradexplorer.models.weights import model_task
+
     name = torchvision_name(spec)
     if name is None or model_task(name) != "detection":
         return
@@ -205,6 +231,8 @@ def trust_subject(spec: str) -> str:
 
 
 def _unknown_spec(text: str) -> ModelLoadError:
+    import torchvision
+
     names = torchvision.models.list_models()
     suggestions = difflib.get_close_matches(
         text.lower(), [*names, "demo:shapes", "demo:seed-mlp"], n=3, cutoff=0.6
@@ -259,4 +287,6 @@ def _load_file(path: Path, *, spec: str, arch: str | None, trust: bool) -> Loade
             "Give its torchvision architecture too, e.g. --arch resnet18 (in the window, "
             "choose it when opening the file).",
         )
+    from gradexplorer.models.torchvision_models import load_with_arch
+
     return load_with_arch(path, state, spec=spec, arch=arch)

@@ -16,7 +16,7 @@ from torch import nn
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired, listing
 from gradexplorer.files.pickle_scan import refusal, short_reason
-from gradexplorer.models.files import import_path
+from gradexplorer.models.files import import_path, not_a_checkpoint
 from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 
@@ -56,10 +56,7 @@ def read_checkpoint(path: Path, *, trust: bool) -> object:
         safe_error = exc
     refused = refusal(path, safe_error)
     if refused is None:
-        raise ModelLoadError(
-            f"'{path}' cannot be read as a PyTorch checkpoint: {short_reason(safe_error)}",
-            "Check that the file is complete and was written by torch.save.",
-        ) from safe_error
+        raise not_a_checkpoint(path, "model file", short_reason(safe_error)) from safe_error
     if not trust:
         raise TrustRequired(
             f"Loading '{path}' would run code: {refused.reason()}; it holds pickled Python "

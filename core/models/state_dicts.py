@@ -13,7 +13,7 @@ from torch import nn
 
 from gradexplorer.base.errors import ModelLoadError, listing
 from gradexplorer.files.pickle_scan import Refusal, holds_inert, is_dangerous, load_inert, refusal, short_reason
-from gradexplorer.models.files import check_file
+from gradexplorer.models.files import check_file, not_a_checkpoint
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
@@ -95,11 +95,7 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
     except Exception as exc:  # damaged and unsafe files raise many different types
         refused = refusal(path, exc)
         if refused is None:
-            raise ModelLoadError(
-                f"The weights file '{path}' cannot be read as a PyTorch checkpoint: "
-                f"{short_reason(exc)}",
-                "Check that the file is complete and was written by torch.save.",
-            ) from exc
+            raise not_a_checkpoint(path, "weights file", short_reason(exc)) from exc
         state = _state_dict_despite(path, refused)
         if state is not None:
             return state

@@ -85,6 +85,10 @@ def unknown_architecture(arch: str) -> ModelLoadError:
     )
 
 
+#: The seed of random initial weights (``--weights none``), said wherever the weights are named.
+RANDOM_INIT_SEED = 0
+
+
 def load_torchvision(
     name: str,
     *,
@@ -119,9 +123,12 @@ def load_torchvision(
             module, refit_notes = fit_torchvision(name, module, weights_path)
             label = f"file:{weights_path}"
             notes.extend(refit_notes)
-    return _described(
+    loaded = _described(
         name, module, spec=name, name_shown=name, weights=chosen, label=label, notes=notes
     )
+    if label is None:
+        loaded.init_seed = RANDOM_INIT_SEED
+    return loaded
 
 
 def load_with_arch(
@@ -219,7 +226,11 @@ def build(
     """
     builder = torchvision.models.get_model_builder(name)
     kwargs = {**_builder_kwargs(name, builder, weights), **extra}
-    with _safe_state_dicts(weights, weights_path), warnings.catch_warnings():
+    # Random initial weights are drawn from one seed, so that loading the model again gives
+    # the same model (and the same gradients); the caller's random state is left as it was.
+    with _safe_state_dicts(weights, weights_path), warnings.catch_warnings(), \
+            torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_INIT_SEED)
         # Quantized builders go through torch.ao.quantization and quantized storages, both
         # deprecated upstream; nothing the user can act on.
         for message in _UPSTREAM_DEPRECATIONS:

@@ -412,4 +412,5 @@ def _unavailable(weights: WeightsEnum, reason: str) -> WeightsUnavailable:
         f"{reason}. gradexplorer looks for them in the cache folder {target.parent}.",
         f"Connect to the internet and try again, or copy {target.name} to {target}, "
         f"or pass --weights /path/to/{target.name}.",
+        weights=weights_name(weights), cache_file=str(target),
     )

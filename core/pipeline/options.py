@@ -47,12 +47,16 @@ class BatchSpec:
     texts : tuple of str
         Texts, one sample each, tokenised with the model's tokenizer (``--text``); a
         ``.txt`` file among them gives one sample per line.
+    skip_unreadable : bool
+        Leave out pictures that cannot be read, when others can (``--skip-unreadable``);
+        without it they are refused, by name.
     """
 
     inputs: tuple[str, ...] = ()
     random: str | None = None
     demo: bool = False
     texts: tuple[str, ...] = ()
+    skip_unreadable: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, bytes)):

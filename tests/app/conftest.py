@@ -42,9 +42,22 @@ def shown_errors(monkeypatch):
     """Replace the error dialog: every error shown is appended here instead."""
     from gradexplorer.app.window import error_dialog
 
-    errors: list[tuple[str, BaseException]] = []
-    monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: errors.append((title, exc)))
+    errors = ShownErrors()
+
+    def record(parent, title, exc, **offered):
+        errors.append((title, exc))
+        errors.offered.append(offered)
+
+    monkeypatch.setattr(error_dialog, "show_error", record)
     return errors
+
+
+class ShownErrors(list):
+    """``(title, exception)`` of each error shown; ``offered``: the buttons and words with each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[dict] = []
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +69,7 @@ def _no_modal_dialogs(monkeypatch):
         raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
-                 "ask_item", "confirm_trust", "run_modal"):
+                 "ask_item", "confirm_trust", "confirm_close_during_run", "ask_factory",
+                 "confirm_skip_unreadable", "run_modal"):
         monkeypatch.setattr(dialogs, name, refuse)
     yield

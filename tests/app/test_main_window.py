@@ -208,7 +208,7 @@ def test_factory_with_trust_confirmation(qtbot, window, monkeypatch, tmp_path):
         "def make():\n"
         "    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))\n")
     asked = []
-    monkeypatch.setattr(dialogs, "ask_text", lambda *a, **k: f"{factory}:make")
+    monkeypatch.setattr(dialogs, "ask_factory", lambda *a, **k: f"{factory}:make")
     monkeypatch.setattr(dialogs, "confirm_trust", lambda parent, what, why: asked.append(what) or True)
     with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
         window.model_panel.factory_button.click()

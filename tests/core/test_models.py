@@ -433,7 +433,7 @@ def test_factory_file_with_trust(factory_file):
     loaded = load_model(f"{path}:make", trust=True)
     assert isinstance(loaded.module, nn.Linear) and loaded.module.in_features == 5
     assert not loaded.module.training
-    assert loaded.name == "make" and loaded.spec == f"{path}:make"
+    assert loaded.name == f"{path.stem}.make" and loaded.spec == f"{path}:make"  # named by its file too
     assert marker.exists()
     assert str(path.parent) not in __import__("sys").path  # put back after the import
 
