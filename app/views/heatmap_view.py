@@ -27,7 +27,8 @@ from gradexplorer.analysis.heatmaps import (
     layout_of,
     symmetric_levels,
 )
-from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
+from gradexplorer.app.views.plot_style import ScaleBar, image_plot, set_axis_title, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
 from gradexplorer.pipeline.view_state import ViewState
 
@@ -42,6 +43,17 @@ def _fmt(v: float) -> str:
     if not math.isfinite(v):
         return str(v)
     return f"{v:.4g}"
+
+
+def scale_title(kind: str, display: str, reduce: str) -> str:
+    """What the heatmap's colours measure, with its unit, for its colour bar."""
+    quantity = {"grad_output": "gradient ∂L/∂y", "activation": "activation y",
+                "grad_x_activation": "gradient × activation"}.get(kind, TENSOR_LABELS.get(kind, kind))
+    unit = {"grad_output": "loss per unit of y", "activation": "layer output",
+            "grad_x_activation": "loss units"}.get(kind, "")
+    if display == "reduce":
+        quantity = f"{dict(_REDUCTIONS)[reduce]} of {quantity}"
+    return f"{quantity} ({unit})" if unit else quantity
 
 
 class HeatmapView(CaptureView):
@@ -96,19 +108,17 @@ class HeatmapView(CaptureView):
         controls.addWidget(self.time_mean)
         controls.addStretch(0)
 
-        self.layout_label = QLabel()
+        self.layout_label = wrap_label(QLabel())
         self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label = QLabel(" ")
+        self.hover_label = ElidedLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
 
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.plot, self.image = image_plot(self.plot_widget.ci)
-        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False,
-                                        width=16, pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar = ScaleBar(scale_title("grad_output", "topk", "mean"))
         self.colorbar.setImageItem(self.image, insert_in=self.plot)
-        self.colorbar.getAxis("right").setTextPen(FOREGROUND)
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
 
         v = QVBoxLayout(content)
@@ -249,8 +259,8 @@ class HeatmapView(CaptureView):
         lay = layout_of(t.shape, ctx.input_shape)
         self._sync_visibility(lay)
         tokens = lay.kind == "matrix"  # a sequence: rows are tokens, columns channels
-        self.plot.setLabel("left", "token" if tokens else None)
-        self.plot.setLabel("bottom", "channel" if tokens else None)
+        set_axis_title(self.plot, "left", "token" if tokens else None)
+        set_axis_title(self.plot, "bottom", "channel" if tokens else None)
         if lay.has_channels:
             top = lay.channels - 1
             for w in (self.channel_slider, self.channel_spin):
@@ -284,10 +294,9 @@ class HeatmapView(CaptureView):
             signed = is_signed(hm.array)
         self._signed = signed
         lo, hi = symmetric_levels(hm.array, signed=signed)
-        cmap = colormap(signed)
         self.image.setImage(hm.array, autoLevels=False, levels=(lo, hi))
-        self.colorbar.setColorMap(cmap)
-        self.colorbar.setLevels((lo, hi))
+        self.colorbar.set_range(lo, hi, signed=signed)
+        self.colorbar.set_title(scale_title(kind, hm.display, reduce))
         rows, cols = hm.array.shape
         # Square cells for pictures; a tokens × channels matrix fills the plot instead (a 7×16
         # sequence drawn with square cells is a thin strip between empty margins).

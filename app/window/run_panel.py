@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app.run_worker import Progress, TaskRunner
+from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
@@ -147,7 +148,7 @@ class RunPanel(QWidget):
         self.status_label = QLabel(self)
         self.status_label.setObjectName("hint")
         self.status_label.setWordWrap(True)
-        self.memory_label = QLabel(self)
+        self.memory_label = wrap_label(QLabel(self))
         self.memory_label.setObjectName("memoryEstimate")
         self.memory_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.budget_label = QLabel(self)
