@@ -40,7 +40,8 @@ class ElidedLabel(QLabel):
         super().__init__(parent)
         self._full = ""
         self._mode = mode
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        # Preferred: its whole text when there is room; minimumSizeHint lets it shrink.
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.setMinimumWidth(MIN_WIDTH)
         self.setText(text)
 

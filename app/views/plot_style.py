@@ -110,6 +110,8 @@ class ScaleBar(pg.ColorBarItem):
         # The end labels sit at the bar's very ends: pyqtgraph would hide them as overlapping.
         axis.setStyle(hideOverlappingLabels=False, tickTextOffset=4)
         axis.setWidth(78)
+        # The end labels state the values; a "(x1e-06)" added to the title would rescale them.
+        axis.enableAutoSIPrefix(False)
         self.set_title(title)
         self.set_range(*self.values)
 

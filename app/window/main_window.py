@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
@@ -49,6 +49,24 @@ if TYPE_CHECKING:  # annotations only (both are imported on first use)
     from gradexplorer.app.window.timeline_window import TimelineWindow
 
 DEFAULT_SIZE = QSize(1500, 950)
+
+
+def clamp_to_screen(window: QWidget) -> None:
+    """Keep a restored window on the screen it opens on: a geometry saved on a larger or
+    another screen (or while the window was too wide) would put its panels out of reach."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None or window.isMaximized() or window.isFullScreen():
+        return
+    room = screen.availableGeometry()
+    frame = window.frameGeometry()
+    extra_w, extra_h = frame.width() - window.width(), frame.height() - window.height()
+    width = min(window.width(), room.width() - extra_w)
+    height = min(window.height(), room.height() - extra_h)
+    window.resize(max(width, 1), max(height, 1))
+    frame = window.frameGeometry()
+    x = min(max(frame.x(), room.left()), room.right() + 1 - frame.width())
+    y = min(max(frame.y(), room.top()), room.bottom() + 1 - frame.height())
+    window.move(max(x, room.left()), max(y, room.top()))
 
 
 class MainWindow(QMainWindow):
@@ -267,6 +285,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
+            clamp_to_screen(self)
         sizes = self.settings.value("window/splitter", list, [])
         try:
             if len(sizes) == 3:

@@ -149,6 +149,8 @@ class RunPanel(QWidget):
         self.status_label.setObjectName("hint")
         self.status_label.setWordWrap(True)
         self.memory_label = wrap_label(QLabel(self))
+        # On its own row, under the buttons: beside the Run button its width changed with
+        # the estimate ("statistics only" shortens it), and the Run button moved.
         self.memory_label.setObjectName("memoryEstimate")
         self.memory_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.budget_label = QLabel(self)
@@ -193,13 +195,13 @@ class RunPanel(QWidget):
         self._form = form
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 2)
-        buttons.addWidget(self.memory_label, 0)
         buttons.addWidget(self.cancel_button, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
         layout.addLayout(form)
         layout.addLayout(buttons)
+        layout.addWidget(self.memory_label)
         layout.addWidget(self.budget_label)
         layout.addWidget(self.progress)
         layout.addWidget(self.status_label)

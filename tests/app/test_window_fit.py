@@ -168,3 +168,57 @@ def test_timeline_window_fits_1280x800(qtbot, resnet_files):
     qtbot.wait(300)
     fit(qtbot, w)
     w.close()
+
+
+def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
+    """A geometry saved on a bigger screen (or off to the side) opens inside this one."""
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+    from tests.app.conftest import CPU
+
+    settings = AppSettings(str(tmp_path / "s.ini"))
+    big = MainWindow(settings=settings, devices=CPU, restore_geometry=False)
+    qtbot.addWidget(big)
+    big.setGeometry(3000, 2000, 2400, 1500)
+    settings.set_geometry(big.saveGeometry())
+    big.shutdown()
+    w = MainWindow(settings=settings, devices=CPU)
+    qtbot.addWidget(w)
+    room = w.screen().availableGeometry()
+    # Never smaller than the window can be: the clamp stops at its minimum size.
+    assert w.width() <= max(room.width(), w.minimumSizeHint().width())
+    assert w.height() <= max(room.height(), w.minimumSizeHint().height())
+    assert room.contains(w.frameGeometry().topLeft())
+    w.shutdown()
+
+
+def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
+    demo.show()
+    QApplication.processEvents()
+    panel = demo.run_panel
+    before = panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()
+    full_estimate = panel.memory_label.text()
+    panel.stats_radio.click()
+    qtbot.waitUntil(lambda: panel.memory_label.text() != full_estimate, timeout=TIMEOUT)
+    QApplication.processEvents()
+    assert demo.session.mode == "stats"
+    assert (panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()) == before
+    panel.full_radio.click()
+    QApplication.processEvents()
+    assert (panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()) == before
+
+
+def test_the_module_column_takes_the_room_there_is(qtbot, demo):
+    from gradexplorer.app.window.module_tree_view import COL_NAME
+
+    demo.show()
+    tree = demo.tree_view
+    demo.splitter.setSizes([700, 520, 280])
+    QApplication.processEvents()
+    header = tree.header()
+    used = sum(header.sectionSize(c) for c in range(header.count()) if not header.isSectionHidden(c))
+    assert header.sectionSize(COL_NAME) > tree.NAME_WIDTH
+    assert abs(used - tree.viewport().width()) <= 2  # no empty band beside the columns
+    demo.splitter.setSizes([300, 920, 280])
+    QApplication.processEvents()
+    assert header.sectionSize(COL_NAME) == tree.NAME_WIDTH  # narrow: it scrolls instead
