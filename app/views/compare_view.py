@@ -14,7 +14,7 @@ import numpy as np
 import pyqtgraph as pg
 import torch
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QFontMetrics
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -37,6 +37,7 @@ from gradexplorer.app.views.plot_style import (
     FOREGROUND,
     MUTED,
     SELECTED_COLOUR,
+    LayerAxis,
     Log10Axis,
     ScaleBar,
     image_plot,
@@ -156,6 +157,8 @@ class CompareView(QWidget):
                 # Zooming or panning one picture moves the others: same pixels side by side.
                 plot.setXLink(self.plots[0])
                 plot.setYLink(self.plots[0])
+        for plot in self.plots:
+            plot.vb.sigResized.connect(self._frame_pictures)
         # One colour bar for all three pictures: one symmetric scale.
         self.colorbar = ScaleBar("A, B and A − B (the tensor's unit)", width=14)
         self.colorbar.setImageItem(self.images, insert_in=self.plots[-1])
@@ -179,9 +182,13 @@ class CompareView(QWidget):
             self.flow_kind.addItem(label, key)
         self.flow_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.flow_widget)
-        self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left")})
+        # Whole layer names, as many as fit at the present zoom (never overlapping).
+        self.layer_axes = (LayerAxis("bottom"), LayerAxis("bottom"))
+        self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left"),
+                                                                              "bottom": self.layer_axes[0]})
         self.ratio_axis = Log10Axis("left")
-        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis})
+        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis,
+                                                                               "bottom": self.layer_axes[1]})
         for p in (self.flow_plot, self.ratio_plot):
             p.setMenuEnabled(False)
             p.hideButtons()
@@ -413,12 +420,23 @@ class CompareView(QWidget):
         self.colorbar.set_title(f"{dict(_TENSORS)[kind]}: A, B and A − B")
         # The pictures' own extent, not autoRange: before the first layout (the window just
         # opened) autoRange framed them in a view of the default size, drawing them tiny.
-        rows, cols = a.array.shape[:2]
-        self.plots[0].setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
+        self._extent = a.array.shape[:2]
+        self._frame_pictures()
         kd = c.kinds.get(kind)
         rel = f"rel L2 {_fmt(kd.divergence)}" if kd is not None else ""
         what = dict(_TENSORS)[kind]
         self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; one scale ±{_fmt(hi)}")
+
+    def _frame_pictures(self, *_: object) -> None:
+        """Frame A, B and A − B on their own extent. Called again when the plots change
+        size: drawn before the window's first layout, the locked aspect of a tiny plot had
+        stretched the range (pictures drawn small inside axes from -300 to 500)."""
+        extent = getattr(self, "_extent", None)
+        if extent is None:
+            return
+        rows, cols = extent
+        for plot in self.plots:
+            plot.vb.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
 
     def difference_gain(self) -> float:
         """The factor the A − B picture is multiplied by (1 unless "amplify" is on): the
@@ -457,11 +475,9 @@ class CompareView(QWidget):
         self.ratio_one.setValue(0.0 if self.ratio_log else 1.0)
         self.ratio_curve.setData(x, ratio_logs if self.ratio_log else np.asarray(fc.ratio, dtype=float),
                                  connect="finite")
-        step = max(1, len(fc.names) // 12)
-        ticks = [(i, ".".join(fc.names[i].split(".")[-2:]) if len(fc.names[i]) > 14 else fc.names[i])
-                 for i in range(0, len(fc.names), step)]
-        for p in (self.flow_plot, self.ratio_plot):
-            p.getAxis("bottom").setTicks([ticks, [(i, "") for i in range(len(fc.names))]])
+        metrics = QFontMetrics(self.flow_widget.font())
+        for axis in self.layer_axes:
+            axis.set_names(fc.names, metrics)
         self.flow_plot.setXRange(-0.5, max(len(fc.names), 1) - 0.5, padding=0.01)
         set_axis_title(self.flow_plot, "left", "L2 norm")
         self._mark_flow()

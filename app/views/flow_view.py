@@ -26,6 +26,7 @@ from gradexplorer.app.views.plot_style import (
     MUTED,
     SELECTED_COLOUR,
     SELECTED_OUTLINE,
+    LayerAxis,
     Log10Axis,
     set_axis_title,
     style_plot,
@@ -49,46 +50,6 @@ FLAG_RULE_SHORT = (f"vanishing / exploding: RMS gradient below {VANISHING_RATIO:
 FLAG_RULE = (FLAG_RULE_SHORT + " A layer whose gradients are all small, among neighbours equally small, is ok; "
              "zero: every gradient value is 0; no gradient: none reached the layer; nan/inf: a value is "
              "not finite.")
-
-
-class LayerAxis(pg.AxisItem):
-    """The flow chart's layer axis: whole layer names, as many as fit at the present zoom.
-
-    Labels are chosen from the visible range each time the view changes, so zooming in
-    names every bar (as TensorBoard's scalars do) and no label is ever cut or overlaps.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.names: list[str] = []
-        self._widths: list[int] = []
-        self._step = 1.0
-
-    def set_names(self, names: list[str], metrics: QFontMetrics) -> None:
-        self.names = list(names)
-        self._widths = [metrics.horizontalAdvance(n) for n in self.names]
-        self.picture = None
-        self.update()
-
-    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:  # pyqtgraph's
-        n = len(self.names)
-        if n == 0 or maxVal <= minVal or size <= 0:
-            return []
-        first, last = max(0, math.ceil(minVal)), min(n - 1, math.floor(maxVal))
-        if last < first:
-            return []
-        px_per_bar = size / (maxVal - minVal)
-        widest = max(self._widths[first:last + 1])
-        step = max(1, math.ceil((widest + 14) / px_per_bar))
-        self._step = float(step)
-        major = [float(i) for i in range(first - first % step, last + 1, step) if i >= first]
-        minor = [float(i) for i in range(first, last + 1)] if step > 1 and px_per_bar >= 3 else []
-        return [(float(step), major), (1.0, minor)] if minor else [(float(step), major)]
-
-    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        if spacing != self._step:
-            return [""] * len(values)  # the unlabelled ticks between labelled bars
-        return [self.names[int(v)] if 0 <= int(v) < len(self.names) else "" for v in values]
 
 
 class GradientFlowView(QWidget):

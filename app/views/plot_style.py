@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import pyqtgraph as pg
+from PySide6.QtGui import QFontMetrics
 
 #: Signed data (gradients): blue - white - red, symmetric levels around zero.
 DIVERGING = "CET-D1"
@@ -176,6 +177,55 @@ class IntegerAxis(pg.AxisItem):
         whole = [(spacing, offset) for spacing, offset in super().tickSpacing(minVal, maxVal, size)
                  if spacing >= 1 and float(spacing).is_integer()]
         return whole or [(1.0, 0.0)]
+
+
+class LayerAxis(pg.AxisItem):
+    """The flow chart's layer axis: whole layer names, as many as fit at the present zoom.
+
+    Labels are chosen from the visible range each time the view changes, so zooming in
+    names every bar (as TensorBoard's scalars do) and no label is ever cut or overlaps.
+    """
+
+    def __init__(self, *args: Any, offset: float = 0.0, **kwargs: Any) -> None:
+        """``offset``: where name ``i`` sits is ``i + offset`` (0.5: cell centres of an image)."""
+        super().__init__(*args, **kwargs)
+        self.names: list[str] = []
+        self._widths: list[int] = []
+        self._line = 12
+        self._step = 1.0
+        self._offset = offset
+
+    def set_names(self, names: list[str], metrics: QFontMetrics) -> None:
+        """The names of the bars or points at 0, 1, 2...; ``metrics``: the font they are drawn in."""
+        self.names = list(names)
+        self._widths = [metrics.horizontalAdvance(n) for n in self.names]
+        self._line = metrics.height()
+        self.picture = None
+        self.update()
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:  # pyqtgraph's
+        n = len(self.names)
+        minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)  # an inverted axis gives them reversed
+        if n == 0 or maxVal <= minVal or size <= 0:
+            return []
+        off = self._offset
+        first, last = max(0, math.ceil(minVal - off)), min(n - 1, math.floor(maxVal - off))
+        if last < first:
+            return []
+        px_per_bar = size / (maxVal - minVal)
+        # Names side by side need their width; stacked (a vertical axis), their height.
+        need = max(self._widths[first:last + 1]) + 14 if self.orientation in ("bottom", "top") else self._line + 2
+        step = max(1, math.ceil(need / px_per_bar))
+        self._step = float(step)
+        major = [i + off for i in range(first - first % step, last + 1, step) if i >= first]
+        minor = [i + off for i in range(first, last + 1)] if step > 1 and px_per_bar >= 3 else []
+        return [(float(step), major), (1.0, minor)] if minor else [(float(step), major)]
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if spacing != self._step:
+            return [""] * len(values)  # the unlabelled ticks between labelled bars
+        index = [int(round(v - self._offset)) for v in values]
+        return [self.names[i] if 0 <= i < len(self.names) else "" for i in index]
 
 
 class Log10Axis(pg.AxisItem):

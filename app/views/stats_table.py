@@ -145,7 +145,9 @@ class StatsTableView(CaptureView):
         self.table.setColumnCount(len(rows))
         self.table.setHorizontalHeaderLabels([label.replace("gradient of ", "∇ ") for label, _ in rows])
         for c, (label, _s) in enumerate(rows):
-            self.table.horizontalHeaderItem(c).setToolTip(label)
+            header_item = self.table.horizontalHeaderItem(c)
+            if header_item is not None:
+                header_item.setToolTip(label)
         for c, (_label, s) in enumerate(rows):
             for r, (_, key) in enumerate(COLUMNS):
                 text = "not captured" if s is None and r == 0 else ("" if s is None else _cell(key, s[key]))

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QTimer, Signal
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -37,6 +38,7 @@ from gradexplorer.app.views.plot_style import (
     FOREGROUND,
     SELECTED_COLOUR,
     IntegerAxis,
+    LayerAxis,
     ScaleBar,
     colormap,
     set_axis_title,
@@ -152,7 +154,9 @@ class TimelineView(QWidget):
         # heatmap
         self.heat_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.heat_widget)
-        self.heat_plot = self.heat_widget.addPlot(row=0, col=0)
+        # The rows' names: as many as fit the plot's height, all of them when zoomed in.
+        self.row_axis = LayerAxis("left", offset=0.5)
+        self.heat_plot = self.heat_widget.addPlot(row=0, col=0, axisItems={"left": self.row_axis})
         self.heat_plot.invertY(True)
         self.heat_plot.setMenuEnabled(False)
         self.heat_plot.hideButtons()
@@ -187,6 +191,8 @@ class TimelineView(QWidget):
                                                   axisItems={"bottom": IntegerAxis("bottom")})
         for plot in (self.heat_plot, self.hist_plot, self.line_plot):
             style_plot(plot)
+        # A log axis with an SI factor in its title ("(x0.001)") reads as another scale.
+        self.line_plot.getAxis("left").enableAutoSIPrefix(False)
         set_title(self.hist_plot, "histograms over steps")
         set_title(self.line_plot, "chosen layers")
         self.line_plot.addLegend(offset=(5, 5), labelTextColor=FOREGROUND)
@@ -401,8 +407,7 @@ class TimelineView(QWidget):
         self.nan_image.setRect(*rect)
         self.colour_bar.set_range(lo, hi)
         self.colour_bar.set_title(f"{STAT_LABELS.get(t.stat, t.stat)} (log scale)")
-        left = self.heat_plot.getAxis("left")
-        left.setTicks([[(i + 0.5, r) for i, r in enumerate(t.rows)]])
+        self.row_axis.set_names(list(t.rows), QFontMetrics(self.heat_widget.font()))
         every = max(1, t.steps.size // 12)
         self.heat_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(t.steps) if j % every == 0]])

@@ -108,9 +108,9 @@ def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
 
 
 def test_graph_fit_keeps_names_readable(qtbot):
-    from gradexplorer.app.views.graph_view import GraphCanvas
-
     from PySide6.QtWidgets import QGraphicsRectItem
+
+    from gradexplorer.app.views.graph_view import GraphCanvas
 
     canvas = GraphCanvas()
     qtbot.addWidget(canvas)
