@@ -45,6 +45,10 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+TILE_LABEL_COLOUR = "#111827"
+TILE_LABEL_FILL = (255, 255, 255, 170)
+
+
 def scale_title(kind: str, display: str, reduce: str) -> str:
     """What the heatmap's colours measure, with its unit, for its colour bar."""
     quantity = {"grad_output": "gradient ∂L/∂y", "activation": "activation y",
@@ -120,6 +124,8 @@ class HeatmapView(CaptureView):
         self.colorbar = ScaleBar(scale_title("grad_output", "topk", "mean"))
         self.colorbar.setImageItem(self.image, insert_in=self.plot)
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        #: "ch N" over each top-k tile, so that a tile says which channel it is.
+        self.tile_labels: list[pg.TextItem] = []
 
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
@@ -302,6 +308,7 @@ class HeatmapView(CaptureView):
         # sequence drawn with square cells is a thin strip between empty margins).
         self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
+        self._label_tiles(hm)
 
         what = TENSOR_LABELS[kind]
         detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
@@ -318,6 +325,24 @@ class HeatmapView(CaptureView):
         )
         self.hover_label.setText(" ")
         self.show_content()
+
+    def _label_tiles(self, hm: Heatmap) -> None:
+        for item in self.tile_labels:
+            self.plot.removeItem(item)
+        self.tile_labels = []
+        if hm.display != "topk":
+            return
+        for i, channel in enumerate(hm.channels):
+            tr, tc = divmod(i, hm.tile_cols)
+            item = pg.TextItem(f"ch {channel}", color=TILE_LABEL_COLOUR, fill=TILE_LABEL_FILL, anchor=(0, 0))
+            item.setPos(tc * (hm.tile_width + 1), tr * (hm.tile_height + 1))
+            self.plot.addItem(item)
+            self.tile_labels.append(item)
+
+    def tile_label_texts(self) -> list[str]:
+        """The labels over the tiles, in tile order (for tests)."""
+        self.ensure_drawn()
+        return [item.toPlainText() for item in self.tile_labels]
 
     # -- widgets -> state -----------------------------------------------------------------
     def _on_controls_changed(self, *_: object) -> None:

@@ -128,3 +128,13 @@ def test_graph_fit_keeps_names_readable(qtbot):
     canvas.fit()
     rect = canvas.mapFromScene(canvas.scene().itemsBoundingRect()).boundingRect()
     assert canvas.viewport().rect().contains(rect)
+
+
+def test_topk_tiles_are_labelled_with_their_channels(views):
+    hv = views.heatmap_view
+    views.set_layer("conv2")
+    hv.set_display("topk", k=4)
+    hm = hv.current_heatmap()
+    assert hv.tile_label_texts() == [f"ch {c}" for c in hm.channels] and len(hm.channels) == 4
+    hv.set_display("channel", channel=2)
+    assert hv.tile_label_texts() == []
