@@ -307,13 +307,18 @@ class MainWindow(QMainWindow):
     # -- status --------------------------------------------------------------------------
     def _update_status(self) -> None:
         s = self.session
+        if s.capture is not None and s.capture_path:
+            # A capture opened from a file is what the window shows, even with a model loaded.
+            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name}")
+        elif s.model is not None:
+            self.setWindowTitle(f"gradexplorer — {s.model.name}")
         if s.model is not None:
             self.status_model.setText(f"  {s.model.name}  ")
-            self.setWindowTitle(f"gradexplorer — {s.model.name}")
         elif s.capture is not None:
             name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
             self.status_model.setText(f"  {name} (from file, no model)  ")
-            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name if s.capture_path else name}")
+            if not s.capture_path:
+                self.setWindowTitle(f"gradexplorer — {name}")
         else:
             self.status_model.setText("  no model  ")
         self.status_device.setText(f"  device: {s.device}  ")

@@ -222,3 +222,17 @@ def test_the_module_column_takes_the_room_there_is(qtbot, demo):
     demo.splitter.setSizes([300, 920, 280])
     QApplication.processEvents()
     assert header.sectionSize(COL_NAME) == tree.NAME_WIDTH  # narrow: it scrolls instead
+
+
+def test_opening_a_capture_puts_its_name_in_the_title(qtbot, demo, tmp_path):
+    """A capture of the model already loaded keeps the model; the title names the file."""
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.export_capture(str(tmp_path / "shapes_run.pt"))
+    assert "shapes" in demo.windowTitle().lower()
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.open_capture(str(tmp_path / "shapes_run.pt"))
+    assert demo.session.model is not None
+    assert demo.windowTitle() == "gradexplorer — shapes_run.pt"
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):  # a new run shows the model again
+        demo.run()
+    assert "shapes_run.pt" not in demo.windowTitle()
