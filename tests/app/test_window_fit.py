@@ -236,3 +236,24 @@ def test_opening_a_capture_puts_its_name_in_the_title(qtbot, demo, tmp_path):
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):  # a new run shows the model again
         demo.run()
     assert "shapes_run.pt" not in demo.windowTitle()
+
+
+def test_the_sample_header_follows_a_new_batch(qtbot, demo):
+    """After the batch changes, the header never names a picture of the old batch as if it
+    were the new one's."""
+    from pathlib import Path
+
+    samples = Path(__file__).resolve().parents[2] / "resources" / "demo_shapes" / "samples"
+    old = demo.views.sample_name.text()
+    assert old.startswith("of 12: ")
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs([str(samples / "star_2.png"), str(samples / "cross_2.png")])
+    QApplication.processEvents()
+    header = demo.views.sample_name.text()
+    if demo.session.capture is None:
+        assert header == "" or not demo.views.sample_name.isVisible()
+    else:
+        assert header != old and ("captured batch" in header or "star_2.png" in header)
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert demo.views.sample_name.text() == "of 2: star_2.png"
