@@ -41,7 +41,8 @@ def register(sub: SubParsers) -> None:
     p.add_argument("a", metavar="A.pt", help="the reference capture")
     p.add_argument("b", metavar="B.pt", help="the capture to check against it")
     p.add_argument("--rtol", type=_non_negative, default=None, metavar="R",
-                   help="relative tolerance (default 1e-5): |b - a| <= atol + rtol * |a| element by element")
+                   help="relative tolerance (default 1e-5; 1.6e-2 when a capture holds bf16, 1e-3 fp16): "
+                        "|b - a| <= atol + rtol * |a| element by element")
     p.add_argument("--atol", type=_non_negative, default=None, metavar="A", help="absolute tolerance (default 1e-8)")
     p.add_argument("--map", action="append", default=[], metavar="A_NAME=B_NAME",
                    help="match renamed layers; end both with a dot for a subtree (backbone.=encoder.), "
@@ -92,7 +93,7 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
 
 
 def _diff(args: argparse.Namespace, ui: UI, mapping: dict[str, str]) -> int:
-    from gradexplorer.comparison.compare import DEFAULT_ATOL, DEFAULT_RTOL, Tolerance, compare, save_csv
+    from gradexplorer.comparison.compare import Tolerance, compare, default_tolerance, save_csv
     from gradexplorer.files.capture_file import load_capture
 
     path_a, path_b = Path(args.a).expanduser(), Path(args.b).expanduser()
@@ -103,7 +104,8 @@ def _diff(args: argparse.Namespace, ui: UI, mapping: dict[str, str]) -> int:
     cap_b = load_capture(path_b)
     ui.bar.update("comparing")
     label_a, label_b = _labels(path_a, path_b)
-    tol = Tolerance(DEFAULT_RTOL if args.rtol is None else args.rtol, DEFAULT_ATOL if args.atol is None else args.atol)
+    d_rtol, d_atol = default_tolerance(cap_a, cap_b)  # looser for bf16/fp16 captures
+    tol = Tolerance(d_rtol if args.rtol is None else args.rtol, d_atol if args.atol is None else args.atol)
     result = compare(cap_a, cap_b, tolerance=tol, mapping=mapping, label_a="A", label_b="B")
     ui.bar.clear()
     print(render(result, label_a, label_b, sort=args.sort))

@@ -26,6 +26,7 @@ from gradexplorer.app.views.flow_view import GradientFlowView
 from gradexplorer.app.views.gradcam_view import GradCamView
 from gradexplorer.app.views.heatmap_view import HeatmapView
 from gradexplorer.app.views.histogram_view import HistogramView
+from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer.app.views.saliency_view import SaliencyView
 from gradexplorer.app.views.stats_table import StatsTableView
 from gradexplorer.app.views.view_context import CaptureView, ViewContext
@@ -62,13 +63,13 @@ class CaptureViews(QWidget):
         self._batch: Batch | None = None
         self._fitting = False
 
-        self.layer_label = QLabel("no capture")
+        self.layer_label = wrap_label(QLabel("no capture"))
         self.layer_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.call_label = QLabel("Call")
         self.call_combo = QComboBox()
         self.sample_spin = QSpinBox()
         self.sample_spin.setPrefix("sample ")
-        self.sample_name = QLabel()
+        self.sample_name = ElidedLabel()
         bar = QHBoxLayout()
         bar.setContentsMargins(4, 2, 4, 2)
         bar.addWidget(self.layer_label, 1)

@@ -14,7 +14,7 @@ import numpy as np
 import pyqtgraph as pg
 import torch
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QFontMetrics
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -32,12 +32,18 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.analysis.heatmaps import Heatmap, layout_of
+from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.views.plot_style import (
     FOREGROUND,
+    MUTED,
     SELECTED_COLOUR,
+    LayerAxis,
     Log10Axis,
-    colormap,
+    ScaleBar,
     image_plot,
+    set_axis_title,
+    set_title,
+    style_plot,
     style_plot_widget,
 )
 from gradexplorer.base.errors import GradExplorerError
@@ -51,8 +57,9 @@ _DISPLAYS = (("topk", "top-k channels of A"), ("channel", "one channel"), ("redu
 _FLOW_KINDS = (("grad_output", "output gradient"), ("activation", "activation"))
 _A_COLOUR = "#4c8bd6"
 _B_COLOUR = "#59c26b"
-_RATIO_COLOUR = "#c0c0c0"
-_FIRST_COLOUR = "#5a2424"
+_RATIO_COLOUR = MUTED
+#: The first diverging rows: a light red behind the table's dark text.
+_FIRST_COLOUR = "#f8d0cc"
 
 
 def _fmt(v: float | None) -> str:
@@ -138,7 +145,7 @@ class CompareView(QWidget):
                   self.k_spin, self.sample_spin, self.amplify_check):
             controls.addWidget(w)
         controls.addStretch(1)
-        self.heat_title = QLabel(" ")
+        self.heat_title = wrap_label(QLabel(" "))
         self.heat_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.heat_widget)
         self.plots, self.images = [], []
@@ -150,11 +157,11 @@ class CompareView(QWidget):
                 # Zooming or panning one picture moves the others: same pixels side by side.
                 plot.setXLink(self.plots[0])
                 plot.setYLink(self.plots[0])
+        for plot in self.plots:
+            plot.vb.sigResized.connect(self._frame_pictures)
         # One colour bar for all three pictures: one symmetric scale.
-        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False, width=14,
-                                        pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar = ScaleBar("A, B and A − B (the tensor's unit)", width=14)
         self.colorbar.setImageItem(self.images, insert_in=self.plots[-1])
-        self.colorbar.getAxis("right").setTextPen(FOREGROUND)
         self.heat_note = QLabel()
         self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.heat_note.setWordWrap(True)
@@ -175,18 +182,21 @@ class CompareView(QWidget):
             self.flow_kind.addItem(label, key)
         self.flow_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.flow_widget)
-        self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left")})
+        # Whole layer names, as many as fit at the present zoom (never overlapping).
+        self.layer_axes = (LayerAxis("bottom"), LayerAxis("bottom"))
+        self.flow_plot = self.flow_widget.ci.addPlot(row=0, col=0, axisItems={"left": Log10Axis("left"),
+                                                                              "bottom": self.layer_axes[0]})
         self.ratio_axis = Log10Axis("left")
-        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis})
+        self.ratio_plot = self.flow_widget.ci.addPlot(row=1, col=0, axisItems={"left": self.ratio_axis,
+                                                                               "bottom": self.layer_axes[1]})
         for p in (self.flow_plot, self.ratio_plot):
             p.setMenuEnabled(False)
             p.hideButtons()
             p.showGrid(y=True, alpha=0.15)
-            for name in ("left", "bottom"):
-                p.getAxis(name).setTextPen(FOREGROUND)
+            style_plot(p)
         self.ratio_plot.setXLink(self.flow_plot)
-        self.flow_plot.setLabel("left", "L2 norm")
-        self.ratio_plot.setLabel("left", "B / A")
+        set_axis_title(self.flow_plot, "left", "L2 norm")
+        set_axis_title(self.ratio_plot, "left", "B / A")
         self.flow_widget.ci.layout.setRowStretchFactor(0, 3)
         self.flow_widget.ci.layout.setRowStretchFactor(1, 2)
         legend = self.flow_plot.addLegend(offset=(-10, 10), labelTextColor=FOREGROUND)
@@ -286,8 +296,8 @@ class CompareView(QWidget):
         r = self.result
         assert r is not None
         fa, fg = r.first_divergent_activation, r.first_divergent_gradient
-        verdict = ("<b style='color:#6ccf6c'>within tolerance</b>" if r.within
-                   else "<b style='color:#ff6b6b'>diverged</b>")
+        verdict = ("<b style='color:#1e7b34'>within tolerance</b>" if r.within
+                   else "<b style='color:#c0392b'>diverged</b>")
         by = " (by statistics)" if r.by_statistics else ""
         parts = [
             (f"<b>A</b> {r.label_a} &nbsp; <b>B</b> {r.label_b} &nbsp; rtol {r.tolerance.rtol:g}, "
@@ -405,13 +415,28 @@ class CompareView(QWidget):
         a, b, diff = _pictures(triple)
         for image, arr in zip(self.images, (a.array, b.array, diff.array * gain)):
             image.setImage(arr, autoLevels=False, levels=(lo, hi))
-        self.plots[2].setTitle("A − B" if gain == 1 else f"(A − B) × {gain:g}")
-        self.colorbar.setLevels((lo, hi))
-        self.plots[0].autoRange(padding=0.02)
+        set_title(self.plots[2], "A − B" if gain == 1 else f"(A − B) × {gain:g}")
+        self.colorbar.set_range(lo, hi)
+        self.colorbar.set_title(f"{dict(_TENSORS)[kind]}: A, B and A − B")
+        # The pictures' own extent, not autoRange: before the first layout (the window just
+        # opened) autoRange framed them in a view of the default size, drawing them tiny.
+        self._extent = a.array.shape[:2]
+        self._frame_pictures()
         kd = c.kinds.get(kind)
         rel = f"rel L2 {_fmt(kd.divergence)}" if kd is not None else ""
         what = dict(_TENSORS)[kind]
         self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; one scale ±{_fmt(hi)}")
+
+    def _frame_pictures(self, *_: object) -> None:
+        """Frame A, B and A − B on their own extent. Called again when the plots change
+        size: drawn before the window's first layout, the locked aspect of a tiny plot had
+        stretched the range (pictures drawn small inside axes from -300 to 500)."""
+        extent = getattr(self, "_extent", None)
+        if extent is None:
+            return
+        rows, cols = extent
+        for plot in self.plots:
+            plot.vb.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
 
     def difference_gain(self) -> float:
         """The factor the A − B picture is multiplied by (1 unless "amplify" is on): the
@@ -450,13 +475,11 @@ class CompareView(QWidget):
         self.ratio_one.setValue(0.0 if self.ratio_log else 1.0)
         self.ratio_curve.setData(x, ratio_logs if self.ratio_log else np.asarray(fc.ratio, dtype=float),
                                  connect="finite")
-        step = max(1, len(fc.names) // 12)
-        ticks = [(i, ".".join(fc.names[i].split(".")[-2:]) if len(fc.names[i]) > 14 else fc.names[i])
-                 for i in range(0, len(fc.names), step)]
-        for p in (self.flow_plot, self.ratio_plot):
-            p.getAxis("bottom").setTicks([ticks, [(i, "") for i in range(len(fc.names))]])
+        metrics = QFontMetrics(self.flow_widget.font())
+        for axis in self.layer_axes:
+            axis.set_names(fc.names, metrics)
         self.flow_plot.setXRange(-0.5, max(len(fc.names), 1) - 0.5, padding=0.01)
-        self.flow_plot.setLabel("left", "L2 norm")
+        set_axis_title(self.flow_plot, "left", "L2 norm")
         self._mark_flow()
 
     def _mark_flow(self) -> None:

@@ -11,9 +11,27 @@ from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from gradexplorer.analysis.gradient_flow import FLAGS, METRIC_LABELS, flow_series
+from gradexplorer.analysis.gradient_flow import (
+    EXPLODING_RATIO,
+    FLAGS,
+    METRIC_LABELS,
+    NEIGHBOURS,
+    VANISHING_RATIO,
+    flow_series,
+)
 from gradexplorer.analysis.summary import summarize
-from gradexplorer.app.views.plot_style import FLAG_COLOURS, FOREGROUND, SELECTED_COLOUR, Log10Axis, style_plot_widget
+from gradexplorer.app.views.label_fit import ElidedLabel
+from gradexplorer.app.views.plot_style import (
+    FLAG_COLOURS,
+    MUTED,
+    SELECTED_COLOUR,
+    SELECTED_OUTLINE,
+    LayerAxis,
+    Log10Axis,
+    set_axis_title,
+    style_plot,
+    style_plot_widget,
+)
 from gradexplorer.capturing.data import Capture
 
 _KINDS = (("grad_output", "output gradient"), ("grad_input", "input gradient"),
@@ -23,6 +41,15 @@ _BAR_WIDTH = 0.8
 
 def _fmt(v: float) -> str:
     return f"{v:.3g}" if math.isfinite(v) else "—"
+
+
+#: How the flags are judged (gradexplorer.analysis.gradient_flow), for the legend and its tooltip.
+FLAG_RULE_SHORT = (f"vanishing / exploding: RMS gradient below {VANISHING_RATIO:g}× or above "
+                   f"{EXPLODING_RATIO:g}× the median of the neighbouring layers ({NEIGHBOURS} on each side), "
+                   "not an absolute size.")
+FLAG_RULE = (FLAG_RULE_SHORT + " A layer whose gradients are all small, among neighbours equally small, is ok; "
+             "zero: every gradient value is 0; no gradient: none reached the layer; nan/inf: a value is "
+             "not finite.")
 
 
 class GradientFlowView(QWidget):
@@ -49,18 +76,19 @@ class GradientFlowView(QWidget):
             self.kind_combo.addItem(label, key)
         self.legend_label = QLabel(self._legend_html())
         self.legend_label.setWordWrap(True)
-        self.hover_label = QLabel(" ")
+        self.hover_label = ElidedLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        self.plot_widget = pg.PlotWidget(axisItems={"left": Log10Axis("left")})
+        self.layer_axis = LayerAxis("bottom")
+        self.plot_widget = pg.PlotWidget(axisItems={"left": Log10Axis("left"), "bottom": self.layer_axis})
         style_plot_widget(self.plot_widget)
         self.plot = self.plot_widget.getPlotItem()
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
+        self.legend_label.setToolTip(FLAG_RULE)
         self.plot.showGrid(y=True, alpha=0.15)
         self.plot.vb.setMouseEnabled(x=True, y=False)
-        for name in ("left", "bottom"):
-            self.plot.getAxis(name).setTextPen(FOREGROUND)
+        style_plot(self.plot)
         self.bars = pg.BarGraphItem(x=[], height=[], width=_BAR_WIDTH)
         self.plot.addItem(self.bars)
         self.plot_widget.scene().sigMouseClicked.connect(self._on_scene_clicked)
@@ -132,7 +160,8 @@ class GradientFlowView(QWidget):
         for key, label in items:
             colour = SELECTED_COLOUR if key == "selected" else FLAG_COLOURS[key]
             spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label}")
-        return "&nbsp;&nbsp;".join(spans)
+        return ("&nbsp;&nbsp;".join(spans) + f"<br><span style='color:{MUTED}'>{FLAG_RULE_SHORT} "
+                "Scroll or drag to zoom along the layers; every name shows when zoomed in.</span>")
 
     def _rebuild(self, *_: object) -> None:
         cap = self._capture
@@ -159,26 +188,16 @@ class GradientFlowView(QWidget):
         n = len(self._names)
         self.plot.setXRange(-0.6, max(n, 1) - 0.4, padding=0)
         self.plot.setYRange(base, top + 0.05 * (top - base), padding=0)
-        self.plot.setLabel("left", self.metric_combo.currentText())
+        set_axis_title(self.plot, "left", self.metric_combo.currentText())
 
     def _set_ticks(self) -> None:
-        n = len(self._names)
-        width = max(self.plot.vb.width(), 300)
-        labels = [self._short(name) for name in self._names]
-        metrics = QFontMetrics(self.plot_widget.font())
-        widest = max((metrics.horizontalAdvance(label) for label in labels), default=0)
-        per_label = widest + 16
-        max_labels = max(1, int(width // per_label))
-        step = max(1, math.ceil(n / max_labels))
-        major = [(i, labels[i]) for i in range(0, n, step)]
-        minor = [(i, "") for i in range(n)]
-        self.plot.getAxis("bottom").setTicks([major, minor])
+        self.layer_axis.set_names(self._names, QFontMetrics(self.plot_widget.font()))
 
-    @staticmethod
-    def _short(name: str) -> str:
-        # Three parts tell resnet's layer1.0.bn1 from layer2.0.bn1; hover shows the full name.
-        parts = name.split(".")
-        return ".".join(parts[-3:]) if len(parts) > 3 else name
+    def tick_names(self) -> list[str]:
+        """The layer names labelled on the axis at the present zoom (for tests)."""
+        lo, hi = self.plot.vb.viewRange()[0]
+        levels = self.layer_axis.tickValues(lo, hi, self.layer_axis.width() or self.plot.vb.width())
+        return [self._names[int(v)] for v in levels[0][1]] if levels else []
 
     def _colour(self, i: int) -> str:
         name = self._names[i]
@@ -196,7 +215,7 @@ class GradientFlowView(QWidget):
         if self._selected in self._names:
             i = self._names.index(self._selected)
             brushes[i] = pg.mkBrush(SELECTED_COLOUR)
-            pens[i] = pg.mkPen("#ffffff", width=1.5)
+            pens[i] = pg.mkPen(SELECTED_OUTLINE, width=1.5)
         # pyqtgraph 0.14 fails on empty pen lists: no bars, no per-bar pens.
         self.bars.setOpts(x=np.arange(n, dtype=float), y0=np.full(n, self._base), height=self._heights,
                           width=_BAR_WIDTH, brushes=brushes or None, pens=pens or None)

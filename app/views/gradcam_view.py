@@ -11,9 +11,12 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 from gradexplorer.analysis.class_names import class_name
 from gradexplorer.analysis.gradcam import cam_grid, cam_unavailable_reason, grad_cam, overlay, turbo
 from gradexplorer.analysis.heatmaps import display_image
-from gradexplorer.app.views.plot_style import image_plot, style_plot_widget
+from gradexplorer.app.views.plot_style import ScaleBar, colormap_of, image_plot, style_plot_widget
 from gradexplorer.app.views.view_context import CaptureView
 from gradexplorer.base.errors import GradExplorerError
+
+#: What the Grad-CAM colours measure.
+CAM_TITLE = "Grad-CAM, scaled per sample (0 = none, 1 = strongest)"
 
 
 class GradCamView(CaptureView):
@@ -40,6 +43,10 @@ class GradCamView(CaptureView):
         self.plot, self.image = image_plot(self.plot_widget.ci)
         self.plot.hideAxis("left")
         self.plot.hideAxis("bottom")
+        # The CAM is scaled to [0, 1] for each sample (gradexplorer.analysis.gradcam): the bar
+        # says so, in the colours of the overlay.
+        self.colorbar = ScaleBar(CAM_TITLE, signed=False, cmap=colormap_of(turbo(np.linspace(0.0, 1.0, 256))))
+        self.plot_widget.ci.addItem(self.colorbar, row=0, col=1)
 
         row = QHBoxLayout()
         row.addWidget(QLabel("Opacity"))

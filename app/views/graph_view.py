@@ -59,6 +59,7 @@ from PySide6.QtWidgets import (
 from gradexplorer.app import dialogs
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
+from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.file_write import atomic_write_bytes
 from gradexplorer.capturing.nonfinite import NonfiniteOnset, onset_location
@@ -240,16 +241,31 @@ class GraphCanvas(QGraphicsView):
         if 0.02 < scale < 8:
             self.scale(factor, factor)
 
+    #: Scales "Fit" keeps to: below READABLE_SCALE the node names drop under ~10 px
+    #: (they are drawn at 8.5 pt); above MAX_FIT_SCALE a small graph looks bloated.
+    READABLE_SCALE = 0.9
+    MAX_FIT_SCALE = 1.4
+
     def fit(self) -> None:
+        """Show the graph whole when that keeps its names readable; otherwise as wide as the
+        view allows at a readable scale, from its top (scroll or zoom for the rest), as
+        Netron does, rather than a thin column of unreadable boxes."""
         rect = self.scene().itemsBoundingRect()
-        if not rect.isEmpty():
-            self.fitInView(rect.adjusted(-20, -20, 20, 20), Qt.AspectRatioMode.KeepAspectRatio)
-            # A tall graph fitted whole is unreadable: never below a scale where labels vanish
-            # when the graph is much taller than wide; then show its top instead.
-            if self.transform().m11() < 0.25:
-                self.resetTransform()
-                self.scale(0.5, 0.5)
-                self.centerOn(rect.center().x(), rect.top() + self.viewport().height())
+        if rect.isEmpty():
+            return
+        rect = rect.adjusted(-20, -20, 20, 20)
+        view = self.viewport().rect()
+        whole = min(view.width() / rect.width(), view.height() / rect.height())
+        across = view.width() / rect.width()
+        scale = min(whole, self.MAX_FIT_SCALE)
+        if scale < self.READABLE_SCALE:
+            scale = max(self.READABLE_SCALE, min(across, self.MAX_FIT_SCALE))
+        self.resetTransform()
+        self.scale(scale, scale)
+        if scale * rect.height() <= view.height():
+            self.centerOn(rect.center())
+        else:
+            self.centerOn(rect.center().x(), rect.top() + view.height() / (2 * scale))
 
 
 class GraphPanel(QWidget):
@@ -306,8 +322,8 @@ class GraphPanel(QWidget):
             self.color_by.addItem(f"Colour: {label}", key)
         self.fit_button = QPushButton("Fit")
         self.export_button = QPushButton("Export…")
-        self.scale_label = QLabel()
-        self.status = QLabel("No graph yet: load a model with an input.")
+        self.scale_label = wrap_label(QLabel())
+        self.status = wrap_label(QLabel("No graph yet: load a model with an input."))
         bar = QHBoxLayout()
         bar.setContentsMargins(0, 0, 0, 0)
         for w in (self.search, self.color_by, self.fit_button, self.export_button):
@@ -546,9 +562,11 @@ class GraphPanel(QWidget):
             self.canvas.centerOn(center)
         else:
             self.canvas.fit()
-        self.status.setText(f"{len(view.nodes)} of {len(graph.nodes)} nodes shown, {len(view.edges)} edges; "
-                            f"layout {layout.engine} {layout.seconds * 1000:.0f} ms. Double-click a box "
-                            "with a double border to open it, a frame to close it.")
+        self.status.setText(f"{len(view.nodes)} of {len(graph.nodes)} nodes shown, {len(view.edges)} edges. "
+                            "Double-click a box with a double border to open it, a frame to close it; "
+                            "scroll to zoom.")
+        # How long the layout took is for whoever tunes it, not a figure to read every time.
+        self.status.setToolTip(f"laid out by {layout.engine} in {layout.seconds * 1000:.0f} ms")
         if self.search.text():
             self.find_nodes(self.search.text())
 

@@ -27,7 +27,8 @@ from gradexplorer.analysis.heatmaps import (
     layout_of,
     symmetric_levels,
 )
-from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
+from gradexplorer.app.views.plot_style import ScaleBar, image_plot, set_axis_title, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
 from gradexplorer.pipeline.view_state import ViewState
 
@@ -42,6 +43,21 @@ def _fmt(v: float) -> str:
     if not math.isfinite(v):
         return str(v)
     return f"{v:.4g}"
+
+
+TILE_LABEL_COLOUR = "#111827"
+TILE_LABEL_FILL = (255, 255, 255, 170)
+
+
+def scale_title(kind: str, display: str, reduce: str) -> str:
+    """What the heatmap's colours measure, with its unit, for its colour bar."""
+    quantity = {"grad_output": "gradient ∂L/∂y", "activation": "activation y",
+                "grad_x_activation": "gradient × activation"}.get(kind, TENSOR_LABELS.get(kind, kind))
+    unit = {"grad_output": "loss per unit of y", "activation": "layer output",
+            "grad_x_activation": "loss units"}.get(kind, "")
+    if display == "reduce":
+        quantity = f"{dict(_REDUCTIONS)[reduce]} of {quantity}"
+    return f"{quantity} ({unit})" if unit else quantity
 
 
 class HeatmapView(CaptureView):
@@ -97,20 +113,20 @@ class HeatmapView(CaptureView):
         controls.addWidget(self.time_mean)
         controls.addStretch(0)
 
-        self.layout_label = QLabel()
+        self.layout_label = wrap_label(QLabel())
         self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label = QLabel(" ")
+        self.hover_label = ElidedLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
 
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.plot, self.image = image_plot(self.plot_widget.ci)
-        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap(True), interactive=False,
-                                        width=16, pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar = ScaleBar(scale_title("grad_output", "topk", "mean"))
         self.colorbar.setImageItem(self.image, insert_in=self.plot)
-        self.colorbar.getAxis("right").setTextPen(FOREGROUND)
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        #: "ch N" over each top-k tile, so that a tile says which channel it is.
+        self.tile_labels: list[pg.TextItem] = []
 
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
@@ -250,8 +266,8 @@ class HeatmapView(CaptureView):
         lay = layout_of(t.shape, ctx.input_shape)
         self._sync_visibility(lay)
         tokens = lay.kind == "matrix"  # a sequence: rows are tokens, columns channels
-        self.plot.setLabel("left", "token" if tokens else None)
-        self.plot.setLabel("bottom", "channel" if tokens else None)
+        set_axis_title(self.plot, "left", "token" if tokens else None)
+        set_axis_title(self.plot, "bottom", "channel" if tokens else None)
         if lay.has_channels:
             top = lay.channels - 1
             for w in (self.channel_slider, self.channel_spin):
@@ -285,10 +301,9 @@ class HeatmapView(CaptureView):
             signed = is_signed(hm.array)
         self._signed = signed
         lo, hi = symmetric_levels(hm.array, signed=signed)
-        cmap = colormap(signed)
         self.image.setImage(hm.array, autoLevels=False, levels=(lo, hi))
-        self.colorbar.setColorMap(cmap)
-        self.colorbar.setLevels((lo, hi))
+        self.colorbar.set_range(lo, hi, signed=signed)
+        self.colorbar.set_title(scale_title(kind, hm.display, reduce))
         rows, cols = hm.array.shape
         # Square cells for pictures; a tokens × channels matrix fills the plot instead (a 7×16
         # sequence drawn with square cells is a thin strip between empty margins).
@@ -303,6 +318,7 @@ class HeatmapView(CaptureView):
             left.setTicks([[(r + 0.5, self._tokens[r][:12]) for r in range(0, rows, step)]])
         else:
             left.setTicks(None)
+        self._label_tiles(hm)
 
         what = TENSOR_LABELS[kind]
         detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
@@ -319,6 +335,24 @@ class HeatmapView(CaptureView):
         )
         self.hover_label.setText(" ")
         self.show_content()
+
+    def _label_tiles(self, hm: Heatmap) -> None:
+        for item in self.tile_labels:
+            self.plot.removeItem(item)
+        self.tile_labels = []
+        if hm.display != "topk":
+            return
+        for i, channel in enumerate(hm.channels):
+            tr, tc = divmod(i, hm.tile_cols)
+            item = pg.TextItem(f"ch {channel}", color=TILE_LABEL_COLOUR, fill=TILE_LABEL_FILL, anchor=(0, 0))
+            item.setPos(tc * (hm.tile_width + 1), tr * (hm.tile_height + 1))
+            self.plot.addItem(item)
+            self.tile_labels.append(item)
+
+    def tile_label_texts(self) -> list[str]:
+        """The labels over the tiles, in tile order (for tests)."""
+        self.ensure_drawn()
+        return [item.toPlainText() for item in self.tile_labels]
 
     # -- widgets -> state -----------------------------------------------------------------
     def _on_controls_changed(self, *_: object) -> None:

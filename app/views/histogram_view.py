@@ -20,7 +20,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QResizeEvent, QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, style_plot_widget
+from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, set_axis_title, style_plot, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView, ViewContext
 from gradexplorer.capturing.data import Capture
 from gradexplorer.stats.record import TensorStats
@@ -83,9 +83,10 @@ class HistogramView(CaptureView):
         style_plot_widget(self.plot_widget)
         self.plot = self.plot_widget.getPlotItem()
         self.plot.setMenuEnabled(False)
+        style_plot(self.plot)
         self.plot.showGrid(x=True, y=True, alpha=0.15)
-        self.plot.setLabel("bottom", "value")
-        self.plot.setLabel("left", "count")
+        set_axis_title(self.plot, "bottom", "value")
+        set_axis_title(self.plot, "left", "count")
         self.plot.getAxis("left").set_log_labels(False)
         self.curve = self.plot.plot([0, 1], [0], stepMode="center", fillLevel=0,
                                     pen=pg.mkPen("#4c8bd6", width=1.5), brush=pg.mkBrush(76, 139, 214, 110))
@@ -252,7 +253,7 @@ class HistogramView(CaptureView):
         log = self.log_check.isChecked()
         y = np.log10(counts + 1.0) if log else counts
         self.curve.setData(x, y)
-        self.plot.setLabel("left", "count + 1 (log)" if log else "count")
+        set_axis_title(self.plot, "left", "count + 1 (log)" if log else "count")
         left = self.plot.getAxis("left")
         left.set_log_labels(log)
         left.enableAutoSIPrefix(not log)
@@ -270,13 +271,13 @@ class HistogramView(CaptureView):
                 ticks.append((ZERO_BIN + 0.5, "0"))
             bottom.setTicks([ticks])
             bottom.enableAutoSIPrefix(False)
-            self.plot.setLabel("bottom", "value (one bar per power of two)")
+            set_axis_title(self.plot, "bottom", "value (one bar per power of two)")
             self.zero_line.setPos(ZERO_BIN + 0.5)
             self.zero_line.setVisible(bool(x[0] <= ZERO_BIN and x[-1] >= ZERO_BIN + 1))
         else:
             bottom.setTicks(None)
             bottom.enableAutoSIPrefix(True)
-            self.plot.setLabel("bottom", "value")
+            set_axis_title(self.plot, "bottom", "value")
             lo, hi = s["hist_range"]
             self.zero_line.setPos(0)
             self.zero_line.setVisible(bool(lo < 0 < hi))

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.heatmaps import display_image, saliency_map, symmetric_levels
 from gradexplorer.analysis.saliency import is_sequence_input, token_saliency
-from gradexplorer.app.views.plot_style import FOREGROUND, colormap, image_plot, style_plot_widget
+from gradexplorer.app.views.plot_style import ScaleBar, image_plot, set_axis_title, style_plot, style_plot_widget
 from gradexplorer.app.views.view_context import STATS_ONLY_NOTE, CaptureView
 from gradexplorer.capturing.data import Capture
 
@@ -36,17 +36,15 @@ class SaliencyView(CaptureView):
         for plot in (self.input_plot, self.map_plot):
             plot.hideAxis("left")
             plot.hideAxis("bottom")
-            plot.titleLabel.setAttr("color", FOREGROUND)
         self.map_plot.setXLink(self.input_plot)
         self.map_plot.setYLink(self.input_plot)
-        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap(False), interactive=False,
-                                        width=16, pen=FOREGROUND, colorMapMenu=False)
+        self.colorbar = ScaleBar("|∂L/∂x|, max over channels (loss per unit of input)", signed=False)
         self.colorbar.setImageItem(self.map_image, insert_in=self.map_plot)
         self.token_widget = pg.PlotWidget()
         style_plot_widget(self.token_widget)
-        self.token_plot = self.token_widget.getPlotItem()
-        self.token_plot.setLabel("bottom", "token")
-        self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)")
+        self.token_plot = style_plot(self.token_widget.getPlotItem())
+        set_axis_title(self.token_plot, "bottom", "token")
+        set_axis_title(self.token_plot, "left", "saliency (L2 norm of the gradient)")
         self.token_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#3b82c4", pen=None)
         self.token_plot.addItem(self.token_bars)
         self.token_widget.hide()
@@ -91,7 +89,7 @@ class SaliencyView(CaptureView):
         self._map = sal
         lo, hi = symmetric_levels(sal, signed=False)
         self.map_image.setImage(sal, autoLevels=False, levels=(lo, hi))
-        self.colorbar.setLevels((lo, hi))
+        self.colorbar.set_range(lo, hi)
         picture = None
         if cap.input is not None and cap.input.dim() == g.dim():
             picture = display_image(cap.input[s])
@@ -137,9 +135,9 @@ class SaliencyView(CaptureView):
         ticks = [(i, _tick(tokens[i]) if tokens else str(i)) for i in range(0, n, step)]
         self.token_plot.getAxis("bottom").setTicks([ticks])
         self._tick_texts = [t for _, t in ticks]
-        self.token_plot.setLabel("bottom", sal.unit)
-        self.token_plot.setLabel("left", "saliency (L2 norm of the gradient)" if sal.unit == "token"
-                                 else "saliency (|gradient|)")
+        set_axis_title(self.token_plot, "bottom", sal.unit)
+        set_axis_title(self.token_plot, "left", "saliency (L2 norm of the gradient)" if sal.unit == "token"
+                       else "saliency (|gradient|)")
         top = float(np.nanmax(sal.values)) if n and np.isfinite(sal.values).any() else 1.0
         self.token_plot.setRange(xRange=(-0.5, n - 0.5), yRange=(0, top if top > 0 else 1.0), padding=0.02)
         self.plot_widget.hide()

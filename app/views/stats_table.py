@@ -42,7 +42,13 @@ def _cell(key: str, value: float) -> str:
 
 
 class StatsTableView(CaptureView):
-    """Rows: activation, output gradient, input gradient, each parameter gradient."""
+    """One column per tensor (activation, output gradient, input gradient, each parameter
+    gradient), one row per statistic.
+
+    Tensors across and statistics down: ten statistics across made columns too narrow for
+    their numbers ("393…") in the window's middle panel; three to six tensors fit, each
+    column as wide as its numbers, and the table scrolls sideways for a layer with many
+    parameters."""
 
     title = "Statistics"
 
@@ -53,11 +59,14 @@ class StatsTableView(CaptureView):
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
         self.info_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels([h for h, _ in COLUMNS])
+        self.table = QTableWidget(len(COLUMNS), 0)
+        self.table.setVerticalHeaderLabels([h for h, _ in COLUMNS])
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setAlternatingRowColors(True)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
@@ -67,7 +76,8 @@ class StatsTableView(CaptureView):
 
     # -- public API -------------------------------------------------------------------
     def rows(self) -> list[tuple[str, Mapping[str, Any] | None]]:
-        """``(label, stats)`` per row, as shown (stats None: not captured)."""
+        """``(label, stats)`` per tensor (a column of the table), as shown (stats None: not
+        captured)."""
         self.ensure_drawn()
         return list(self._rows)
 
@@ -123,7 +133,7 @@ class StatsTableView(CaptureView):
         self._rows = []
         problem = self.common_problem()
         if problem:
-            self.table.setRowCount(0)
+            self.table.setColumnCount(0)
             self.show_message(problem)
             return
         ctx = self.context
@@ -132,11 +142,15 @@ class StatsTableView(CaptureView):
             (TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
         rows += [(f"gradient of {p}", s) for p, s in rec.param_stats.items()]
         self._rows = rows
-        self.table.setRowCount(len(rows))
-        self.table.setVerticalHeaderLabels([label for label, _ in rows])
-        for r, (_label, s) in enumerate(rows):
-            for c, (_, key) in enumerate(COLUMNS):
-                text = "not captured" if s is None and c == 0 else ("" if s is None else _cell(key, s[key]))
+        self.table.setColumnCount(len(rows))
+        self.table.setHorizontalHeaderLabels([label.replace("gradient of ", "∇ ") for label, _ in rows])
+        for c, (label, _s) in enumerate(rows):
+            header_item = self.table.horizontalHeaderItem(c)
+            if header_item is not None:
+                header_item.setToolTip(label)
+        for c, (_label, s) in enumerate(rows):
+            for r, (_, key) in enumerate(COLUMNS):
+                text = "not captured" if s is None and r == 0 else ("" if s is None else _cell(key, s[key]))
                 item = QTableWidgetItem(text)
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if s is not None and key in ("nan_count", "inf_count") and s[key]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QTimer, Signal
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -31,12 +32,18 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app import dialogs
+from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
     FOREGROUND,
     SELECTED_COLOUR,
     IntegerAxis,
+    LayerAxis,
+    ScaleBar,
     colormap,
+    set_axis_title,
+    set_title,
+    style_plot,
     style_plot_widget,
 )
 from gradexplorer.base.errors import GradExplorerError
@@ -134,7 +141,7 @@ class TimelineView(QWidget):
         self.follow_box.setChecked(True)
         self.png_button = QPushButton("Export PNG…")
         self.csv_button = QPushButton("Export CSV…")
-        self.status = QLabel("No log open.")
+        self.status = wrap_label(QLabel("No log open."))
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
         bar = QHBoxLayout()
@@ -147,7 +154,9 @@ class TimelineView(QWidget):
         # heatmap
         self.heat_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.heat_widget)
-        self.heat_plot = self.heat_widget.addPlot(row=0, col=0)
+        # The rows' names: as many as fit the plot's height, all of them when zoomed in.
+        self.row_axis = LayerAxis("left", offset=0.5)
+        self.heat_plot = self.heat_widget.addPlot(row=0, col=0, axisItems={"left": self.row_axis})
         self.heat_plot.invertY(True)
         self.heat_plot.setMenuEnabled(False)
         self.heat_plot.hideButtons()
@@ -157,7 +166,7 @@ class TimelineView(QWidget):
         # so that they do not read as "small" on the log scale.
         self.nan_image = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.nan_image)
-        self.colour_bar = pg.ColorBarItem(colorMap=colormap(False), label="log10 |value|", interactive=False)
+        self.colour_bar = ScaleBar("|value| (log scale)", signed=False, log10=True)
         self.colour_bar.setImageItem(self.heat_image, insert_in=self.heat_plot)
         self.onset_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2))
         self.onset_marker = pg.ScatterPlotItem(symbol="x", size=14, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2),
@@ -180,16 +189,14 @@ class TimelineView(QWidget):
         self.hist_plot.addItem(self.hist_image)
         self.line_plot = self.hist_widget.addPlot(row=1, col=0,
                                                   axisItems={"bottom": IntegerAxis("bottom")})
-        # Titles and legend in the light foreground: pyqtgraph's default text was dark on
-        # the dark plots (unreadable).
-        self.hist_plot.setTitle("histograms over steps", color=FOREGROUND)
-        self.line_plot.setTitle("chosen layers", color=FOREGROUND)
+        for plot in (self.heat_plot, self.hist_plot, self.line_plot):
+            style_plot(plot)
+        # A log axis with an SI factor in its title ("(x0.001)") reads as another scale.
+        self.line_plot.getAxis("left").enableAutoSIPrefix(False)
+        set_title(self.hist_plot, "histograms over steps")
+        set_title(self.line_plot, "chosen layers")
         self.line_plot.addLegend(offset=(5, 5), labelTextColor=FOREGROUND)
         self.line_plot.setMenuEnabled(False)
-        for plot in (self.heat_plot, self.hist_plot, self.line_plot):
-            for name in ("left", "bottom"):
-                plot.getAxis(name).setTextPen(FOREGROUND)
-                plot.getAxis(name).setPen(FOREGROUND)
 
         self.layer_list = QListWidget()
         self.layer_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -398,13 +405,13 @@ class TimelineView(QWidget):
             overlay[nonfinite] = _NAN_RGBA
         self.nan_image.setImage(overlay, autoLevels=False, levels=(0, 255))
         self.nan_image.setRect(*rect)
-        self.colour_bar.setLevels((lo, hi))
-        left = self.heat_plot.getAxis("left")
-        left.setTicks([[(i + 0.5, r) for i, r in enumerate(t.rows)]])
+        self.colour_bar.set_range(lo, hi)
+        self.colour_bar.set_title(f"{STAT_LABELS.get(t.stat, t.stat)} (log scale)")
+        self.row_axis.set_names(list(t.rows), QFontMetrics(self.heat_widget.font()))
         every = max(1, t.steps.size // 12)
         self.heat_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(t.steps) if j % every == 0]])
-        self.heat_plot.setLabel("bottom", "batch" if self.source_kind == "capture" else "step")
+        set_axis_title(self.heat_plot, "bottom", "batch" if self.source_kind == "capture" else "step")
         self._draw_onset()
         self._draw_selection()
         where = os.path.basename(self.source or "")
@@ -459,8 +466,8 @@ class TimelineView(QWidget):
             ok = np.isfinite(v) & ((v > 0) if positive else True)
             self.line_plot.plot(t.steps[ok].astype(float), v[ok], name=name,
                                 pen=pg.mkPen(pg.intColor(i, hues=max(len(self.selected), 3)), width=2))
-        self.line_plot.setLabel("left", STAT_LABELS.get(t.stat, t.stat))
-        self.line_plot.setLabel("bottom", "batch" if self.source_kind == "capture" else "step")
+        set_axis_title(self.line_plot, "left", STAT_LABELS.get(t.stat, t.stat))
+        set_axis_title(self.line_plot, "bottom", "batch" if self.source_kind == "capture" else "step")
         self._draw_histograms(first)
 
     def _draw_histograms(self, label: str) -> None:
@@ -469,7 +476,7 @@ class TimelineView(QWidget):
         for axis in ("left", "bottom"):  # no empty axes under the message
             self.hist_plot.showAxis(axis, has_histograms)
         if not has_histograms:
-            self.hist_plot.setTitle("histograms over steps: only watch logs keep them per step", color=FOREGROUND)
+            set_title(self.hist_plot, "histograms over steps: only watch logs keep them per step")
             return
         layer, _, call = label.partition("#")
         kind, path = self.kind_combo.currentData(), self.source
@@ -488,7 +495,7 @@ class TimelineView(QWidget):
     def show_histograms(self, label: str, steps: np.ndarray, counts: np.ndarray) -> None:
         """Draw ``counts`` (steps × bins) as bins (rows, cropped to those used) × steps."""
         if counts.size == 0:
-            self.hist_plot.setTitle(f"{label}: no histograms", color=FOREGROUND)
+            set_title(self.hist_plot, f"{label}: no histograms")
             return
         used = np.flatnonzero(counts.sum(axis=0))
         lo, hi = int(used[0]), int(used[-1]) + 1
@@ -501,8 +508,8 @@ class TimelineView(QWidget):
         step_every = max(1, steps.size // 10)
         self.hist_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(steps) if j % step_every == 0]])
-        self.hist_plot.setTitle(f"{label}: {KIND_LABELS.get(self.kind_combo.currentData(), '')} histograms over steps "
-                                "(signed log2 bins, colour log10(1 + count))", color=FOREGROUND)
+        kind = KIND_LABELS.get(self.kind_combo.currentData(), "")
+        set_title(self.hist_plot, f"{label}: {kind} histograms over steps (signed log2 bins, colour log10(1 + count))")
 
     # -- export ---------------------------------------------------------------------------------
     def export_png(self, path: str | None = None) -> str | None:

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TypeAlias
 
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QTabWidget, QWidget
+from PySide6.QtWidgets import QMainWindow, QProgressBar, QTabWidget, QWidget
 
 from gradexplorer.app import dialogs
 from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.views.compare_view import CompareView
 from gradexplorer.app.views.graph_view import GraphPanel
+from gradexplorer.app.views.label_fit import ElidedLabel
 from gradexplorer.app.window import error_dialog
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
@@ -95,7 +96,7 @@ class CompareWindow(QMainWindow):
         self.graph_panel.layer_selected.connect(self.view.select)
         self.view.call_selected.connect(self.graph_panel.select_layer)
         self.runner = TaskRunner("compare", self)
-        self.status_label = QLabel("")
+        self.status_label = ElidedLabel("")
         self.progress_bar = QProgressBar()
         self.progress_bar.setMaximumWidth(220)
         self.progress_bar.hide()

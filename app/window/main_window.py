@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
@@ -64,6 +64,24 @@ def about_text() -> str:
             "capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
             f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
             "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
+
+
+def clamp_to_screen(window: QWidget) -> None:
+    """Keep a restored window on the screen it opens on: a geometry saved on a larger or
+    another screen (or while the window was too wide) would put its panels out of reach."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None or window.isMaximized() or window.isFullScreen():
+        return
+    room = screen.availableGeometry()
+    frame = window.frameGeometry()
+    extra_w, extra_h = frame.width() - window.width(), frame.height() - window.height()
+    width = min(window.width(), room.width() - extra_w)
+    height = min(window.height(), room.height() - extra_h)
+    window.resize(max(width, 1), max(height, 1))
+    frame = window.frameGeometry()
+    x = min(max(frame.x(), room.left()), room.right() + 1 - frame.width())
+    y = min(max(frame.y(), room.top()), room.bottom() + 1 - frame.height())
+    window.move(max(x, room.left()), max(y, room.top()))
 
 
 class MainWindow(QMainWindow):
@@ -300,6 +318,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
+            clamp_to_screen(self)
         sizes = self.settings.value("window/splitter", list, [])
         try:
             if len(sizes) == 3:
@@ -321,17 +340,18 @@ class MainWindow(QMainWindow):
     # -- status --------------------------------------------------------------------------
     def _update_status(self) -> None:
         s = self.session
-        if s.capture is not None and s.capture_path:  # a capture file opened: its name, also over a model
-            name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
-            self.status_model.setText(f"  {name} (from file)  ")
+        if s.capture is not None and s.capture_path:
+            # A capture opened from a file is what the window shows, even with a model loaded.
             self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name}")
         elif s.model is not None:
-            self.status_model.setText(f"  {s.model.name}  ")
             self.setWindowTitle(f"gradexplorer — {s.model.name}")
+        if s.model is not None:
+            self.status_model.setText(f"  {s.model.name}  ")
         elif s.capture is not None:
             name = s.capture.meta.get("model_name") or s.capture.meta.get("model") or "capture"
             self.status_model.setText(f"  {name} (from file, no model)  ")
-            self.setWindowTitle(f"gradexplorer — {Path(s.capture_path).name if s.capture_path else name}")
+            if not s.capture_path:
+                self.setWindowTitle(f"gradexplorer — {name}")
         else:
             self.status_model.setText("  no model  ")
             self.setWindowTitle("gradexplorer")

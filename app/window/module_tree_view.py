@@ -29,7 +29,17 @@ from PySide6.QtCore import (
     Qt,
     Signal,
 )
-from PySide6.QtGui import QAction, QBrush, QColor, QFont, QFontMetrics, QGuiApplication, QPainter, QPalette
+from PySide6.QtGui import (
+    QAction,
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QGuiApplication,
+    QPainter,
+    QPalette,
+    QResizeEvent,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -583,11 +593,41 @@ class ModuleTreeView(QTreeView):
         header = self.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(COL_NAME, QHeaderView.ResizeMode.Interactive)
-        for col, width in ((COL_NAME, 184), (COL_TYPE, 96), (COL_SHAPE, 84), (COL_GRAD, 88),
+        for col, width in ((COL_NAME, self.NAME_WIDTH), (COL_TYPE, 96), (COL_SHAPE, 84), (COL_GRAD, 88),
                            (COL_PARAMS, 52), (COL_CALLS, 40)):
             header.resizeSection(col, width)
+        self._name_width_by_user: int | None = None
+        header.sectionResized.connect(self._on_section_resized)
         self.selectionModel().currentRowChanged.connect(self._on_current_changed)
         self.tree_model.modelReset.connect(self._on_reset)
+
+    # -- the Module column takes the room there is --------------------------------------
+    #: The Module column's width when the tree is narrow (it scrolls sideways then).
+    NAME_WIDTH = 184
+
+    def _fit_name_column(self) -> None:
+        """Give the Module column whatever the other columns leave of the viewport (deep
+        names need it), never less than ``NAME_WIDTH`` nor less than the user dragged."""
+        header = self.header()
+        others = sum(header.sectionSize(c) for c in range(header.count()) if c != COL_NAME and
+                     not header.isSectionHidden(c))
+        width = max(self._name_width_by_user or self.NAME_WIDTH, self.viewport().width() - others)
+        if width != header.sectionSize(COL_NAME):
+            self._fitting_name = True
+            try:
+                header.resizeSection(COL_NAME, width)
+            finally:
+                self._fitting_name = False
+
+    def _on_section_resized(self, index: int, _old: int, new: int) -> None:
+        if index == COL_NAME and not getattr(self, "_fitting_name", False):
+            self._name_width_by_user = new  # the user's drag wins over the fit
+        elif index != COL_NAME:
+            self._fit_name_column()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_name_column()
 
     # -- tree changes ---------------------------------------------------------------
     def _on_reset(self) -> None:

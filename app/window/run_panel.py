@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app.run_worker import Progress, TaskRunner
+from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
@@ -147,7 +148,9 @@ class RunPanel(QWidget):
         self.status_label = QLabel(self)
         self.status_label.setObjectName("hint")
         self.status_label.setWordWrap(True)
-        self.memory_label = QLabel(self)
+        self.memory_label = wrap_label(QLabel(self))
+        # On its own row, under the buttons: beside the Run button its width changed with
+        # the estimate ("statistics only" shortens it), and the Run button moved.
         self.memory_label.setObjectName("memoryEstimate")
         self.memory_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.budget_label = QLabel(self)
@@ -192,13 +195,13 @@ class RunPanel(QWidget):
         self._form = form
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 2)
-        buttons.addWidget(self.memory_label, 0)
         buttons.addWidget(self.cancel_button, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
         layout.addLayout(form)
         layout.addLayout(buttons)
+        layout.addWidget(self.memory_label)
         layout.addWidget(self.budget_label)
         layout.addWidget(self.progress)
         layout.addWidget(self.status_label)

@@ -62,6 +62,10 @@ COUNT_KEYS: tuple[ScalarKey, ...] = ("numel", "nan_count", "inf_count")
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-8
+#: The default tolerance when either capture holds half-precision tensors (autocast): the
+#: rounding of one bf16 or fp16 operation alone is far above 1e-5 (``torch.testing``'s
+#: defaults for these types).
+HALF_TOLERANCES = {"bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
 
 
 class CompareError(GradExplorerError):
@@ -637,6 +641,19 @@ def _batches(sizes: list) -> str:
     return f"{len(sizes)} batches of {sizes[0]}" if sizes else "no batches"
 
 
+def default_tolerance(a: Capture, b: Capture) -> tuple[float, float]:
+    """``(rtol, atol)`` suited to the captures' dtypes: NumPy's 1e-5 and 1e-8 for float32
+    and wider, ``HALF_TOLERANCES`` when either side recorded bf16 (the looser) or fp16
+    activations, as autocast does; a bf16 run then is not "diverged" by rounding alone.
+    """
+    dtypes = {str(call.dtype).replace("torch.", "") for cap in (a, b) for name in cap.layer_order
+              for call in cap[name].calls}
+    for kind in ("bfloat16", "float16"):
+        if kind in dtypes:
+            return HALF_TOLERANCES[kind]
+    return DEFAULT_RTOL, DEFAULT_ATOL
+
+
 def compare(
     a: Capture,
     b: Capture,
@@ -656,7 +673,8 @@ def compare(
         Full or statistics-only, in any combination (a pair where one side lacks the
         tensors is compared by statistics).
     tolerance : Tolerance, optional
-        Or ``rtol`` / ``atol`` (defaults ``1e-5`` and ``1e-8``, as in NumPy).
+        Or ``rtol`` / ``atol`` (defaults ``1e-5`` and ``1e-8``, as in NumPy, for float32
+        captures; looser for bf16 and fp16 ones: ``default_tolerance``).
     mapping : mapping of str to str, optional
         A's layer names to B's (see ``map_name``) for renamed modules.
     label_a, label_b : str
@@ -673,7 +691,8 @@ def compare(
         does not fit), or for a bad tolerance or mapping.
     """
     if tolerance is None:
-        tolerance = Tolerance(DEFAULT_RTOL if rtol is None else rtol, DEFAULT_ATOL if atol is None else atol)
+        d_rtol, d_atol = default_tolerance(a, b)
+        tolerance = Tolerance(d_rtol if rtol is None else rtol, d_atol if atol is None else atol)
     check_same_data(a, b, label_a, label_b)
     mapping = check_mapping(mapping)
     matched = [(n, map_name(n, mapping)) for n in a.layer_order]

@@ -347,7 +347,7 @@ def test_stats_table_and_csv_export(views, cnn, tmp_path):
     assert labels == ["activation", "gradient", "input gradient", "gradient of weight", "gradient of bias"]
     assert "computed on <b>cpu</b>" in views.stats_view.info_label.text()
     assert "(3, 16, 12, 10)" in views.stats_view.info_label.text()
-    assert views.stats_view.table.item(1, 0).text() == f"{3 * 16 * 12 * 10:,}"
+    assert views.stats_view.table.item(0, 1).text() == f"{3 * 16 * 12 * 10:,}"  # numel of the gradient
 
     path = views.export_csv(tmp_path / "stats.csv")
     with open(path, newline="") as f:

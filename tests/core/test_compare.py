@@ -521,3 +521,21 @@ def test_forward_order_is_the_order_calls_returned():
     old = type(cap)({k: v for k, v in cap.meta.items() if k != "call_order"}, cap.input, cap.output,
                     cap.input_grad, cap.layers)
     assert forward_order(old)[3] == ("layer1.0.relu", 1)
+
+
+def test_default_tolerance_follows_the_captures_dtypes():
+    """A bf16 (autocast) capture is judged at bf16's precision by default, float32 at NumPy's;
+    a tolerance the user gives wins."""
+    from gradexplorer.comparison.compare import DEFAULT_ATOL, DEFAULT_RTOL, HALF_TOLERANCES, default_tolerance
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(4, 8)
+    a = capture(net, x, target="sum")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        b = capture(net, x, target="sum")
+    assert default_tolerance(a, a) == (DEFAULT_RTOL, DEFAULT_ATOL)
+    assert default_tolerance(a, b) == HALF_TOLERANCES["bfloat16"] == default_tolerance(b, a)
+    r = compare(a, b)
+    assert (r.tolerance.rtol, r.tolerance.atol) == HALF_TOLERANCES["bfloat16"]
+    assert compare(a, b, rtol=1e-5).tolerance.rtol == 1e-5

@@ -1,0 +1,140 @@
+"""Every plot states its scale: colour bars with min, max and zero labelled and a title
+saying what the colours measure; the flow chart's names at every zoom; the graph readable
+at fit; one light theme."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PySide6.QtWidgets import QApplication
+
+from gradexplorer.app.views.capture_views import CaptureViews
+from gradexplorer.app.views.flow_view import FLAG_RULE_SHORT, GradientFlowView
+from gradexplorer.app.views.plot_style import BACKGROUND, FOREGROUND, ScaleBar, scale_number
+from gradexplorer.capturing.capture import capture
+from tests.app.test_views import TinyCNN, cnn  # noqa: F401 - the fixture
+
+
+@pytest.fixture()
+def views(qtbot, cnn):  # noqa: F811 - the fixture above
+    w = CaptureViews()
+    qtbot.addWidget(w)
+    w.resize(1100, 800)
+    full, _, batch = cnn
+    w.set_capture(full, batch)
+    return w
+
+
+def test_signed_bar_labels_min_zero_and_max(qtbot):
+    bar = ScaleBar("gradient ∂L/∂y (loss per unit of y)")
+    bar.set_range(-2.5e-6, 2.5e-6)
+    assert bar.tick_labels() == ["-2.50e-6", "0", "2.50e-6"]
+    assert bar.levels() == (-2.5e-6, 2.5e-6)
+    bar.set_range(0.2, 3.0, signed=False)  # the labels follow a new range, and zero leaves
+    assert bar.tick_labels() == ["0.2", "3"]
+    assert "∂L/∂y" in bar.axis.labelText
+
+
+def test_log_bar_reads_as_the_quantity(qtbot):
+    bar = ScaleBar("L2 norm (log scale)", signed=False, log10=True)
+    bar.set_range(-6.0, 2.0)
+    assert bar.tick_labels() == ["1.00e-6", "100"]
+
+
+def test_heatmap_bar_states_the_range_of_the_picture(views, cnn):  # noqa: F811
+    hv = views.heatmap_view
+    views.set_layer("conv2")
+    hv.set_display("channel", channel=3)
+    arr = views.current_image_array()
+    hi = float(np.nanmax(np.abs(arr)))
+    labels = hv.colorbar.tick_labels()
+    assert labels == [scale_number(-hi), "0", scale_number(hi)]
+    assert "gradient" in hv.colorbar.title()
+    hv.set_tensor("activation")
+    views.set_layer("relu")
+    arr = views.current_image_array()
+    lo, hi = hv.current_levels()
+    assert hv.colorbar.tick_labels()[0] == scale_number(lo) and hv.colorbar.tick_labels()[-1] == scale_number(hi)
+    assert hv.colorbar.title().startswith("activation")
+
+
+def test_gradcam_and_saliency_have_labelled_bars(views):
+    views.set_layer("conv2")
+    views.tabs.setCurrentWidget(views.gradcam_view)
+    assert views.gradcam_view.current_cam() is not None
+    assert views.gradcam_view.colorbar.tick_labels() == ["0", "1"]
+    assert "Grad-CAM" in views.gradcam_view.colorbar.title()
+    views.tabs.setCurrentWidget(views.saliency_view)
+    sal = views.saliency_view.current_map()
+    labels = views.saliency_view.colorbar.tick_labels()
+    assert labels[-1] == scale_number(float(sal.max()))
+    assert "∂L/∂x" in views.saliency_view.colorbar.title()
+
+
+def test_axis_titles_use_the_theme_colour(views):
+    views.tabs.setCurrentWidget(views.histogram_view)
+    views.histogram_view.ensure_drawn()
+    for name in ("left", "bottom"):
+        axis = views.histogram_view.plot.getAxis(name)
+        assert axis.labelStyle.get("color") == FOREGROUND, name
+    assert BACKGROUND == "#ffffff"  # light plots on the light window
+
+
+def _long_names_capture():
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4) for _ in range(60)]
+    model = torch.nn.Sequential(torch.nn.Sequential(*layers))
+    return capture(model, torch.randn(2, 4), target="sum")
+
+
+def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
+    view = GradientFlowView()
+    qtbot.addWidget(view)
+    view.resize(900, 300)
+    view.show()
+    qtbot.waitExposed(view)
+    cap = _long_names_capture()
+    view.set_capture(cap)
+    QApplication.processEvents()
+    names, _ = view.series()
+    shown = view.tick_names()
+    assert 1 < len(shown) < len(names)  # not one or two of 60, and not all crammed
+    assert all(n in names for n in shown)  # whole names ("0.12"), never cut
+    view.plot.setXRange(10 - 0.4, 14 + 0.4, padding=0)
+    QApplication.processEvents()
+    assert view.tick_names() == names[10:15]  # zoomed in: every bar named
+    assert "neighbouring layers" in FLAG_RULE_SHORT and FLAG_RULE_SHORT in view.legend_label.text()
+
+
+def test_graph_fit_keeps_names_readable(qtbot):
+    from PySide6.QtWidgets import QGraphicsRectItem
+
+    from gradexplorer.app.views.graph_view import GraphCanvas
+
+    canvas = GraphCanvas()
+    qtbot.addWidget(canvas)
+    canvas.resize(500, 700)
+    canvas.show()
+    qtbot.waitExposed(canvas)
+    # A tall, narrow graph (a deep chain): fitted whole it would be a thin column.
+    for i in range(80):
+        canvas.scene().addItem(QGraphicsRectItem(0, i * 60, 160, 40))
+    canvas.fit()
+    assert canvas.transform().m11() >= canvas.READABLE_SCALE
+    # A small graph is shown whole.
+    canvas.scene().clear()
+    canvas.scene().addItem(QGraphicsRectItem(0, 0, 200, 200))
+    canvas.fit()
+    rect = canvas.mapFromScene(canvas.scene().itemsBoundingRect()).boundingRect()
+    assert canvas.viewport().rect().contains(rect)
+
+
+def test_topk_tiles_are_labelled_with_their_channels(views):
+    hv = views.heatmap_view
+    views.set_layer("conv2")
+    hv.set_display("topk", k=4)
+    hm = hv.current_heatmap()
+    assert hv.tile_label_texts() == [f"ch {c}" for c in hm.channels] and len(hm.channels) == 4
+    hv.set_display("channel", channel=2)
+    assert hv.tile_label_texts() == []

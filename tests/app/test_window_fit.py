@@ -1,0 +1,259 @@
+"""The windows fit an ordinary 1280×800 screen after real use: a resnet18 capture opened from
+a file, a comparison, a watch log. Every visible widget lies inside its window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PySide6.QtCore import QPoint, QRect
+from PySide6.QtWidgets import QApplication, QWidget
+
+from tests.app.conftest import TIMEOUT
+
+SCREEN = (1280, 800)
+
+
+@pytest.fixture(scope="module")
+def resnet_files(tmp_path_factory):
+    """A resnet18 capture (random weights, small pictures) with its graph, a second capture
+    of the same model with other weights, and a watch log of three training steps."""
+    import torchvision
+
+    import gradexplorer as gx
+    from gradexplorer.model_graph.graph import graph_for_capture
+
+    folder = tmp_path_factory.mktemp("resnet18")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    x = torch.randn(2, 3, 64, 64)
+    a = gx.capture(model, x, meta={"model": "resnet18", "model_name": "resnet18"})
+    a.graph = graph_for_capture(model, x, a).to_dict()
+    gx.save_capture(a, folder / "a.pt")
+    with torch.no_grad():
+        model.fc.weight.mul_(1.5)
+    b = gx.capture(model, x, meta={"model": "resnet18", "model_name": "resnet18"})
+    gx.save_capture(b, folder / "b.pt")
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gx.watch(model, str(folder / "run.gxw"), every=1) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(x).logsumexp(1).mean()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss)
+    return folder
+
+
+def outside(window: QWidget) -> list[str]:
+    """Every visible widget of ``window`` (menus and status bar included) whose rectangle
+    does not lie inside the window's, as 'Class name: rect'."""
+    frame = QRect(QPoint(0, 0), window.size())
+    bad = []
+    for w in window.findChildren(QWidget):
+        if not w.isVisible() or w.isWindow() or w.width() <= 0 or w.height() <= 0:
+            continue
+        rect = QRect(w.mapTo(window, QPoint(0, 0)), w.size())
+        # A widget inside a scroll area may lie outside the viewport: that is scrolling, not
+        # overflow. What matters is the part that the window can show.
+        clip = w.visibleRegion().boundingRect()
+        if clip.isEmpty():
+            continue
+        shown = QRect(w.mapTo(window, clip.topLeft()), clip.size())
+        if not frame.contains(shown):
+            bad.append(f"{type(w).__name__} {w.objectName()!r}: {rect} (shown {shown})")
+        elif not frame.contains(rect) and not _scrolled(w):
+            bad.append(f"{type(w).__name__} {w.objectName()!r}: {rect}")
+    return bad
+
+
+def _scrolled(w: QWidget) -> bool:
+    from PySide6.QtWidgets import QAbstractScrollArea
+
+    p = w.parentWidget()
+    while p is not None:
+        if isinstance(p, QAbstractScrollArea):
+            return True
+        p = p.parentWidget()
+    return False
+
+
+def widest(window: QWidget) -> list[str]:
+    """The visible widgets whose minimum width is large: where a window's minimum comes from."""
+    hints = [(max(w.minimumSizeHint().width(), w.minimumWidth()), f"{type(w).__name__} {w.objectName()!r}")
+             for w in window.findChildren(QWidget) if w.isVisible()]
+    return [f"{n}: {h}" for h, n in sorted(hints, reverse=True)[:25]]
+
+
+def tallest(window: QWidget) -> list[str]:
+    hints = [(max(w.minimumSizeHint().height(), w.minimumHeight()), f"{type(w).__name__} {w.objectName()!r}")
+             for w in window.findChildren(QWidget) if w.isVisible()]
+    return [f"{n}: {h}" for h, n in sorted(hints, reverse=True)[:25]]
+
+
+def fit(qtbot, window: QWidget) -> None:
+    window.resize(*SCREEN)
+    for _ in range(5):
+        QApplication.processEvents()
+    qtbot.wait(50)
+    assert window.minimumSizeHint().width() <= SCREEN[0], "\n".join(widest(window))
+    assert window.minimumSizeHint().height() <= SCREEN[1], "\n".join(tallest(window))
+    assert (window.width(), window.height()) == SCREEN
+    assert outside(window) == []
+
+
+def test_main_window_fits_1280x800_after_opening_a_resnet18_capture(qtbot, window, resnet_files):
+    window.show()
+    with qtbot.waitSignal(window.file_done, timeout=TIMEOUT):
+        window.open_capture(str(resnet_files / "a.pt"))
+    for i in range(window.views.tabs.count()):  # every view drawn once: each sets its labels
+        window.views.tabs.setCurrentIndex(i)
+        QApplication.processEvents()
+    window.views.tabs.setCurrentIndex(0)
+    window.module_tabs.setCurrentIndex(1)  # the graph and its status line
+    qtbot.wait(200)
+    window.showMaximized()
+    QApplication.processEvents()
+    window.showNormal()
+    fit(qtbot, window)
+    window.module_tabs.setCurrentIndex(0)
+    fit(qtbot, window)
+
+
+def test_main_window_fits_after_the_demo_and_a_second_model(qtbot, demo):
+    demo.show()
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.load_model("demo:seed-mlp", run=True)
+    fit(qtbot, demo)
+
+
+def test_a_window_wider_than_the_screen_is_detected(qtbot):
+    """The check itself: a label that never wraps, wider than the window, is reported."""
+    from PySide6.QtWidgets import QLabel, QMainWindow
+
+    w = QMainWindow()
+    qtbot.addWidget(w)
+    w.setCentralWidget(QLabel("x" * 600))
+    w.show()
+    w.resize(*SCREEN)
+    QApplication.processEvents()
+    assert w.minimumSizeHint().width() > SCREEN[0] or outside(w)
+
+
+def test_compare_window_fits_1280x800(qtbot, resnet_files):
+    from gradexplorer.app.window.compare_window import CompareWindow
+
+    w = CompareWindow()
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.runner.finished, timeout=TIMEOUT):
+        w.compare_files(str(resnet_files / "a.pt"), str(resnet_files / "b.pt"))
+    QApplication.processEvents()
+    fit(qtbot, w)
+    w.tabs.setCurrentIndex(1)
+    fit(qtbot, w)
+    w.close()
+
+
+def test_timeline_window_fits_1280x800(qtbot, resnet_files):
+    from gradexplorer.app.window.timeline_window import TimelineWindow
+
+    w = TimelineWindow(None)
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.view.updated, timeout=TIMEOUT):
+        w.view.open_log(str(resnet_files / "run.gxw"))
+    rows = w.view.timeline.rows
+    w.view.select_layer(rows[len(rows) // 2])
+    qtbot.wait(300)
+    fit(qtbot, w)
+    w.close()
+
+
+def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
+    """A geometry saved on a bigger screen (or off to the side) opens inside this one."""
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+    from tests.app.conftest import CPU
+
+    settings = AppSettings(str(tmp_path / "s.ini"))
+    big = MainWindow(settings=settings, devices=CPU, restore_geometry=False)
+    qtbot.addWidget(big)
+    big.setGeometry(3000, 2000, 2400, 1500)
+    settings.set_geometry(big.saveGeometry())
+    big.shutdown()
+    w = MainWindow(settings=settings, devices=CPU)
+    qtbot.addWidget(w)
+    room = w.screen().availableGeometry()
+    # Never smaller than the window can be: the clamp stops at its minimum size.
+    assert w.width() <= max(room.width(), w.minimumSizeHint().width())
+    assert w.height() <= max(room.height(), w.minimumSizeHint().height())
+    assert room.contains(w.frameGeometry().topLeft())
+    w.shutdown()
+
+
+def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
+    demo.show()
+    QApplication.processEvents()
+    panel = demo.run_panel
+    before = panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()
+    full_estimate = panel.memory_label.text()
+    panel.stats_radio.click()
+    qtbot.waitUntil(lambda: panel.memory_label.text() != full_estimate, timeout=TIMEOUT)
+    QApplication.processEvents()
+    assert demo.session.mode == "stats"
+    assert (panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()) == before
+    panel.full_radio.click()
+    QApplication.processEvents()
+    assert (panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()) == before
+
+
+def test_the_module_column_takes_the_room_there_is(qtbot, demo):
+    from gradexplorer.app.window.module_tree_view import COL_NAME
+
+    demo.show()
+    tree = demo.tree_view
+    demo.splitter.setSizes([700, 520, 280])
+    QApplication.processEvents()
+    header = tree.header()
+    used = sum(header.sectionSize(c) for c in range(header.count()) if not header.isSectionHidden(c))
+    assert header.sectionSize(COL_NAME) > tree.NAME_WIDTH
+    assert abs(used - tree.viewport().width()) <= 2  # no empty band beside the columns
+    demo.splitter.setSizes([300, 920, 280])
+    QApplication.processEvents()
+    assert header.sectionSize(COL_NAME) == tree.NAME_WIDTH  # narrow: it scrolls instead
+
+
+def test_opening_a_capture_puts_its_name_in_the_title(qtbot, demo, tmp_path):
+    """A capture of the model already loaded keeps the model; the title names the file."""
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.export_capture(str(tmp_path / "shapes_run.pt"))
+    assert "shapes" in demo.windowTitle().lower()
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.open_capture(str(tmp_path / "shapes_run.pt"))
+    assert demo.session.model is not None
+    assert demo.windowTitle() == "gradexplorer — shapes_run.pt"
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):  # a new run shows the model again
+        demo.run()
+    assert "shapes_run.pt" not in demo.windowTitle()
+
+
+def test_the_sample_header_follows_a_new_batch(qtbot, demo):
+    """After the batch changes, the header never names a picture of the old batch as if it
+    were the new one's."""
+    from pathlib import Path
+
+    samples = Path(__file__).resolve().parents[2] / "resources" / "demo_shapes" / "samples"
+    old = demo.views.sample_name.text()
+    assert old.startswith("of 12: ")
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs([str(samples / "star_2.png"), str(samples / "cross_2.png")])
+    QApplication.processEvents()
+    header = demo.views.sample_name.text()
+    if demo.session.capture is None:
+        assert header == "" or not demo.views.sample_name.isVisible()
+    else:
+        assert header != old and ("captured batch" in header or "star_2.png" in header)
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert demo.views.sample_name.text() == "of 2: star_2.png"
