@@ -11,6 +11,8 @@ load hits them alike; then the peak resident memory of each kind, measured in a 
 process (the model, one warm-up and one run). Kinds:
 
 - ``stats``, ``full``: gradexplorer statistics-only and full capture of every leaf layer;
+- ``stats64``: ``stats`` with every block of the CPU pass summed in float64 (the pass
+  before float32 lanes, ``GRADEXPLORER_CPU_FLOAT32=0``): what the float32 lanes save;
 - ``read``: a forward hook per leaf that only reads the output once, and the gradient
   through a tensor hook (``torch.sum`` in float32, torch's multithreaded reduction): no
   statistic of those tensors can cost less, so this is the floor beneath ``stats``, and
@@ -50,8 +52,11 @@ from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("bare", "stats", "full", "read", "clone", "naive", "wandb", "torchlens", "captum")
+KINDS = ("bare", "stats", "full", "read", "clone", "stats64", "naive", "wandb", "torchlens", "captum")
 TARGETS = {"stats": 1.2, "full": 1.4}
+#: Targets beside the floors of the same run: statistics-only at most this much above
+#: ``read``, full capture at most this much above ``clone`` (in units of the bare pass).
+FLOOR_TARGETS = {"stats": ("read", 0.08), "full": ("clone", 0.05)}
 
 
 def _params(model):
@@ -175,11 +180,32 @@ def _captum(model):
     return run
 
 
+def _stats_float64(model, x):
+    from gradexplorer.stats import cpu as cpu_stats
+
+    saved = cpu_stats.float32_lanes
+    cpu_stats.float32_lanes = False
+    try:
+        return capture(model, x, mode="stats")
+    finally:
+        cpu_stats.float32_lanes = saved
+
+
+def markdown_table(rows: list[dict], kinds) -> str:
+    """The figures of ``main`` as the Markdown table of docs/benchmarks.md."""
+    shown = [k for k in kinds if k != "bare"]
+    lines = ["| model | bare | " + " | ".join(shown) + " |", "|---" * (len(shown) + 2) + "|"]
+    for r in rows:
+        cells = [f"{r[k + '_x']:.2f}x" if k + "_x" in r else "-" for k in shown]
+        lines.append(f"| {r['model']} b{r['batch']} | {r['bare_s']:.2f} s | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def make_kind(kind: str, model):
     """The callable ``fn(model, x)`` of a kind, or ``None`` when its package is missing."""
     simple = {"bare": bare, "read": read, "clone": clone, "naive": naive, "wandb": wandb_style,
               "stats": lambda m, x: capture(m, x, mode="stats"),
-              "full": lambda m, x: capture(m, x, mode="full")}
+              "full": lambda m, x: capture(m, x, mode="full"), "stats64": _stats_float64}
     if kind in simple:
         return simple[kind]
     try:
@@ -316,6 +342,7 @@ def main(argv=None) -> list[dict]:
                     help="cpu: time the process's CPU time (meaningful with --threads 1 while other jobs run)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="comma-separated kinds to time (bare is always timed): " + ", ".join(KINDS))
+    ap.add_argument("--markdown", action="store_true", help="also print the figures as a Markdown table")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -362,7 +389,14 @@ def main(argv=None) -> list[dict]:
             why = r.get("memory_failed", {}).get(k)
             memory = f"   peak RSS {mem:,.0f} MiB" if mem else (f"   peak RSS not measured: {why}" if why else "")
             print(f"  {k:<10} {ratio:>7}" + memory + target, flush=True)
+        for k, (floor, most) in FLOOR_TARGETS.items():
+            if f"{k}_x" in r and f"{floor}_x" in r:
+                above = r[f"{k}_x"] - r[f"{floor}_x"]
+                verdict = "met" if above <= most else "NOT met"
+                print(f"  {k} - {floor}: {above:+.2f}x (target <= +{most:.2f}x: {verdict})", flush=True)
     print(f"\nmedian of repeats, interleaved, ratio to the bare forward+backward of the same run ({args.clock} clock)")
+    if args.markdown:
+        print("\n" + markdown_table(rows, kinds))
     return rows
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from typing import Any, Literal, overload
@@ -74,6 +75,10 @@ _NUMPY_DTYPES = {
 }
 _HALF = (torch.float16, torch.bfloat16)
 
+#: float32 and half tensors summed in float32 lanes where that holds the accuracy contract
+#: (``cpu_kernels.chunk``); False: every block in float64 (``GRADEXPLORER_CPU_FLOAT32=0``).
+float32_lanes = os.environ.get("GRADEXPLORER_CPU_FLOAT32", "1") != "0"
+
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
 _lock = threading.Lock()
 _parallel_lock = threading.Lock()
@@ -84,7 +89,6 @@ compile_seconds: dict[str, float] = {}
 
 
 def _build() -> dict[str, Any]:
-    import os
 
     import numba
     import numpy as np
@@ -98,7 +102,8 @@ def _build() -> dict[str, Any]:
     from gradexplorer.stats import cpu_kernels as k  # deferred: numba compiles them on import (seconds)
 
     return {"serial": k.serial, "parallel": k.parallel, "threads": numba.get_num_threads(),
-            "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64)}
+            "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64),
+            "float32": np.dtype(np.float32)}
 
 
 def available() -> bool:
@@ -156,6 +161,8 @@ def _table(dtype: torch.dtype) -> Any:
 def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
     """(numpy view of ``t``'s elements in memory order, widening table or None), or None."""
     x = t.detach()
+    if x.dtype is torch.float32 and x.is_contiguous() and not x.is_neg() and x.device.type == "cpu":
+        return x.view(-1).numpy(), None  # most of a capture's tensors: the fewest calls
     if x.device.type != "cpu" or x.is_complex():
         return None
     if x.dtype in _HALF:
@@ -220,6 +227,7 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
     t0 = time.perf_counter() if first else 0.0
     offset, step, count = histogram_sample(n, hist_limit)
     wide = x.dtype == k["float64"]
+    f32 = float32_lanes and (use_table or x.dtype == k["float32"])
     try:
         # The workqueue layer aborts the process on concurrent parallel launches (the
         # window's histogram while a capture runs): a busy pool means the serial kernel.
@@ -227,11 +235,11 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
                 and _parallel_lock.acquire(blocking=False)):
             try:
                 nchunks = max(1, min(k["threads"] * _CHUNKS_PER_THREAD, n // 2048))
-                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide)
+                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide, f32)
             finally:
                 _parallel_lock.release()
         else:
-            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide)
+            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide, f32)
     except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
         log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
         _state["kernels"] = False

@@ -26,6 +26,13 @@ COLS = 8
 RESULT = 12
 
 _INF = np.inf
+_INF32 = np.float32(np.inf)
+#: A block's spread (max - min) for which its float32 sums of squared deviations hold the
+#: accuracy contract (1e-6 relative of float64): above 2^-40, no square that matters reaches
+#: float32's subnormals (their rounding is absolute, 2^-150); below 2^58, BLOCK squares of
+#: deviations stay below float32's maximum. Other blocks take the float64 loop.
+_SPREAD_LO = 2.0 ** -40
+_SPREAD_HI = 2.0 ** 58
 #: Vectorised float64 sums; NaN and Inf semantics kept (no "nnan", "ninf").
 _FASTMATH = {"reassoc", "contract", "nsz"}
 
@@ -90,7 +97,7 @@ _hist_in_float64: Any = njit(inline="always")(histogram_in_float64)
 
 @njit(cache=True, fastmath=_FASTMATH)  # not inline="always": that stopped vectorisation
 def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: Any, row: int,
-          offset: int, step: int, sample: Any) -> None:
+          offset: int, step: int, sample: Any, f32: bool) -> None:
     """The moments of ``x[start:stop]`` into ``res[row]`` (see ``COLS``); the copy into
     ``out`` when ``copy``; the histogram's sample elements (``offset + k * step``) of this
     range into ``sample[k]``, read while their block is in the cache."""
@@ -111,40 +118,77 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         size = e - b
         if copy:
             out[b:e] = xb  # from the L1 cache: the copy costs no second read
-        # The fast loop: float64 sums of the deviations from the block's first value p
-        # (a value inside the block keeps sum((v - p)^2) within BLOCK times the block's
-        # m2, so m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings)
-        # and of the magnitudes. NaN or Inf anywhere in the block (or a float64 square
-        # beyond float64) leaves bq non-finite: then the careful loop.
-        p = load(xb, table, 0)
-        bs = 0.0
-        bq = 0.0
+        done = False
+        bc = 0.0
+        bmean = 0.0
+        bm2 = 0.0
         ba = 0.0
-        for i in range(size):
-            v = load(xb, table, i)
-            d = v - p
-            bs += d
-            bq += d * d
-            ba += abs(v)
-        # The histogram's sample only now, from the L1 cache: read before the fast loop,
-        # each element was a cache miss (75 ns apiece, 20% of a 6.4M-element pass).
+        bz = 0
+        flo = _INF
+        fhi = -_INF
+        if f32:
+            # float32 lanes (twice float64's): sums of the values and their magnitudes,
+            # then, when those are finite (so is every value), the extremes and zeros, and
+            # the sums of the deviations from the block's float32 mean and their squares.
+            # Rounding stays within the accuracy contract because the squared values are
+            # deviations from a mean (no cancellation) and every lane sums only
+            # BLOCK / lanes of them; blocks merge in float64. Kept out of float32: blocks
+            # whose spread would overflow a float32 square, or is so small that the
+            # squares reach float32's subnormals (1e-30-scale values): the float64 loop.
+            s32, a32 = sums32(xb, table)
+            if a32 < _INF32:
+                blo, bhi, bz = finite_extremes_and_zeros(xb, table)
+                flo = np.float64(blo)
+                fhi = np.float64(bhi)
+                spread = fhi - flo
+                bc = float(size)
+                if spread == 0.0:  # a constant block: exact
+                    bmean = flo
+                    bm2 = 0.0
+                    ba = abs(flo) * bc
+                    done = True
+                elif _SPREAD_LO <= spread < _SPREAD_HI:
+                    mu = np.float32(s32 / np.float32(size))
+                    es, eq = deviations32(xb, table, mu)
+                    bmean = np.float64(mu) + np.float64(es) / bc
+                    bm2 = _m2(np.float64(es), np.float64(eq), bc)
+                    ba = np.float64(a32)
+                    done = True
+        if not done:
+            # float64 sums of the deviations from the block's first value p (a value inside
+            # the block keeps sum((v - p)^2) within BLOCK times the block's m2, so
+            # m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings) and
+            # of the magnitudes. NaN or Inf anywhere in the block (or a float64 square
+            # beyond float64) leaves bq non-finite: then the careful loop.
+            p = load(xb, table, 0)
+            bs = 0.0
+            bq = 0.0
+            ba = 0.0
+            for i in range(size):
+                v = load(xb, table, i)
+                d = v - p
+                bs += d
+                bq += d * d
+                ba += abs(v)
+            if bq < _INF:
+                bc = float(size)
+                # Extremes and zeros in a loop of their own (with the float64 sums in it,
+                # LLVM vectorised nothing), in the data's own type, compiled for finite values.
+                blo, bhi, bz = finite_extremes_and_zeros(xb, table)
+                flo = np.float64(blo)
+                fhi = np.float64(bhi)
+                bmean = p + bs / bc
+                bm2 = _m2(bs, bq, bc)
+            else:
+                bc, bmean, bm2, ba, bz, bn, flo, fhi = careful(xb, table)
+                nnan += bn
+        # The histogram's sample only now, from the L1 cache: read before the block's
+        # loops, each element was a cache miss (75 ns apiece, 20% of a 6.4M-element pass).
         while k < sample.size and offset + k * step < e:
             sample[k] = load(x, table, offset + k * step)
             k += 1
-        if bq < _INF:
-            bc = float(size)
-            # Extremes and zeros in a loop of their own (with the float64 sums in it, LLVM
-            # vectorised nothing), in the data's own type, compiled for finite values.
-            blo, bhi, bz = finite_extremes_and_zeros(xb, table)
-            flo = np.float64(blo)
-            fhi = np.float64(bhi)
-            bmean = p + bs / bc
-            bm2 = _m2(bs, bq, bc)
-        else:
-            bc, bmean, bm2, ba, bz, bn, flo, fhi = careful(xb, table)
-            nnan += bn
-            if bc == 0.0:
-                continue
+        if bc == 0.0:
+            continue
         cnt, mean, m2 = _chan(cnt, mean, m2, bc, bmean, bm2)
         sumabs += ba
         zeros += bz
@@ -158,6 +202,34 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     res[row, 5] = hi
     res[row, 6] = cnt - zeros
     res[row, 7] = nnan
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def sums32(xb: Any, table: Any) -> Any:
+    """(sum of the values, sum of their magnitudes) of a block in float32 lanes; either is
+    non-finite when a value is NaN or Inf (or the magnitudes' sum leaves float32)."""
+    s = np.float32(0.0)
+    a = np.float32(0.0)
+    for i in range(xb.size):
+        v = np.float32(native(xb, table, i))
+        s += v
+        a += abs(v)
+    return s, a
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def deviations32(xb: Any, table: Any, mu: Any) -> Any:
+    """(sum of v - mu, sum of (v - mu)^2) over a block of finite values, in float32 lanes:
+    each lane sums BLOCK / lanes terms (a pairwise sum's leaves), and the squares are of
+    deviations from the block's mean, so no cancellation is left for the rounding to
+    amplify; the first sum corrects the mean to float64 accuracy."""
+    s = np.float32(0.0)
+    q = np.float32(0.0)
+    for i in range(xb.size):
+        d = np.float32(native(xb, table, i)) - mu
+        s += d
+        q += d * d
+    return s, q
 
 
 #: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
@@ -311,22 +383,24 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
 
 
 @njit(cache=True, nogil=True)
-def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, count: int, wide: bool) -> Any:
-    """``finish`` of one chunk over all of ``x``: (result row, histogram counts)."""
+def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, count: int, wide: bool,
+           f32: bool) -> Any:
+    """``finish`` of one chunk over all of ``x``: (result row, histogram counts). ``f32``:
+    blocks in float32 lanes where that holds the accuracy contract (float32 and half data)."""
     res = np.empty((1, COLS), np.float64)
     sample = np.empty(count, np.float64)
-    chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample)
+    chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample, f32)
     return finish(res, x.size, sample, wide)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int, offset: int, step: int, count: int,
-             wide: bool) -> Any:
+             wide: bool, f32: bool) -> Any:
     """``serial`` with ``nchunks`` chunks on numba's threads."""
     n = x.size
     size = (n + nchunks - 1) // nchunks
     res = np.empty((nchunks, COLS), np.float64)
     sample = np.empty(count, np.float64)
     for c in prange(nchunks):
-        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample)
+        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample, f32)
     return finish(res, n, sample, wide)

@@ -47,7 +47,8 @@ def moments_and_counts(x: Any, bits: Any, fold: Any, res: Any, out: Any) -> None
     bin counts of its bits (``bits``: ``x`` viewed as int32) into ``out``."""
     # No histogram sample (the log2 bins count every value); made here, since numba
     # freezes a global array read-only and chunk writes its sample.
-    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0, 0, 1, np.empty(0, np.float64))
+    # float64 blocks (f32=False): the watch's merged moments as they were measured.
+    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0, 0, 1, np.empty(0, np.float64), False)
     fold_counts(bits, fold, out)
 
 

@@ -192,6 +192,8 @@ def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sum
 
 def _ldexp(value: float, exponent: int) -> float:
     """value * 2**exponent, inf where that is beyond float64 (math.ldexp raises there)."""
+    if not exponent:  # the usual case: four calls per tensor, hundreds of tensors per capture
+        return value
     try:
         return math.ldexp(value, exponent)
     except OverflowError:

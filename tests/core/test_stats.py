@@ -98,6 +98,13 @@ ADVERSARIAL = {
     "one_block_plus_one": lambda: _randn(BLOCK + 1) - 3.0,
     "two_blocks_plus_one": lambda: _randn(2 * BLOCK + 1) - 3.0,
     "signed_zeros": lambda: torch.tensor([-0.0, 0.0, -0.0, 2.5, -1e-30] * 30_000),
+    "scale_1e20_float32": lambda: 1e20 * _randn(300_000, 6),
+    "scale_1e-30_float32": lambda: 1e-30 * _randn(300_000, 7),
+    "scale_1e-30_plus_offset_float32": lambda: 1e-30 * (3 + _randn(50_000, 8)),
+    "fp16_large_mean_tiny_std": lambda: (1000 + 0.5 * _randn(100_000, 9)).half(),
+    "bf16_large_mean_tiny_std": lambda: (1e4 + 40 * _randn(100_000, 10)).bfloat16(),
+    "constant_1e4_block_edges": lambda: torch.cat([torch.full((3 * BLOCK - 1,), 1e4), torch.full((BLOCK + 2,), -1e4)]),
+    "large_mean_tiny_std_parallel": lambda: 1000 + 0.01 * _randn(3_000_000, 11),
     "only_zeros_both_signs": lambda: torch.tensor([-0.0, 0.0] * 3000),
 }
 
@@ -122,23 +129,40 @@ def numpy_reference(t: torch.Tensor) -> dict:
     return ref
 
 
-def assert_matches_reference(got: dict, t: torch.Tensor) -> None:
+#: The accuracy contract: every statistic within this relative error of float64 on the same
+#: tensor; the mean (which may be near zero) within this times the tensor's mean |x|.
+CONTRACT = 1e-6
+
+
+def contract_violations(got: dict, t: torch.Tensor) -> list[str]:
+    """What in ``got`` breaks the accuracy contract against float64 NumPy on ``t`` (empty
+    when nothing does): counts, min, max and the zero fraction exact; std, mean |x| and l2
+    within ``CONTRACT`` relative; the mean within ``CONTRACT`` times mean |x|; nothing
+    reported as overflow that is not."""
     ref = numpy_reference(t)
-    for key in ("numel", "nan_count", "inf_count"):
-        assert got[key] == ref[key], key
+    bad = [key for key in ("numel", "nan_count", "inf_count") if got[key] != ref[key]]
     if "min" not in ref:  # nothing finite
-        assert math.isnan(got["mean"]) and math.isnan(got["std"])
-        assert float(got["hist"].sum()) == 0
-        return
-    for key in ("min", "max", "zero_fraction"):
-        assert got[key] == ref[key], key
-    scale = max(abs(ref["min"]), abs(ref["max"]))
-    for key in ("mean", "std", "mean_abs", "l2"):
-        assert got[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12 * scale), key
-    assert got["overflow"] == ()
+        if not (math.isnan(got["mean"]) and math.isnan(got["std"])):
+            bad.append("mean/std of nothing finite")
+        if float(got["hist"].sum()) != 0:
+            bad.append("hist of nothing finite")
+        return bad
+    bad += [key for key in ("min", "max", "zero_fraction") if got[key] != ref[key]]
+    for key in ("std", "mean_abs", "l2"):
+        if not abs(got[key] - ref[key]) <= CONTRACT * abs(ref[key]):
+            bad.append(f"{key}: {got[key]!r} against {ref[key]!r}")
+    if not abs(got["mean"] - ref["mean"]) <= CONTRACT * ref["mean_abs"]:
+        bad.append(f"mean: {got['mean']!r} against {ref['mean']!r} (mean |x| {ref['mean_abs']!r})")
+    if got["overflow"] != ():
+        bad.append(f"overflow {got['overflow']}")
     finite = ref["numel"] - ref["nan_count"] - ref["inf_count"]
-    assert float(got["hist"].sum()) == pytest.approx(finite, rel=1e-4)
-    assert got["hist"].shape == (HIST_BINS,)
+    if got["hist"].shape != (HIST_BINS,) or float(got["hist"].sum()) != pytest.approx(finite, rel=1e-4):
+        bad.append("hist")
+    return bad
+
+
+def assert_matches_reference(got: dict, t: torch.Tensor) -> None:
+    assert contract_violations(got, t) == []
 
 
 @contextlib.contextmanager
@@ -187,6 +211,42 @@ def test_statistics_equal_float64_numpy_on_adversarial_tensors(case, path):
     got = PATHS[path](t)
     assert_matches_reference(got, t)
     assert torch.equal(t, before) or torch.isnan(t).any()  # not modified
+
+
+def _naive_float32_stats(t: torch.Tensor, pairwise: bool) -> dict:
+    """The statistics by unshifted float32 sums of x and x^2 (E[x^2] - E[x]^2), sequential
+    or torch's pairwise ones: what the contract exists to refuse."""
+    x = t.detach().reshape(-1).float()
+    fin = x[torch.isfinite(x)]
+    n = fin.numel()
+    if pairwise:
+        s, q, a = (float(v) for v in (fin.sum(), (fin * fin).sum(), fin.abs().sum()))
+    else:
+        f = fin.numpy()
+        with np.errstate(over="ignore"):  # float32 squares of 1e20 overflow: part of the naivety
+            s, q, a = (float(np.cumsum(v, dtype=np.float32)[-1]) for v in (f, f * f, np.abs(f)))
+    mean = np.float32(s / n)
+    var = np.float32((q / n - float(mean) ** 2) * n / max(n - 1, 1))
+    got = dict(tensor_stats(t))  # counts, extremes and histogram as they should be
+    got.update(mean=float(mean), std=math.sqrt(max(float(var), 0.0)), mean_abs=a / n, l2=math.sqrt(q))
+    return got
+
+
+@pytest.mark.parametrize("pairwise", [False, True])
+def test_the_contract_checker_rejects_a_naive_float32_accumulator(pairwise):
+    """The checker of every statistics path, given unshifted float32 sums, refuses them on
+    the cases the contract names: so a kernel that regressed to them fails these tests."""
+    rejected = set()
+    for case in ("constant_1e4", "large_mean_tiny_std", "large_mean_tiny_std_small", "scale_1e20_float32",
+                 "scale_1e-30_float32", "outlier_block_shifts_float32", "relu_like_parallel"):
+        t = ADVERSARIAL[case]()
+        if contract_violations(_naive_float32_stats(t, pairwise), t):
+            rejected.add(case)
+    naive_fails = {"large_mean_tiny_std", "large_mean_tiny_std_small", "scale_1e20_float32", "scale_1e-30_float32"}
+    assert naive_fails <= rejected, sorted(rejected)
+    # and the checker is not refusing everything: the fused pass passes on the same cases
+    t = ADVERSARIAL["large_mean_tiny_std"]()
+    assert contract_violations(tensor_stats(t), t) == []
 
 
 def test_the_cases_that_broke_the_naive_formulas():
