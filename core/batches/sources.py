@@ -34,6 +34,7 @@ def load_batch(
     sources: Sequence[str],
     model: LoadedModel | None = None,
     labels: str | None = None,
+    memory_budget: int | None = None,
 ) -> Batch:
     """Make a batch from what the user gave on the command line or in the GUI.
 
@@ -55,6 +56,9 @@ def load_batch(
     labels : str, optional
         Class indices or names, e.g. ``"3,1,0"`` or ``"tabby"``; they replace labels
         that came with the batch.
+    memory_budget : int, optional
+        Bytes (``--memory-budget``) that the tensors of a ``.pt`` file may claim; by
+        default half the free RAM (``gradexplorer.base.tensor_memory``).
 
     Returns
     -------
@@ -73,7 +77,7 @@ def load_batch(
         raise BatchError("no input was given;", SOURCES_HINT + ".")
 
     if len(sources) == 1:
-        batch = _named_source(sources[0].strip(), model)
+        batch = _named_source(sources[0].strip(), model, memory_budget)
     else:
         _refuse_tensor_files_among(sources)
         batch = None
@@ -135,11 +139,11 @@ def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
         )
 
 
-def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
+def _named_source(source: str, model: LoadedModel | None, memory_budget: int | None = None) -> Batch | None:
     # The single-source kinds: demo, random, a shape, a tensor file. None means images.
     path = Path(source).expanduser()
     if path.exists():
-        return load_tensor_file(path) if looks_like_tensor_file(path) else None
+        return load_tensor_file(path, memory_budget=memory_budget) if looks_like_tensor_file(path) else None
     lowered = source.lower()
     if lowered == "demo":
         if model is None:

@@ -392,7 +392,8 @@ class CaptureJob:
             start = time.perf_counter()
             self._report(STAGE_LOAD_BATCH)
             sources = self._sources(loaded)
-            self.batch = batches.load_batch(sources, loaded, self.options.labels)
+            self.batch = batches.load_batch(sources, loaded, self.options.labels,
+                                            memory_budget=self.options.memory_budget)
             batches.check_batch_shape(self.batch, loaded.input_shape)
             self.labels = self.batch.labels
             self._labels_done = True
