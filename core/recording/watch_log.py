@@ -320,7 +320,8 @@ def open_log(path: str | os.PathLike) -> sqlite3.Connection:
         if meta.get("format") != FORMAT:
             raise GradExplorerError(f"{path} is not a watch log.", "Open a .gxw file written by gradexplorer's watch.")
         check_log(con, path)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        # SQLite's message about a damaged schema can quote bytes that are not UTF-8.
         if con is not None:
             con.close()
         raise GradExplorerError(f"{path} is not a watch log ({exc}).",
@@ -345,6 +346,8 @@ def _connect_for_reading(path: str) -> sqlite3.Connection:
     for query in ("", "?mode=ro", "?mode=ro&immutable=1"):
         con = sqlite3.connect(uri + query, uri=True, timeout=10, check_same_thread=False)
         con.row_factory = sqlite3.Row
+        # SQLite never checks that TEXT is UTF-8: a damaged name is shown with U+FFFD.
+        con.text_factory = lambda raw: raw.decode("utf-8", "replace")
         try:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.OperationalError as exc:

@@ -21,6 +21,7 @@ so that following a live training costs no more than reading it.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -158,9 +159,37 @@ def _check_meta(con: sqlite3.Connection, path: str) -> None:
         if json_depth(value) > MAX_JSON_DEPTH:
             raise _fail(path, f"its table 'meta', column 'value', holds JSON nested deeper than "
                               f"{MAX_JSON_DEPTH} levels (key '{str(key)[:40]}')")
+    _check_meta_types(con, path)
     (big,) = con.execute(f"SELECT count(*) FROM meta WHERE length(CAST(value AS BLOB)) > {MAX_META_BYTES}").fetchone()
     if big:
         raise _fail(path, f"its table 'meta', column 'value', holds values larger than {MAX_META_BYTES >> 20} MiB")
+
+
+def _names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+#: What the readers take each known ``meta`` key to be, once JSON-decoded.
+META_TYPES = {"layers": (_names, "a list of layer names"), "params": (_names, "a list of parameter names"),
+              "every": (_count, "a whole number"), "world_size": (_count, "a whole number"),
+              "per_rank": (lambda v: isinstance(v, bool), "true or false")}
+
+
+def _check_meta_types(con: sqlite3.Connection, path: str) -> None:
+    keys = ", ".join(f"'{k}'" for k in META_TYPES)
+    for key, value in con.execute(f"SELECT key, value FROM meta WHERE key IN ({keys})"):
+        fits, words = META_TYPES[key]
+        try:
+            decoded = json.loads(value) if isinstance(value, str) and json_depth(value) <= MAX_JSON_DEPTH else None
+        except ValueError:
+            decoded = None
+        if not fits(decoded):
+            raise _fail(path, f"its table 'meta', column 'value', holds for key '{key}' something that is not "
+                              f"{words}")
 
 
 def check_log(con: sqlite3.Connection, path: str | os.PathLike) -> None:
@@ -201,8 +230,8 @@ def check_log(con: sqlite3.Connection, path: str | os.PathLike) -> None:
         if top < last_rowid:
             last_rowid = -1
         _check_rows(con, shown, "stats", f"rowid > {int(last_rowid)}")
-    except sqlite3.DatabaseError as exc:
-        raise _fail(shown, f"SQLite cannot read it ({exc})") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        raise _fail(shown, f"SQLite cannot read it ({str(exc)[:160]})") from None
     except RecursionError:
         raise _fail(shown, "its contents nest too deeply to read") from None
     if key is not None:
