@@ -24,6 +24,7 @@ from gradexplorer.base.errors import GradExplorerError
 # every command's parser at start, and each command then loads only the engine parts it runs.
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import TypeAlias
 
     from gradexplorer.capturing.capture import ProgressCallback
@@ -37,7 +38,7 @@ __all__ = [
     "PROG", "SUBCOMMANDS", "EXIT_OK", "EXIT_USER", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_INTERRUPTED",
     "UsageError", "UI",
     "add_model_args", "add_input_args", "add_memory_budget", "add_common",
-    "job_options", "capture_options", "job_progress", "check_out_path", "onset_lines",
+    "job_options", "capture_options", "job_progress", "check_out_path", "check_screenshot_target", "onset_lines",
 ]
 
 PROG = "gradexplorer"
@@ -214,6 +215,18 @@ def check_out_path(args: argparse.Namespace) -> Path:
     from gradexplorer.base.file_write import check_output_path
 
     return check_output_path(args.out, [args.model, args.weights, args.labels, *(args.input or ())])
+
+
+def check_screenshot_target(path: str, inputs: Sequence[str | None]) -> Path:
+    """``--screenshot``, refused before the window opens: a missing folder, a folder, a socket
+    or disk, or one of the files the window reads (by inode: links and hard links too)."""
+    from gradexplorer.base.file_write import check_output_path
+
+    folder = Path(path).expanduser().parent
+    if str(folder) and not folder.is_dir():
+        raise GradExplorerError(f"the folder '{folder}' of --screenshot does not exist;",
+                                "create it first or choose another path.")
+    return check_output_path(path, inputs)
 
 
 def onset_lines(cap: Capture, flagged: list[str]) -> list[str]:

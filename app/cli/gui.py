@@ -13,7 +13,14 @@ import difflib
 import sys
 from pathlib import Path
 
-from gradexplorer.app.cli.common import SUBCOMMANDS, UI, UsageError, add_memory_budget, capture_options
+from gradexplorer.app.cli.common import (
+    SUBCOMMANDS,
+    UI,
+    UsageError,
+    add_memory_budget,
+    capture_options,
+    check_screenshot_target,
+)
 from gradexplorer.base.errors import GradExplorerError
 
 
@@ -48,10 +55,8 @@ def cmd_gui(args: argparse.Namespace, ui: UI) -> int:
     if sum(bool(v) for v in (args.input, args.random, getattr(args, "text", None))) > 1:
         raise UsageError("--input, --random and --text cannot be used together; see 'gradexplorer --help'.")
     if args.screenshot:
-        folder = Path(args.screenshot).expanduser().parent
-        if str(folder) and not folder.is_dir():
-            raise GradExplorerError(f"the folder '{folder}' of --screenshot does not exist;",
-                                    "create it first or choose another path.")
+        check_screenshot_target(args.screenshot, [args.open, args.model, args.weights, args.labels,
+                                                  *(args.input or ())])
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")

@@ -49,7 +49,7 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
 
     path = Path(args.file).expanduser()
     if getattr(args, "csv", None):
-        check_csv_target(args.csv)
+        check_csv_target(args.csv, path)
     if path.suffix == ".gxw" or is_watch_log(path):
         return cmd_inspect_log(path, getattr(args, "csv", None))
     cap = load_capture(path)

@@ -77,9 +77,13 @@ def cmd_inspect_log(path: Path, csv_out: str | None) -> int:
     return EXIT_OK
 
 
-def check_csv_target(csv_out: str) -> None:
-    """Refuse a --csv path in a missing folder before any work."""
+def check_csv_target(csv_out: str, source: Path) -> None:
+    """Refuse, before any work, a --csv path in a missing folder, a folder, a socket or disk,
+    or the log itself (through a link or another spelling too)."""
+    from gradexplorer.base.file_write import check_output_path
+
     folder = Path(csv_out).expanduser().parent
     if not folder.is_dir():
         raise GradExplorerError(f"the folder '{folder}' of --csv does not exist;",
                                 "create it first or choose another path.")
+    check_output_path(csv_out, [source])

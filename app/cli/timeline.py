@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from gradexplorer.app.cli.common import UI, add_common
+from gradexplorer.app.cli.common import UI, add_common, check_screenshot_target
 
 if TYPE_CHECKING:
     from gradexplorer.app.cli.common import SubParsers
@@ -29,6 +29,8 @@ def register(sub: SubParsers) -> None:
 
 def cmd_timeline(args: argparse.Namespace, ui: UI) -> int:
     """Open the timeline window; returns its exit status."""
+    if args.screenshot:
+        check_screenshot_target(args.screenshot, [args.file])
     from gradexplorer.app.window.timeline_window import launch_timeline  # Qt: this command only
 
     return launch_timeline(args.file, args.screenshot, args.layer)

@@ -8,17 +8,21 @@ write never leaves a half-written file.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice
 from PySide6.QtWidgets import QWidget
 
-from gradexplorer.base.file_write import atomic_write_bytes
+from gradexplorer.base.file_write import atomic_write_bytes, check_output_path
 
 
-def write_export(data: bytes, path: str | os.PathLike) -> Path:
+def write_export(data: bytes, path: str | os.PathLike,
+                 inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
     """Write ``data`` to ``path`` atomically (raises ``GradExplorerError`` subclasses:
-    never over a special file, a symlink written at its target, disk full said so)."""
+    never over a special file or one of ``inputs``, the files the window has open, a
+    symlink written at its target, disk full said so)."""
+    check_output_path(path, inputs)
     return atomic_write_bytes(path, data)
 
 

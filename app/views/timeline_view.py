@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app import dialogs
+from gradexplorer.app.views.export import png_bytes, write_export
 from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
@@ -518,8 +519,11 @@ class TimelineView(QWidget):
             path = dialogs.ask_save_file(self, "Export timeline as PNG", "timeline.png", "PNG images (*.png)")
             if not path:
                 return None
-        if not self.grab().save(path, "PNG"):
-            self.status.setText(f"Cannot write {path}.")
+        try:
+            write_export(png_bytes(self), path, [self.source if self.source_kind == "log" else None])
+        except (GradExplorerError, OSError) as exc:
+            self.status.setText(f"{exc.problem} {exc.fix}" if isinstance(exc, GradExplorerError)
+                                else f"Cannot write {path}: {exc}.")
             return None
         return path
 

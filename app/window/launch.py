@@ -8,6 +8,7 @@ from PySide6.QtCore import QTimer
 
 from gradexplorer.app.window.application import setup_application
 from gradexplorer.app.window.main_window import MainWindow
+from gradexplorer.app.window.screenshot import save_screenshot
 from gradexplorer.pipeline.options import CaptureOptions
 
 SCREENSHOT_TIMEOUT_MS = 300_000
@@ -62,8 +63,8 @@ def launch(options: CaptureOptions | None = None, run: bool = False, screenshot:
 
             def grab() -> None:
                 app.processEvents()
-                Path(shot_path).parent.mkdir(parents=True, exist_ok=True)
-                window.grab().save(shot_path, "PNG")
+                if not save_screenshot(window, shot_path, [capture]):
+                    exit_code["code"] = 1
                 window.close()
                 app.quit()
 

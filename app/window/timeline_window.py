@@ -9,6 +9,7 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from gradexplorer.app.views.timeline_view import TimelineView
+from gradexplorer.app.window.screenshot import save_screenshot
 from gradexplorer.app.window.application import setup_application
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
@@ -86,7 +87,7 @@ def launch_timeline(path: str, screenshot: str | None = None, select: str | None
                 view.select_layer(select)
 
             def grab() -> None:
-                if not window.grab().save(screenshot, "PNG"):
+                if not save_screenshot(window, screenshot, [str(p)]):
                     status["code"] = 1
                 view.shutdown()
                 app.quit()

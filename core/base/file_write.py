@@ -245,12 +245,19 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
+def _room_advice(path: Path) -> str:
+    """What frees room, for this kind of output: only a capture has a smaller variant."""
+    if path.suffix.lower() in {".pt", ".pth"}:
+        return "Free some space or choose another disk; a statistics-only capture is far smaller."
+    return "Free some space or choose another disk."
+
+
 def _disk_full(path: Path, error: type[GradExplorerError], needed: int | None, free: int | None) -> GradExplorerError:
     need = f" needs at least {format_bytes(needed)}" if needed else " needs more room"
     room = f" and {format_bytes(free)} was free" if free is not None else ""
     return error(
         f"The disk is full: writing '{path.name}'{need}{room}; nothing was written.",
-        "Free some space or choose another disk; a statistics-only capture is far smaller.",
+        _room_advice(path),
     )
 
 
@@ -359,13 +366,30 @@ class _SignalGuard:
                     os.kill(os.getpid(), signum)
 
 
-def _open_temp(folder: Path, name: str) -> tuple[int, Path]:
-    """Create the temporary file (mode 0o666 less the umask) and return its descriptor and path."""
+class _TempSlot:
+    """The temporary file being created, named before ``os.open`` runs: a signal that
+    arrives after the file exists but before its path is returned still finds it to remove."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+
+def _open_temp(folder: Path, name: str, slot: _TempSlot | None = None) -> tuple[int, Path]:
+    """Create the temporary file (mode 0o666 less the umask) and return its descriptor and path.
+
+    ``slot.path`` names the file from just before it is created, so that the caller removes
+    it whatever interrupts this function.
+    """
+    slot = slot if slot is not None else _TempSlot()
     for _ in range(100):
         tmp = folder / temp_name(name, folder)
+        slot.path = tmp
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
         except FileExistsError:
+            # Not ours (names carry our process id and a random part, so this is another
+            # life of this id): never removed by us.
+            slot.path = None
             continue
     raise FileExistsError(errno.EEXIST, "no free temporary file name", str(folder))
 
@@ -478,12 +502,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryWriter], o
     if expected_size is not None:
         check_free_space(plan.target, expected_size, error=error)
     sink: _Sink | None = None
-    tmp: Path | None = None
+    slot = _TempSlot()
     guard = _SignalGuard()
     try:
         with guard:
             try:
-                fd, tmp = _open_temp(folder, plan.target.name)
+                fd, _tmp = _open_temp(folder, plan.target.name, slot)
                 with os.fdopen(fd, "wb") as fh:
                     if plan.mode is not None and hasattr(os, "fchmod"):
                         os.fchmod(fh.fileno(), plan.mode)
@@ -492,12 +516,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryWriter], o
                     fh.flush()
                     os.fsync(fh.fileno())
                 guard.committing = True
-                os.replace(tmp, plan.target)
-                tmp = None
+                os.replace(_tmp, plan.target)
+                slot.path = None
             finally:
-                if tmp is not None:
+                if slot.path is not None:
                     with contextlib.suppress(OSError):
-                        os.unlink(tmp)
+                        os.unlink(slot.path)
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl+C too, becomes one message
         raise _failure(exc, sink, guard, plan, error, expected_size, free) from None
     _fsync_folder(folder)
@@ -570,7 +594,8 @@ def check_output_path(out: str | os.PathLike[str],
     FileWriteError
         ``out`` is a folder, socket or block device; its folder is missing or not writable;
         its name is too long; or it is the same file as one of ``inputs`` (by inode: a link,
-        a hard link or another spelling is caught), which writing would destroy.
+        a hard link or another spelling is caught; a folder among ``inputs`` stands for every
+        file in it), which writing would destroy.
     """
     path = Path(out).expanduser()
     plan = _plan(path, FileWriteError)
@@ -579,15 +604,44 @@ def check_output_path(out: str | os.PathLike[str],
                              "Choose a folder you can write to.")
     if plan.kind == "replace" and plan.mode is None:
         return path  # a new file cannot be one of the inputs
+    try:
+        out_info = os.stat(plan.target)
+    except OSError:
+        return path
     for spelled, candidate in _input_candidates(inputs):
-        with contextlib.suppress(OSError):
-            if candidate.exists() and os.path.samefile(plan.target, candidate):
+        for shown, info in _input_files(spelled, candidate):
+            if (info.st_dev, info.st_ino) == (out_info.st_dev, out_info.st_ino):
                 raise FileWriteError(
-                    f"The output '{path}' is the same file as the input '{spelled}'; writing it would "
+                    f"The output '{path}' is the same file as the input '{shown}'; writing it would "
                     "destroy the input.",
                     "Choose another output file name.",
                 )
     return path
+
+
+# A folder given as an input is read file by file (pictures, a dataset): its entries are
+# compared with the output, up to this many (a larger folder is compared as far as this).
+_FOLDER_ENTRIES_COMPARED = 200_000
+
+
+def _input_files(spelled: str, candidate: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """The stat of ``candidate`` and, for a folder, of each file in it (what a folder input reads)."""
+    try:
+        info = os.stat(candidate)
+    except (OSError, ValueError):
+        return
+    yield spelled, info
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    try:
+        with os.scandir(candidate) as entries:
+            for count, entry in enumerate(entries):
+                if count >= _FOLDER_ENTRIES_COMPARED:
+                    return
+                with contextlib.suppress(OSError):
+                    yield str(Path(spelled) / entry.name), entry.stat()
+    except OSError:
+        return
 
 
 def check_free_space(out: str | os.PathLike[str], needed: int, *,
@@ -617,5 +671,5 @@ def check_free_space(out: str | os.PathLike[str], needed: int, *,
         raise error(
             f"Not enough disk space: '{path.name}' needs about {format_bytes(needed)} and the disk of "
             f"'{plan.target.parent}' has {format_bytes(free)} free.",
-            "Free some space or choose another disk; a statistics-only capture is far smaller.",
+            _room_advice(plan.target),
         )

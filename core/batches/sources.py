@@ -39,6 +39,7 @@ def load_batch(
     model: LoadedModel | None = None,
     labels: str | None = None,
     skip_unreadable: bool = False,
+    memory_budget: int | None = None,
 ) -> Batch:
     """Make a batch from what the user gave on the command line or in the GUI.
 
@@ -65,6 +66,9 @@ def load_batch(
     skip_unreadable : bool
         Among pictures, leave out those that cannot be read (see :func:`load_images`);
         without it, ``UnreadableImages`` names them.
+    memory_budget : int, optional
+        Bytes (``--memory-budget``) that the tensors of a ``.pt`` file may claim; by
+        default half the free RAM (``gradexplorer.base.tensor_memory``).
 
     Returns
     -------
@@ -86,7 +90,7 @@ def load_batch(
     if all(s.startswith(TEXT_SOURCE) for s in sources):
         batch = load_text([s[len(TEXT_SOURCE):] for s in sources], model)
     elif len(sources) == 1:
-        batch = _named_source(sources[0].strip(), model)
+        batch = _named_source(sources[0].strip(), model, memory_budget)
     else:
         _refuse_tensor_files_among(sources)
         batch = None
@@ -148,11 +152,11 @@ def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
         )
 
 
-def _named_source(source: str, model: LoadedModel | None) -> Batch | None:
+def _named_source(source: str, model: LoadedModel | None, memory_budget: int | None = None) -> Batch | None:
     # The single-source kinds: demo, random, a shape, a tensor file. None means images.
     path = Path(source).expanduser()
     if path.exists():
-        return load_tensor_file(path) if looks_like_tensor_file(path) else None
+        return load_tensor_file(path, memory_budget=memory_budget) if looks_like_tensor_file(path) else None
     lowered = source.lower()
     if lowered == "demo":
         if model is None:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from gradexplorer.base import tensor_memory
 from gradexplorer.base.errors import BatchError
 from gradexplorer.batches.images import IMAGE_SUFFIXES
 from gradexplorer.batches.labels import LabelSpec, checked_label_tensor, parse_labels
@@ -78,7 +79,14 @@ def _torch_load(path: Path) -> object:
         ) from exc
 
 
-def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -> Batch:
+#: A probe or capture forward on one sample holds at least this many times its size
+#: (activations of the first layers, their gradients): a sample larger than the budget over
+#: this is refused before the model sees it.
+SAMPLE_WORK_FACTOR = 16
+
+
+def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None,
+                     memory_budget: int | None = None) -> Batch:
     """Read a batch saved with ``torch.save``.
 
     The file is loaded with ``weights_only=True``: it is never unpickled in a way that
@@ -98,6 +106,11 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -
         go into ``Batch.inputs``; the first is ``Batch.tensor``.
     labels : str, int, sequence or Tensor, optional
         Class indices (see :func:`parse_labels`); they replace labels in the file.
+    memory_budget : int, optional
+        Bytes (``--memory-budget``); by default half the free RAM. Every tensor in the file
+        is measured by the elements its sizes declare (an expanded, stride-0 view stored in
+        a few bytes counts in full) before anything makes it dense; a sample that, times
+        ``SAMPLE_WORK_FACTOR``, exceeds the budget is refused before the model runs.
 
     Returns
     -------
@@ -113,6 +126,8 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -
     BatchError
         The file is missing, empty, damaged, holds pickled objects, holds no input
         tensor, holds a 0-d tensor, or its labels do not fit the input.
+    TensorTooLarge
+        A tensor, or one sample's forward, does not fit the memory budget.
     """
     path = Path(path).expanduser()
     if not path.is_file():
@@ -122,6 +137,7 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None) -
         )
     obj = _torch_load(path)
     found = _find_input(obj, path, want_labels=labels is None)
+    _check_fits(found, path, memory_budget)
     tensor, preprocessing = _as_batch_tensor(found.tensor, found.what, path)
     inputs = None
     if found.inputs is not None:
@@ -233,6 +249,21 @@ def _file_labels(obj: dict, path: Path, want_labels: bool) -> torch.Tensor | Non
             "store labels as an integer tensor of shape (B,).",
         )
     return file_labels
+
+
+def _check_fits(found: _FoundInput, path: Path, budget: int | None) -> None:
+    """Every input, whole and one sample of it at work, within the memory budget."""
+    tensors = [found.tensor] if found.inputs is None else [
+        t for t in (*found.inputs.args, *found.inputs.kwargs.values()) if isinstance(t, torch.Tensor)]
+    if found.labels is not None:
+        tensors.append(found.labels)
+    fix = (f"save a smaller batch or smaller samples in '{path.name}', or raise --memory-budget "
+           "if this machine has the memory.")
+    for t in tensors:
+        tensor_memory.check_tensor_fits(t, f"the {found.what} in '{path.name}'", budget, fix=fix)
+        if t.dim() >= 1 and t.shape[0] > 0:
+            tensor_memory.check_tensor_fits(t[:1], f"one sample of the {found.what} in '{path.name}'", budget,
+                                            factor=SAMPLE_WORK_FACTOR, fix=fix)
 
 
 def _as_batch_tensor(

@@ -16,7 +16,9 @@ from typing import Any, cast
 
 import torch
 
+from gradexplorer.base import tensor_memory
 from gradexplorer.base.errors import CaptureFileError
+from gradexplorer.base.units import format_bytes
 from gradexplorer.base.file_write import atomic_write
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.files.meta import upgrade_meta
@@ -221,4 +223,32 @@ def load_capture(path: str | os.PathLike) -> Capture:
             f"'{path.name}' cannot be read as a capture file ({why}).",
             "Open a .pt file that gradexplorer exported.",
         ) from None
+    _check_declared_memory(data, path)
     return capture_from_dict(data, source=f"'{path.name}'")
+
+
+def _check_declared_memory(data: object, path: Path) -> None:
+    """Refuse a capture whose tensors declare more memory than the budget, before anything
+    makes them dense (a stride-0 view stored in a few bytes can declare 10^12 elements)."""
+    limit = tensor_memory.read_budget()
+    if limit is None:
+        return
+    total = 0
+    stack: list[tuple[str, object]] = [("", data)]
+    seen = 0
+    while stack and seen < 1_000_000:
+        name, obj = stack.pop()
+        seen += 1
+        if isinstance(obj, torch.Tensor):
+            what = f"the tensor '{name or 'capture'}' of '{path.name}'"
+            fix = "this capture cannot be opened within the memory; it was not read further."
+            tensor_memory.check_tensor_fits(obj, what, fix=fix)
+            total += tensor_memory.declared_bytes(obj)
+            if total > limit:
+                raise tensor_memory.TensorTooLarge(
+                    f"the tensors of '{path.name}' declare more than {format_bytes(limit)}, "
+                    "the memory budget (half of the free RAM);", fix)
+        elif isinstance(obj, dict):
+            stack.extend((f"{name}.{k}" if name else str(k), v) for k, v in obj.items())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend((f"{name}[{i}]", v) for i, v in enumerate(obj))

@@ -394,7 +394,8 @@ class CaptureJob:
             self._report(STAGE_LOAD_BATCH)
             sources = self._sources(loaded)
             self.batch = batches.load_batch(sources, loaded, self.options.labels,
-                                            skip_unreadable=self.options.batch.skip_unreadable)
+                                            skip_unreadable=self.options.batch.skip_unreadable,
+                                            memory_budget=self.options.memory_budget)
             batches.check_batch_shape(self.batch, loaded.input_shape)
             self.labels = self.batch.labels
             self._labels_done = True

@@ -29,16 +29,20 @@ little-endian int64 counts of bins ``hist_lo``, ``hist_lo + 1``, ... (:func:`dec
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.recording.watch_log_check import MAX_JSON_DEPTH, check_log, json_depth
 from gradexplorer.stats.merge import HIST_BINS, MergeStats
 
 FORMAT = "gradexplorer-watch"
@@ -70,11 +74,16 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 def is_watch_log(path: str | os.PathLike) -> bool:
     """Whether ``path`` is an SQLite file: a watch log, or something to refuse as one (by its
-    header, so that a log renamed away from ``.gxw`` is still told from a capture file)."""
+    header, so that a log renamed away from ``.gxw`` is still told from a capture file).
+
+    Only a regular file is opened: opening a FIFO would wait for a writer, a device could
+    block or never end."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as fh:
             return fh.read(16) == SQLITE_MAGIC
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
@@ -91,8 +100,10 @@ def decode_hist(hist_lo: int | None, blob: bytes | None) -> np.ndarray:
     """The full ``HIST_BINS`` counts from a row's ``hist_lo`` and ``hist``."""
     out = np.zeros(HIST_BINS, dtype=np.int64)
     if blob:
-        counts = np.frombuffer(blob, dtype="<i8")
-        out[int(hist_lo or 0): int(hist_lo or 0) + counts.size] = counts
+        # A checked log's blobs fit (watch_log_check); one that does not is cut to the bins.
+        lo = min(max(int(hist_lo or 0), 0), HIST_BINS)
+        counts = np.frombuffer(blob[: (len(blob) // 8) * 8], dtype="<i8")[: HIST_BINS - lo]
+        out[lo: lo + counts.size] = counts
     return out
 
 
@@ -133,8 +144,15 @@ class WatchLogWriter:
     def __init__(self, path: str | os.PathLike, meta: dict | None = None) -> None:
         self.path = os.fspath(path)
         _refuse_special_file(self.path)
-        # isolation_level=None: we open and commit transactions ourselves.
-        self.con = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        _refuse_foreign_file(self.path)
+        self._lock_fd = _lock_for_writing(self.path)
+        try:
+            # isolation_level=None: we open and commit transactions ourselves.
+            self.con = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            _unlock(self._lock_fd)
+            raise GradExplorerError(f"Cannot open the watch log {self.path} ({exc}).",
+                                    "Choose a new file name for --out / out=.") from None
         try:
             self.con.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode: a committed step survives a killed process (not a power cut
@@ -150,8 +168,14 @@ class WatchLogWriter:
             self.con.execute("BEGIN")
             self.con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
             self.con.execute("COMMIT")
-        except Exception:
+        except sqlite3.DatabaseError as exc:
             self.con.close()
+            _unlock(self._lock_fd)
+            raise GradExplorerError(f"{self.path} cannot be written as a watch log ({exc}).",
+                                    "Choose a new file name for --out / out=.") from None
+        except BaseException:
+            self.con.close()
+            _unlock(self._lock_fd)
             raise
 
     def write_step(self, step: int, rank: int, loss: float | None, wall_time: float, seconds: float,
@@ -185,6 +209,84 @@ class WatchLogWriter:
         with contextlib.suppress(sqlite3.Error):
             self.con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.con.close()
+        _unlock(self._lock_fd)
+        self._lock_fd = None
+
+
+def _refuse_foreign_file(path: str) -> None:
+    """Refuse a file that exists and is not a watch log (another program's SQLite database,
+    a capture, a picture): the watch would add its tables to it and switch it to WAL mode.
+    An empty file, or a watch log (to append to), is accepted."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise GradExplorerError(f"Cannot open the watch log {path} ({exc.strerror}).",
+                                "Choose another path for the watch log.") from None
+    if size == 0:
+        return
+    fix = "Choose a new file name for --out / out=; the watch writes only its own logs."
+    if not is_watch_log(path):
+        raise GradExplorerError(f"{path} exists and is not a watch log (not an SQLite file); it was left as it was.",
+                                fix)
+    try:
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        con = sqlite3.connect(uri, uri=True, timeout=10)
+        try:
+            tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise GradExplorerError(f"{path} is an SQLite file that cannot be read as a watch log ({exc}); "
+                                "it was left as it was.", fix) from None
+    if meta.get("format") != FORMAT and tables:
+        raise GradExplorerError(f"{path} is an SQLite file but not a gradexplorer watch log "
+                                f"(tables: {', '.join(sorted(tables)[:5])}); it was left as it was.", fix)
+
+
+def _lock_path(path: str) -> str:
+    return path + ".lock"
+
+
+def _lock_for_writing(path: str) -> int | None:
+    """Hold an exclusive lock on ``PATH.lock`` for the writer's life: a second watch writing
+    into the same log is refused rather than mixing its steps with the first one's. The lock
+    goes with the process (a killed training leaves no stale lock behind); the file stays,
+    empty, beside the log."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks here; SQLite still keeps each step whole
+        return None
+    try:
+        fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None  # a read-only folder: SQLite will say it cannot write the log
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = ""
+        with contextlib.suppress(OSError, ValueError):
+            holder = os.pread(fd, 32, 0).decode().strip()
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            by = f" (process {holder})" if holder.isdigit() else ""
+            raise GradExplorerError(
+                f"{path} is being written by another watch{by}: two watches in one log would mix "
+                "their steps.",
+                "Give this run its own file (out=...), or wait for the other run to end.") from None
+        return None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _refuse_special_file(path: str) -> None:
@@ -192,8 +294,7 @@ def _refuse_special_file(path: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
-    import stat as _stat
-    if not _stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         raise GradExplorerError(f"{path} exists and is not a regular file.",
                                 "Choose another path for the watch log.")
 
@@ -209,27 +310,66 @@ def open_log(path: str | os.PathLike) -> sqlite3.Connection:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise GradExplorerError(f"No watch log at {path}.", "Pass the file given to watch(out=...).")
+    if not is_watch_log(path):
+        raise GradExplorerError(f"{path} is not a watch log (not an SQLite file).",
+                                "Open a .gxw file written by gradexplorer's watch.")
+    con = None
     try:
-        # Not read-only at the SQLite level: a reader of a WAL database whose writer was
-        # killed must be able to recover the WAL index.
-        con = sqlite3.connect(path, timeout=10, check_same_thread=False)
-        con.row_factory = sqlite3.Row
-        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.DatabaseError as exc:
+        con = _connect_for_reading(path)
+        meta = dict(con.execute("SELECT key, value FROM meta WHERE key = 'format'").fetchall())
+        if meta.get("format") != FORMAT:
+            raise GradExplorerError(f"{path} is not a watch log.", "Open a .gxw file written by gradexplorer's watch.")
+        check_log(con, path)
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        # SQLite's message about a damaged schema can quote bytes that are not UTF-8.
+        if con is not None:
+            con.close()
         raise GradExplorerError(f"{path} is not a watch log ({exc}).",
                                 "Open a .gxw file written by gradexplorer's watch.") from None
-    if meta.get("format") != FORMAT:
-        con.close()
-        raise GradExplorerError(f"{path} is not a watch log.", "Open a .gxw file written by gradexplorer's watch.")
+    except BaseException:
+        if con is not None:
+            con.close()
+        raise
     return con
+
+
+def _connect_for_reading(path: str) -> sqlite3.Connection:
+    """A connection that reads ``path``, also where it cannot be written.
+
+    First read-write at the SQLite level: a reader of a WAL database whose writer was
+    killed must be able to recover the WAL index. A log in a read-only folder (or a
+    read-only file) cannot get its ``-shm`` index created: it is then opened read-only, and
+    where even that needs the index, as an immutable file (a finished log: its WAL was
+    checkpointed into the main file when the watch closed it)."""
+    uri = Path(path).resolve().as_uri()
+    last: sqlite3.Error | None = None
+    for query in ("", "?mode=ro", "?mode=ro&immutable=1"):
+        con = sqlite3.connect(uri + query, uri=True, timeout=10, check_same_thread=False)
+        con.row_factory = sqlite3.Row
+        # SQLite never checks that TEXT is UTF-8: a damaged name is shown with U+FFFD.
+        con.text_factory = lambda raw: raw.decode("utf-8", "replace")
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError as exc:
+            con.close()
+            last = exc
+            if "unable to open" in str(exc) or "readonly" in str(exc) or "read-only" in str(exc):
+                continue
+            raise
+        return con
+    assert last is not None
+    raise last
 
 
 def read_meta(con: sqlite3.Connection) -> dict:
     """The meta table, JSON values decoded where they are JSON."""
     out = {}
     for key, value in con.execute("SELECT key, value FROM meta"):
+        if isinstance(value, str) and json_depth(value) > MAX_JSON_DEPTH:
+            out[key] = value  # never decoded: open_log refuses such a log; kept as text otherwise
+            continue
         try:
             out[key] = json.loads(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             out[key] = value
     return out

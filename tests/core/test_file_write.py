@@ -357,7 +357,7 @@ def test_an_output_larger_than_the_free_space_is_refused_before_writing(tmp_path
 
 
 def test_permission_errors_name_the_folder(tmp_path, monkeypatch):
-    def refuse(folder, name):
+    def refuse(folder, name, slot=None):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(fw, "_open_temp", refuse)
@@ -495,3 +495,57 @@ def test_torch_finishing_its_archive_after_an_interrupted_save_does_not_abort(tm
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) > 0  # the destructor did write, into the closed file
     assert list(tmp_path.iterdir()) == []
+
+
+# -- round three: folders as inputs, a signal while the temporary file is created, advice --------
+
+
+def test_a_folder_input_stands_for_every_file_in_it(tmp_path):
+    pictures = tmp_path / "imgs"
+    pictures.mkdir()
+    picture = pictures / "im1.png"
+    picture.write_bytes(b"\x89PNG picture")
+    linked = tmp_path / "elsewhere.png"
+    os.link(picture, linked)
+    for out in (picture, linked):
+        with pytest.raises(FileWriteError, match="same file as the input") as info:
+            check_output_path(out, [str(pictures)])
+        assert "im1.png" in info.value.problem
+    assert picture.read_bytes() == b"\x89PNG picture"
+    (tmp_path / "new.png").write_bytes(b"other")
+    assert check_output_path(tmp_path / "new.png", [str(pictures)]) == tmp_path / "new.png"
+
+
+@posix_only
+@pytest.mark.parametrize("signum", [pytest.param(2, id="SIGINT"), pytest.param(15, id="SIGTERM")])
+def test_a_signal_right_after_the_temporary_file_is_created_leaves_nothing(tmp_path, monkeypatch, signum):
+    """The signal arrives once os.open has created the file, before its path is returned."""
+    import signal as signal_module
+
+    real_open = os.open
+
+    def open_then_signal(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if fw.TEMP_MARK in os.fspath(path):
+            signal_module.raise_signal(signum)
+        return fd
+
+    monkeypatch.setattr(fw.os, "open", open_then_signal)
+    out = tmp_path / "c.pt"
+    out.write_bytes(b"previous")
+    with pytest.raises(SaveInterrupted, match="nothing was saved"):
+        atomic_write_bytes(out, b"new contents")
+    assert out.read_bytes() == b"previous"
+    assert _temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, capture_advice", [("table.csv", False), ("plot.png", False), ("c.pt", True)])
+def test_disk_full_advice_fits_the_kind_of_output(tmp_path, monkeypatch, name, capture_advice):
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fw.os, "fsync", full)
+    with pytest.raises(FileWriteError, match="disk is full") as info:
+        atomic_write_bytes(tmp_path / name, b"x" * 100)
+    assert ("statistics-only capture" in info.value.fix) == capture_advice
+    assert _temps(tmp_path) == []
