@@ -8,6 +8,7 @@ breaks the schema (``must_fail``): a type swap does, deleting an optional key do
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
 import sys
@@ -174,3 +175,124 @@ def names_the_field(message: str, mutation: Mutation) -> bool:
     while common < min(len(got), len(want)) and got[common] == want[common]:
         common += 1
     return common >= max(1, len(want) - 2) or want[0] == got[0] == "graph"
+
+
+# -- the fuzz: seeded mutations at the dict, pickle and zip levels ---------------------------
+
+
+def _hostile_values(data: dict) -> list[tuple[str, Any]]:
+    """Named dict-level edits that once crashed a reader (each a function of a copy)."""
+    layer = data["meta"]["layer_order"][0]
+
+    def stats(x: dict) -> dict:
+        return x["layers"][layer]["calls"][0]["stats"]
+
+    def chain(x: dict, n: int) -> None:
+        x["graph"]["nodes"].extend({"id": f"c{i}", "kind": "module", "name": f"c{i}", "type": "T",
+                                    "parent": f"c{i - 1}" if i else None} for i in range(n))
+
+    def rename(x: dict, name: str) -> None:
+        x["layers"][name] = x["layers"].pop(layer)
+        x["meta"]["layer_order"][0] = name
+
+    def many_layers(x: dict, n: int) -> None:
+        rec = x["layers"][layer]
+        for i in range(n):
+            x["layers"][f"extra{i}"] = rec
+        x["meta"]["layer_order"] = list(x["layers"])
+
+    return [
+        ("complex output", lambda x: x.__setitem__("output", x["output"].to(torch.complex64))),
+        ("complex activation", lambda x: x["layers"][layer]["calls"][0].__setitem__(
+            "activation", x["layers"][layer]["calls"][0]["activation"].to(torch.complex64))),
+        ("(0, 5) activation", lambda x: x["layers"][layer]["calls"][0].update(activation=torch.zeros(0, 5),
+                                                                              shape=[0, 5])),
+        ("zero-sample input", lambda x: x.update(input=x["input"][:0], input_grad=None)),
+        ("NaN hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), float("nan")))),
+        ("1e12-element hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.zeros(1).expand(10**12))),
+        ("numel 1e12", lambda x: stats(x)["activation"].__setitem__("numel", 10**12)),
+        ("l2 1e308", lambda x: stats(x)["grad_output"].__setitem__("l2", 1e308)),
+        ("inf stats", lambda x: stats(x)["grad_output"].update(min=-math.inf, max=math.inf, l2=math.inf)),
+        ("hist_range NaN", lambda x: stats(x)["activation"].__setitem__("hist_range", [math.nan, math.nan])),
+        ("empty graph", lambda x: x["graph"].update(nodes=[], edges=[])),
+        ("graph self parent", lambda x: x["graph"]["nodes"][0].__setitem__("parent", x["graph"]["nodes"][0]["id"])),
+        ("graph cycle", lambda x: (x["graph"]["nodes"][0].__setitem__("parent", x["graph"]["nodes"][1]["id"]),
+                                   x["graph"]["nodes"][1].__setitem__("parent", x["graph"]["nodes"][0]["id"]))),
+        ("node_values ''", lambda x: x["graph"]["meta"]["node_values"].__setitem__("", 3)),
+        ("1200-deep graph", lambda x: chain(x, 1200)),
+        ("120-deep graph", lambda x: chain(x, 120)),
+        ("3000-deep layer name", lambda x: rename(x, "a." * 3000 + "b")),
+        ("100-deep layer name", lambda x: rename(x, "a." * 100 + "b")),
+        ("2000 layers", lambda x: many_layers(x, 2000)),
+    ]
+
+
+def _zip_bytes(data: Any) -> bytes:
+    import io
+    buf = io.BytesIO()
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20000))
+    try:
+        torch.save(data, buf)
+    finally:
+        sys.setrecursionlimit(old)
+    return buf.getvalue()
+
+
+def _pickle_mutation(blob: bytes, rng: random.Random) -> bytes:
+    """Flip bytes inside the archive's ``data.pkl`` (the zip stays readable, the pickle not)."""
+    import io
+    import zipfile
+    src = zipfile.ZipFile(io.BytesIO(blob))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            body = bytearray(src.read(info))
+            if info.filename.endswith("data.pkl") and body:
+                for _ in range(rng.randint(1, 4)):
+                    body[rng.randrange(len(body))] = rng.randrange(256)
+            dst.writestr(info, bytes(body))
+    return out.getvalue()
+
+
+def _zip_mutation(blob: bytes, rng: random.Random) -> bytes:
+    """Damage the archive itself: a truncation, flipped bytes, or a chunk removed."""
+    b = bytearray(blob)
+    how = rng.choice(("truncate", "flip", "cut"))
+    if how == "truncate":
+        return bytes(b[:rng.randrange(len(b))])
+    if how == "flip":
+        for _ in range(rng.randint(1, 16)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        return bytes(b)
+    i = rng.randrange(len(b))
+    return bytes(b[:i] + b[i + rng.randint(1, 512):])
+
+
+def fuzz_cases(data: dict, seed: int, n: int) -> Iterator[tuple[str, bytes]]:
+    """``n`` seeded mutated capture files as bytes, with a name saying what changed: the
+    hostile edits first, then field mutations (:func:`mutations`), pickle-level byte flips
+    and zip-level damage in turn."""
+    rng = random.Random(seed)
+    made = 0
+    for name, edit in _hostile_values(data):
+        if made >= n:
+            return
+        x = copy.deepcopy(data)
+        edit(x)
+        yield name, _zip_bytes(x)
+        made += 1
+    base = _zip_bytes(data)
+    fields = mutations(data, seed=seed, limit=max(n, 400))
+    i = 0
+    while made < n:
+        level = ("dict", "pickle", "zip")[made % 3]
+        if level == "dict":
+            m = fields[i % len(fields)]
+            i += 1
+            yield f"dict: {m}", _zip_bytes(m.apply(data))
+        elif level == "pickle":
+            yield "pickle: bytes flipped", _pickle_mutation(base, rng)
+        else:
+            yield "zip: damaged", _zip_mutation(base, rng)
+        made += 1

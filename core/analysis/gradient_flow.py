@@ -74,7 +74,7 @@ def aggregate(stats_list: list[TensorStats], metric: str) -> float:
     if not finite:
         return math.nan
     if metric == "l2":
-        return math.sqrt(sum(float(s["l2"]) ** 2 for s in finite))
+        return math.hypot(*(float(s["l2"]) for s in finite))  # hypot scales: no overflow at 1e308
     if metric == "max_abs":
         return max(max(abs(float(s["min"])), abs(float(s["max"]))) for s in finite)
     counts = [s["numel"] - s["nan_count"] - s["inf_count"] for s in finite]
@@ -86,7 +86,7 @@ def _rms(stats_list: list[TensorStats]) -> float:
     if not finite:
         return math.nan
     n = sum(s["numel"] - s["nan_count"] - s["inf_count"] for s in finite)
-    return math.sqrt(sum(float(s["l2"]) ** 2 for s in finite) / n)
+    return math.hypot(*(float(s["l2"]) for s in finite)) / math.sqrt(n)  # no overflow at 1e308
 
 
 def flow_series(capture: Capture, metric: str = "l2", kind: str = "grad_output") -> tuple[list[str], list[float]]:

@@ -3,6 +3,7 @@ and the one parser of the sizes people write (``--memory-budget 2GiB``)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from gradexplorer.base.errors import GradExplorerError
@@ -43,6 +44,8 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 # Binary units take an "i" (KiB, Mi); without it a unit is decimal (kB, MB, G), as in
 # IEC 80000-13. A bare number is bytes.
+#: The largest size read (1 EiB): more than any machine has; Python floats lose integers past it.
+MAX_SIZE = 1 << 60
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
@@ -76,7 +79,11 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         raise GradExplorerError(f"'{text}' is not a size;", _SIZE_EXAMPLE)
-    size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(value) or value > MAX_SIZE:
+        raise GradExplorerError(f"the size '{text[:40]}' is larger than any memory ({format_bytes(MAX_SIZE)} "
+                                "at most);", _SIZE_EXAMPLE)
+    size = int(value)
     if size < 1:
         raise GradExplorerError(f"the size '{text}' is less than one byte;", _SIZE_EXAMPLE)
     return size

@@ -117,6 +117,9 @@ def parse_labels(spec: LabelSpec, n: int, categories: Sequence[str] | None = Non
             f"{len(indices)} labels were given for {n} sample{'s' if n != 1 else ''};",
             "give one label per sample, or a single label for all of them.",
         )
+    if any(i >= 2**63 for i in indices):  # what int64 holds; a far smaller model would refuse it anyway
+        raise BatchError(f"label {str(max(indices))[:30]}… is far too large to be a class;",
+                         "give class indices such as 3,1,0.")
     return torch.tensor(indices, dtype=torch.int64)
 
 

@@ -36,6 +36,10 @@ def check_batch_shape(batch: Batch, input_shape: tuple[int, ...] | None) -> None
         channel count differs. The message gives the expected shape, e.g.
         ``(B, 3, 224, 224)``, and the one given.
     """
+    if batch.tensor is not None and batch.tensor.numel() == 0:  # as --random 0x10 is refused
+        raise BatchError(f"the input has shape {_fmt_shape(tuple(batch.tensor.shape))}: "
+                         f"{'no samples' if batch.tensor.dim() and batch.tensor.shape[0] == 0 else 'no values'};",
+                         "give a batch of at least one sample, every size at least 1.")
     if input_shape is None:
         return
     given = tuple(batch.tensor.shape)

@@ -27,6 +27,11 @@ from gradexplorer.stats.record import TensorStats
 
 #: Free-form values (unknown metadata keys, the dataset merge state) may nest this deep.
 MAX_PLAIN_DEPTH = 16
+#: Containers a graph node or a layer name may nest in (real models: under 20); deeper
+#: nesting is a damaged file, and the views' trees and layouts would pay for it.
+MAX_GRAPH_DEPTH = 128
+#: Bins a histogram may have (the capture writes 64; a dataset capture up to a few hundred).
+MAX_HIST_BINS = 1 << 16
 #: Tensor kinds a call records (``stats`` keys; a dataset capture adds ``grad_norm``).
 CALL_TENSORS = ("activation", "grad_output", "grad_input")
 #: Node kinds of a carried graph (``gradexplorer.model_graph.graph``); the views colour nodes by kind.
@@ -146,11 +151,18 @@ class Flag(Spec):
 
 
 class Tensor(Spec):
-    """A tensor, of ``ndim`` dimensions (or at least ``min_ndim``) when given."""
+    """A real (not complex) tensor, of ``ndim`` dimensions (or at least ``min_ndim``) when
+    given; with ``nonempty`` it holds at least one element (and one sample, its first
+    dimension); with ``finite`` every value is finite (histogram counts and edges, which
+    the views hand to the plotting library as they are)."""
 
-    def __init__(self, ndim: int | None = None, min_ndim: int = 0) -> None:
+    def __init__(self, ndim: int | None = None, min_ndim: int = 0, nonempty: bool = False,
+                 finite: bool = False, max_numel: int | None = None) -> None:
+        self.max_numel = max_numel
         self.ndim = ndim
         self.min_ndim = min_ndim
+        self.nonempty = nonempty
+        self.finite = finite
         self.expected = f"a {ndim}-D tensor" if ndim is not None else "a tensor"
 
     def check(self, value: Any, path: str) -> None:
@@ -159,6 +171,18 @@ class Tensor(Spec):
         if (self.ndim is not None and value.dim() != self.ndim) or value.dim() < self.min_ndim:
             want = self.expected if self.ndim is not None else f"a tensor of {self.min_ndim} or more dimensions"
             raise SchemaViolation(path, f"has shape {tuple(value.shape)}, expected {want}")
+        if value.is_complex() or value.is_quantized or value.layout != torch.strided:
+            raise SchemaViolation(path, f"is a {str(value.dtype).removeprefix('torch.')} tensor"
+                                  f"{'' if value.layout == torch.strided else ' (' + str(value.layout) + ')'}, "
+                                  "expected real numbers (a capture holds float, integer or bool tensors)")
+        if self.nonempty and value.numel() == 0:
+            raise SchemaViolation(path, f"has shape {tuple(value.shape)}, no "
+                                  f"{'samples' if value.dim() and value.shape[0] == 0 else 'values'}: "
+                                  "expected a tensor with values to show")
+        if self.max_numel is not None and value.numel() > self.max_numel:
+            raise SchemaViolation(path, f"has {value.numel():,} values, expected at most {self.max_numel:,}")
+        if self.finite and value.numel() and not bool(torch.isfinite(value.float()).all()):
+            raise SchemaViolation(path, "holds NaN or infinite values, expected finite numbers")
 
 
 class Nullable(Spec):
@@ -209,8 +233,9 @@ class Pair(Spec):
 class Named(Spec):
     """A dict from str (names the user chose: layers, parameters) to ``value``."""
 
-    def __init__(self, value: Spec) -> None:
+    def __init__(self, value: Spec, max_dots: int | None = None) -> None:
         self.value = value
+        self.max_dots = max_dots
         self.expected = "a dict of names"
 
     def check(self, value: Any, path: str) -> None:
@@ -219,6 +244,8 @@ class Named(Spec):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise SchemaViolation(_key_path(path, k), f"has a key that is {kind_of(k)}, expected a string")
+            if self.max_dots is not None and k.count(".") > self.max_dots:
+                raise SchemaViolation(_key_path(path, k), f"is a name nested more than {self.max_dots} modules deep")
             self.value.check(v, _key_path(path, k))
 
 
@@ -310,20 +337,51 @@ def _onset_tensor(text: str) -> bool:
 
 
 def _graph_relations(graph: dict, path: str) -> None:
-    ids = set()
+    if not graph["nodes"]:
+        raise SchemaViolation(f"{path}.nodes", "is empty, expected the graph's nodes")
+    ids: dict[str, int] = {}
     for i, node in enumerate(graph["nodes"]):
+        if not node["id"]:
+            raise SchemaViolation(f"{path}.nodes[{i}].id", "is '', expected a node id")
         if node["id"] in ids:
             raise SchemaViolation(f"{path}.nodes[{i}].id", f"is {_shown(node['id'])}, the id of an earlier node")
-        ids.add(node["id"])
+        ids[node["id"]] = i
+    parent = {node["id"]: node.get("parent") for node in graph["nodes"]}
     for i, node in enumerate(graph["nodes"]):
         if node.get("parent") is not None and node["parent"] not in ids:
             raise SchemaViolation(f"{path}.nodes[{i}].parent", f"is {_shown(node['parent'])}, a node the graph "
                                   "does not have")
+    # Parents acyclic and nested at most MAX_GRAPH_DEPTH deep: one walk per chain, each node
+    # settled once (linear in the nodes), never recursion that the file can deepen.
+    depth: dict[str, int] = {}
+    for start in parent:
+        chain: list[str] = []
+        on_chain: set[str] = set()
+        nid: str | None = start
+        while nid is not None and nid not in depth:
+            if nid in on_chain:
+                raise SchemaViolation(f"{path}.nodes[{ids[nid]}].parent", f"is {_shown(parent[nid])}: the "
+                                      "parents form a cycle (a node inside itself)")
+            chain.append(nid)
+            on_chain.add(nid)
+            nid = parent[nid]
+        d = -1 if nid is None else depth[nid]
+        for c in reversed(chain):
+            d += 1
+            if d > MAX_GRAPH_DEPTH:
+                raise SchemaViolation(f"{path}.nodes[{ids[c]}].parent", f"nests the node more than "
+                                      f"{MAX_GRAPH_DEPTH} containers deep")
+            depth[c] = d
     for i, edge in enumerate(graph["edges"]):
         for end in ("src", "dst"):
             if edge[end] not in ids:
                 raise SchemaViolation(f"{path}.edges[{i}].{end}", f"is {_shown(edge[end])}, a node the graph "
                                       "does not have")
+    meta = graph.get("meta") or {}
+    for key in ("node_values", "node_inputs"):
+        for nid in meta.get(key, {}):
+            if nid not in ids:
+                raise SchemaViolation(_key_path(f"{path}.meta.{key}", nid), "names a node the graph does not have")
 
 
 def _input_relations(data: dict, path: str) -> None:
@@ -342,12 +400,17 @@ COUNT = Integer(minimum=0)
 NUMBER = Number()
 TEXT = Text()
 NAMES = Items(TEXT)
+#: A tensor the views draw: real numbers, at least one value.
+SHOWN = Tensor(nonempty=True)
+LAYER_NAME = Text(valid=lambda name: name.count(".") <= MAX_GRAPH_DEPTH,
+                  expected=f"a layer name nested at most {MAX_GRAPH_DEPTH} modules deep")
+LAYER_NAMES = Items(LAYER_NAME)
 
 STATS = Record(
     required={
         "numel": COUNT, "min": NUMBER, "max": NUMBER, "mean": NUMBER, "std": NUMBER, "mean_abs": NUMBER,
         "l2": NUMBER, "zero_fraction": Fraction(), "nan_count": COUNT, "inf_count": COUNT,
-        "hist": Tensor(ndim=1), "hist_range": Pair(NUMBER, NUMBER),
+        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS), "hist_range": Pair(NUMBER, NUMBER),
     },
     optional={"hist_exact": Flag(), "overflow": NAMES, "hist_kind": TEXT},
     then=_stats_relations,
@@ -359,7 +422,7 @@ CALL = Record(
     required={"stats": Record(required={k: Nullable(STATS) for k in CALL_TENSORS}, others=Nullable(STATS),
                               expected="a dict of statistics per tensor")},
     optional={
-        "activation": Nullable(Tensor()), "grad_output": Nullable(Tensor()), "grad_input": Nullable(Tensor()),
+        "activation": Nullable(SHOWN), "grad_output": Nullable(SHOWN), "grad_input": Nullable(SHOWN),
         "output_key": TEXT, "shape": Items(COUNT), "dtype": TEXT,
     },
     then=_call_relations,
@@ -385,10 +448,10 @@ META = Record(
         "train": Nullable(Flag()), "input_grad": Nullable(Flag()),
         "seconds": Nullable(NUMBER),
         "timing": Nullable(Named(NUMBER)),
-        "layer_order": Nullable(NAMES), "not_called": Nullable(NAMES),
+        "layer_order": Nullable(LAYER_NAMES), "not_called": Nullable(LAYER_NAMES),
         "call_order": Nullable(Items(Pair(TEXT, COUNT))),
         "dataset": Nullable(Record(required={}, optional={
-            "samples": COUNT, "batches": COUNT, "hist_kind": TEXT, "hist_edges": Tensor(ndim=1),
+            "samples": COUNT, "batches": COUNT, "hist_kind": TEXT, "hist_edges": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS + 1),
             "series": Record(required={"batch": Items(Integer()), "fields": NAMES,
                                        "rows": Named(Tensor(ndim=2))},
                              optional={"samples": Items(COUNT)}),
@@ -437,9 +500,9 @@ MODEL_INPUTS = Record(
 )
 
 CAPTURE = Record(
-    required={"meta": META, "layers": Named(LAYER)},
-    optional={"input": Nullable(Tensor(min_ndim=1)), "input_grad": Nullable(Tensor()),
-              "output": Nullable(Tensor()), "graph": Nullable(GRAPH), "nonfinite_onset": Nullable(ONSET),
+    required={"meta": META, "layers": Named(LAYER, max_dots=MAX_GRAPH_DEPTH)},
+    optional={"input": Nullable(Tensor(min_ndim=1, nonempty=True)), "input_grad": Nullable(SHOWN),
+              "output": Nullable(SHOWN), "graph": Nullable(GRAPH), "nonfinite_onset": Nullable(ONSET),
               "model_inputs": Nullable(MODEL_INPUTS)},
     then=_input_relations,
     expected="a capture",

@@ -215,6 +215,7 @@ class ModelGraph:
         self._producers: dict | None = None
         for nid in self.nodes:
             self.depth(nid)
+        self._top_down = sorted(self.nodes, key=self._depth.__getitem__)  # parents before children
 
     # -- structure ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -224,19 +225,29 @@ class ModelGraph:
         return iter(self.nodes.values())
 
     def depth(self, node_id: str) -> int:
-        """Number of containers around ``node_id``."""
+        """Number of containers around ``node_id`` (walked iteratively and cached: a file's
+        parent chain can be deeper than Python's stack; the schema has refused cycles)."""
         d = self._depth.get(node_id)
-        if d is None:
-            parent = self.nodes[node_id].parent
-            d = 0 if parent is None else self.depth(parent) + 1
-            self._depth[node_id] = d
-        return d
+        if d is not None:
+            return d
+        chain = []
+        nid: str | None = node_id
+        while nid is not None and nid not in self._depth:
+            chain.append(nid)
+            nid = self.nodes[nid].parent
+            if len(chain) > len(self.nodes):
+                raise GradExplorerError("The model graph's parents form a cycle.", "Write the graph again.")
+        d = -1 if nid is None else self._depth[nid]
+        for c in reversed(chain):
+            d += 1
+            self._depth[c] = d
+        return self._depth[node_id]
 
     def ancestors(self, node_id: str) -> list[str]:
         """Enclosing containers, outermost first."""
         out = []
         p = self.nodes[node_id].parent
-        while p is not None:
+        while p is not None and len(out) <= len(self.nodes):
             out.append(p)
             p = self.nodes[p].parent
         return out[::-1]
@@ -314,16 +325,22 @@ class ModelGraph:
         Parallel edges carrying the same pair of visible nodes are merged.
         """
         expanded = {e for e in expanded if self.is_container(e)}
-        rep: dict[str, str] = {}
+        # One pass, parents before children: a node's outermost collapsed ancestor is its
+        # parent's, or its parent when that is collapsed (linear in the nodes at any depth).
+        top: dict[str, str | None] = {}
+        for nid in self._top_down:
+            parent = self.nodes[nid].parent
+            if parent is None:
+                top[nid] = None
+            else:
+                above = top[parent]
+                top[nid] = above if above is not None else (None if parent in expanded else parent)
 
         def rep_of(nid: str) -> str:
-            r = rep.get(nid)
-            if r is None:
-                r = rep[nid] = self.representative(nid, expanded)
-            return r
+            r = top[nid]
+            return nid if r is None else r
 
-        visible = [nid for nid in self.nodes
-                   if nid not in expanded and all(a in expanded for a in self.ancestors(nid))]
+        visible = [nid for nid in self.nodes if nid not in expanded and top[nid] is None]
         merged: dict[tuple[str, str], VisibleEdge] = {}
         hidden = []
         for e in self.edges:

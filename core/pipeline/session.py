@@ -88,12 +88,16 @@ def tree_from_names(names: Iterable[str], types: dict[str, str] | None = None,
     nodes: dict[str, ModuleNode] = {"": ModuleNode(name="", type=model_type, depth=0, parent=None)}
 
     def add(name: str) -> None:
-        if name in nodes:
-            return
-        parent = name.rsplit(".", 1)[0] if "." in name else ""
-        add(parent)
-        nodes[name] = ModuleNode(name=name, type=types.get(name, ""), depth=name.count(".") + 1, parent=parent)
-        nodes[parent].children.append(name)
+        # The missing ancestors outermost first, iteratively: a name from a file can have
+        # more dots than Python's stack has frames.
+        missing = []
+        while name not in nodes:
+            missing.append(name)
+            name = name.rsplit(".", 1)[0] if "." in name else ""
+        for name in reversed(missing):
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            nodes[name] = ModuleNode(name=name, type=types.get(name, ""), depth=name.count(".") + 1, parent=parent)
+            nodes[parent].children.append(name)
 
     for name in names:
         if name:
