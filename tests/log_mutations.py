@@ -9,6 +9,7 @@ was done, so that a failing case can be rebuilt from its seed.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import sqlite3
@@ -111,7 +112,8 @@ def _one(rng: random.Random, seed: int) -> Mutation:
     if kind == "rename":
         table = rng.choice(TABLES)
         column = rng.choice(COLUMNS[table])
-        return Mutation(f"rename {table}.{column}", _sql(f"ALTER TABLE {table} RENAME COLUMN \"{column}\" TO x_{column}"))
+        return Mutation(f"rename {table}.{column}",
+                        _sql(f"ALTER TABLE {table} RENAME COLUMN \"{column}\" TO x_{column}"))
     if kind == "hist":
         blob = rng.choice(("X'01'", "X'0102030405'", "zeroblob(8 * 5000)", "zeroblob(7)", "randomblob(64)",
                            "X'ffffffffffffff7f'"))
@@ -146,8 +148,6 @@ def mutations(seed: int = 0, count: int = 300) -> list[Mutation]:
 def mutated(base: Path, mutation: Mutation, out: Path) -> Path:
     """A copy of ``base`` with ``mutation`` made (a mutation SQLite refuses leaves the copy as is)."""
     shutil.copyfile(base, out)
-    try:
+    with contextlib.suppress(sqlite3.Error):
         mutation.apply(out)
-    except sqlite3.Error:
-        pass
     return out

@@ -9,8 +9,8 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from gradexplorer.app.views.timeline_view import TimelineView
-from gradexplorer.app.window.screenshot import save_screenshot
 from gradexplorer.app.window.application import setup_application
+from gradexplorer.app.window.screenshot import save_screenshot
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
 from gradexplorer.recording.watch_log import is_watch_log

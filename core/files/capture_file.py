@@ -18,8 +18,8 @@ import torch
 
 from gradexplorer.base import tensor_memory
 from gradexplorer.base.errors import CaptureFileError
-from gradexplorer.base.units import format_bytes
 from gradexplorer.base.file_write import atomic_write
+from gradexplorer.base.units import format_bytes
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.files.meta import upgrade_meta
 from gradexplorer.files.pickle_scan import refusal, short_reason

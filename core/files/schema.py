@@ -451,7 +451,8 @@ META = Record(
         "layer_order": Nullable(LAYER_NAMES), "not_called": Nullable(LAYER_NAMES),
         "call_order": Nullable(Items(Pair(TEXT, COUNT))),
         "dataset": Nullable(Record(required={}, optional={
-            "samples": COUNT, "batches": COUNT, "hist_kind": TEXT, "hist_edges": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS + 1),
+            "samples": COUNT, "batches": COUNT, "hist_kind": TEXT,
+            "hist_edges": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS + 1),
             "series": Record(required={"batch": Items(Integer()), "fields": NAMES,
                                        "rows": Named(Tensor(ndim=2))},
                              optional={"samples": Items(COUNT)}),

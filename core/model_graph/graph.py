@@ -245,7 +245,7 @@ class ModelGraph:
 
     def ancestors(self, node_id: str) -> list[str]:
         """Enclosing containers, outermost first."""
-        out = []
+        out: list[str] = []
         p = self.nodes[node_id].parent
         while p is not None and len(out) <= len(self.nodes):
             out.append(p)

@@ -48,9 +48,9 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
     "steps": {"step": _INTEGER, "rank": _INTEGER, "loss": _NUMBER, "wall_time": _NUMBER, "seconds": _NUMBER},
     "stats": {
         "step": _INTEGER, "layer": _TEXT, "call": _INTEGER, "kind": _TEXT, "rank": _INTEGER,
-        **{c: _INTEGER for c in ("numel", "count", "nan_count", "inf_count", "zero_count")},
-        **{c: _NUMBER for c in ("min", "max", "mean", "std", "sum", "sum_abs", "m2", "l2", "mean_abs",
-                                "update_ratio")},
+        **dict.fromkeys(("numel", "count", "nan_count", "inf_count", "zero_count"), _INTEGER),
+        **dict.fromkeys(("min", "max", "mean", "std", "sum", "sum_abs", "m2", "l2", "mean_abs",
+                         "update_ratio"), _NUMBER),
         "hist_lo": _INTEGER, "hist": _BLOB,
     },
     "reports": {"step": _INTEGER, "layer": _TEXT, "message": _TEXT},
@@ -123,8 +123,8 @@ def _type_clauses(table: str, columns: dict[str, tuple[str, ...]]) -> list[tuple
             bad = f"({bad} OR (typeof(\"{column}\") = 'integer' AND (\"{column}\" < {lo} OR \"{column}\" > {hi})))"
         out.append((column, bad))
     if table == "stats":
-        out.append(("hist", "(typeof(hist) = 'blob' AND (length(hist) % 8 != 0 OR "
-                            f"coalesce(hist_lo, 0) + length(hist) / 8 > {HIST_BINS}))"))
+        out.append(("hist", ("(typeof(hist) = 'blob' AND (length(hist) % 8 != 0 OR "
+                             f"coalesce(hist_lo, 0) + length(hist) / 8 > {HIST_BINS}))")))
     return out
 
 
@@ -155,7 +155,8 @@ def _check_rows(con: sqlite3.Connection, path: str, table: str, where: str = "1"
 
 def _check_meta(con: sqlite3.Connection, path: str) -> None:
     for key, value in con.execute(
-            f"SELECT key, value FROM meta WHERE typeof(value) = 'text' AND length(CAST(value AS BLOB)) <= {MAX_META_BYTES}"):
+            "SELECT key, value FROM meta WHERE typeof(value) = 'text' "
+            f"AND length(CAST(value AS BLOB)) <= {MAX_META_BYTES}"):
         if json_depth(value) > MAX_JSON_DEPTH:
             raise _fail(path, f"its table 'meta', column 'value', holds JSON nested deeper than "
                               f"{MAX_JSON_DEPTH} levels (key '{str(key)[:40]}')")
