@@ -80,6 +80,26 @@ def _loss_value(loss: Any) -> float | None:
     return float(loss)
 
 
+def _collective_failed(step: int, rank: int, error: BaseException) -> GradExplorerError:
+    """The message for a rank that could not gather a step's statistics (a peer died or hung)."""
+    import torch.distributed as dist
+
+    try:
+        group = dist.group.WORLD
+        seconds = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
+        timeout = f"{seconds:g} s"
+    except Exception:  # noqa: BLE001 - only for the message; a backend without options
+        timeout = "the process group's timeout"
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    return GradExplorerError(
+        f"Rank {rank} could not gather watched step {step}'s statistics from the other ranks ({first}): "
+        f"a rank has likely died or stopped. Collectives give up after the process group's timeout, "
+        f"here {timeout} (init_process_group(timeout=...)). The watch log holds every step "
+        f"before step {step}.",
+        "Look at the other ranks' output for the cause; a shorter init_process_group(timeout=...) ends "
+        "the survivors sooner.")
+
+
 class Watch:
     """A watch on one model; use :func:`watch` to make one (see the module docstring)."""
 
@@ -263,7 +283,10 @@ class Watch:
         mine = {"rank": self.rank, "loss": loss, "seconds": seconds, "reports": reports,
                 "rows": {k: v.to_dict() for k, v in rows.items()}, "norms": norms}
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        try:
+            dist.gather_object(mine, gathered, dst=0)
+        except (RuntimeError, OSError) as e:  # DistBackendError and gloo's peer errors
+            raise _collective_failed(step, self.rank, e) from e
         if self.rank != 0:
             return
         assert gathered is not None
