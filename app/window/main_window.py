@@ -54,13 +54,15 @@ DEFAULT_SIZE = QSize(1500, 950)
 
 def about_text() -> str:
     """Help ▸ About: what gradexplorer is, its version and those of torch and Qt."""
-    # The front door's __version__ imports neither torch nor Qt; both are loaded by now.
+    # The version from the distribution's metadata, as gradexplorer.__version__ reads it:
+    # importing the front door here would make the window import it (an import cycle
+    # through gradexplorer.explore, which opens this window).
+    from importlib import metadata
+
     import PySide6
     import torch
 
-    from gradexplorer import __version__
-
-    return (f"<b>gradexplorer {__version__}</b><br>See the gradients inside a PyTorch model: per-layer "
+    return (f"<b>gradexplorer {metadata.version('gradexplorer')}</b><br>See the gradients inside a PyTorch model: per-layer "
             "capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
             f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
             "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
@@ -318,7 +320,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
-            clamp_to_screen(self)
+        clamp_to_screen(self)  # the saved geometry, or the default size on a smaller screen
         sizes = self.settings.value("window/splitter", list, [])
         try:
             if len(sizes) == 3:

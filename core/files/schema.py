@@ -153,11 +153,13 @@ class Flag(Spec):
 class Tensor(Spec):
     """A real (not complex) tensor, of ``ndim`` dimensions (or at least ``min_ndim``) when
     given; with ``nonempty`` it holds at least one element (and one sample, its first
-    dimension); with ``finite`` every value is finite (histogram counts and edges, which
-    the views hand to the plotting library as they are)."""
+    dimension); with ``finite`` every value is finite (histogram counts, which the views
+    hand to the plotting library as they are); with ``ordered`` the values never decrease
+    and none is NaN (histogram edges: the outermost of a log2 histogram are -inf and inf)."""
 
     def __init__(self, ndim: int | None = None, min_ndim: int = 0, nonempty: bool = False,
-                 finite: bool = False, max_numel: int | None = None) -> None:
+                 finite: bool = False, max_numel: int | None = None, ordered: bool = False) -> None:
+        self.ordered = ordered
         self.max_numel = max_numel
         self.ndim = ndim
         self.min_ndim = min_ndim
@@ -183,6 +185,10 @@ class Tensor(Spec):
             raise SchemaViolation(path, f"has {value.numel():,} values, expected at most {self.max_numel:,}")
         if self.finite and value.numel() and not bool(torch.isfinite(value.float()).all()):
             raise SchemaViolation(path, "holds NaN or infinite values, expected finite numbers")
+        if self.ordered and value.numel():
+            v = value.double().reshape(-1)
+            if bool(torch.isnan(v).any()) or (v.numel() > 1 and bool((v[1:] < v[:-1]).any())):
+                raise SchemaViolation(path, "holds NaN or decreasing values, expected histogram edges in order")
 
 
 class Nullable(Spec):
@@ -452,7 +458,7 @@ META = Record(
         "call_order": Nullable(Items(Pair(TEXT, COUNT))),
         "dataset": Nullable(Record(required={}, optional={
             "samples": COUNT, "batches": COUNT, "hist_kind": TEXT,
-            "hist_edges": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS + 1),
+            "hist_edges": Tensor(ndim=1, ordered=True, max_numel=MAX_HIST_BINS + 1),
             "series": Record(required={"batch": Items(Integer()), "fields": NAMES,
                                        "rows": Named(Tensor(ndim=2))},
                              optional={"samples": Items(COUNT)}),

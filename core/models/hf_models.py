@@ -87,7 +87,10 @@ def hf_catalog() -> list[ModelInfo]:
     try:
         from huggingface_hub import scan_cache_dir
 
-        cached = sorted(repo.repo_id for repo in scan_cache_dir().repos if repo.repo_type == "model")
+        from gradexplorer.models.timm_models import hub_cache_dir
+
+        # The folder from the environment now: huggingface_hub's default was fixed at its import.
+        cached = sorted(repo.repo_id for repo in scan_cache_dir(hub_cache_dir()).repos if repo.repo_type == "model")
     except Exception:  # noqa: BLE001 - no cache yet, or one we cannot read: the examples are enough
         pass
     names = cached + [n for n in HF_EXAMPLES if n not in cached]

@@ -195,8 +195,21 @@ def _parallel_stats(t):
     return got
 
 
+def _float32_lanes_stats(t: torch.Tensor) -> dict:
+    """The fused CPU pass with its float32 lanes on (``GRADEXPLORER_CPU_FLOAT32=1``)."""
+    from gradexplorer.stats import cpu
+
+    saved = cpu.float32_lanes
+    cpu.float32_lanes = True
+    try:
+        return tensor_stats(t)
+    finally:
+        cpu.float32_lanes = saved
+
+
 PATHS = {
     "default": tensor_stats,
+    "float32_lanes": _float32_lanes_stats,
     "torch": torch_stats,
 }
 if not numba_missing:
