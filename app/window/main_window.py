@@ -62,8 +62,8 @@ def about_text() -> str:
     import PySide6
     import torch
 
-    return (f"<b>gradexplorer {metadata.version('gradexplorer')}</b><br>See the gradients inside a PyTorch model: per-layer "
-            "capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
+    return (f"<b>gradexplorer {metadata.version('gradexplorer')}</b><br>See the gradients inside a "
+            "PyTorch model: per-layer capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
             f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
             "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
 
