@@ -164,7 +164,13 @@ def test_capture_matches_autograd_and_passes_the_schema(key, captures):
             _close(cap.layers[layer].param_grads[pname], want, dtype)
     _close(cap[kind.head].calls[0].activation, head, dtype)
     if input_grad is None:
-        assert cap.input_grad is None  # token ids have no gradient; the embedding's output has
+        # Token ids have no gradient: the capture gives the one at the embedding's output,
+        # the same tensor as that layer's output gradient, and says so.
+        assert "token embeddings" in str(cap.meta.get("input_grad_of"))
+        emb = str(cap.meta["input_grad_of"]).split("'")[1]
+        if emb in cap.layers and cap[emb].calls[0].grad_output is not None:
+            assert torch.equal(cap.input_grad, cap[emb].calls[0].grad_output)
+        assert cap.input_grad is not None and cap.input_grad.dim() == 3
     else:
         _close(cap.input_grad, input_grad, dtype)
     # The graph it carries has one input node per input and the dict's outputs.
