@@ -93,30 +93,22 @@ def _keep_until_closed(window: MainWindow) -> None:
     _open_windows.append(window)
 
 
-def _check_screenshot(path: str | os.PathLike[str] | None) -> str | None:
+def _check_screenshot(path: str | os.PathLike[str] | None, inputs: Sequence[str] = ()) -> str | None:
     if path is None:
         return None
     from gradexplorer.base.file_write import check_output_path
 
     target = str(Path(path).expanduser())
-    check_output_path(target, [])  # a folder, a device, a FIFO: said now, before a window opens
+    check_output_path(target, list(inputs))  # the capture file shown, a folder, a device, a FIFO: said now, before a window opens
     return target
 
 
-def _save_png(window: MainWindow, path: str) -> None:
-    """The window as PNG, written atomically (never half a file over an old one)."""
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+def _save_png(window: MainWindow, path: str, inputs: Sequence[str] = ()) -> None:
+    """The window as PNG, through the writer every export uses (atomic; never over a file
+    the window read, a folder, a device or a FIFO)."""
+    from gradexplorer.app.views.export import png_bytes, write_export
 
-    from gradexplorer.base.file_write import atomic_write_bytes
-
-    data = QByteArray()
-    buffer = QBuffer(data)
-    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-    if not window.grab().save(buffer, "PNG"):
-        raise GradExplorerError(f"the window could not be drawn into a PNG for {path};",
-                                "make sure a display (or QT_QPA_PLATFORM=offscreen) is available.")
-    buffer.close()
-    atomic_write_bytes(path, bytes(data.data()))
+    write_export(png_bytes(window), path, inputs)
 
 
 def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str] | None = None,
@@ -193,7 +185,8 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
         request = live_request(model, inputs, layers=layers, target=target, labels=labels, device=device,
                                mode=mode, train=train, input_grad=input_grad, autocast=autocast,
                                memory_budget=memory_budget, name=name, categories=categories)
-    shot = _check_screenshot(screenshot)
+    read = [capture_path] if capture_path is not None else []
+    shot = _check_screenshot(screenshot, read)
 
     # Qt is imported on first use: ``gradexplorer.explore`` is reachable from a bare
     # ``import gradexplorer``, which loads neither torch nor Qt.
@@ -225,7 +218,7 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
             app.processEvents()
             try:
                 assert shot is not None
-                _save_png(window, shot)
+                _save_png(window, shot, read)
             except GradExplorerError as exc:
                 outcome.error = exc
             window.close()

@@ -332,3 +332,13 @@ def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(tmp_p
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_screenshot_never_replaces_the_capture_it_shows(live, tmp_path):
+    model, x = live
+    path = tmp_path / "cap.pt"
+    gx.save_capture(gx.capture(model, x, layers=["fc"]), path)
+    before = path.read_bytes()
+    with pytest.raises(gx.GradExplorerError):
+        gx.explore(str(path), screenshot=path)
+    assert path.read_bytes() == before
