@@ -99,7 +99,8 @@ def _check_screenshot(path: str | os.PathLike[str] | None, inputs: Sequence[str]
     from gradexplorer.base.file_write import check_output_path
 
     target = str(Path(path).expanduser())
-    check_output_path(target, list(inputs))  # the capture file shown, a folder, a device, a FIFO: said now, before a window opens
+    # The capture file shown, a folder, a device, a FIFO: said now, before a window opens.
+    check_output_path(target, list(inputs))
     return target
 
 
