@@ -203,6 +203,12 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
         labels_key, _ = _pick(obj, _LABEL_KEYS)
         if key is not None:
             several = _several(value)
+            # Tensors stored beside the input (a key_padding_mask, an attention mask) are
+            # arguments of the forward too: passed by name, never dropped. A name the
+            # forward does not take is refused when the batch meets the model.
+            extra = {k: v for k, v in obj.items() if k not in (key, labels_key) and isinstance(v, torch.Tensor)}
+            if extra and isinstance(value, torch.Tensor) and _several(extra) is not None:
+                several = ModelInputs(args=(value,), kwargs=extra)
         else:
             # A dict of named tensors and nothing else: keyword arguments (labels apart).
             several = _several({k: v for k, v in obj.items() if k != labels_key})

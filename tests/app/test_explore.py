@@ -314,7 +314,7 @@ def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(tmp_p
 
     def run(code: str) -> str:
         out.clear()
-        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(
+        reply = kc.execute_interactive(code, timeout=300, output_hook=lambda m: out.append(
             m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
         assert reply["content"]["status"] == "ok", reply["content"]
         return "".join(out)
