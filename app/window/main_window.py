@@ -132,6 +132,9 @@ class MainWindow(QMainWindow):
         self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
 
         tree_box = QGroupBox("Modules", self)
+        # An explicit minimum, as for the views: the hints of the tree's buttons, header and
+        # graph status add up past what a 1280 px screen leaves beside the views and panels.
+        tree_box.setMinimumWidth(320)
         # The module tree and the model graph (app/views/graph_view.py) side by side in tabs.
         self.graph_panel = GraphPanel(self)
         self.module_tabs = QTabWidget(tree_box)
