@@ -54,8 +54,16 @@ def resolve_layers(model: nn.Module, layers: LayerSpec = None) -> list[str]:
     if layers is not None and not callable(layers):
         patterns = [layers] if isinstance(layers, str) else list(layers)
         names = [n for n, _ in model.named_modules()]
+        # A set for the exact names: a capture of every leaf passes each name as a
+        # pattern, and matching each against every name cost 40k fnmatch calls (0.07 s of
+        # efficientnet_b0's 1 s pass); only patterns with glob characters are matched.
+        known = set(names)
         for p in patterns:
-            if not any(n == p or fnmatch.fnmatchcase(n, p) for n in names):
+            if p in known or not any(c in p for c in "*?["):
+                found = p in known
+            else:
+                found = any(fnmatch.fnmatchcase(n, p) for n in names)
+            if not found:
                 near = difflib.get_close_matches(p, names, n=3)
                 hint = f" Near names: {', '.join(near)}." if near else ""
                 raise GradExplorerError(
