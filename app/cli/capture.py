@@ -22,6 +22,7 @@ from gradexplorer.app.cli.common import (
     onset_lines,
 )
 from gradexplorer.app.cli.format import fmt_seconds, fmt_shape, human_size
+from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.units import counted
 
 # Engine modules are imported inside the functions that use them (start-up time): main builds
@@ -65,6 +66,13 @@ def register(sub: SubParsers) -> None:
                    help="capture a whole dataset (--input FOLDER or .pt), N samples per batch, and merge "
                         "the statistics exactly (needs --stats-only; works under torchrun)")
     p.add_argument("--max-samples", type=int, metavar="M", help="with --batch-size: use at most M samples")
+    p.add_argument("--shard", choices=("fsdp",),
+                   help="with --batch-size under torchrun: shard the model over the ranks with FSDP2 "
+                        "(fully_shard per block, then the root), so that no rank holds it whole")
+    p.add_argument("--shard-blocks", nargs="+", metavar="PATTERN",
+                   help="with --shard: the modules to shard as blocks, names or glob patterns ('layer*.*'); "
+                        "default: the model's repeated blocks (torchvision's layerN.M, Hugging Face and timm "
+                        "block lists), else its children that hold parameters")
     add_common(p)
     p.set_defaults(func=cmd_capture)
 
@@ -73,6 +81,14 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer capture``; returns the exit status."""
     from gradexplorer.pipeline.job import CaptureJob, OverBudget
 
+    if getattr(args, "shard", None) is None and getattr(args, "shard_blocks", None):
+        raise GradExplorerError("--shard-blocks chooses the blocks of a sharded capture;",
+                                "add --shard fsdp (with --batch-size N --stats-only under torchrun), "
+                                "or leave out --shard-blocks.")
+    if getattr(args, "shard", None) is not None and getattr(args, "batch_size", None) is None:
+        raise GradExplorerError("--shard runs a capture over a dataset, statistics only;",
+                                "add --batch-size N and --stats-only, and start it with torchrun "
+                                "--nproc-per-node K.")
     if getattr(args, "batch_size", None) is not None:
         # Deferred for start-up time: the dataset command imports torch at once.
         from gradexplorer.app.cli.dataset import cmd_capture_dataset

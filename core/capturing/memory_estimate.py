@@ -84,6 +84,21 @@ class MemoryEstimate:
     mode : str
     layers, calls : int
         Selected layers and their calls per forward.
+    moments : int
+        A dataset capture's element-wise gradient moments across batches (its gradient
+        signal-to-noise ratio): two float64 values per recorded parameter element, on this
+        rank (a part of them when the model is sharded). Held to the end, where the
+        gradients are: in ``total`` on the CPU, in ``transient`` on a GPU
+        (``moments_on_device``).
+    moments_on_device : bool
+        The moments live on the run's GPU rather than in RAM.
+    shard_world : int
+        Ranks the model's parameters are sharded over (1: whole on every rank).
+    shard_params : int
+        With a sharded model: this rank's shards of every parameter (in ``transient``).
+    gathered : int
+        With a sharded model: the parameters gathered whole at once (a block and the next
+        one fetched ahead) and a block's gradients (in ``transient``).
     """
 
     activations: int = 0
@@ -96,6 +111,11 @@ class MemoryEstimate:
     mode: str = "full"
     layers: int = 0
     calls: int = 0
+    moments: int = 0
+    moments_on_device: bool = False
+    shard_world: int = 1
+    shard_params: int = 0
+    gathered: int = 0
 
     @property
     def gradients(self) -> int:
@@ -104,14 +124,27 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         """Bytes held by the finished capture."""
-        return self.activations + self.gradients + self.io + self.stats
+        in_ram = 0 if self.moments_on_device else self.moments
+        return self.activations + self.gradients + self.io + self.stats + in_ram
 
     def describe(self) -> str:
         """One line for the Run button and the CLI, e.g.
         ``"≈ 1.2 GiB (activations 600 MiB, gradients 550 MiB, input/output 12 MiB)"``."""
         if self.mode == "stats":
-            return (f"≈ {format_bytes(self.total)} (statistics only: {counted(self.layers, 'layer')} × "
-                    f"{counted(self.calls, 'call')}, bounded; input/output {format_bytes(self.io)})")
+            moments = (f", gradient moments {format_bytes(self.moments)}"
+                       if self.moments and not self.moments_on_device else "")
+            line = (f"≈ {format_bytes(self.total)} (statistics only: {counted(self.layers, 'layer')} × "
+                    f"{counted(self.calls, 'call')}, bounded; input/output {format_bytes(self.io)}{moments})")
+            if self.shard_world > 1:
+                on_device = self.moments if self.moments_on_device else 0
+                batch = self.transient - self.shard_params - self.gathered - on_device
+                line += (f"; while running, per rank ≈ {format_bytes(self.transient)} (parameters sharded over "
+                         f"{self.shard_world} ranks: {format_bytes(self.shard_params)}, blocks gathered whole "
+                         f"{format_bytes(self.gathered)}, a batch's forward and backward {format_bytes(batch)}"
+                         + (f", gradient moments {format_bytes(on_device)}" if on_device else "") + ")")
+            elif self.moments_on_device:
+                line += f"; on the device, gradient moments {format_bytes(self.moments)}"
+            return line
         parts = [f"activations {format_bytes(self.activations)}",
                  f"gradients {format_bytes(self.grad_outputs + self.grad_inputs)}"]
         if self.param_grads:

@@ -14,8 +14,15 @@ watch_log
 dataset
     ``capture_dataset()``: every batch captured and merged exactly, also under
     torch.distributed.
+dataset_memory
+    What a dataset capture holds and needs while it runs, replicated or sharded.
+shard_blocks
+    A model's blocks, and the model sharded over the ranks with FSDP2 per block.
+sharded_dataset
+    ``capture_dataset_sharded()``: the dataset capture over a model sharded with FSDP2.
 timeline
     Arrays over steps from a watch log or a dataset capture.
 """
 
-__all__ = ["layer_recorder", "sharded", "watch", "watch_log", "dataset", "timeline"]
+__all__ = ["layer_recorder", "sharded", "watch", "watch_log", "dataset", "dataset_memory", "shard_blocks",
+           "sharded_dataset", "timeline"]

@@ -41,7 +41,15 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import model_state_preserved
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
-from gradexplorer.stats.merge import DatasetTensorStats, GradientMoments, GradientSummary, MergeStats, hist_edges
+from gradexplorer.recording.sharded import original_class
+from gradexplorer.stats.merge import (
+    DatasetTensorStats,
+    GradientMoments,
+    GradientSummary,
+    MergeStats,
+    MomentSums,
+    hist_edges,
+)
 
 #: Per batch and row, the numbers kept in the series (float64).
 SERIES_FIELDS = ("mean", "std", "l2", "max_abs", "nonfinite")
@@ -71,6 +79,11 @@ class DatasetStats:
         parameter's qualified name, call 0).
     moments : dict
         Parameter name -> ``GradientMoments`` across batches (gradient signal-to-noise).
+    moment_sums : dict
+        Parameter name -> ``MomentSums``: the same moments, summed over the elements of a
+        part of the parameter (a sharded capture keeps each parameter's moments on the
+        rank that holds its part, ``gradexplorer.recording.sharded_dataset``); the parts of
+        the ranks add up.
     series : dict
         Batch index -> ``(samples, {row name: [mean, std, l2, max_abs, nonfinite]})``.
     samples, batches : int
@@ -79,6 +92,7 @@ class DatasetStats:
     def __init__(self) -> None:
         self.rows: dict[RowKey, MergeStats] = {}
         self.moments: dict[str, GradientMoments] = {}
+        self.moment_sums: dict[str, MomentSums] = {}
         self.series: dict[int, tuple[int, dict[str, list[float]]]] = {}
         self.samples = 0
         self.batches = 0
@@ -98,7 +112,8 @@ class DatasetStats:
         self.batches += 1
 
     def merge(self, other: DatasetStats) -> DatasetStats:
-        """Totals over both (their batch indices must not overlap)."""
+        """Totals over both (their batch indices must not overlap; their ``moment_sums``
+        are over the same batches and disjoint elements)."""
         out = DatasetStats()
         for key in list(self.rows) + [k for k in other.rows if k not in self.rows]:
             a, b = self.rows.get(key), other.rows.get(key)
@@ -106,6 +121,9 @@ class DatasetStats:
         for name in list(self.moments) + [k for k in other.moments if k not in self.moments]:
             a_m, b_m = self.moments.get(name), other.moments.get(name)
             out.moments[name] = a_m.merge(b_m) if a_m is not None and b_m is not None else (a_m or b_m)  # type: ignore[assignment]
+        for name in list(self.moment_sums) + [k for k in other.moment_sums if k not in self.moment_sums]:
+            a_s, b_s = self.moment_sums.get(name), other.moment_sums.get(name)
+            out.moment_sums[name] = a_s.add_part(b_s) if a_s is not None and b_s is not None else (a_s or b_s)  # type: ignore[assignment]
         out.series = {**self.series, **other.series}
         out.samples = self.samples + other.samples
         out.batches = self.batches + other.batches
@@ -116,6 +134,7 @@ class DatasetStats:
         return {
             "rows": [[list(k), v.to_dict()] for k, v in self.rows.items()],
             "moments": {k: v.to_dict() for k, v in self.moments.items()},
+            "moment_sums": {k: [v.batches, v.mean_sq, v.m2_sum] for k, v in self.moment_sums.items()},
             "series": {int(i): [n, vals] for i, (n, vals) in self.series.items()},
             "samples": self.samples, "batches": self.batches,
         }
@@ -126,13 +145,17 @@ class DatasetStats:
         out = cls()
         out.rows = {(k[0], int(k[1]), k[2]): MergeStats.from_dict(v) for k, v in d["rows"]}
         out.moments = {k: GradientMoments.from_dict(v) for k, v in d["moments"].items()}
+        out.moment_sums = {k: MomentSums(int(v[0]), float(v[1]), float(v[2]))
+                           for k, v in d.get("moment_sums", {}).items()}
         out.series = {int(i): (int(v[0]), dict(v[1])) for i, v in d["series"].items()}
         out.samples, out.batches = int(d["samples"]), int(d["batches"])
         return out
 
     def snr(self) -> dict[str, GradientSummary]:
         """Parameter name -> ``GradientMoments.summary()`` (batches, mean_norm, var_sum, snr)."""
-        return {k: v.summary() for k, v in self.moments.items()}
+        out = {k: v.summary() for k, v in self.moments.items()}
+        out.update({k: v.summary() for k, v in self.moment_sums.items()})
+        return out
 
 
 def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -143,6 +166,37 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
             seen.add(id(p))
             out[name] = p
     return out
+
+
+def recorded_params(model: nn.Module, layers: LayerSpec, selected: Sequence[str]) -> dict[str, nn.Parameter]:
+    """The trainable parameters whose gradients a dataset capture records: those of the
+    ``selected`` modules (and their children), every one when ``layers`` is ``None``."""
+    params = _trainable(model)
+    if layers is not None:
+        chosen = {n for n in params if any(n.startswith(layer + ".") for layer in selected)}
+        params = {n: p for n, p in params.items() if n in chosen}
+    return params
+
+
+def run_forward(model: nn.Module, x: torch.Tensor | ModelInputs, primary: torch.Tensor, index: int) -> Any:
+    """The model's forward on batch ``index`` with gradients on (``primary`` is the input
+    differentiated; ``x`` all the inputs).
+
+    Raises
+    ------
+    CaptureError
+        The forward failed: the batch, the error and advice (``gradexplorer.base.forward_errors``).
+    """
+    try:
+        with torch.enable_grad():
+            return x.call(model, primary) if isinstance(x, ModelInputs) else model(primary)
+    except (GradExplorerError, CaptureCancelled):
+        raise
+    except Exception as exc:
+        raise CaptureError(
+            f"The model's forward failed on batch {index}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            forward_fix(exc)) from exc
 
 
 def capture_dataset(
@@ -194,10 +248,7 @@ def capture_dataset(
     """
     tgt = parse_target(target)
     selected = resolve_layers(model, layers)
-    params = _trainable(model)
-    if layers is not None:
-        chosen = {n for n in params if any(n.startswith(layer + ".") for layer in selected)}
-        params = {n: p for n, p in params.items() if n in chosen}
+    params = recorded_params(model, layers, selected)
     run_device = None
     if device is not None:
         run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
@@ -218,16 +269,7 @@ def capture_dataset(
                 primary = primary.detach().requires_grad_(True)
             recorder.install()
             try:
-                try:
-                    with torch.enable_grad():
-                        output = x.call(model, primary) if isinstance(x, ModelInputs) else model(primary)
-                except (GradExplorerError, CaptureCancelled):
-                    raise
-                except Exception as exc:
-                    raise CaptureError(
-                        f"The model's forward failed on batch {index}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}",
-                        forward_fix(exc)) from exc
+                output = run_forward(model, x, primary, index)
                 scalar = target_scalar(output, tgt, labels)
                 wrt: list[torch.Tensor] = list(all_params.values()) or [primary]
                 grads = torch.autograd.grad(scalar, wrt, allow_unused=True)
@@ -346,6 +388,11 @@ class DatasetSource:
                 self.dtype = str(primary.dtype).replace("torch.", "")
             yield item
 
+    def batch(self, index: int) -> tuple[torch.Tensor | ModelInputs, torch.Tensor | None]:
+        """Batch ``index`` alone: its inputs and labels (or None)."""
+        _index, inputs, labels = next(iter(self.batches([index])))
+        return inputs, labels
+
     def describe(self) -> str:
         """``"7 samples from imgs/ in batches of 3"`` (the capture's ``meta["batch"]``)."""
         return f"{self.samples} samples from {', '.join(self.sources)} in batches of {self.batch_size}"
@@ -409,7 +456,7 @@ def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], met
     out_layers: dict[str, LayerRecord] = {}
     for name in layers:
         module = model.get_submodule(name)
-        rec = LayerRecord(type(module).__name__)
+        rec = LayerRecord(original_class(module).__name__)  # not FSDP2's FSDP<class>
         for call in range(calls_of.get(name, 0)):
             entry: CallStats = {
                 kind: (_stats_entry(stats.rows[(name, call, kind)]) if (name, call, kind) in stats.rows else None)

@@ -29,7 +29,7 @@ from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
 
-__all__ = ["LocalPart", "is_dtensor", "local_part", "refuse_flat_sharding"]
+__all__ = ["LocalPart", "fsdp_module_type", "is_dtensor", "local_part", "original_class", "refuse_flat_sharding"]
 
 
 def _dtensor_type() -> type | None:
@@ -38,6 +38,31 @@ def _dtensor_type() -> type | None:
     except ImportError:  # pragma: no cover - torch without distributed
         return None
     return DTensor
+
+
+def fsdp_module_type() -> type[Any] | None:
+    """FSDP2's ``FSDPModule`` (the class ``fully_shard`` mixes into each module it wraps),
+    or None in a torch without it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6 kept it private
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch without distributed
+            return None
+    return FSDPModule
+
+
+def original_class(module: nn.Module) -> type:
+    """The class the user's module had: ``fully_shard`` replaces a module's class with a
+    subclass named ``FSDP<class>`` that mixes ``FSDPModule`` in; this is the class below it."""
+    cls = type(module)
+    fsdp = fsdp_module_type()
+    if fsdp is not None and isinstance(module, fsdp):
+        for base in cls.__bases__:
+            if base is not fsdp and issubclass(base, nn.Module):
+                return base
+    return cls
 
 
 def is_dtensor(t: Any) -> bool:

@@ -458,13 +458,14 @@ class GradientMoments:
         if self.mean is None or self.m2 is None or self.batches < 2:
             norm = float(self.mean.norm()) if self.mean is not None else math.nan
             return {"batches": self.batches, "mean_norm": norm, "var_sum": math.nan, "snr": math.nan}
-        mean_sq = float(self.mean.square().sum())
-        var_sum = float(self.m2.sum()) / (self.batches - 1)
-        if var_sum > 0:
-            snr = mean_sq / var_sum
-        else:
-            snr = math.inf if mean_sq > 0 else math.nan
-        return {"batches": self.batches, "mean_norm": math.sqrt(mean_sq), "var_sum": var_sum, "snr": snr}
+        return self.sums().summary()
+
+    def sums(self) -> MomentSums:
+        """The element sums the summary is made of; those of disjoint parts of one
+        gradient (its shards) add up to the whole's (:class:`MomentSums`)."""
+        if self.mean is None or self.m2 is None:
+            return MomentSums(self.batches, 0.0, 0.0)
+        return MomentSums(self.batches, float(self.mean.square().sum()), float(self.m2.sum()))
 
     def to_dict(self) -> GradientMomentsFields:
         """Plain types and CPU tensors, for files and collectives."""
@@ -478,6 +479,52 @@ class GradientMoments:
         out = cls()
         out.batches, out.mean, out.m2 = int(d["batches"]), d["mean"], d["m2"]
         return out
+
+
+@dataclass(frozen=True)
+class MomentSums:
+    """A gradient's moments across batches summed over its elements: what
+    :meth:`GradientMoments.summary` needs, and all a rank holding one part of the
+    elements (a shard of a parameter) has to send.
+
+    Attributes
+    ----------
+    batches : int
+        Batches accounted for (the same for every part of one gradient).
+    mean_sq : float
+        Sum over the elements of the squared mean, ||E[g]||^2.
+    m2_sum : float
+        Sum over the elements of the squared deviations from their mean.
+    """
+
+    batches: int
+    mean_sq: float
+    m2_sum: float
+
+    def add_part(self, other: MomentSums) -> MomentSums:
+        """The sums over the elements of both parts (disjoint parts of one gradient, over
+        the same batches).
+
+        Raises
+        ------
+        ValueError
+            The parts were accounted over different numbers of batches.
+        """
+        if other.batches != self.batches:
+            raise ValueError(f"parts of one gradient over {self.batches} and {other.batches} batches")
+        return MomentSums(self.batches, self.mean_sq + other.mean_sq, self.m2_sum + other.m2_sum)
+
+    def summary(self) -> GradientSummary:
+        """As :meth:`GradientMoments.summary`."""
+        if self.batches < 2:
+            return {"batches": self.batches, "mean_norm": math.sqrt(self.mean_sq), "var_sum": math.nan,
+                    "snr": math.nan}
+        var_sum = self.m2_sum / (self.batches - 1)
+        if var_sum > 0:
+            snr = self.mean_sq / var_sum
+        else:
+            snr = math.inf if self.mean_sq > 0 else math.nan
+        return {"batches": self.batches, "mean_norm": math.sqrt(self.mean_sq), "var_sum": var_sum, "snr": snr}
 
 
 @torch.no_grad()

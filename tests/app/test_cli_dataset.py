@@ -130,3 +130,90 @@ def test_torchrun_two_processes_equal_one(tmp_path, image_folder):
     snr1, snr2 = one["meta"]["dataset"]["snr"], two["meta"]["dataset"]["snr"]
     for name, v in snr1.items():
         assert snr2[name]["snr"] == pytest.approx(v["snr"], rel=1e-9), name
+
+
+SHARDED_MODEL = f"{ROOT / 'tests' / 'core' / 'sharded_dataset_worker.py'}:make_model"
+
+
+def assert_same_capture(one: dict, two: dict) -> None:
+    """Two dataset captures of the same batches: every count, extreme and histogram bin
+    equal, moments up to float64 summation order, the same series and gradient SNR."""
+    assert one["entries"].keys() == two["entries"].keys() and one["entries"]
+    for key, a in one["entries"].items():
+        b = two["entries"][key]
+        for field in ("numel", "count", "nan_count", "inf_count", "zero_count", "min", "max"):
+            assert a[field] == b[field], (key, field)
+        assert (a["hist"] == b["hist"]).all(), key
+        assert b["mean"] == pytest.approx(a["mean"], rel=1e-12, abs=1e-15), key
+        assert b["m2"] == pytest.approx(a["m2"], rel=1e-10, abs=1e-20), key
+    s1, s2 = one["meta"]["dataset"]["series"], two["meta"]["dataset"]["series"]
+    assert s1["batch"] == s2["batch"] and s1["samples"] == s2["samples"]
+    for name, values in s1["rows"].items():
+        assert np.allclose(values.numpy(), s2["rows"][name].numpy(), rtol=1e-12, atol=0, equal_nan=True), name
+    snr1, snr2 = one["meta"]["dataset"]["snr"], two["meta"]["dataset"]["snr"]
+    assert snr1.keys() == snr2.keys()
+    for name, v in snr1.items():
+        assert snr2[name]["batches"] == v["batches"]
+        assert snr2[name]["snr"] == pytest.approx(v["snr"], rel=1e-9), name
+
+
+@pytest.mark.slow
+def test_torchrun_sharded_with_fsdp_equals_one_process(tmp_path):
+    """``--shard fsdp`` on 2 gloo ranks: the model's parameters split over the ranks
+    (each holds under two thirds of them), 5 batches over 2 ranks (the last round pads
+    one), and the file equals the single process's dataset capture."""
+    import torch
+
+    torch.save(torch.randn(13, 7, generator=torch.Generator().manual_seed(3)), tmp_path / "x.pt")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    common = ["--model", SHARDED_MODEL, "--trust", "--input", str(tmp_path / "x.pt"), "--batch-size", "3",
+              "--stats-only"]
+    single = subprocess.run([sys.executable, "-m", "gradexplorer", "capture", *common, "-q",
+                             "--out", str(tmp_path / "one.pt")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr
+    dist = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "gradexplorer", "capture", *common, "--shard", "fsdp",
+                           "--shard-blocks", "blocks.*", "head", "--out", str(tmp_path / "two.pt")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    assert "sharded over 2 processes in 4 blocks and the root" in dist.stderr  # the estimate line
+    assert "parameters sharded over 2 ranks" in dist.stderr
+    assert "sharded   FSDP2 over 2 processes" in dist.stdout
+    one, two = entries(tmp_path / "one.pt"), entries(tmp_path / "two.pt")
+    shard = two["meta"]["shard"]
+    assert shard["blocks"] == ["blocks.0", "blocks.1", "blocks.2", "head"] and shard["world_size"] == 2
+    # measured on each rank from its local shards: padded rows, well under the whole
+    assert len(shard["rank_param_bytes"]) == 2
+    assert all(0 < held < 0.6 * shard["param_bytes"] for held in shard["rank_param_bytes"])
+    assert shard["param_bytes"] == one_param_bytes()
+    assert two["meta"]["world_size"] == 2
+    assert_same_capture(one, two)
+    # the layers' types are the user's, not FSDP2's wrappers (FSDPLinear)
+    cap = load_capture(tmp_path / "two.pt")
+    assert cap.layers["head"].type == "Linear" and cap.layers["blocks.0.fc"].type == "Linear"
+
+
+def one_param_bytes() -> int:
+    from tests.core.sharded_dataset_worker import make_model
+
+    return sum(p.numel() * p.element_size() for p in make_model().parameters())
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--shard", "fsdp", "--batch-size", "3", "--stats-only"], "was not started by torchrun"),
+    (["--shard", "fsdp", "--stats-only"], "add --batch-size N and --stats-only"),
+    (["--shard", "fsdp", "--batch-size", "3"], "(--batch-size, --shard) keeps statistics only"),
+    (["--shard-blocks", "blocks.*", "--batch-size", "3", "--stats-only"], "add --shard fsdp"),
+])
+def test_shard_refusals(tmp_path, capsys, monkeypatch, argv, needle):
+    import torch
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    torch.save(torch.randn(4, 7), tmp_path / "x.pt")
+    code, _out, err = run(capsys, "capture", "--model", SHARDED_MODEL, "--trust", "--input", tmp_path / "x.pt",
+                          *argv, "--out", tmp_path / "s.pt")
+    assert code == common.EXIT_USER, err
+    assert needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "s.pt").exists()
