@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from gradexplorer.recording.watch_log import open_log
-from tests.core.watch_fsdp_worker import STEPS, make_batches, make_model
+from tests.core.watch_fsdp_worker import STEPS, make_batches, make_model, make_tp_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEARS = ("0", "2", "4")
@@ -174,6 +174,31 @@ def test_fsdp2_policies_and_per_rank(tmp_path, mode):
                                   ("mean", acts.mean())):
                     assert abs(row[key] - float(want)) <= bound, key
                 assert row["l2"] != pytest.approx(float(acts.norm()), rel=1e-6)  # computed in bf16 indeed
+
+
+@pytest.mark.slow
+def test_tensor_parallel_gradients_merge_by_the_same_rule(tmp_path):
+    """Tensor parallelism on a 1-D mesh: a column-wise Linear's weight and bias are
+    ``Shard(0)`` DTensors, a row-wise one's weight ``Shard(1)`` and its bias ``Replicate()``
+    (counted once, not once per rank), the last Linear plain. Every gradient and weight
+    row of the log is the whole tensor's; the gradients are those of one process."""
+    log, dump = tmp_path / "tp.gxw", tmp_path / "tp.pt"
+    run_torchrun(log, "tp", dump)
+    rows, full = rows_of(log), torch.load(dump)
+    model = make_tp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x, y) in enumerate(make_batches()):
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        for name, p in model.named_parameters():
+            grad, weight = full[step]["grads"][name], full[step]["weights"][name]
+            assert grad.shape == p.shape
+            assert_stats(rows[(step, name, "grad", -1)], grad, rel=1e-9)
+            assert_stats(rows[(step, name, "weight", -1)], weight, rel=1e-9)
+            assert torch.allclose(grad, p.grad, rtol=1e-5, atol=1e-7), name
+        opt.step()
+    assert {k[1] for k in rows if k[2] == "grad"} == {n for n, _ in make_tp_model().named_parameters()}
 
 
 def test_fsdp1_is_refused_with_a_way_forward(tmp_path):

@@ -2,7 +2,9 @@
 ``torchrun --standalone --nproc-per-node 2 -m tests.core.watch_fsdp_worker LOG MODE DUMP``.
 
 MODE: ``fp32``, ``bf16`` (a ``MixedPrecisionPolicy`` computing in bfloat16),
-``keep`` (``reshard_after_forward=False``) or ``per_rank``. Rank 0 also saves,
+``keep`` (``reshard_after_forward=False``), ``per_rank``, or ``tp``: tensor parallelism on
+a 1-D mesh instead of FSDP2 (the first ``Linear`` column-wise, the second row-wise, the
+last plain), every rank on the whole batch. Rank 0 also saves,
 for the test only, every parameter's full gradient and weights at each step
 (``DTensor.full_tensor``) to DUMP: the statistics the watch merged from shards are checked
 against them.
@@ -31,6 +33,12 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 1))
 
 
+def make_tp_model() -> nn.Module:
+    # Tensor parallelism needs features that split evenly (a local output is taken as an even shard).
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 1))
+
+
 def make_batches(world: int = 2):
     g = torch.Generator().manual_seed(7)
     return [(torch.randn(world * PER_RANK, 12, generator=g), torch.randn(world * PER_RANK, 1, generator=g))
@@ -52,22 +60,33 @@ def shard(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
+def tensor_parallel(model: nn.Module) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def main() -> None:
     out, mode, dump = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_model()
-    model = shard(model, mode)
+    model = tensor_parallel(make_tp_model()) if mode == "tp" else shard(make_model(), mode)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     saved: list[dict] = []
     with watch(model, out=out, every=1, per_rank=(mode == "per_rank")) as w:
         for x, y in make_batches(world):
-            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
-            weights = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+            xs, ys = (x, y) if mode == "tp" else (x.chunk(world)[rank], y.chunk(world)[rank])
+            weights = {n: whole(p.detach()).clone() for n, p in model.named_parameters()}
             loss = F.mse_loss(model(xs), ys)
             opt.zero_grad()
             loss.backward()
-            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            grads = {n: whole(p.grad).clone() for n, p in model.named_parameters()}
             opt.step()
             w.step(loss=loss)
             saved.append({"weights": weights, "grads": grads})
