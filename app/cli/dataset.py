@@ -25,6 +25,7 @@ import torch
 from gradexplorer.app.cli.common import EXIT_OK, UI, capture_options, check_out_path, job_progress
 from gradexplorer.app.cli.format import fmt_seconds, human_size
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.units import counted
 
 # Engine modules are imported inside the functions that use them (start-up time): main builds
 # every command's parser at start, and each command then loads only the engine parts it runs.
@@ -168,7 +169,8 @@ def _run(args: argparse.Namespace, ui: UI, job: CaptureJob, loaded: LoadedModel,
 
         plan = ShardPlan.of(loaded.module, choose_blocks(loaded.module, args.shard_blocks), world)
     estimate = _estimate(job, loaded, selected, source, device, args, plan)
-    what = (f"sharded over {world} processes in {len(plan.blocks)} blocks and the root" if plan is not None
+    what = (f"sharded over {counted(world, 'process', 'processes')} in {counted(len(plan.blocks), 'block')} "
+            "and the root" if plan is not None
             else f"{world} processes" if world > 1 else "")
     ui.note(f"capturing {len(selected)} layers of {loaded.name} over {n} samples "
             f"({total} batches of {args.batch_size}) on {device}" + (f", {what}" if what else "")
@@ -254,9 +256,9 @@ def _print_summary(cap: Capture, stats: DatasetStats, path: Path, elapsed: float
     sharded = cap.meta.get("shard")
     if sharded:
         held = max(sharded["rank_param_bytes"])
-        lines.append(f"sharded   FSDP2 over {sharded['world_size']} processes, {len(sharded['blocks'])} blocks and "
-                     f"the root: at most {human_size(held)} of the {human_size(sharded['param_bytes'])} of "
-                     "parameters on one process")
+        lines.append(f"sharded   FSDP2 over {counted(sharded['world_size'], 'process', 'processes')}, "
+                     f"{counted(len(sharded['blocks']), 'block')} and the root: at most {human_size(held)} "
+                     f"of the {human_size(sharded['param_bytes'])} of parameters on one process")
     if snr:
         low = ", ".join(f"{k} {v:.3g}" for v, k in snr[:3])
         lines.append(f"grad SNR  lowest: {low}")

@@ -139,8 +139,8 @@ class MemoryEstimate:
                 on_device = self.moments if self.moments_on_device else 0
                 batch = self.transient - self.shard_params - self.gathered - on_device
                 line += (f"; while running, per rank ≈ {format_bytes(self.transient)} (parameters sharded over "
-                         f"{self.shard_world} ranks: {format_bytes(self.shard_params)}, blocks gathered whole "
-                         f"{format_bytes(self.gathered)}, a batch's forward and backward {format_bytes(batch)}"
+                         f"{counted(self.shard_world, 'rank')}: {format_bytes(self.shard_params)}, blocks gathered "
+                         f"whole {format_bytes(self.gathered)}, a batch's forward and backward {format_bytes(batch)}"
                          + (f", gradient moments {format_bytes(on_device)}" if on_device else "") + ")")
             elif self.moments_on_device:
                 line += f"; on the device, gradient moments {format_bytes(self.moments)}"
