@@ -18,6 +18,9 @@ module_tree
     The module tree and what one probe forward tells about each module.
 memory_estimate
     How much memory a capture will hold, before anything is allocated.
+sharded_params
+    Models whose parameters are split over ranks (DTensors): refused by one capture.
 """
 
-__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "memory_estimate"]
+__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "memory_estimate",
+           "sharded_params"]

@@ -46,6 +46,7 @@ from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import OnsetTracker
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import DeferredStats
@@ -506,14 +507,20 @@ def capture(
     Raises
     ------
     GradExplorerError
-        Bad layers or target; ``CaptureError`` when forward or backward fails (naming the
-        module and the layers that ran) or memory runs out; ``CaptureCancelled``.
+        Bad layers or target, a model whose parameters are split over ranks
+        (``gradexplorer.capturing.sharded_params``); ``CaptureError`` when forward or backward
+        fails (naming the module and the layers that ran) or memory runs out; ``CaptureCancelled``.
     """
     settings = _CaptureSettings(
         layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad, device=device,
         train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
         hist_exact_limit=hist_exact_limit, autocast=autocast, keep_on_device=keep_on_device,
     )
+    refuse_sharded_params(
+        model, "a capture",
+        "capture the model before sharding it, watch its training with gradexplorer.watch (which merges "
+        "the shards), or capture a dataset with torchrun ... gradexplorer capture --batch-size N --stats-only "
+        "--shard fsdp, which shards the model itself.")
     eager = compiled.eager_root(model)
     if eager is not model:
         # Hooks on a compiled model that has run never fire: the eager module has the

@@ -38,6 +38,7 @@ from gradexplorer.capturing.capture import CancelFlag
 from gradexplorer.capturing.data import CallRecord, CallStats, Capture, LayerRecord
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import model_state_preserved
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
@@ -244,8 +245,14 @@ def capture_dataset(
     Raises
     ------
     GradExplorerError
-        Bad layers or target; ``CaptureError`` when forward or backward fails.
+        Bad layers or target, a model whose parameters are split over ranks (a sharded
+        model: ``gradexplorer.recording.sharded_dataset``); ``CaptureError`` when forward or
+        backward fails.
     """
+    refuse_sharded_params(
+        model, "a dataset capture",
+        "run gradexplorer.recording.sharded_dataset.capture_dataset_sharded on every rank instead, or "
+        "torchrun ... gradexplorer capture --batch-size N --stats-only --shard fsdp, which shards the model itself.")
     tgt = parse_target(target)
     selected = resolve_layers(model, layers)
     params = recorded_params(model, layers, selected)

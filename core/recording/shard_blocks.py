@@ -33,7 +33,8 @@ from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.selection import resolve_layers
-from gradexplorer.recording.sharded import fsdp_module_type, refuse_flat_sharding
+from gradexplorer.capturing.sharded_params import fsdp_module_type
+from gradexplorer.recording.sharded import refuse_flat_sharding
 
 __all__ = ["ShardPlan", "choose_blocks", "default_blocks", "local_param_bytes", "shard_model", "shard_rows"]
 

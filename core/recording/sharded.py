@@ -22,53 +22,14 @@ rank 0 alone, as before DTensors existed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.sharded_params import fsdp_module_type, is_dtensor
 
 __all__ = ["LocalPart", "fsdp_module_type", "is_dtensor", "local_part", "original_class", "refuse_flat_sharding"]
-
-
-def _dtensor_type() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without distributed
-        return None
-    return DTensor
-
-
-def fsdp_module_type() -> type[Any] | None:
-    """FSDP2's ``FSDPModule`` (the class ``fully_shard`` mixes into each module it wraps),
-    or None in a torch without it."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch < 2.6 kept it private
-        try:
-            from torch.distributed._composable.fsdp import FSDPModule
-        except ImportError:  # pragma: no cover - torch without distributed
-            return None
-    return FSDPModule
-
-
-def original_class(module: nn.Module) -> type:
-    """The class the user's module had: ``fully_shard`` replaces a module's class with a
-    subclass named ``FSDP<class>`` that mixes ``FSDPModule`` in; this is the class below it."""
-    cls = type(module)
-    fsdp = fsdp_module_type()
-    if fsdp is not None and isinstance(module, fsdp):
-        for base in cls.__bases__:
-            if base is not fsdp and issubclass(base, nn.Module):
-                return base
-    return cls
-
-
-def is_dtensor(t: Any) -> bool:
-    """Whether ``t`` is a ``torch.distributed.tensor.DTensor``."""
-    cls = _dtensor_type()
-    return cls is not None and isinstance(t, cls)
 
 
 @dataclass(frozen=True)
@@ -111,6 +72,18 @@ def local_part(t: torch.Tensor, rank: int) -> LocalPart:
         if placement.is_replicate() and coordinate[dim] != 0:
             return LocalPart(None)
     return LocalPart(t.to_local())  # type: ignore[attr-defined]
+
+
+def original_class(module: nn.Module) -> type:
+    """The class the user's module had: ``fully_shard`` replaces a module's class with a
+    subclass named ``FSDP<class>`` that mixes ``FSDPModule`` in; this is the class below it."""
+    cls = type(module)
+    fsdp = fsdp_module_type()
+    if fsdp is not None and isinstance(module, fsdp):
+        for base in cls.__bases__:
+            if base is not fsdp and issubclass(base, nn.Module):
+                return base
+    return cls
 
 
 def refuse_flat_sharding(model: nn.Module) -> None:

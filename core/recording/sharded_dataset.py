@@ -42,11 +42,11 @@ from torch import nn
 from gradexplorer.base.errors import CaptureError, GradExplorerError
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.capturing.sharded_params import fsdp_module_type, is_dtensor
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_state_preserved
 from gradexplorer.recording.dataset import DatasetProgress, DatasetStats, recorded_params, run_forward, shard
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
-from gradexplorer.recording.sharded import fsdp_module_type, is_dtensor
 from gradexplorer.stats.merge import GradientMoments, MergeStats
 
 __all__ = ["capture_dataset_sharded"]

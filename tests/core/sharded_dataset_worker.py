@@ -17,7 +17,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from gradexplorer.recording.dataset import gather_to_rank0
+from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.capture import capture
+from gradexplorer.recording.dataset import capture_dataset, gather_to_rank0
 from gradexplorer.recording.shard_blocks import ShardPlan, choose_blocks, local_param_bytes, shard_model
 from gradexplorer.recording.sharded_dataset import capture_dataset_sharded
 
@@ -90,6 +92,14 @@ def main() -> None:
                 for fsdp_param in group.fsdp_params:
                     assert not getattr(fsdp_param._unsharded_param, "_post_accumulate_grad_hooks", None)
     assert all(p.grad is None for p in model.parameters())  # nothing reduced, nothing accumulated
+    # one capture of the sharded model would find no parameter gradient: refused in words
+    for run, arg in ((capture, data[:BATCH]), (capture_dataset, loaded)):
+        try:
+            run(model, arg)
+        except GradExplorerError as exc:
+            assert "split over ranks" in str(exc) and "FSDP2" in str(exc), exc
+        else:
+            raise AssertionError("a capture of a sharded model was not refused")
     sizes: list = [None] * world
     dist.all_gather_object(sizes, held)
     merged = gather_to_rank0(stats)

@@ -1,0 +1,76 @@
+"""Models whose parameters are split over ranks: ``DTensor`` parameters (FSDP2's
+``fully_shard``, tensor parallelism).
+
+One capture takes parameter gradients with ``torch.autograd.grad`` on the model's
+parameters. On a model sharded with FSDP2 those parameters are the shards, which the
+forward never uses (FSDP2 gathers each block into other tensors and sets those on the
+modules while the block runs), so the gradients would silently all be missing. Such a
+model is refused in words (:func:`refuse_sharded_params`); the watch
+(``gradexplorer.recording.watch``) and the sharded dataset capture
+(``gradexplorer.recording.sharded_dataset``) handle it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from gradexplorer.base.errors import GradExplorerError
+
+__all__ = ["fsdp_module_type", "is_dtensor", "refuse_sharded_params"]
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return DTensor
+
+
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a ``torch.distributed.tensor.DTensor``."""
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
+def fsdp_module_type() -> type[Any] | None:
+    """FSDP2's ``FSDPModule`` (the class ``fully_shard`` mixes into each module it wraps),
+    or None in a torch without it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6 kept it private
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch without distributed
+            return None
+    return FSDPModule
+
+
+def refuse_sharded_params(model: nn.Module, what: str, fix: str) -> None:
+    """Refuse a model with ``DTensor`` parameters (see the module docstring).
+
+    Parameters
+    ----------
+    model : nn.Module
+    what : str
+        The run refused, in words ("a capture", "a dataset capture").
+    fix : str
+        What to do instead.
+
+    Raises
+    ------
+    GradExplorerError
+        A parameter of ``model`` is a ``DTensor``.
+    """
+    name = next((n for n, p in model.named_parameters() if is_dtensor(p)), None)
+    if name is None:
+        return
+    fsdp = fsdp_module_type()
+    how = ("sharded with FSDP2 (fully_shard)" if fsdp is not None and any(isinstance(m, fsdp) for m in model.modules())
+           else "a DTensor (tensor parallelism)")
+    raise GradExplorerError(
+        f"the model's parameters are split over ranks ({name} is {how}): {what} takes gradients with "
+        "torch.autograd.grad on the parameters, which the sharded forward never uses, so it would record none;",
+        fix)
