@@ -54,6 +54,7 @@ from gradexplorer.files.capture_file import load_capture
 # The readers are looked up on the module when a worker calls them (tests replace them).
 from gradexplorer.recording import timeline as timelines
 from gradexplorer.recording.timeline import Onset, Timeline, log_colour
+from gradexplorer.recording.watch_log import MODULE_KINDS
 from gradexplorer.stats.merge import HIST_BINS, MAG_LOW, ZERO_BIN
 
 KIND_LABELS = {
@@ -421,7 +422,10 @@ class TimelineView(QWidget):
         onset = (f"; NaN/Inf from {unit_one} {self.onset.step} in {self.onset.layer} ({self.onset.kind})"
                  if self.onset else "")
         unit = "batches" if self.source_kind == "capture" else "steps"
+        # Module rows kept per rank (tensor parallelism) are read as rank 0's: say so.
+        own = (t.kind in MODULE_KINDS and t.meta.get("module_rows") == "per_rank" and not t.meta.get("per_rank"))
         self.status.setText(f"{where}: {len(t.rows)} rows, {t.steps.size} {unit} ({span}){onset}"
+                            + ("; rank 0's own rows (tensor parallelism: the ranks' are not merged)" if own else "")
                             + ("; magenta cells: no finite value" if np.isnan(t.values).any() else ""))
         self.updated.emit()
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gradexplorer.files.capture_file import atomic_save
-from gradexplorer.recording.watch_log import STAT_COLUMNS, decode_hist, open_log, read_meta
+from gradexplorer.recording.watch_log import MODULE_KINDS, STAT_COLUMNS, decode_hist, open_log, read_meta
 
 #: Statistics a timeline can show (``stats`` table columns), and ``max_abs``.
 TIMELINE_STATS = ("l2", "mean", "std", "mean_abs", "max_abs", "min", "max", "nonfinite", "zero_fraction",
@@ -86,9 +86,18 @@ class Timeline:
         return Timeline(steps, rows, values, loss, self.kind, self.stat, other.meta or self.meta)
 
 
-def _rank_clause(con: sqlite3.Connection, rank: int | None) -> tuple[str, int]:
+def _module_rows_per_rank(con: sqlite3.Connection) -> bool:
+    """Whether the log keeps module rows per rank beside merged parameter rows (tensor
+    parallelism: ``gradexplorer.recording.watch``)."""
+    row = con.execute("SELECT value FROM meta WHERE key = 'module_rows'").fetchone()
+    return row is not None and row[0] in ('"per_rank"', "per_rank")
+
+
+def _rank_clause(con: sqlite3.Connection, rank: int | None, kind: str | None = None) -> tuple[str, int]:
     if rank is not None:
         return "rank = ?", rank
+    if kind in MODULE_KINDS and _module_rows_per_rank(con):
+        return "rank = ?", 0  # no merged module rows: rank 0's own
     # Merged rows (-1) when there are any, else rank 0.
     has_merged = con.execute("SELECT 1 FROM steps WHERE rank = -1 LIMIT 1").fetchone()
     return "rank = ?", (-1 if has_merged else 0)
@@ -106,13 +115,14 @@ def read_timeline(source: str | os.PathLike | sqlite3.Connection, kind: str = "g
     stat : str
         One of :data:`TIMELINE_STATS`.
     rank : int, optional
-        A rank's own rows; by default the merged rows (or rank 0's).
+        A rank's own rows; by default the merged rows (or rank 0's, also for module rows
+        kept per rank under tensor parallelism).
     since_step : int
         Only steps after this one (to follow a growing log).
     """
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
     try:
-        where, r = _rank_clause(con, rank)
+        where, r = _rank_clause(con, rank, kind)
         meta = read_meta(con)
         steps = np.array([s for (s,) in con.execute(
             f"SELECT step FROM steps WHERE {where} AND step > ? ORDER BY step", (r, since_step))], dtype=np.int64)
@@ -128,7 +138,7 @@ def read_timeline(source: str | os.PathLike | sqlite3.Connection, kind: str = "g
     for _s, layer, call, _v in data:
         label = f"{layer}#{call}" if layer in multi else layer
         order.setdefault(label, len(order))
-    known = meta.get("layers") if kind in ("activation", "grad_output", "grad_norm") else meta.get("params")
+    known = meta.get("layers") if kind in MODULE_KINDS else meta.get("params")
     if isinstance(known, list):
         # Forward (registration) order, whatever order backward wrote the rows in.
         rank_of = {name: i for i, name in enumerate(known)}
@@ -179,7 +189,7 @@ def layer_histograms(source: str | os.PathLike | sqlite3.Connection, layer: str,
     """(steps, counts of shape (S, HIST_BINS)) of one row over steps."""
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
     try:
-        where, r = _rank_clause(con, rank)
+        where, r = _rank_clause(con, rank, kind)
         data = con.execute(f"SELECT step, hist_lo, hist FROM stats WHERE layer = ? AND call = ? AND kind = ? "
                            f"AND {where} ORDER BY step", (layer, call, kind, r)).fetchall()
     finally:
@@ -200,10 +210,13 @@ class Onset:
 
 
 def nonfinite_onset(source: str | os.PathLike | sqlite3.Connection, rank: int | None = None) -> Onset | None:
-    """The first step with a NaN or Inf anywhere, and its first layer in forward order."""
+    """The first step with a NaN or Inf anywhere, and its first layer in forward order
+    (by default in the merged rows; in a log that keeps module rows per rank, in any rank's)."""
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
     try:
         where, r = _rank_clause(con, rank)
+        if rank is None and _module_rows_per_rank(con):
+            where = f"(rank = ? OR kind IN ({', '.join(repr(k) for k in MODULE_KINDS)}))"
         first = con.execute(f"SELECT MIN(step) FROM stats WHERE {where} AND nan_count + inf_count > 0",
                             (r,)).fetchone()[0]
         if first is None:

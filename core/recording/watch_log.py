@@ -21,7 +21,11 @@ Schema (version 1)::
 ``kind`` is ``activation`` and ``grad_output`` (a module's output and the gradient with
 respect to it, per ``call``), ``grad_norm`` (the per-sample L2 norms of that gradient: their
 distribution), ``grad`` and ``weight`` (a parameter, ``layer`` is its qualified name,
-``call`` 0). ``rank`` is the process rank, or -1 for statistics merged over all ranks.
+``call`` 0). ``rank`` is the process rank, or -1 for statistics merged over all ranks. Under
+tensor parallelism the module rows (``activation``, ``grad_output``, ``grad_norm``) are each
+rank's own while the parameter rows are merged: ``meta`` then holds ``module_rows`` =
+``"per_rank"`` and ``tensor_parallel`` (why, in words), and a step has a ``steps`` row for -1
+and one per rank.
 ``hist`` holds the non-zero stretch of the signed log2 histogram of ``gradexplorer.stats.merge``:
 little-endian int64 counts of bins ``hist_lo``, ``hist_lo + 1``, ... (:func:`decode_hist`).
 """
@@ -60,6 +64,9 @@ CREATE INDEX IF NOT EXISTS stats_by_layer ON stats(layer, kind, step);
 CREATE INDEX IF NOT EXISTS stats_by_step ON stats(step);
 CREATE TABLE IF NOT EXISTS reports(step INTEGER, layer TEXT, message TEXT);
 """
+
+#: The kinds of row a module's calls give (a parameter's are ``grad`` and ``weight``).
+MODULE_KINDS = ("activation", "grad_output", "grad_norm")
 
 STAT_COLUMNS = ("numel", "count", "nan_count", "inf_count", "zero_count", "min", "max", "mean", "std",
                 "sum", "sum_abs", "m2", "l2", "mean_abs")
@@ -184,16 +191,27 @@ class WatchLogWriter:
 
         A step that was written before (a rerun into the same file) is replaced.
         """
+        self.write_step_ranks(step, [(rank, loss, seconds)], wall_time, rows, reports)
+
+    def write_step_ranks(self, step: int, ranks: Iterable[tuple[int, float | None, float]], wall_time: float,
+                         rows: Iterable[tuple], reports: Iterable[tuple[str, str]] = ()) -> None:
+        """Write one step's rows and a ``steps`` row per ``(rank, loss, seconds)`` in one
+        transaction (a step whose rows are of several ranks: each rank's own, merged ones).
+
+        A step that was written before (a rerun into the same file) is replaced.
+        """
         con = self.con
         rows = list(rows)
-        ranks = {rank} | {r[4] for r in rows}
+        entries = list(ranks)
+        written = {r for r, _loss, _seconds in entries} | {r[4] for r in rows}
         con.execute("BEGIN")
         try:
-            con.executemany("DELETE FROM stats WHERE step = ? AND rank = ?", [(step, r) for r in ranks])
+            con.executemany("DELETE FROM stats WHERE step = ? AND rank = ?", [(step, r) for r in written])
             con.executemany(f"INSERT INTO stats VALUES ({', '.join('?' * 22)})", rows)
             con.executemany("INSERT INTO reports VALUES (?, ?, ?)", [(step, layer, m) for layer, m in reports])
-            con.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
-                        (step, rank, _finite_or_none(loss) if loss is not None else None, wall_time, seconds))
+            con.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
+                            [(step, r, _finite_or_none(loss) if loss is not None else None, wall_time, seconds)
+                             for r, loss, seconds in entries])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

@@ -177,7 +177,9 @@ def _count(value: object) -> bool:
 #: What the readers take each known ``meta`` key to be, once JSON-decoded.
 META_TYPES = {"layers": (_names, "a list of layer names"), "params": (_names, "a list of parameter names"),
               "every": (_count, "a whole number"), "world_size": (_count, "a whole number"),
-              "per_rank": (lambda v: isinstance(v, bool), "true or false")}
+              "per_rank": (lambda v: isinstance(v, bool), "true or false"),
+              "module_rows": (lambda v: v in ("merged", "per_rank"), '"merged" or "per_rank"'),
+              "tensor_parallel": (lambda v: isinstance(v, str), "text")}
 
 
 def _check_meta_types(con: sqlite3.Connection, path: str) -> None:

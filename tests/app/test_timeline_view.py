@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 
 from gradexplorer.recording.timeline import log_colour, read_timeline
-from tests.core.test_timeline import grad_of, write_log
+from tests.core.test_timeline import grad_of, write_log, write_tensor_parallel_log
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60_000
@@ -93,6 +93,18 @@ def test_statistic_and_kind_choices_reload(qtbot, view, tmp_path):
         view.stat_combo.setCurrentIndex(view.stat_combo.findData("max_abs"))
     assert view.timeline.stat == "max_abs"
     assert view.timeline.values[0, 0] == pytest.approx(float(grad_of("a", 0).abs().max()), rel=1e-6)
+
+
+def test_module_rows_kept_per_rank_are_said_to_be_rank_0s(qtbot, view, tmp_path):
+    path = tmp_path / "tp.gxw"
+    write_tensor_parallel_log(path)
+    view.kind_combo.setCurrentIndex(view.kind_combo.findData("activation"))
+    open_and_wait(qtbot, view, path)
+    assert view.timeline.rows == ["a", "b"]
+    assert "rank 0's own rows (tensor parallelism" in view.status.text()
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.kind_combo.setCurrentIndex(view.kind_combo.findData("grad"))
+    assert view.timeline.rows == ["a.weight"] and "rank 0" not in view.status.text()
 
 
 def test_follows_a_growing_log_reading_off_the_ui_thread(qtbot, view, tmp_path, monkeypatch):

@@ -150,3 +150,43 @@ def test_onset_of_a_dataset_capture():
     # Batches merged out of order (ranks) keep their indices.
     stats = capture_dataset(model, iter_tensor_batches(x, None, 3, [3, 2, 1, 0]))
     assert capture_onset(to_capture(stats, model, ["0", "1", "2"], {})).step == 2
+
+
+def write_tensor_parallel_log(path):
+    """A log as the watch writes it under tensor parallelism: parameter rows merged (-1),
+    module rows each rank's own (0, 1), a steps row for each; rank 1's output of "b" turns
+    NaN at step 2."""
+    import json
+
+    w = WatchLogWriter(path, meta={"layers": ["a", "b"], "params": ["a.weight"], "every": 1, "world_size": 2,
+                                   "module_rows": json.dumps("per_rank"),
+                                   "tensor_parallel": json.dumps("module a is parallelized")})
+    for s in range(3):
+        rows = [stats_row(s, "a.weight", 0, "grad", -1, MergeStats.of_tensor(torch.full((4,), 1.0 + s)))]
+        for rank in (0, 1):
+            for layer in ("a", "b"):
+                t = torch.full((6,), 10.0 * (rank + 1) + s)
+                if layer == "b" and rank == 1 and s == 2:
+                    t[0] = float("nan")
+                rows.append(stats_row(s, layer, 0, "activation", rank, MergeStats.of_tensor(t)))
+        w.write_step_ranks(s, [(-1, 1.0, 0.1), (0, 1.0, 0.1), (1, 1.0, 0.1)], 1000.0 + s, rows)
+    w.close()
+
+
+def test_module_rows_kept_per_rank_are_read_as_rank_0s(tmp_path):
+    """No merged module rows in such a log: the module kinds read rank 0's by default (any
+    rank's on request), the parameter kinds the merged ones, and the first NaN is found in
+    whichever rank's rows it is."""
+    path = tmp_path / "tp.gxw"
+    write_tensor_parallel_log(path)
+    acts = read_timeline(path, "activation", "max")
+    assert acts.rows == ["a", "b"] and list(acts.steps) == [0, 1, 2]
+    np.testing.assert_array_equal(acts.values, [[10.0, 11.0, 12.0], [10.0, 11.0, 12.0]])
+    np.testing.assert_array_equal(read_timeline(path, "activation", "max", rank=1).values[0], [20.0, 21.0, 22.0])
+    grads = read_timeline(path, "grad", "max")
+    np.testing.assert_array_equal(grads.values, [[1.0, 2.0, 3.0]])
+    assert grads.meta["module_rows"] == "per_rank"
+    onset = nonfinite_onset(path)
+    assert onset is not None and (onset.step, onset.layer, onset.kind) == (2, "b", "activation")
+    steps, counts = layer_histograms(path, "a", kind="activation")
+    assert list(steps) == [0, 1, 2] and counts.sum() == 18  # rank 0's six values a step
