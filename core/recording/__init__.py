@@ -8,7 +8,8 @@ layer_recorder
 watch
     ``watch()``: a model inside the user's own training loop.
 sharded
-    Which part of a tensor sharded over ranks (an FSDP2 ``DTensor``) a rank counts.
+    Which part of a tensor sharded over ranks (an FSDP2 ``DTensor``) a rank counts, and
+    whether the ranks run the same samples (tensor parallelism).
 watch_log
     The ``.gxw`` log (SQLite, one transaction per step).
 dataset

@@ -11,6 +11,11 @@ hook summarises the output at once (a later in-place op would change it) and reg
 hooks return nothing, so the values and gradients flowing through are not changed. The
 hooks are those of one ``gradexplorer.hooks.hooks_installed`` block, opened by
 ``install()`` and closed by ``remove()``, which takes every handle off.
+
+An output (or its gradient) that is a ``DTensor`` (tensor parallelism with
+``use_local_output=False``) is summarised by the part this rank holds, as a plain local
+output would be; one whose reduction is still pending (``Partial``: each rank holds a
+summand) has no statistics of its own and is listed in ``unrecorded`` instead.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import nn
 from gradexplorer.base.errors import CaptureCancelled
 from gradexplorer.capturing import recomputation
 from gradexplorer.capturing.capture import primary_tensor
+from gradexplorer.capturing.sharded_params import is_dtensor
 from gradexplorer.hooks.installed import Hooks, hooks_installed
 from gradexplorer.stats.merge import MergeStats, per_sample_norms
 
@@ -58,6 +64,8 @@ class LayerRecorder:
         self.cancel = cancel
         self.rows: dict[RowKey, MergeStats] = {}
         self.calls: dict[str, int] = {}
+        #: (module, what) whose output or output gradient could not be summarised, and why.
+        self.unrecorded: dict[tuple[str, str], str] = {}
         self._scale: float | None = None
         self._installed = ExitStack()  # the open hooks_installed block, while installed
         self._hooks: Hooks | None = None
@@ -67,6 +75,7 @@ class LayerRecorder:
         self.remove()
         self.rows = {}
         self.calls = {}
+        self.unrecorded = {}
         self._scale = None
         hooks = self._hooks = self._installed.enter_context(hooks_installed())
         for name, module in self.modules.items():
@@ -101,16 +110,34 @@ class LayerRecorder:
         _key, y = primary_tensor(output)
         if y is None:
             return
-        with torch.no_grad():
-            self.rows[(name, call, "activation")] = MergeStats.of_tensor(y)
+        values = self._local(name, y, "activation")
+        if values is not None:
+            with torch.no_grad():
+                self.rows[(name, call, "activation")] = MergeStats.of_tensor(values)
         if y.requires_grad and self._hooks is not None:
             def on_grad(g: torch.Tensor, _n: str = name, _c: int = call) -> None:
                 self._on_grad(_n, _c, g)
 
             self._hooks.gradient(y, on_grad)
 
+    def _local(self, name: str, t: torch.Tensor, what: str) -> torch.Tensor | None:
+        """``t``, or this rank's part of a DTensor; None for a pending reduction (noted)."""
+        if not is_dtensor(t):
+            return t
+        placements = tuple(t.placements)  # type: ignore[attr-defined]
+        if any(p.is_partial() for p in placements):
+            self.unrecorded.setdefault((name, what), (
+                f"its {what} is not recorded: a DTensor with a pending reduction ({', '.join(map(repr, placements))}), "
+                "of which each rank holds a summand, not values with statistics of their own"))
+            return None
+        return t.to_local()  # type: ignore[attr-defined]
+
     def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
         self._check_cancel()
+        local = self._local(name, grad, "output gradient")
+        if local is None:
+            return
+        grad = local
         with torch.no_grad():
             if self.grad_scale is not None and self._scale is None:
                 self._scale = float(self.grad_scale())

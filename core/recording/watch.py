@@ -34,10 +34,18 @@ What it does, and why it is built this way:
   gradients are the same on every rank after DDP's all-reduce: rank 0's are logged.
   Under FSDP2 each rank summarises its shard of every parameter and rank 0 merges them:
   the statistics of the whole tensor, never gathered (``gradexplorer.recording.sharded``).
+* Under tensor parallelism (``parallelize_module``; also FSDP2 over a tensor-parallel model)
+  the ranks run the same samples, and a module's local output may be a replica or a shard,
+  which the hooks cannot tell apart: merging would count replicas once per rank. The
+  activation, output-gradient and per-sample-norm rows are then each rank's own
+  (``rank = r``), parameter rows still merged (``rank = -1``); the log's ``meta`` says so
+  (``module_rows``, ``tensor_parallel``), and so do one report and one logged warning.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import time
 from typing import Any
@@ -48,10 +56,12 @@ from torch import nn
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
-from gradexplorer.recording.sharded import local_part, refuse_flat_sharding
-from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
+from gradexplorer.recording.sharded import local_part, refuse_flat_sharding, tensor_parallelism
+from gradexplorer.recording.watch_log import MODULE_KINDS, WatchLogWriter, stats_row
 from gradexplorer.stats.merge import MergeStats
 from gradexplorer.stats.merge_cpu import distance
+
+log = logging.getLogger(__name__)
 
 
 def _compiled_modules(model: nn.Module) -> list[str]:
@@ -117,6 +127,8 @@ class Watch:
         self.scaler = scaler
         self.grad_norms = grad_norms
         self.rank, self.world = _dist_info()
+        # Ranks that run the same samples (tensor parallelism): module rows are kept per rank.
+        self.tensor_parallel = tensor_parallelism(model) if self.world > 1 else None
         self.layers = resolve_layers(model, layers)
         self.modules = dict(model.named_modules())
         self.params = self._select_params(layers) if params else {}
@@ -142,12 +154,27 @@ class Watch:
     # -- lifetime -----------------------------------------------------------------------
     def __enter__(self) -> Watch:
         if self.rank == 0:
-            self._writer = WatchLogWriter(self.out, meta={
+            meta = {
                 "every": self.every, "layers": self.layers, "params": list(self.params),
                 "model": type(self.model).__name__, "world_size": self.world,
                 "per_rank": self.per_rank, "hist_bins": "signed log2 magnitude (gradexplorer.stats.merge)",
-            })
+            }
+            # JSON text, as the log's other meta values (the writer stores a str as it is).
+            if self.world > 1:
+                meta["module_rows"] = json.dumps("per_rank" if self.per_rank or self.tensor_parallel else "merged")
+            if self.tensor_parallel:
+                meta["tensor_parallel"] = json.dumps(self.tensor_parallel)
+            self._writer = WatchLogWriter(self.out, meta=meta)
         self._open = True
+        if self.tensor_parallel and self.rank == 0:
+            message = (f"tensor parallelism: {self.tensor_parallel}. Its ranks run the same samples, and a "
+                       "module's local output may be replicated on every rank or a shard of the whole, which "
+                       "the hooks cannot tell apart, so activation, output-gradient and per-sample-norm rows "
+                       "are each rank's own (rank = 0, 1, ...), not merged (a merge would count a replicated "
+                       "output once per rank). Parameter rows are merged over the ranks (rank = -1): the "
+                       "whole tensors'.")
+            log.warning("gradexplorer watch: %s", message)
+            self._report(None, "(model)", message)
         compiled = _compiled_modules(self.model)
         for name in compiled:
             self._report(None, name or "(model)",
@@ -227,6 +254,9 @@ class Watch:
         # Per parameter, this rank's share of the update ratio's two norms, squared: the
         # ratio is taken once they are summed over the ranks (sharded parameters).
         norms: dict[str, tuple[float, float]] = {}
+        # Per DTensor parameter, where this rank's part sits on its mesh: equal parts of
+        # copies of a smaller mesh are counted once (``LocalPart.coordinate``).
+        coordinates: dict[str, tuple[int, ...]] = {}
         reports = []
         with torch.no_grad():
             for pname, p in self.params.items():
@@ -236,12 +266,16 @@ class Watch:
                         reports.append((pname, f"gradient not recorded: {part.problem}"))
                     elif part.tensor is not None:
                         rows[(pname, 0, "grad")] = MergeStats.of_tensor(part.tensor)
+                        if part.coordinate is not None:
+                            coordinates[pname] = part.coordinate
                 before = self._weights_before.get(pname) if self._weights_valid else None
                 if before is None:
                     continue
                 before_part, now_part = local_part(before, self.rank), local_part(p.detach(), self.rank)
                 if before_part.tensor is None or now_part.tensor is None:
                     continue
+                if now_part.coordinate is not None:
+                    coordinates[pname] = now_part.coordinate
                 before_local, now_local = before_part.tensor, now_part.tensor
                 weight = MergeStats.of_tensor(before_local)
                 rows[(pname, 0, "weight")] = weight
@@ -257,31 +291,28 @@ class Watch:
                 norms[pname] = (d_norm * d_norm, w_norm * w_norm)
         self._weights_valid = False
         reports += [(n, "selected but not called during this step") for n in self._recorder.not_called()]
+        reports += [(n, message) for (n, _what), message in self._recorder.unrecorded.items()]
         seconds = time.time() - self._started
         self._recorder.rows = {}
         if self.world > 1:
-            self._write_distributed(step, loss, seconds, rows, norms, reports)
+            self._write_distributed(step, loss, seconds, rows, norms, reports, coordinates)
         else:
             self._write(step, 0, loss, seconds, rows, _ratios([norms]), reports)
 
     def _write(self, step: int, rank: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
                ratios: dict[str, float], reports: list[tuple[str, str]]) -> None:
-        assert self._writer is not None
-        table = [stats_row(step, layer, call, kind, rank, s, ratios.get(layer) if kind == "weight" else None)
-                 for (layer, call, kind), s in rows.items()]
-        for layer, message in reports:
-            self.reports.append((step, layer, message))
-        self._writer.write_step(step, rank, loss, time.time(), seconds, table, reports)
+        self._write_rows(step, [(rank, loss, seconds)], self._table(step, rank, rows.items(), ratios), reports)
 
     def _write_distributed(self, step: int, loss: float | None, seconds: float, rows: dict[RowKey, MergeStats],
-                           norms: dict[str, tuple[float, float]], reports: list[tuple[str, str]]) -> None:
+                           norms: dict[str, tuple[float, float]], reports: list[tuple[str, str]],
+                           coordinates: dict[str, tuple[int, ...]]) -> None:
         import torch.distributed as dist
 
         # Each rank sends only what it counts (``local_part``): DDP's replicated parameters
         # from rank 0, a sharded parameter's shard from every rank. A few hundred bytes per
         # tensor, never a tensor.
         mine = {"rank": self.rank, "loss": loss, "seconds": seconds, "reports": reports,
-                "rows": {k: v.to_dict() for k, v in rows.items()}, "norms": norms}
+                "rows": {k: v.to_dict() for k, v in rows.items()}, "norms": norms, "coordinates": coordinates}
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         try:
             dist.gather_object(mine, gathered, dst=0)
@@ -290,27 +321,69 @@ class Watch:
         if self.rank != 0:
             return
         assert gathered is not None
+        _drop_copies(gathered, rows=not self.per_rank)  # per rank: each rank's rows, as it holds them
         ratios = _ratios([g["norms"] for g in gathered])
         losses = [g["loss"] for g in gathered if g["loss"] is not None]
         mean_loss = sum(losses) / len(losses) if losses else None
         all_reports = [(layer, f"rank {g['rank']}: {msg}") for g in gathered for layer, msg in g["reports"]]
         if self.per_rank:
-            for g in gathered:
-                per = {k: MergeStats.from_dict(v) for k, v in g["rows"].items()}
-                self._write(step, g["rank"], g["loss"], g["seconds"], per, ratios,
-                            all_reports if g["rank"] == 0 else [])
+            table = [row for g in gathered for row in self._table(step, g["rank"], g["rows"].items(), ratios)]
+            self._write_rows(step, [(g["rank"], g["loss"], g["seconds"]) for g in gathered], table, all_reports)
             return
+        # Under tensor parallelism the module rows stay each rank's own (see the module docstring).
+        apart = bool(self.tensor_parallel)
         merged: dict[RowKey, MergeStats] = {}
         for g in gathered:
             for k, v in g["rows"].items():
+                if apart and k[2] in MODULE_KINDS:
+                    continue
                 s = MergeStats.from_dict(v)
                 merged[k] = merged[k].merge(s) if k in merged else s
-        self._write(step, -1, mean_loss, max(g["seconds"] for g in gathered), merged, ratios, all_reports)
+        entries = [(-1, mean_loss, max(g["seconds"] for g in gathered))]
+        table = self._table(step, -1, merged.items(), ratios)
+        if apart:
+            entries += [(g["rank"], g["loss"], g["seconds"]) for g in gathered]
+            for g in gathered:
+                own = [(k, v) for k, v in g["rows"].items() if k[2] in MODULE_KINDS]
+                table += self._table(step, g["rank"], own, ratios)
+        self._write_rows(step, entries, table, all_reports)
+
+    @staticmethod
+    def _table(step: int, rank: int, rows: Any, ratios: dict[str, float]) -> list[tuple]:
+        """``stats`` rows of one rank (or -1) from ``(key, MergeStats or its dict)`` pairs."""
+        out = []
+        for (layer, call, kind), s in rows:
+            stats = s if isinstance(s, MergeStats) else MergeStats.from_dict(s)
+            out.append(stats_row(step, layer, call, kind, rank, stats, ratios.get(layer) if kind == "weight" else None))
+        return out
+
+    def _write_rows(self, step: int, entries: list[tuple[int, float | None, float]], table: list[tuple],
+                    reports: list[tuple[str, str]]) -> None:
+        """One step of several ranks' rows, in one transaction."""
+        assert self._writer is not None
+        for layer, message in reports:
+            self.reports.append((step, layer, message))
+        self._writer.write_step_ranks(step, entries, time.time(), table, reports)
 
     def _report(self, step: int | None, layer: str, message: str) -> None:
         self.reports.append((step, layer, message))
         if self._writer is not None:
             self._writer.report(step, layer, message)
+
+
+def _drop_copies(gathered: list[dict], rows: bool = True) -> None:
+    """Count once each parameter part held by several ranks, the copies of a mesh smaller
+    than the world (``gradexplorer.recording.sharded``): the lowest rank's is kept in the
+    update ratio's norms and, with ``rows``, in the statistics rows."""
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for g in sorted(gathered, key=lambda g: g["rank"]):
+        copies = {name for name, coordinate in g["coordinates"].items() if (name, coordinate) in seen}
+        seen.update((name, coordinate) for name, coordinate in g["coordinates"].items())
+        if copies:
+            g["norms"] = {name: v for name, v in g["norms"].items() if name not in copies}
+            if rows:
+                g["rows"] = {k: v for k, v in g["rows"].items()
+                             if not (k[0] in copies and k[2] in ("grad", "weight"))}
 
 
 def _ratios(shares: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
@@ -346,7 +419,8 @@ def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: La
     params : bool
         Record parameter gradients, weights and update ratios.
     per_rank : bool
-        Under torch.distributed, log each rank's statistics instead of their merge.
+        Under torch.distributed, log each rank's statistics instead of their merge. Under
+        tensor parallelism the module rows are each rank's own either way.
     scaler : torch.amp.GradScaler, optional
         Divide the output gradients seen in backward by its scale.
     grad_norms : bool

@@ -21,20 +21,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradexplorer.recording.watch_log import open_log
+from gradexplorer.recording.timeline import read_timeline
+from gradexplorer.recording.watch_log import open_log, read_meta
 from tests.core.watch_fsdp_worker import STEPS, make_batches, make_model, make_tp_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEARS = ("0", "2", "4")
 
 
-def run_torchrun(out: Path, mode: str, dump: Path) -> str:
+def run_torchrun(out: Path, mode: str, dump: Path, processes: int = 2) -> str:
+    """Run the worker; its stderr (every rank's)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(processes),
                            "-m", "tests.core.watch_fsdp_worker", str(out), mode, str(dump)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stderr
 
 
 def rows_of(path: Path) -> dict:
@@ -176,15 +179,21 @@ def test_fsdp2_policies_and_per_rank(tmp_path, mode):
                 assert row["l2"] != pytest.approx(float(acts.norm()), rel=1e-6)  # computed in bf16 indeed
 
 
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tp")
+    log, dump = folder / "tp.gxw", folder / "tp.pt"
+    stderr = run_torchrun(log, "tp", dump)
+    return log, rows_of(log), torch.load(dump), stderr
+
+
 @pytest.mark.slow
-def test_tensor_parallel_gradients_merge_by_the_same_rule(tmp_path):
+def test_tensor_parallel_gradients_merge_by_the_same_rule(tp_run):
     """Tensor parallelism on a 1-D mesh: a column-wise Linear's weight and bias are
     ``Shard(0)`` DTensors, a row-wise one's weight ``Shard(1)`` and its bias ``Replicate()``
     (counted once, not once per rank), the last Linear plain. Every gradient and weight
     row of the log is the whole tensor's; the gradients are those of one process."""
-    log, dump = tmp_path / "tp.gxw", tmp_path / "tp.pt"
-    run_torchrun(log, "tp", dump)
-    rows, full = rows_of(log), torch.load(dump)
+    _log, rows, full, _stderr = tp_run
     model = make_tp_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(make_batches()):
@@ -199,6 +208,183 @@ def test_tensor_parallel_gradients_merge_by_the_same_rule(tmp_path):
             assert torch.allclose(grad, p.grad, rtol=1e-5, atol=1e-7), name
         opt.step()
     assert {k[1] for k in rows if k[2] == "grad"} == {n for n, _ in make_tp_model().named_parameters()}
+
+
+def tp_reference(shares: int = 1) -> list[dict]:
+    """One process, the same updates, the batch in ``shares`` parts (one per data-parallel
+    group, the loss averaged over them): per step and part, every module's output and the
+    gradient of that part's loss with respect to it (``torch.autograd.grad``), and the
+    parameters' gradients."""
+    model = make_tp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    for x, y in make_batches():
+        parts, total = [], 0.0
+        for xs, ys in zip(x.chunk(shares), y.chunk(shares)):
+            h, outs = xs, {}
+            for i, layer in enumerate(model):
+                h = layer(h)
+                outs[str(i)] = h
+            loss = F.mse_loss(h, ys)
+            grads = torch.autograd.grad(loss, list(outs.values()), retain_graph=True)
+            parts.append({n: (v.detach(), g) for (n, v), g in zip(outs.items(), grads)})
+            total = total + loss / shares
+        opt.zero_grad()
+        total.backward()
+        steps.append({"parts": parts, "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+        opt.step()
+    return steps
+
+
+#: Which modules' local outputs are column shards on each rank (the column-wise Linear and the
+#: ReLU after it, 8 features: 4 per rank); the others are replicated on both ranks.
+TP_SHARDED = ("0", "1")
+
+
+def rank_part(t: torch.Tensor, layer: str, rank: int) -> torch.Tensor:
+    return t[:, rank * 4:(rank + 1) * 4] if layer in TP_SHARDED else t
+
+
+def assert_near_stats(row: dict, values: torch.Tensor, rel: float = 1e-5) -> None:
+    """The count exactly; L2, min, max and mean within ``rel`` of the tensor's largest |x|:
+    the ranks sum the row-wise product in another order than one process, and the step
+    after an update starts from weights that differ in their last bits."""
+    want = float64_stats(values)
+    assert row["count"] == want["count"]
+    scale = float(values.detach().double().abs().max())
+    for key in ("l2", "min", "max", "mean"):
+        assert abs(row[key] - want[key]) <= rel * scale, key
+
+
+def assert_module_rows_per_rank(rows: dict, ref: list[dict], skip: tuple = (), ranks: int = 2) -> None:
+    """Rank r runs data-parallel part r // 2 (of one, or two on a 2 × 2 mesh) and holds
+    tensor-parallel shard r % 2."""
+    for step in range(STEPS):
+        for rank in range(ranks):
+            for layer, (act, grad) in ref[step]["parts"][rank // 2].items():
+                act_part, grad_part = rank_part(act, layer, rank % 2), rank_part(grad, layer, rank % 2)
+                if (layer, "activation") not in skip:
+                    assert_near_stats(rows[(step, layer, "activation", rank)], act_part)
+                assert_near_stats(rows[(step, layer, "grad_output", rank)], grad_part)
+                assert_near_stats(rows[(step, layer, "grad_norm", rank)], grad_part.norm(dim=1))
+    # never merged: a merge would count the replicated outputs twice
+    assert not any(k[3] == -1 and k[2] in ("activation", "grad_output", "grad_norm") for k in rows)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_module_rows_are_each_ranks_own(tp_run):
+    """Under tensor parallelism both ranks run the whole batch: the row-wise Linear's output
+    (and the Tanh and the last Linear after it) is replicated, the column-wise one's (and
+    the ReLU's) is each rank's half of the features. Each rank's rows are that rank's own:
+    the whole tensor of one process where it is replicated, the rank's columns where it is
+    sharded; none is merged. The log says so in its meta, one report and one warning."""
+    log, rows, _full, stderr = tp_run
+    assert_module_rows_per_rank(rows, tp_reference())
+    con = open_log(log)
+    try:
+        meta = read_meta(con)
+        steps = con.execute("SELECT step, rank FROM steps ORDER BY step, rank").fetchall()
+        reports = con.execute("SELECT step, layer, message FROM reports").fetchall()
+    finally:
+        con.close()
+    assert meta["module_rows"] == "per_rank"
+    assert "module 0 is parallelized" in meta["tensor_parallel"]
+    assert [tuple(r) for r in steps] == [(s, r) for s in range(STEPS) for r in (-1, 0, 1)]
+    assert len(reports) == 1 and reports[0][0] is None and "each rank's own" in reports[0][2]
+    assert stderr.count("gradexplorer watch: tensor parallelism") == 1  # rank 0, once
+    # Readers default to rank 0's module rows and the merged parameter rows.
+    acts = read_timeline(log, "activation", "l2")
+    want = float64_stats(tp_reference()[1]["parts"][0]["2"][0])["l2"]
+    assert acts.values[acts.rows.index("2"), 1] == pytest.approx(want, rel=1e-5)
+    grads = read_timeline(log, "grad", "l2")
+    assert grads.values[grads.rows.index("2.bias"), 0] == rows[(0, "2.bias", "grad", -1)]["l2"]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_dtensor_outputs(tmp_path):
+    """Outputs left as DTensors (``use_local_output=False``): a ``Shard(-1)`` output and the
+    ReLU's after it give each rank's columns, a replicated one the whole; the row-wise
+    Linear's ``Partial()`` output (a summand on each rank) is reported, not recorded, while
+    its output gradient (replicated) is."""
+    log, dump = tmp_path / "tp.gxw", tmp_path / "tp.pt"
+    run_torchrun(log, "tp_dtensor", dump)
+    rows = rows_of(log)
+    assert_module_rows_per_rank(rows, tp_reference(), skip=(("2", "activation"),))
+    assert not any(k[1] == "2" and k[2] == "activation" for k in rows)
+    con = open_log(log)
+    try:
+        reports = con.execute("SELECT step, layer, message FROM reports WHERE layer = '2'").fetchall()
+    finally:
+        con.close()
+    assert {(r[0], r[2].split(":")[0]) for r in reports} == {(s, f"rank {r}") for s in range(STEPS) for r in (0, 1)}
+    assert all("activation is not recorded" in r[2] and "pending reduction" in r[2] for r in reports)
+
+
+def test_tensor_parallelism_is_told_from_data_parallelism(monkeypatch):
+    """The placements rule, without processes: parameters marked as DTensors by hand."""
+    from torch import nn
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard  # the placement FSDP2 gives over TP
+
+    from gradexplorer.recording import sharded
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert sharded.tensor_parallelism(model) is None
+    monkeypatch.setattr(sharded, "is_dtensor", lambda t: hasattr(t, "placements"))
+    model[0].weight.placements = (Shard(0),)
+    # a DTensor parameter that no FSDP2 module manages
+    assert "0.weight is a DTensor (Shard(dim=0)) that FSDP2 does not shard" in sharded.tensor_parallelism(model)
+
+    class Sharded(nn.Sequential):  # stands for FSDP2's FSDPModule mixed into the root
+        pass
+
+    model = Sharded(nn.Linear(4, 4), nn.Linear(4, 2))
+    monkeypatch.setattr(sharded, "fsdp_module_type", lambda: Sharded)
+    for placements, parallel in [((Shard(0),), False), ((Replicate(), Shard(0)), False), ((Replicate(),), False),
+                                 ((Shard(0), Replicate()), True), ((Shard(0), Shard(1)), True),
+                                 ((_StridedShard(0, split_factor=2), Shard(0)), True),
+                                 ((Replicate(), Shard(0), Shard(0)), True)]:
+        model[0].weight.placements = placements
+        found = sharded.tensor_parallelism(model)
+        assert (found is not None) == parallel, placements
+        if parallel:
+            assert "0.weight is sharded by FSDP2 over a mesh with a tensor-parallel dimension" in found
+    # parallelize_module's mark on a module is enough, and names FSDP2 beside it
+    del model[0].weight.placements
+    model[1]._distribute_module_applied = True
+    assert sharded.tensor_parallelism(model) == (
+        "module 1 is parallelized over the ranks with torch.distributed.tensor (parallelize_module or "
+        "distribute_module) (and FSDP2 over the data-parallel dimension)")
+
+
+@pytest.mark.slow
+def test_fsdp2_over_tensor_parallelism_on_a_2d_mesh(tmp_path):
+    """FSDP2 over a tensor-parallel model, 4 processes on a 2 × 2 (dp, tp) mesh: ranks of one
+    ``tp`` pair share their half of the batch. Parameters parallelized over ``tp`` are
+    2-D DTensors (``_StridedShard``, ``Shard``, ``Replicate``); the last Linear, not
+    parallelized, is sharded over ``dp`` alone, so both ranks of a ``tp`` pair hold the same
+    shard of it, counted once. Every parameter row is the whole gradient (the loss averaged
+    over the two halves, as FSDP2 averages); module rows are each rank's own, as under
+    tensor parallelism alone."""
+    log, dump = tmp_path / "w.gxw", tmp_path / "w.pt"
+    stderr = run_torchrun(log, "fsdp_tp", dump, processes=4)
+    rows, full = rows_of(log), torch.load(dump)
+    ref = tp_reference(shares=2)
+    for step in range(STEPS):
+        for name, grad in full[step]["grads"].items():
+            assert_stats(rows[(step, name, "grad", -1)], grad, rel=1e-9)  # each part counted once
+            assert_stats(rows[(step, name, "weight", -1)], full[step]["weights"][name], rel=1e-9)
+            assert torch.allclose(grad, ref[step]["grads"][name], rtol=1e-5, atol=1e-7), name
+            want = float(0.1 * grad.double().norm() / full[step]["weights"][name].double().norm())
+            assert rows[(step, name, "weight", -1)]["update_ratio"] == pytest.approx(want, rel=1e-5)
+    assert_module_rows_per_rank(rows, ref, ranks=4)
+    con = open_log(log)
+    try:
+        meta = read_meta(con)
+    finally:
+        con.close()
+    assert meta["module_rows"] == "per_rank" and "and FSDP2" in meta["tensor_parallel"]
+    assert stderr.count("gradexplorer watch: tensor parallelism") == 1
 
 
 def test_fsdp1_is_refused_with_a_way_forward(tmp_path):

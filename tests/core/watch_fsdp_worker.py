@@ -4,7 +4,12 @@
 MODE: ``fp32``, ``bf16`` (a ``MixedPrecisionPolicy`` computing in bfloat16),
 ``keep`` (``reshard_after_forward=False``), ``per_rank``, or ``tp``: tensor parallelism on
 a 1-D mesh instead of FSDP2 (the first ``Linear`` column-wise, the second row-wise, the
-last plain), every rank on the whole batch. Rank 0 also saves,
+last plain), every rank on the whole batch; ``tp_dtensor``: the same with DTensor outputs
+(``use_local_output=False``: the column-wise output a ``Shard(-1)`` DTensor, the row-wise
+one left ``Partial()``, the last ``Linear`` row-wise on the replicated ``Tanh`` output);
+``fsdp_tp`` (4 processes): FSDP2 over the ``tp`` model on a 2 × 2 mesh (``dp``, ``tp``),
+each ``dp`` half of the ranks on its half of the batch.
+Rank 0 also saves,
 for the test only, every parameter's full gradient and weights at each step
 (``DTensor.full_tensor``) to DUMP: the statistics the watch merged from shards are checked
 against them.
@@ -60,12 +65,31 @@ def shard(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
-def tensor_parallel(model: nn.Module) -> nn.Module:
+def tensor_parallel(model: nn.Module, mode: str = "tp") -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if mode == "tp_dtensor":
+        return parallelize_module(model, mesh, {
+            "0": ColwiseParallel(use_local_output=False),
+            "2": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=False),
+            "4": RowwiseParallel(input_layouts=Replicate())})
     return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def fsdp_over_tensor_parallel(model: nn.Module) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
@@ -76,12 +100,19 @@ def main() -> None:
     out, mode, dump = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = tensor_parallel(make_tp_model()) if mode == "tp" else shard(make_model(), mode)
+    tp = mode.startswith("tp")
+    if mode == "fsdp_tp":
+        model, batches = fsdp_over_tensor_parallel(make_tp_model()), make_batches(2)
+        shares, share = 2, rank // 2  # the dp coordinate
+    else:
+        model = tensor_parallel(make_tp_model(), mode) if tp else shard(make_model(), mode)
+        batches = make_batches(world)
+        shares, share = (1, 0) if tp else (world, rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     saved: list[dict] = []
     with watch(model, out=out, every=1, per_rank=(mode == "per_rank")) as w:
-        for x, y in make_batches(world):
-            xs, ys = (x, y) if mode == "tp" else (x.chunk(world)[rank], y.chunk(world)[rank])
+        for x, y in batches:
+            xs, ys = x.chunk(shares)[share], y.chunk(shares)[share]
             weights = {n: whole(p.detach()).clone() for n, p in model.named_parameters()}
             loss = F.mse_loss(model(xs), ys)
             opt.zero_grad()
