@@ -112,7 +112,7 @@ class TimelineView(QWidget):
     Signals
     -------
     updated : emitted after new data was drawn (for tests and scripts).
-    failed : emitted with a message when reading fails.
+    failed : emitted with the problem and its fix when reading fails.
     """
 
     updated = Signal()
@@ -284,7 +284,8 @@ class TimelineView(QWidget):
         if error is not None:
             text = getattr(error, "problem", None) or f"{type(error).__name__}: {error}"
             self.status.setText(f"Cannot read {self.source}: {text}")
-            self.failed.emit(str(text))
+            fix = getattr(error, "fix", "")
+            self.failed.emit(f"{text} {fix}".strip())
             return
         handler(result)
 
