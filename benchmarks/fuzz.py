@@ -344,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     from tests.log_mutations import mutations as log_mutations
     from tests.log_mutations import valid_log
 
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+    # A PYTHONPATH given (a package view of another checkout) comes first.
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen",
+           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)}
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]
     with tempfile.TemporaryDirectory(prefix="gx-fuzz-") as tmp:
         folder = Path(tmp)
