@@ -84,7 +84,7 @@ class Run:
             return False
         if "error" in self.said.lower():
             return False
-        return not (self.reader == "diff" and self.code == 1 and "result " in self.out)
+        return not (self.reader == "diff" and self.code == 1 and "result     DIVERGED" in self.out)
 
 
 def _command(reader: str, path: Path, base: Path, out: Path) -> list[str]:

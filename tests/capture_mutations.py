@@ -209,6 +209,7 @@ def _hostile_values(data: dict) -> list[tuple[str, Any]]:
                                                                               shape=[0, 5])),
         ("zero-sample input", lambda x: x.update(input=x["input"][:0], input_grad=None)),
         ("NaN hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), float("nan")))),
+        ("negative hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), -5.0))),
         ("1e12-element hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.zeros(1).expand(10**12))),
         ("numel 1e12", lambda x: stats(x)["activation"].__setitem__("numel", 10**12)),
         ("l2 1e308", lambda x: stats(x)["grad_output"].__setitem__("l2", 1e308)),

@@ -154,11 +154,14 @@ class Tensor(Spec):
     """A real (not complex) tensor, of ``ndim`` dimensions (or at least ``min_ndim``) when
     given; with ``nonempty`` it holds at least one element (and one sample, its first
     dimension); with ``finite`` every value is finite (histogram counts, which the views
-    hand to the plotting library as they are); with ``ordered`` the values never decrease
+    hand to the plotting library as they are); with ``nonnegative`` none is below zero
+    (counts, of which the views draw logarithms); with ``ordered`` the values never decrease
     and none is NaN (histogram edges: the outermost of a log2 histogram are -inf and inf)."""
 
     def __init__(self, ndim: int | None = None, min_ndim: int = 0, nonempty: bool = False,
-                 finite: bool = False, max_numel: int | None = None, ordered: bool = False) -> None:
+                 finite: bool = False, max_numel: int | None = None, ordered: bool = False,
+                 nonnegative: bool = False) -> None:
+        self.nonnegative = nonnegative
         self.ordered = ordered
         self.max_numel = max_numel
         self.ndim = ndim
@@ -185,6 +188,8 @@ class Tensor(Spec):
             raise SchemaViolation(path, f"has {value.numel():,} values, expected at most {self.max_numel:,}")
         if self.finite and value.numel() and not bool(torch.isfinite(value.float()).all()):
             raise SchemaViolation(path, "holds NaN or infinite values, expected finite numbers")
+        if self.nonnegative and value.numel() and bool((value < 0).any()):
+            raise SchemaViolation(path, "holds negative values, expected counts")
         if self.ordered and value.numel():
             v = value.double().reshape(-1)
             if bool(torch.isnan(v).any()) or (v.numel() > 1 and bool((v[1:] < v[:-1]).any())):
@@ -416,7 +421,7 @@ STATS = Record(
     required={
         "numel": COUNT, "min": NUMBER, "max": NUMBER, "mean": NUMBER, "std": NUMBER, "mean_abs": NUMBER,
         "l2": NUMBER, "zero_fraction": Fraction(), "nan_count": COUNT, "inf_count": COUNT,
-        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS), "hist_range": Pair(NUMBER, NUMBER),
+        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS, nonnegative=True), "hist_range": Pair(NUMBER, NUMBER),
     },
     optional={"hist_exact": Flag(), "overflow": NAMES, "hist_kind": TEXT},
     then=_stats_relations,

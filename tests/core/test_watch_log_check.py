@@ -76,6 +76,12 @@ def test_an_odd_length_histogram_blob_is_named(log, capsys):
     refused(capsys, log, "'stats'", "'hist'", "int64")
 
 
+def test_a_negative_histogram_count_is_named(log, capsys):
+    """The timeline draws log10(1 + count): a negative count drew NaN into the picture."""
+    edit(log, "UPDATE stats SET hist = X'0500000000000000ffffffffffffffff', hist_lo = 3 WHERE rowid = 2")
+    refused(capsys, log, "'stats'", "'hist'", "non-negative", "1 row")
+
+
 def test_a_histogram_past_the_last_bin_is_named(log, capsys):
     edit(log, "UPDATE stats SET hist_lo = 60000 WHERE rowid = 3")
     refused(capsys, log, "'stats'", "'hist_lo'")
