@@ -340,9 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     _limit_memory()
     from tests.capture_mutations import fuzz_cases, save, valid_capture_dict
-    from tests.log_mutations import mutated
-    from tests.log_mutations import mutations as log_mutations
-    from tests.log_mutations import valid_log
+    from tests.log_mutations import mutated, mutations as log_mutations, valid_log
 
     # A PYTHONPATH given (a package view of another checkout) comes first.
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen",

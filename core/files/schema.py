@@ -421,7 +421,8 @@ STATS = Record(
     required={
         "numel": COUNT, "min": NUMBER, "max": NUMBER, "mean": NUMBER, "std": NUMBER, "mean_abs": NUMBER,
         "l2": NUMBER, "zero_fraction": Fraction(), "nan_count": COUNT, "inf_count": COUNT,
-        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS, nonnegative=True), "hist_range": Pair(NUMBER, NUMBER),
+        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS, nonnegative=True),
+        "hist_range": Pair(NUMBER, NUMBER),
     },
     optional={"hist_exact": Flag(), "overflow": NAMES, "hist_kind": TEXT},
     then=_stats_relations,
