@@ -548,9 +548,7 @@ class WindowController(QObject):
         if not path:
             return None
         # The files the session read: exporting over one of them would destroy it.
-        options = self.session.model_options
-        read = [options.model, options.weights, options.labels] if options is not None else []
-        read += list(self.session.batch_sources)
+        read = self.session.files_read()
 
         def task(progress: Progress, cancel: threading.Event) -> FileDone:
             check_output_path(path, read)
