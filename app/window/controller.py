@@ -108,7 +108,8 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
             if default is not None:
                 batch, used = load_batch(default.sources(), loaded), default.sources()
         progress(STAGE_PROBE, 0, 0)
-        prepared = probe_model(loaded, batch.model_input if batch is not None else None)
+        prepared = probe_model(loaded, batch.model_input if batch is not None else None,
+                               memory_budget=options.memory_budget)
         prepared.options = options
         return LoadedModel(prepared, batch, used, error)
 
@@ -283,7 +284,8 @@ class WindowController(QObject):
 
         def task(progress: Progress, cancel: threading.Event) -> LoadedModel:
             progress(STAGE_PROBE, 0, 0)
-            prepared = probe_model(model, batch.model_input if batch is not None else None)
+            prepared = probe_model(model, batch.model_input if batch is not None else None,
+                                   memory_budget=options.memory_budget)
             prepared.options = options
             return LoadedModel(prepared, batch, [], None)
 
