@@ -211,6 +211,8 @@ def _hostile_values(data: dict) -> list[tuple[str, Any]]:
         ("NaN hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), float("nan")))),
         ("negative hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), -5.0))),
         ("1e12-element hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.zeros(1).expand(10**12))),
+        ("1e12-element input and input_grad", lambda x: x.update(input=torch.zeros(1).expand(10**6, 10**6),
+                                                                 input_grad=torch.zeros(1).expand(10**6, 10**6))),
         ("numel 1e12", lambda x: stats(x)["activation"].__setitem__("numel", 10**12)),
         ("l2 1e308", lambda x: stats(x)["grad_output"].__setitem__("l2", 1e308)),
         ("inf stats", lambda x: stats(x)["grad_output"].update(min=-math.inf, max=math.inf, l2=math.inf)),
