@@ -1,31 +1,35 @@
-"""Mutated capture files and watch logs through every reader: the counts of what went wrong.
+"""Mutated capture files, dataset captures and watch logs through every reader: the counts of
+what went wrong.
 
-    python -m benchmarks.fuzz [--n 2000] [--logs 100] [--seed 0] [--workers 2] [--budget SECONDS]
-                              [--in-process] [--readers inspect,diff,...]
+    python -m benchmarks.fuzz [--n 2000] [--datasets 500] [--logs 100] [--seed 0] [--workers 2]
+                              [--budget SECONDS] [--in-process] [--readers inspect,diff,...]
 
 Capture mutations (dict-level edits, pickle bytes flipped, zip damage, and the hostile files
-that once crashed a reader; the generator is ``tests/capture_mutations.py``'s ``fuzz_cases``)
-and watch-log mutations (SQL-level and byte-level edits of a valid log:
+that once crashed a reader; the generator is ``tests/capture_mutations.py``'s ``fuzz_cases``),
+the same of a dataset capture (each record's exact merge, the log2 histogram edges, the
+per-batch series), and watch-log mutations (SQL-level and byte-level edits of a valid log:
 ``tests/log_mutations.py``).
 
 By default each run is a fresh process, as a user starts it: each capture mutation goes
 through one reader in turn (``inspect``, ``inspect --layer``, ``graph --capture``, ``diff``
 against the valid file, and the window's open path, ``gradexplorer FILE --screenshot`` under
-offscreen Qt), and each log mutation through all three log readers (``inspect``, ``inspect
---csv``, ``timeline --screenshot``). A run past 60 s is killed and counted as a hang; a
-process may map 8 GiB at most (a memory bomb then fails where it would have allocated, and
-is counted by its message); its peak resident memory comes from ``wait4``.
+offscreen Qt; for a dataset capture ``timeline --screenshot`` instead of the graph), and
+each log mutation through all three log readers (``inspect``, ``inspect --csv``,
+``timeline --screenshot``). A run past 60 s is killed and counted as a hang; a process may
+map 8 GiB at most (a memory bomb then fails where it would have allocated, and is counted by
+its message); its peak resident memory comes from ``wait4``.
 
-``--in-process`` runs every capture mutation through all four command-line readers and the
-window's open path (the main window, offscreen, every view tab drawn), and every log
-mutation through ``inspect``, ``inspect --csv`` and the timeline view's reads, in this one
-process: a run past 60 s aborts it with a traceback (faulthandler), and the peak memory is
-this process's high-water mark.
+``--in-process`` runs every mutation through every reader in this one process: the four
+command-line readers, the window's open path (the main window, offscreen, every view tab
+drawn for each layer, and each tensor and scope of the histogram view:
+``draw_every_view``), the timeline view (a dataset capture's series, a log's heatmap), and
+for logs ``inspect``, ``inspect --csv`` and the timeline's reads. A run past 60 s aborts it
+with a traceback (faulthandler), and the peak memory is this process's high-water mark.
 
 The counts printed: exit codes, exit 70s, hangs, segfaults, runs that failed without a
 message, memory blow-ups and the peak resident memory of one run. Figures only: nothing
 here asserts; ``tests/app/test_capture_fuzz.py`` and ``tests/core/test_watch_log_fuzz.py``
-run seeded subsets in the default test run.
+run seeded subsets in the default test run (thousands with ``GRADEXPLORER_FUZZ=1``).
 """
 
 from __future__ import annotations
@@ -254,10 +258,9 @@ class _Window:
             self.window.file_done.disconnect(finished)
         if not done:
             return 124, "no answer", ""
-        tabs = self.window.views.tabs
-        for i in range(tabs.count()):
-            tabs.setCurrentIndex(i)
-            self.app.processEvents()
+        from tests.capture_mutations import draw_every_view
+
+        draw_every_view(self.window, self.app.processEvents)
         if done[0] == "open":
             return 0, "", ""
         said = self.errors[before:]
@@ -276,7 +279,8 @@ class _Timeline:
         self.view.resize(1200, 800)
         self.view.show()
 
-    def open(self, path: Path) -> tuple[int, str, str]:
+    def open(self, path: Path, capture: bool = False) -> tuple[int, str, str]:
+        """A log (or with ``capture``, a dataset capture) opened and drawn, or its failure said."""
         from PySide6.QtCore import QEventLoop, QTimer
 
         loop = QEventLoop()
@@ -295,7 +299,10 @@ class _Timeline:
         self.view.updated.connect(updated)
         try:
             QTimer.singleShot(int(HANG_S * 1000), loop.quit)
-            self.view.open_log(str(path))
+            if capture:
+                self.view.open_capture(str(path))
+            else:
+                self.view.open_log(str(path))
             if not (said or drawn):
                 loop.exec()
         finally:
@@ -325,9 +332,46 @@ def _log_reads(path: Path, csv: Path) -> tuple[int, str, str]:
 # -- main ----------------------------------------------------------------------------------
 
 
+def _capture_section(title: str, cases: list[tuple[str, bytes]], readers: list[str], base: Path, folder: Path,
+                     args: argparse.Namespace, env: dict, window: _Window | None,
+                     timeline_view: _Timeline | None) -> None:
+    """Each mutated capture through the readers: all of them in this process, or in turn in
+    fresh processes."""
+    start = time.monotonic()
+    if args.in_process:
+        runs: list[Run] = []
+        path = folder / "m.pt"
+        for i, (name, blob) in enumerate(cases):
+            path.write_bytes(blob)
+            label = f"#{i} {name}"
+            for reader in readers:
+                if reader == "window":
+                    assert window is not None
+                    runs.append(_in_process(label, reader, lambda: window.open(path)))
+                elif reader == "timeline":
+                    assert timeline_view is not None
+                    runs.append(_in_process(label, reader, lambda: timeline_view.open(path, capture=True)))
+                else:
+                    cmd = _command(reader, path, base, folder / "out")[len(GRADEXPLORER):]
+                    runs.append(_in_process(label, reader, lambda cmd=cmd: _cli(*cmd)))
+            if i % 100 == 99:
+                print(f"  ... {i + 1} files, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        report(f"{title}, in process (seed {args.seed})", runs, len(cases) * len(readers), time.monotonic() - start)
+        return
+    jobs = []
+    for i, (name, blob) in enumerate(cases):
+        path = folder / f"{title[:1]}{i:05d}.pt"
+        path.write_bytes(blob)
+        reader = readers[i % len(readers)]
+        jobs.append((f"#{i} {name}", reader, _command(reader, path, base, folder / f"out{title[:1]}{i:05d}")))
+    runs, wall = _pool(jobs, args.workers, args.budget, env)
+    report(f"{title}, fresh processes (seed {args.seed})", runs, len(jobs), wall)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="capture mutations (default 2000)")
+    parser.add_argument("--datasets", type=int, default=500, help="dataset-capture mutations (default 500)")
     parser.add_argument("--logs", type=int, default=100, help="watch-log mutations (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
@@ -339,45 +383,38 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     _limit_memory()
-    from tests.capture_mutations import fuzz_cases, save, valid_capture_dict
+    from tests.capture_mutations import fuzz_cases, save, valid_capture_dict, valid_dataset_capture_dict
     from tests.log_mutations import mutated, mutations as log_mutations, valid_log
 
     # A PYTHONPATH given (a package view of another checkout) comes first.
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen",
            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)}
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]
+    # A dataset capture has no graph: its timeline (the per-batch series) stands in.
+    dataset_readers = [("timeline" if r == "graph --capture" else r) for r in readers]
     with tempfile.TemporaryDirectory(prefix="gx-fuzz-") as tmp:
         folder = Path(tmp)
         env["GRADEXPLORER_SETTINGS"] = str(folder / "settings.ini")
         os.environ["GRADEXPLORER_SETTINGS"] = env["GRADEXPLORER_SETTINGS"]
+        window = _Window() if args.in_process and "window" in readers else None
+        timeline_view = _Timeline() if args.in_process and window is not None else None
         data = valid_capture_dict()
         base = save(data, folder / "base.pt")
+        _capture_section("capture mutations", list(fuzz_cases(data, args.seed, args.n)), readers, base, folder,
+                         args, env, window, timeline_view)
+        if args.datasets:
+            data = valid_dataset_capture_dict()
+            base = save(data, folder / "dataset.pt")
+            _capture_section("dataset-capture mutations", list(fuzz_cases(data, args.seed, args.datasets)),
+                             [r for r in dataset_readers if r != "timeline" or timeline_view or not args.in_process],
+                             base, folder, args, env, window, timeline_view)
+        if not args.logs:
+            return 0
         base_log = valid_log(folder / "base.gxw")
-        cases = fuzz_cases(data, args.seed, args.n)
         logs = log_mutations(args.seed, args.logs)
         start = time.monotonic()
         if args.in_process:
-            window = _Window() if "window" in readers else None
-            runs: list[Run] = []
-            path = folder / "m.pt"
-            for i, (name, blob) in enumerate(cases):
-                path.write_bytes(blob)
-                label = f"#{i} {name}"
-                out = folder / "out"
-                for reader in readers:
-                    if reader == "window":
-                        assert window is not None
-                        runs.append(_in_process(label, reader, lambda: window.open(path)))
-                        continue
-                    cmd = _command(reader, path, base, out)[len(GRADEXPLORER):]
-                    runs.append(_in_process(label, reader, lambda cmd=cmd: _cli(*cmd)))
-                if i % 100 == 99:
-                    print(f"  ... {i + 1} files, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
-            report(f"capture mutations, in process (seed {args.seed})", runs, args.n * len(readers),
-                   time.monotonic() - start)
-            start = time.monotonic()
             runs = []
-            timeline_view = _Timeline() if window is not None else None
             for i, mutation in enumerate(logs):
                 path = mutated(base_log, mutation, folder / f"l{i % 8}.gxw")
                 label = f"#{i} {mutation.name}"
@@ -389,16 +426,6 @@ def main(argv: list[str] | None = None) -> int:
             report(f"log mutations, in process (seed {args.seed})", runs, (3 if timeline_view else 2) * args.logs,
                    time.monotonic() - start)
             return 0
-
-        jobs = []
-        for i, (name, blob) in enumerate(cases):
-            path = folder / f"m{i:05d}.pt"
-            path.write_bytes(blob)
-            reader = readers[i % len(readers)]
-            jobs.append((f"#{i} {name}", reader, _command(reader, path, base, folder / f"out{i:05d}")))
-        runs, wall = _pool(jobs, args.workers, args.budget, env)
-        report(f"capture mutations, fresh processes (seed {args.seed})", runs, len(jobs), wall)
-
         jobs = []
         for i, mutation in enumerate(logs):
             path = mutated(base_log, mutation, folder / f"l{i:04d}.gxw")
