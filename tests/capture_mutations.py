@@ -43,6 +43,23 @@ def valid_capture_dict() -> dict:
     return capture_to_dict(cap)
 
 
+def valid_dataset_capture_dict() -> dict:
+    """A small dataset capture (statistics over 3 batches, with the exact merge state of
+    each record, the log2 histogram edges, the per-batch series and gradient SNR) of
+    ``demo:seed-mlp``: the parts of the format only a dataset capture has."""
+    from gradexplorer.files.capture_file import capture_to_dict
+    from gradexplorer.models import load_model
+    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+
+    loaded = load_model("demo:seed-mlp")
+    torch.manual_seed(0)
+    x = torch.randn(12, 10)
+    stats = capture_dataset(loaded.module, iter_tensor_batches(x, None, 4, range(3)), total_batches=3)
+    layers = [n for n, m in loaded.module.named_modules() if n and not list(m.children())]
+    cap = to_capture(stats, loaded.module, layers, {"model": "demo:seed-mlp"})
+    return capture_to_dict(cap)
+
+
 def deep(n: int = 2000) -> list:
     x: Any = 1
     for _ in range(n):
@@ -209,7 +226,10 @@ def _hostile_values(data: dict) -> list[tuple[str, Any]]:
                                                                               shape=[0, 5])),
         ("zero-sample input", lambda x: x.update(input=x["input"][:0], input_grad=None)),
         ("NaN hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), float("nan")))),
+        ("negative hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.full((64,), -5.0))),
         ("1e12-element hist", lambda x: stats(x)["activation"].__setitem__("hist", torch.zeros(1).expand(10**12))),
+        ("1e12-element input and input_grad", lambda x: x.update(input=torch.zeros(1).expand(10**6, 10**6),
+                                                                 input_grad=torch.zeros(1).expand(10**6, 10**6))),
         ("numel 1e12", lambda x: stats(x)["activation"].__setitem__("numel", 10**12)),
         ("l2 1e308", lambda x: stats(x)["grad_output"].__setitem__("l2", 1e308)),
         ("inf stats", lambda x: stats(x)["grad_output"].update(min=-math.inf, max=math.inf, l2=math.inf)),
@@ -224,6 +244,36 @@ def _hostile_values(data: dict) -> list[tuple[str, Any]]:
         ("3000-deep layer name", lambda x: rename(x, "a." * 3000 + "b")),
         ("100-deep layer name", lambda x: rename(x, "a." * 100 + "b")),
         ("2000 layers", lambda x: many_layers(x, 2000)),
+    ]
+
+
+def _dataset_hostile_values(data: dict) -> list[tuple[str, Any]]:
+    """Edits of the parts only a dataset capture has: the exact merge state of a record, the
+    log2 histogram edges, the per-batch series."""
+    layer = data["meta"]["layer_order"][0]
+
+    def merged(x: dict) -> dict:
+        return x["layers"][layer]["calls"][0]["stats"]["activation"]["merged"]
+
+    def series_rows(x: dict) -> dict:
+        return x["meta"]["dataset"]["series"]["rows"]
+
+    return [
+        ("merged hist of 3 bins", lambda x: merged(x).__setitem__("hist", torch.zeros(3, dtype=torch.int64))),
+        ("merged {}", lambda x: x["layers"][layer]["calls"][0]["stats"]["activation"].__setitem__("merged", {})),
+        ("merged of wrong types", lambda x: x["layers"][layer]["calls"][0]["stats"]["activation"].__setitem__(
+            "merged", {"hist": "x", "numel": -5, "min": "a"})),
+        ("merged hist negative", lambda x: merged(x).__setitem__("hist", -merged(x)["hist"] - 1)),
+        ("merged numel 1e30", lambda x: merged(x).__setitem__("numel", 10**30)),
+        ("hist_edges of 10", lambda x: x["meta"]["dataset"].__setitem__("hist_edges", torch.arange(10.0))),
+        ("hist of 5 bins, log2", lambda x: x["layers"][layer]["calls"][0]["stats"]["activation"].__setitem__(
+            "hist", torch.ones(5))),
+        ("series rows of another width", lambda x: series_rows(x).__setitem__(
+            next(iter(series_rows(x))), torch.zeros(2, 1))),
+        ("series rows of 1e12 elements", lambda x: series_rows(x).__setitem__(
+            next(iter(series_rows(x))), torch.zeros(1).expand(10**6, 10**6))),
+        ("series batch list longer", lambda x: x["meta"]["dataset"]["series"]["batch"].extend(range(100))),
+        ("snr of wrong types", lambda x: x["meta"]["dataset"].__setitem__("snr", {"fc1.weight": "high"})),
     ]
 
 
@@ -275,11 +325,15 @@ def fuzz_cases(data: dict, seed: int, n: int) -> Iterator[tuple[str, bytes]]:
     and zip-level damage in turn."""
     rng = random.Random(seed)
     made = 0
-    for name, edit in _hostile_values(data):
+    hostile = _hostile_values(data) + (_dataset_hostile_values(data) if (data["meta"].get("dataset")) else [])
+    for name, edit in hostile:
         if made >= n:
             return
         x = copy.deepcopy(data)
-        edit(x)
+        try:
+            edit(x)
+        except (AttributeError, KeyError, IndexError, TypeError):
+            continue  # an edit of a part this file does not have (a dataset capture has no output)
         yield name, _zip_bytes(x)
         made += 1
     base = _zip_bytes(data)
@@ -296,3 +350,24 @@ def fuzz_cases(data: dict, seed: int, n: int) -> Iterator[tuple[str, bytes]]:
         else:
             yield "zip: damaged", _zip_mutation(base, rng)
         made += 1
+
+
+def draw_every_view(window: Any, process_events: Any, layers: int = 8) -> None:
+    """Draw what the window shows of its capture the way a user looks at it: every view tab
+    for each of the first ``layers`` layers (a damaged record is drawn only when its layer
+    is selected), and each tensor and scope of the histogram view."""
+    cap = window.session.capture
+    names = list(cap.layer_order)[:layers] if cap is not None else [None]
+    tabs = window.views.tabs
+    histogram = window.views.histogram_view
+    for name in names:
+        if name is not None:
+            window.view_state.select(name, 0)
+        for i in range(tabs.count()):
+            tabs.setCurrentIndex(i)
+            process_events()
+            if tabs.currentWidget() is histogram:
+                for combo in (histogram.tensor_combo, histogram.scope_combo):
+                    for j in range(combo.count()):
+                        combo.setCurrentIndex(j)
+                        process_events()

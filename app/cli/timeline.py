@@ -7,6 +7,7 @@ no other command loads Qt (an import-linter contract allows this one import).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradexplorer.app.cli.common import UI, add_common, check_screenshot_target
@@ -28,9 +29,18 @@ def register(sub: SubParsers) -> None:
 
 
 def cmd_timeline(args: argparse.Namespace, ui: UI) -> int:
-    """Open the timeline window; returns its exit status."""
+    """Open the timeline window; returns its exit status.
+
+    A watch log is checked (``gradexplorer.recording.watch_log.open_log``: its tables,
+    types, blobs and JSON) before the window opens, so that a damaged one is one message
+    and exit 1, as ``inspect`` says it."""
     if args.screenshot:
         check_screenshot_target(args.screenshot, [args.file])
+    from gradexplorer.recording.watch_log import is_watch_log, open_log
+
+    path = Path(args.file).expanduser()
+    if path.is_file() and (path.suffix == ".gxw" or is_watch_log(path)):
+        open_log(path).close()
     from gradexplorer.app.window.timeline_window import launch_timeline  # Qt: this command only
 
     return launch_timeline(args.file, args.screenshot, args.layer)

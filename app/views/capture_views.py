@@ -6,6 +6,7 @@ selects its layer). Only the visible tab draws; the others redraw when shown.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -169,8 +170,10 @@ class CaptureViews(QWidget):
         """The 2-D array the heatmap shows (computed now if its tab is hidden)."""
         return self.heatmap_view.current_image_array()
 
-    def export_png(self, path: str | os.PathLike, which: str | None = None) -> Path:
-        """Save the current tab's plot (or ``which="flow"``: the flow chart) as PNG, atomically."""
+    def export_png(self, path: str | os.PathLike, which: str | None = None,
+                   inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+        """Save the current tab's plot (or ``which="flow"``: the flow chart) as PNG, atomically;
+        never over one of ``inputs``, the files the window read."""
         if which == "flow":
             widget = self.flow_view.export_widget()
         else:
@@ -178,11 +181,12 @@ class CaptureViews(QWidget):
             assert isinstance(view, CaptureView)  # every tab is a view of the capture
             view.ensure_drawn()
             widget = view.export_widget() if not view.message() else view
-        return write_export(png_bytes(widget), path)
+        return write_export(png_bytes(widget), path, inputs)
 
-    def export_csv(self, path: str | os.PathLike) -> Path:
-        """Save the statistics table of the selection as CSV, atomically."""
-        return self.stats_view.export_csv(path)
+    def export_csv(self, path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+        """Save the statistics table of the selection as CSV, atomically; never over one of
+        ``inputs``."""
+        return self.stats_view.export_csv(path, inputs)
 
     # -- internals --------------------------------------------------------------------
     def _batch_size(self) -> int:

@@ -18,7 +18,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
@@ -59,9 +59,9 @@ from PySide6.QtWidgets import (
 from gradexplorer.app import dialogs
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
+from gradexplorer.app.views.export import write_export
 from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.base.file_write import atomic_write_bytes
 from gradexplorer.capturing.nonfinite import NonfiniteOnset, onset_location
 from gradexplorer.model_graph.graph import GraphView, ModelGraph, extract_graph, first_sample
 from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
@@ -294,6 +294,8 @@ class GraphPanel(QWidget):
         (``COLOR_BY``); the compare window offers a comparison's (``DIVERGENCE_BY``)."""
         super().__init__(parent)
         self.engine = engine
+        #: The files the window read (its owner sets it): an export never goes over one.
+        self.files_read: Callable[[], Iterable[str | None]] = lambda: ()
         self.graph: ModelGraph | None = None
         self.expanded: set[str] = set()
         self.graph_layout: Layout | None = None
@@ -725,7 +727,7 @@ class GraphPanel(QWidget):
         else:
             data = svg.encode()
         try:
-            atomic_write_bytes(path, data)
+            write_export(data, path, self.files_read())
         except GradExplorerError as exc:
             self.status.setText(f"Not exported: {exc.problem} {exc.fix}")
             self.failed.emit(str(exc.problem))
@@ -750,6 +752,8 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
     * a new model or batch extracts the graph in a worker (holding the session's run lock);
       a capture colours it; a capture opened without its model draws the graph it carries.
     """
+
+    panel.files_read = session.files_read
 
     def on_layer_selected(name: str, call: int) -> None:
         cap = session.capture

@@ -6,7 +6,7 @@ import csv
 import io
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,10 @@ class StatsTableView(CaptureView):
                         int(s["nan_count"]), int(s["inf_count"])])
         return buf.getvalue()
 
-    def export_csv(self, path: str | os.PathLike) -> Path:
-        """Write ``csv_text()`` to ``path`` atomically (a temporary file, then a rename)."""
-        return write_export(self.csv_text().encode("utf-8"), path)
+    def export_csv(self, path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+        """Write ``csv_text()`` to ``path`` atomically (a temporary file, then a rename), never
+        over one of ``inputs`` (the files the window read)."""
+        return write_export(self.csv_text().encode("utf-8"), path, inputs)
 
     def export_widget(self) -> QWidget:
         return self

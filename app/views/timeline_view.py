@@ -48,6 +48,7 @@ from gradexplorer.app.views.plot_style import (
     style_plot_widget,
 )
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.files.capture_file import load_capture
 
@@ -113,7 +114,7 @@ class TimelineView(QWidget):
     Signals
     -------
     updated : emitted after new data was drawn (for tests and scripts).
-    failed : emitted with a message when reading fails.
+    failed : emitted with the problem and its fix when reading fails.
     """
 
     updated = Signal()
@@ -122,6 +123,8 @@ class TimelineView(QWidget):
     def __init__(self, parent: QWidget | None = None, poll_ms: int = 1000) -> None:
         super().__init__(parent)
         self.source: str | None = None
+        #: The file shown (a log or a dataset capture), which no export may replace.
+        self.source_file: str | None = None
         self.source_kind = ""  # "log" or "capture"
         self.timeline: Timeline | None = None
         self.onset: Onset | None = None
@@ -233,6 +236,7 @@ class TimelineView(QWidget):
     def open_log(self, path: str) -> None:
         """Show a watch log, and follow it while it grows."""
         self.source, self.source_kind = os.fspath(path), "log"
+        self.source_file = self.source
         self._capture = None
         self._fill_stats()
         self._reload()
@@ -242,6 +246,7 @@ class TimelineView(QWidget):
         """Show a dataset capture's per-batch series (loaded in the worker)."""
         self.timer.stop()
         self.source, self.source_kind = os.fspath(path), "capture"
+        self.source_file = self.source
         self._fill_stats()
         self.status.setText(f"Loading {path} …")
 
@@ -259,6 +264,7 @@ class TimelineView(QWidget):
         folder in the main window); ``name`` stands for the file name in the status line."""
         self.timer.stop()
         self.source, self.source_kind = name, "capture"
+        self.source_file = None  # in memory: no file to keep the exports off
         self._capture = cap
         self._fill_stats()
         self._reload()
@@ -285,7 +291,8 @@ class TimelineView(QWidget):
         if error is not None:
             text = getattr(error, "problem", None) or f"{type(error).__name__}: {error}"
             self.status.setText(f"Cannot read {self.source}: {text}")
-            self.failed.emit(str(text))
+            fix = getattr(error, "fix", "")
+            self.failed.emit(f"{text} {fix}".strip())
             return
         handler(result)
 
@@ -524,7 +531,7 @@ class TimelineView(QWidget):
             if not path:
                 return None
         try:
-            write_export(png_bytes(self), path, [self.source if self.source_kind == "log" else None])
+            write_export(png_bytes(self), path, [self.source_file])
         except (GradExplorerError, OSError) as exc:
             self.status.setText(f"{exc.problem} {exc.fix}" if isinstance(exc, GradExplorerError)
                                 else f"Cannot write {path}: {exc}.")
@@ -540,6 +547,7 @@ class TimelineView(QWidget):
             if not path:
                 return None
         try:
+            check_output_path(path, [self.source_file])
             timelines.timeline_csv(self.timeline, path)
         except GradExplorerError as exc:
             self.status.setText(f"{exc.problem} {exc.fix}")

@@ -22,6 +22,7 @@ from gradexplorer.app.views.graph_view import GraphPanel
 from gradexplorer.app.views.label_fit import ElidedLabel
 from gradexplorer.app.window import error_dialog
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.comparison.compare import Comparison, compare, save_csv
@@ -89,6 +90,10 @@ class CompareWindow(QMainWindow):
         self.view = CompareView(self)
         # The layers (table, heatmaps, flow) and the model graph coloured by divergence.
         self.graph_panel = GraphPanel(self, statistics=DIVERGENCE_BY)
+        #: The files A and B were read from (captures, models, weights, inputs): the exports
+        #: never go over one of them.
+        self.files_read: list[str] = []
+        self.graph_panel.files_read = lambda: self.files_read
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.view, "Layers")
         self.tabs.addTab(self.graph_panel, "Graph")
@@ -129,6 +134,7 @@ class CompareWindow(QMainWindow):
 
     def compare_files(self, path_a: str, path_b: str) -> int:
         """Load two capture files and compare them."""
+        self.files_read = [path_a, path_b]
         def task(progress: Progress, cancel: threading.Event) -> Compared:
             progress("reading A", 0, 0)
             a = load_capture(path_a)
@@ -141,6 +147,7 @@ class CompareWindow(QMainWindow):
 
     def compare_with_file(self, reference: Capture, path: str, label_a: str = "this run") -> int:
         """Compare a capture in memory (A) with a capture file (B)."""
+        self.files_read.append(path)
         def task(progress: Progress, cancel: threading.Event) -> Compared:
             progress("reading B", 0, 0)
             b = load_capture(path)
@@ -217,6 +224,7 @@ class CompareWindow(QMainWindow):
         if not path:
             return None
         try:
+            check_output_path(path, self.files_read)
             return save_csv(self.view.result, path)
         except GradExplorerError as exc:
             error_dialog.show_error(self, "Cannot export", exc)
@@ -242,10 +250,12 @@ def compare_with(parent: QWidget | None, session: Session, devices: list[str] | 
     if source is None:
         return None
     window = CompareWindow(parent)
+    window.files_read = session.files_read()
     if isinstance(source, Variant):
         try:
             base = options_from_session(session)
-            source.apply(base)  # a variant that changes nothing fails here, not in the worker
+            b = source.apply(base)  # a variant that changes nothing fails here, not in the worker
+            window.files_read += [f for f in (b.model, b.weights, b.labels, *b.batch.sources()) if f]
         except GradExplorerError as exc:
             error_dialog.show_error(parent, "Cannot compare", exc)
             window.deleteLater()

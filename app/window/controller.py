@@ -108,7 +108,8 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
             if default is not None:
                 batch, used = load_batch(default.sources(), loaded), default.sources()
         progress(STAGE_PROBE, 0, 0)
-        prepared = probe_model(loaded, batch.model_input if batch is not None else None)
+        prepared = probe_model(loaded, batch.model_input if batch is not None else None,
+                               memory_budget=options.memory_budget)
         prepared.options = options
         return LoadedModel(prepared, batch, used, error)
 
@@ -283,7 +284,8 @@ class WindowController(QObject):
 
         def task(progress: Progress, cancel: threading.Event) -> LoadedModel:
             progress(STAGE_PROBE, 0, 0)
-            prepared = probe_model(model, batch.model_input if batch is not None else None)
+            prepared = probe_model(model, batch.model_input if batch is not None else None,
+                                   memory_budget=options.memory_budget)
             prepared.options = options
             return LoadedModel(prepared, batch, [], None)
 
@@ -548,9 +550,7 @@ class WindowController(QObject):
         if not path:
             return None
         # The files the session read: exporting over one of them would destroy it.
-        options = self.session.model_options
-        read = [options.model, options.weights, options.labels] if options is not None else []
-        read += list(self.session.batch_sources)
+        read = self.session.files_read()
 
         def task(progress: Progress, cancel: threading.Event) -> FileDone:
             check_output_path(path, read)

@@ -391,7 +391,7 @@ class MainWindow(QMainWindow):
         path = path or dialogs.ask_save_file(self, "Export plot as PNG", "plot.png", "PNG images (*.png)")
         if path:
             try:
-                self.views.export_png(path)
+                self.views.export_png(path, inputs=self.session.files_read())
                 self.statusBar().showMessage(f"Saved {path}.", 8000)
             except Exception as exc:  # noqa: BLE001 - shown to the user, window stays usable
                 self.show_error("The plot cannot be exported", exc)
@@ -400,7 +400,7 @@ class MainWindow(QMainWindow):
         path = path or dialogs.ask_save_file(self, "Export statistics as CSV", "statistics.csv", "CSV files (*.csv)")
         if path:
             try:
-                self.views.export_csv(path)
+                self.views.export_csv(path, inputs=self.session.files_read())
                 self.statusBar().showMessage(f"Saved {path}.", 8000)
             except Exception as exc:  # noqa: BLE001
                 self.show_error("The statistics cannot be exported", exc)

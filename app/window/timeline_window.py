@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
@@ -99,6 +100,9 @@ def launch_timeline(path: str, screenshot: str | None = None, select: str | None
 
     def on_failed(message: str) -> None:
         if screenshot:
+            # Nobody sees the window's status line: the reason goes where the command's
+            # messages go, and the command exits 1.
+            print(f"error: {message}", file=sys.stderr)
             status["code"] = 1
             app.quit()
 

@@ -17,6 +17,7 @@ newer minor release still opens.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -154,11 +155,14 @@ class Tensor(Spec):
     """A real (not complex) tensor, of ``ndim`` dimensions (or at least ``min_ndim``) when
     given; with ``nonempty`` it holds at least one element (and one sample, its first
     dimension); with ``finite`` every value is finite (histogram counts, which the views
-    hand to the plotting library as they are); with ``ordered`` the values never decrease
+    hand to the plotting library as they are); with ``nonnegative`` none is below zero
+    (counts, of which the views draw logarithms); with ``ordered`` the values never decrease
     and none is NaN (histogram edges: the outermost of a log2 histogram are -inf and inf)."""
 
     def __init__(self, ndim: int | None = None, min_ndim: int = 0, nonempty: bool = False,
-                 finite: bool = False, max_numel: int | None = None, ordered: bool = False) -> None:
+                 finite: bool = False, max_numel: int | None = None, ordered: bool = False,
+                 nonnegative: bool = False) -> None:
+        self.nonnegative = nonnegative
         self.ordered = ordered
         self.max_numel = max_numel
         self.ndim = ndim
@@ -185,6 +189,8 @@ class Tensor(Spec):
             raise SchemaViolation(path, f"has {value.numel():,} values, expected at most {self.max_numel:,}")
         if self.finite and value.numel() and not bool(torch.isfinite(value.float()).all()):
             raise SchemaViolation(path, "holds NaN or infinite values, expected finite numbers")
+        if self.nonnegative and value.numel() and bool((value < 0).any()):
+            raise SchemaViolation(path, "holds negative values, expected counts")
         if self.ordered and value.numel():
             v = value.double().reshape(-1)
             if bool(torch.isnan(v).any()) or (v.numel() > 1 and bool((v[1:] < v[:-1]).any())):
@@ -316,6 +322,11 @@ def _stats_relations(s: TensorStats, path: str) -> None:
     for key in ("nan_count", "inf_count"):
         if s[key] > s["numel"]:
             raise SchemaViolation(_field_path(path, key), f"is {s[key]}, more than numel ({s['numel']})")
+    merged: Any = s.get("merged")
+    if merged is not None and merged["hist"].numel() != s["hist"].numel():
+        # The views draw the exact merged counts over the bins of ``hist``.
+        raise SchemaViolation(_field_path(_field_path(path, "merged"), "hist"),
+                              f"has {merged['hist'].numel()} bins, but hist has {s['hist'].numel()}")
     lo, hi = s["hist_range"]
     if lo > hi:  # NaN is allowed: a dataset capture of a layer with no finite value has no range
         raise SchemaViolation(_field_path(path, "hist_range"), f"is [{_shown(lo)}, {_shown(hi)}], expected "
@@ -390,6 +401,44 @@ def _graph_relations(graph: dict, path: str) -> None:
                 raise SchemaViolation(_key_path(f"{path}.meta.{key}", nid), "names a node the graph does not have")
 
 
+_SERIES_ROW = re.compile(r"^.+#\d+:[A-Za-z_]+$")
+
+
+def _series_relations(series: dict, path: str) -> None:
+    # timeline_from_capture reads each row as LAYER#CALL:KIND, one value per batch and field.
+    want = (len(series["batch"]), len(series["fields"]))
+    for name, rows in series["rows"].items():
+        where = _key_path(f"{path}.rows", name)
+        if not _SERIES_ROW.match(name):
+            raise SchemaViolation(where, "is not named LAYER#CALL:KIND")
+        if tuple(rows.shape) != want:
+            raise SchemaViolation(where, f"has shape {tuple(rows.shape)}, expected {want} (one row per batch, "
+                                  "one column per field)")
+
+
+def _log2_relations(data: dict) -> None:
+    # A dataset capture's log2 histograms are drawn over meta.dataset.hist_edges: one bin
+    # between each two edges (without the edges, over the watch's own HIST_BINS).
+    from gradexplorer.stats.merge import HIST_BINS
+
+    edges = ((data["meta"].get("dataset") or {}).get("hist_edges"))
+    bins = edges.numel() - 1 if edges is not None else HIST_BINS
+    for name, layer in data["layers"].items():
+        records = [(f".calls[{i}].stats", kind, s) for i, call in enumerate(layer["calls"])
+                   for kind, s in call["stats"].items()]
+        records += [(".param_stats", pname, s) for pname, s in (layer.get("param_stats") or {}).items()]
+        for where, key, s in records:
+            if s is not None and s.get("hist_kind") == "log2" and s["hist"].numel() != bins:
+                raise SchemaViolation(_field_path(_key_path("layers", name) + where, key) + ".hist",
+                                      f"has {s['hist'].numel()} log2 bins, but the capture's histogram edges "
+                                      f"make {bins}")
+
+
+def _capture_relations(data: dict, path: str) -> None:
+    _input_relations(data, path)
+    _log2_relations(data)
+
+
 def _input_relations(data: dict, path: str) -> None:
     x, g = _shape_of(data.get("input")), _shape_of(data.get("input_grad"))
     meta = data.get("meta")
@@ -412,13 +461,22 @@ LAYER_NAME = Text(valid=lambda name: name.count(".") <= MAX_GRAPH_DEPTH,
                   expected=f"a layer name nested at most {MAX_GRAPH_DEPTH} modules deep")
 LAYER_NAMES = Items(LAYER_NAME)
 
+#: A dataset capture's exact merge of a record (``MergeStats.to_dict``): the views draw its counts.
+MERGED = Record(
+    required={**dict.fromkeys(("numel", "count", "nan_count", "inf_count", "zero_count"), COUNT),
+              **dict.fromkeys(("min", "max", "sum", "sum_abs", "mean", "m2"), NUMBER),
+              "hist": Tensor(ndim=1, finite=True, nonnegative=True, max_numel=MAX_HIST_BINS)},
+    expected="the exact merge of a dataset capture's statistics",
+)
+
 STATS = Record(
     required={
         "numel": COUNT, "min": NUMBER, "max": NUMBER, "mean": NUMBER, "std": NUMBER, "mean_abs": NUMBER,
         "l2": NUMBER, "zero_fraction": Fraction(), "nan_count": COUNT, "inf_count": COUNT,
-        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS), "hist_range": Pair(NUMBER, NUMBER),
+        "hist": Tensor(ndim=1, finite=True, max_numel=MAX_HIST_BINS, nonnegative=True),
+        "hist_range": Pair(NUMBER, NUMBER),
     },
-    optional={"hist_exact": Flag(), "overflow": NAMES, "hist_kind": TEXT},
+    optional={"hist_exact": Flag(), "overflow": NAMES, "hist_kind": TEXT, "merged": MERGED},
     then=_stats_relations,
     expected="a dict of statistics",
 )
@@ -459,9 +517,11 @@ META = Record(
         "dataset": Nullable(Record(required={}, optional={
             "samples": COUNT, "batches": COUNT, "hist_kind": TEXT,
             "hist_edges": Tensor(ndim=1, ordered=True, max_numel=MAX_HIST_BINS + 1),
+            "snr": Named(Record(required={"batches": COUNT, "mean_norm": NUMBER, "var_sum": NUMBER, "snr": NUMBER},
+                                expected="a parameter gradient's signal-to-noise summary")),
             "series": Record(required={"batch": Items(Integer()), "fields": NAMES,
                                        "rows": Named(Tensor(ndim=2))},
-                             optional={"samples": Items(COUNT)}),
+                             optional={"samples": Items(COUNT)}, then=_series_relations),
         })),
     },
     expected="a dict of metadata",
@@ -511,7 +571,7 @@ CAPTURE = Record(
     optional={"input": Nullable(Tensor(min_ndim=1, nonempty=True)), "input_grad": Nullable(SHOWN),
               "output": Nullable(SHOWN), "graph": Nullable(GRAPH), "nonfinite_onset": Nullable(ONSET),
               "model_inputs": Nullable(MODEL_INPUTS)},
-    then=_input_relations,
+    then=_capture_relations,
     expected="a capture",
 )
 

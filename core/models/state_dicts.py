@@ -11,9 +11,18 @@ from typing import NamedTuple, TypeGuard
 import torch
 from torch import nn
 
+from gradexplorer.base import tensor_memory
 from gradexplorer.base.errors import ModelLoadError, listing
+from gradexplorer.base.units import format_bytes
 from gradexplorer.files.pickle_scan import Refusal, holds_inert, is_dangerous, load_inert, refusal, short_reason
-from gradexplorer.models.files import check_file, not_a_checkpoint
+from gradexplorer.models.files import (
+    check_file,
+    is_export_archive,
+    is_torchscript,
+    not_a_checkpoint,
+    torchscript_error,
+    zip_members,
+)
 
 #: Where state dicts sit inside a checkpoint dict.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
@@ -78,15 +87,31 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
     -------
     dict of str to Tensor
 
+    Every tensor is measured by the elements its sizes declare before anything makes it
+    dense or builds a model to fit it (a stride-0 view stored in a few bytes can declare a
+    classifier of a billion classes): the weights must fit the memory budget, half of the
+    free RAM (``gradexplorer.base.tensor_memory``).
+
     Raises
     ------
     ModelLoadError
-        The file is missing, empty or damaged, holds Python objects (the message names the
-        blocked global and what the file seems to be), or holds no state dict.
+        The file is missing, empty or damaged, is a whole model (a ``torch.export`` or
+        TorchScript archive), holds Python objects (the message names the blocked global and
+        what the file seems to be), or holds no state dict.
+    TensorTooLarge
+        Its tensors declare more memory than the budget.
     """
     check_file(path, "weights file")
     if path.suffix.lower() == ".safetensors":
-        return _read_safetensors(path)
+        return _checked_size(_read_safetensors(path), path)
+    members = zip_members(path)
+    if is_export_archive(path, members):
+        raise ModelLoadError(
+            f"'{path}' is a torch.export program (a whole model with its code), not a weights file.",
+            "Give it as the model, --model FILE --trust (only if you trust where it came from), or save "
+            "the weights alone: torch.save(model.state_dict(), 'weights.pth').")
+    if members is not None and is_torchscript(members):
+        raise torchscript_error(path)
     try:
         with warnings.catch_warnings():
             # Raw pickles made with pickle.dump trip this; the safe unpickler still applies.
@@ -98,7 +123,7 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
             raise not_a_checkpoint(path, "weights file", short_reason(exc)) from exc
         state = _state_dict_despite(path, refused)
         if state is not None:
-            return state
+            return _checked_size(state, path)
         if refused.whole_model:
             fix = ("To use that model, give the file as the model instead: --model FILE "
                    "--trust (only if you trust where it came from).")
@@ -115,6 +140,23 @@ def read_weights(path: Path) -> Mapping[str, torch.Tensor]:
             f"'{path}' does not hold a state dict (it holds {describe_object(obj)}).",
             "Save it with torch.save(model.state_dict(), path).",
         )
+    return _checked_size(state, path)
+
+
+def _checked_size(state: Mapping[str, torch.Tensor], path: Path) -> Mapping[str, torch.Tensor]:
+    """``state``, once each tensor and all of them together fit the memory budget."""
+    limit = tensor_memory.read_budget()
+    if limit is None:
+        return state
+    fix = "check that these are the weights of this model, or free memory (close other programs) and try again."
+    total = 0
+    for key, tensor in state.items():
+        tensor_memory.check_tensor_fits(tensor, f"the tensor '{key}' of the weights file '{path.name}'", fix=fix)
+        total += tensor_memory.declared_bytes(tensor)
+    if total > limit:
+        raise tensor_memory.TensorTooLarge(
+            f"the tensors of the weights file '{path.name}' declare {format_bytes(total)} once dense, but the "
+            f"memory budget is {format_bytes(limit)} (half of the free RAM);", fix)
     return state
 
 

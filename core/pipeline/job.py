@@ -37,12 +37,15 @@ import torch
 from gradexplorer import batches
 from gradexplorer.base.devices import resolve_device
 from gradexplorer.base.errors import CaptureCancelled, GradExplorerError
+from gradexplorer.base.tensor_memory import declared_bytes
 from gradexplorer.base.units import format_bytes
 from gradexplorer.batches.text import predicted_tokens
 from gradexplorer.capturing.capture import CancelFlag, ProgressCallback
 from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.forward_memory import forward_peak
 from gradexplorer.capturing.inputs import Batch, ModelInputs
 from gradexplorer.capturing.memory_estimate import (
+    budget_bytes,
     budget_message,
     budget_shortfall,
     estimate_capture_memory,
@@ -131,6 +134,58 @@ class OverBudget(GradExplorerError):
         self.message = message
 
 
+class ProbeOverBudget(GradExplorerError):
+    """One sample's forward (the probe) would hold more memory than the budget: told from
+    the shapes of its operations (``gradexplorer.capturing.forward_memory``) before it runs."""
+
+
+#: Where a forward cannot be told on fake tensors: one sample at work holds about this many
+#: times its own size (the first layers' activations), the rule of thumb checked instead.
+SAMPLE_WORK_FACTOR = 16
+
+
+def probe_fits(module: torch.nn.Module, x: torch.Tensor | ModelInputs, budget: int | None = None) -> None:
+    """Refuse a probe forward of ``x`` (one sample) that would hold more than the memory budget.
+
+    The peak is told on fake tensors, before anything of the sample's size is allocated;
+    a forward that cannot run on them is held to ``SAMPLE_WORK_FACTOR`` times the sample.
+
+    Parameters
+    ----------
+    module : nn.Module
+    x : Tensor or ModelInputs
+        One sample.
+    budget : int, optional
+        Bytes (``--memory-budget``); by default half of the free RAM.
+
+    Raises
+    ------
+    ProbeOverBudget
+        With the figures and the ways out.
+    """
+    limit = budget if budget is not None else budget_bytes("cpu")
+    if limit is None:
+        return
+    source = "set by --memory-budget" if budget is not None else "half of the free RAM"
+    fix = ("use smaller samples (a smaller picture or fewer tokens), a --memory-budget above that if this machine "
+           "has the memory, or --force to run anyway.")
+    told = forward_peak(module, x)
+    if told is not None:
+        if told.peak > limit:
+            raise ProbeOverBudget(
+                f"one sample's forward needs about {format_bytes(told.peak)} at its peak (told from the shapes of "
+                f"its {told.operations:,} operations, before anything ran) but the memory budget is "
+                f"{format_bytes(limit)} ({source});", fix)
+        return
+    values = [*x.args, *x.kwargs.values()] if isinstance(x, ModelInputs) else [x]
+    size = sum(declared_bytes(t) for t in values if isinstance(t, torch.Tensor))
+    if size * SAMPLE_WORK_FACTOR > limit:
+        raise ProbeOverBudget(
+            f"one sample of the input takes {format_bytes(size)}, and a forward on it holds about "
+            f"{SAMPLE_WORK_FACTOR} times that, {format_bytes(size * SAMPLE_WORK_FACTOR)} (its shapes could not be "
+            f"followed on fake tensors), but the memory budget is {format_bytes(limit)} ({source});", fix)
+
+
 @dataclass
 class PreparedModel:
     """A model ready to be shown: its tree (probed when a batch fits) and output keys.
@@ -157,7 +212,7 @@ class PreparedModel:
 
 
 def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None = None,
-                lock: Any = None) -> PreparedModel:
+                lock: Any = None, memory_budget: int | None = None, force: bool = False) -> PreparedModel:
     """Build the module tree of ``loaded`` and probe it with one forward (no gradients).
 
     Parameters
@@ -168,11 +223,16 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
         random sample of ``loaded.input_shape`` (the default batch's rule) when the shape is known.
     lock : context manager, optional
         Held during the forward, so that a probe's hooks never meet a capture's.
+    memory_budget : int, optional
+        Bytes the probe's forward may hold (:func:`probe_fits`); by default half of the free RAM.
+    force : bool
+        Probe even over the budget.
 
     Returns
     -------
     PreparedModel
-        A failed probe does not raise: it is reported in ``probe_error``.
+        A failed probe does not raise: it is reported in ``probe_error`` (a
+        :class:`ProbeOverBudget` when it was not run, being over the budget).
     """
     tree = ModuleTree.build(loaded.module)
     x = None
@@ -192,8 +252,10 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
             seen.append(output)
 
         with lock if lock is not None else nullcontext(), hooks_installed() as hooks:
-            hooks.forward(loaded.module, grab)
             try:
+                if not force:
+                    probe_fits(loaded.module, x, memory_budget)
+                hooks.forward(loaded.module, grab)
                 tree.probe(loaded.module, x)
             except GradExplorerError as exc:
                 error = exc
@@ -497,7 +559,10 @@ class CaptureJob:
         if not self._tree_fits(batch):
             start = time.perf_counter()
             self._report(STAGE_PROBE)
-            prepared = probe_model(loaded, batch.model_input, self.lock)
+            o = self.options
+            prepared = probe_model(loaded, batch.model_input, self.lock, memory_budget=o.memory_budget, force=o.force)
+            if isinstance(prepared.probe_error, ProbeOverBudget):
+                raise prepared.probe_error
             self.tree, self.output_keys, self.probe_error = prepared.tree, prepared.output_keys, prepared.probe_error
             self._timed("probe", start)
         self._probed = True

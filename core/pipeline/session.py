@@ -590,6 +590,18 @@ class Session:
         """Held while hooks are on the model (runs and probes): two must never meet."""
         return self._run_lock
 
+    def files_read(self) -> list[str]:
+        """The files this session read: the model (a file, or a factory's file), its weights
+        and labels, the batch's sources (a folder stands for its pictures), the capture file
+        opened. An export written over one of them would destroy it: every export checks its
+        path against these (``gradexplorer.base.file_write.check_output_path``, by inode)."""
+        o = self.model_options
+        read = [o.model, o.weights, o.labels] if o is not None else []
+        read += self.batch_sources
+        if self.capture_path:
+            read.append(self.capture_path)
+        return [r for r in read if r]
+
     # -- facts for the GUI -------------------------------------------------------------
     @property
     def categories(self) -> list[str] | None:

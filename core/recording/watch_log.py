@@ -37,6 +37,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import sqlite3
 import stat
 import time
@@ -46,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.units import format_bytes
 from gradexplorer.recording.watch_log_check import MAX_JSON_DEPTH, check_log, json_depth
 from gradexplorer.stats.merge import HIST_BINS, MergeStats
 
@@ -190,6 +192,12 @@ class WatchLogWriter:
         """Write one step's rows and its ``steps`` row in one transaction.
 
         A step that was written before (a rerun into the same file) is replaced.
+
+        Raises
+        ------
+        GradExplorerError
+            The log cannot take the step (a full disk, a file that can no longer be
+            written); the steps before it stay in the log, whole.
         """
         self.write_step_ranks(step, [(rank, loss, seconds)], wall_time, rows, reports)
 
@@ -204,8 +212,8 @@ class WatchLogWriter:
         rows = list(rows)
         entries = list(ranks)
         written = {r for r, _loss, _seconds in entries} | {r[4] for r in rows}
-        con.execute("BEGIN")
         try:
+            con.execute("BEGIN")
             con.executemany("DELETE FROM stats WHERE step = ? AND rank = ?", [(step, r) for r in written])
             con.executemany(f"INSERT INTO stats VALUES ({', '.join('?' * 22)})", rows)
             con.executemany("INSERT INTO reports VALUES (?, ?, ?)", [(step, layer, m) for layer, m in reports])
@@ -213,13 +221,41 @@ class WatchLogWriter:
                             [(step, r, _finite_or_none(loss) if loss is not None else None, wall_time, seconds)
                              for r, loss, seconds in entries])
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as exc:
+            self._roll_back()
+            if isinstance(exc, sqlite3.Error):
+                raise self._write_failed(exc, f"step {step}") from None
             raise
 
     def report(self, step: int | None, layer: str, message: str) -> None:
         """Record something that could not be watched (committed at once)."""
-        self.con.execute("INSERT INTO reports VALUES (?, ?, ?)", (step, layer, message))
+        try:
+            self.con.execute("INSERT INTO reports VALUES (?, ?, ?)", (step, layer, message))
+        except sqlite3.Error as exc:
+            self._roll_back()
+            raise self._write_failed(exc, "a report") from None
+
+    def _roll_back(self) -> None:
+        # SQLite ends the transaction itself on some errors (a full disk, an I/O error):
+        # rolling back then would raise "no transaction is active" over the real error.
+        if self.con.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.con.execute("ROLLBACK")
+
+    def _write_failed(self, exc: sqlite3.Error, what: str) -> GradExplorerError:
+        """The message for a write the log could not take: a full disk by SQLite's code."""
+        kept = "the steps before it are in the log, whole"
+        if getattr(exc, "sqlite_errorcode", None) == getattr(sqlite3, "SQLITE_FULL", 13) or "is full" in str(exc):
+            try:
+                free = f" ({format_bytes(shutil.disk_usage(Path(self.path).resolve().parent).free)} free)"
+            except OSError:
+                free = ""
+            return GradExplorerError(
+                f"The disk is full{free}: the watch log {self.path} could not take {what}; {kept}.",
+                "Free some space or watch into a log on another disk (out=...); "
+                "'gradexplorer inspect' reads the log as it is.")
+        return GradExplorerError(f"The watch log {self.path} could not take {what} ({exc}); {kept}.",
+                                 "Check that its folder is still writable, or watch into a new file (out=...).")
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close."""

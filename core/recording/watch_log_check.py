@@ -8,7 +8,8 @@ asserts, in a fixed number of SQL scans (no Python loop over rows):
 - the tables ``meta``, ``steps``, ``stats`` and ``reports`` exist, with their columns;
 - every value has its column's type: integers where counts, steps and ranks are, numbers
   (or NULL) where statistics are, text where names are, blobs where histograms are;
-- each histogram blob is whole int64 counts and fits the histogram's bins from ``hist_lo``;
+- each histogram blob is whole, non-negative int64 counts and fits the histogram's bins
+  from ``hist_lo``;
 - ``meta`` values are text of bounded size, and JSON nested no deeper than
   :data:`MAX_JSON_DEPTH` (measured without recursion; a 100,000-deep value would otherwise
   exhaust Python's stack when it is decoded).
@@ -123,16 +124,20 @@ def _type_clauses(table: str, columns: dict[str, tuple[str, ...]]) -> list[tuple
             bad = f"({bad} OR (typeof(\"{column}\") = 'integer' AND (\"{column}\" < {lo} OR \"{column}\" > {hi})))"
         out.append((column, bad))
     if table == "stats":
+        # A count is negative when the last byte of its little-endian int64 is 0x80 or more:
+        # one look per bin (the ``bins`` table of _check_rows), in SQL, whatever the rows.
+        negative = ("EXISTS (SELECT 1 FROM bins WHERE i < length(hist) / 8 "
+                    "AND substr(hist, i * 8 + 8, 1) >= X'80')")
         out.append(("hist", ("(typeof(hist) = 'blob' AND (length(hist) % 8 != 0 OR "
-                             f"coalesce(hist_lo, 0) + length(hist) / 8 > {HIST_BINS}))")))
+                             f"coalesce(hist_lo, 0) + length(hist) / 8 > {HIST_BINS} OR {negative}))")))
     return out
 
 
 def _explain(column: str, table: str) -> str:
     types = COLUMNS[table].get(column, ())
     if column == "hist":
-        return (f"histogram blobs that are not whole int64 counts within the {HIST_BINS} bins "
-                "from 'hist_lo'")
+        return (f"histogram blobs that are not whole, non-negative int64 counts within the {HIST_BINS} "
+                "bins from 'hist_lo'")
     if column in _BOUNDED:
         lo, hi = _BOUNDED[column]
         return f"values that are not integers from {lo} to {hi}"
@@ -146,7 +151,8 @@ def _explain(column: str, table: str) -> str:
 def _check_rows(con: sqlite3.Connection, path: str, table: str, where: str = "1") -> None:
     clauses = _type_clauses(table, COLUMNS[table])
     sums = ", ".join(f"sum({bad})" for _c, bad in clauses)
-    counts = con.execute(f"SELECT {sums} FROM \"{table}\" WHERE {where}").fetchone()
+    bins = f"WITH RECURSIVE bins(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM bins WHERE i < {HIST_BINS - 1}) "
+    counts = con.execute(f"{bins}SELECT {sums} FROM \"{table}\" WHERE {where}").fetchone()
     for (column, _bad), count in zip(clauses, counts):
         if count:
             raise _fail(path, f"its table '{table}', column '{column}', holds {_explain(column, table)} "

@@ -223,3 +223,124 @@ def test_save_screenshot_onto_the_file_shown_is_refused(tmp_path, widget, capsys
     before = log.read_bytes()
     assert not save_screenshot(widget, tmp_path / "." / log.name, [str(log)])
     assert "same file as the input" in capsys.readouterr().err and log.read_bytes() == before
+
+
+# -- the window's exports: never over a file the window read ----------------------------------
+
+
+@pytest.fixture
+def opened(qtbot, window, shown_errors, tmp_path):
+    """The window showing a capture opened from a file (with the model graph it carries)."""
+    from tests.app.conftest import TIMEOUT
+    from tests.capture_mutations import save, valid_capture_dict
+
+    cap = save(valid_capture_dict(), tmp_path / "cap.pt")
+    with qtbot.waitSignal(window.file_done, timeout=TIMEOUT) as done:
+        window.open_capture(str(cap))
+    assert done.args == ["open"]
+    qtbot.waitUntil(lambda: window.graph_panel.graph_layout is not None, timeout=TIMEOUT)
+    return window, cap
+
+
+def test_window_exports_onto_the_capture_it_opened_are_refused(qtbot, opened, shown_errors, tmp_path):
+    from tests.app.conftest import TIMEOUT
+
+    window, cap = opened
+    before = cap.read_bytes()
+    for out in links_to(cap, tmp_path):
+        shown = len(shown_errors)
+        window.export_png(str(out))
+        window.export_csv(str(out))
+        assert len(shown_errors) == shown + 2
+        for _title, exc in shown_errors[shown:]:
+            assert "same file as the input" in str(exc) and "cap.pt" in str(exc), str(exc)
+        assert window.graph_panel.export(str(out)) is None
+        assert "same file as the input" in window.graph_panel.status.text()
+        with qtbot.waitSignal(window.file_done, timeout=TIMEOUT) as done:
+            window.export_capture(str(out))
+        assert done.args == ["failed"] and "same file as the input" in str(shown_errors[-1][1])
+        assert cap.read_bytes() == before
+    window.export_png(str(tmp_path / "plot.png"))  # and elsewhere, they are written
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert window.graph_panel.export(str(tmp_path / "graph.svg")) == str(tmp_path / "graph.svg")
+
+
+def test_window_exports_onto_an_input_picture_are_refused(qtbot, window, shown_errors, tmp_path):
+    from tests.app.conftest import TIMEOUT
+
+    (tmp_path / "imgs").mkdir()
+    pictures = write_pictures(tmp_path / "imgs", 2)
+    picture = pictures / "img0.png"
+    before = picture.read_bytes()
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        window.load_model("demo:shapes", inputs=[str(pictures)], run=True)
+    assert done.args == ["ok"], shown_errors
+    hard = tmp_path / "hard.png"
+    os.link(picture, hard)
+    for out in (picture, hard):
+        window.export_png(str(out))
+        assert "same file as the input" in str(shown_errors[-1][1]) and "img0.png" in str(shown_errors[-1][1])
+    assert picture.read_bytes() == before
+
+
+@posix_only
+def test_window_export_onto_a_fifo_a_folder_or_a_full_disk_is_refused_and_kept(opened, shown_errors, tmp_path,
+                                                                                 monkeypatch):
+    window, _cap = opened
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    window.export_png(str(fifo))
+    assert "no program is reading" in str(shown_errors[-1][1]) and fifo.is_fifo()
+    window.export_csv(str(tmp_path))
+    assert "is a folder" in str(shown_errors[-1][1])
+    old = tmp_path / "stats.csv"
+    old.write_text("the previous export\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fw.os, "fsync", full)
+    window.export_csv(str(old))
+    assert "disk is full" in str(shown_errors[-1][1]) and old.read_text() == "the previous export\n"
+    assert [p.name for p in tmp_path.iterdir() if fw.TEMP_MARK in p.name] == []
+
+
+def test_compare_window_export_onto_a_compared_capture_is_refused(qtbot, shown_errors, tmp_path):
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from tests.app.conftest import TIMEOUT
+    from tests.capture_mutations import save, valid_capture_dict
+
+    a = save(valid_capture_dict(), tmp_path / "a.pt")
+    b = tmp_path / "b.pt"
+    b.write_bytes(a.read_bytes())
+    w = CompareWindow(None)
+    qtbot.addWidget(w)
+    with qtbot.waitSignal(w.runner.finished, timeout=TIMEOUT):
+        w.compare_files(str(a), str(b))
+    before = b.read_bytes()
+    for out in links_to(b, tmp_path):
+        assert w.export_csv(str(out)) is None
+        assert "same file as the input" in str(shown_errors[-1][1]), shown_errors[-1]
+    qtbot.waitUntil(lambda: w.graph_panel.graph_layout is not None, timeout=TIMEOUT)
+    assert w.graph_panel.export(str(a)) is None and "same file as the input" in w.graph_panel.status.text()
+    assert b.read_bytes() == before and a.read_bytes() == before
+    assert w.export_csv(str(tmp_path / "c.csv")) is not None
+
+
+def test_timeline_exports_onto_the_file_shown_are_refused(qtbot, tmp_path, log):
+    from gradexplorer.app.views.timeline_view import TimelineView
+    from tests.app.conftest import TIMEOUT
+
+    view = TimelineView(poll_ms=100)
+    qtbot.addWidget(view)
+    view.resize(1000, 700)
+    with qtbot.waitSignal(view.updated, timeout=TIMEOUT):
+        view.open_log(str(log))
+    before = log.read_bytes()
+    for out in links_to(log, tmp_path):
+        assert view.export_png(str(out)) is None
+        assert "same file as the input" in view.status.text()
+        assert view.export_csv(str(out)) is None
+        assert "same file as the input" in view.status.text()
+    view.shutdown()
+    assert log.read_bytes() == before

@@ -246,3 +246,48 @@ def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
     assert opened.view.timeline.rows == ["a", "b", "c#0", "c#1", "d"]
     monkeypatch.setattr(dialogs, "ask_open_file", lambda *a, **k: None)  # cancelled: nothing opens
     assert window.open_timeline() is None and len(window.timeline_windows) == 1
+
+
+def _dropped_steps(tmp_path) -> Path:
+    import sqlite3
+
+    from tests.app.test_cli_watch import make_log
+
+    path = tmp_path / "run.gxw"
+    make_log(path, nan_at=99, steps=2)
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE steps")
+    con.commit()
+    con.close()
+    return path
+
+
+def test_timeline_of_a_damaged_log_is_one_message_before_the_window_opens(tmp_path, capsys, monkeypatch):
+    import types
+
+    from gradexplorer.app.cli.main import main
+
+    opened = []
+    module = types.ModuleType("gradexplorer.app.window.timeline_window")
+    module.launch_timeline = lambda *args: opened.append(args) or 0
+    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.timeline_window", module)
+    path = _dropped_steps(tmp_path)
+    for extra in ([], ["--screenshot", str(tmp_path / "shot.png")]):
+        code = main(["timeline", str(path), *extra])
+        err = capsys.readouterr().err
+        assert code == 1 and err.startswith("error: ") and "table 'steps' is missing" in err, err
+    assert opened == [] and not (tmp_path / "shot.png").exists()
+
+
+def test_timeline_screenshot_of_an_unreadable_capture_says_why(tmp_path):
+    """The window meets the failure (a dataset capture is read in its worker): with nobody
+    to see its status line, the reason is printed and the command exits 1."""
+    bad = tmp_path / "data.pt"
+    bad.write_bytes(b"PK\x03\x04 not a capture")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT),
+               GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"))
+    done = subprocess.run([sys.executable, "-m", "gradexplorer", "timeline", str(bad), "--screenshot",
+                           str(tmp_path / "shot.png")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr
+    said = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(said) == 1 and "data.pt" in said[0] and "Traceback" not in done.stderr, done.stderr

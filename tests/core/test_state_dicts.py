@@ -136,3 +136,56 @@ def test_segmentation_state_dict_without_aux_still_loads(tmp_path):
     loaded = load_model("fcn_resnet50", weights=str(tmp_path / "f.pth"))
     assert loaded.module.aux_classifier is None
     _same_weights(loaded.module, no_aux)
+
+
+# -- files that are not weights, and weights that declare more than the memory ----------------
+
+
+def _factory(tmp_path) -> str:
+    (tmp_path / "mlp_factory.py").write_text(
+        "from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))\n")
+    return f"{tmp_path / 'mlp_factory.py'}:make"
+
+
+def test_an_exported_program_given_as_weights_is_named_as_a_model(tmp_path, capsys):
+    model = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
+    program = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 10),)), program)
+    code = main(["capture", "--model", _factory(tmp_path), "--trust", "--weights", str(program), "--random", "2x10",
+                 "--out", str(tmp_path / "o.pt"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 1 and "is a torch.export program (a whole model with its code), not a weights file" in err, err
+    assert "--model FILE --trust" in err and "damaged" not in err and "improved" not in err, err
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # torch's own deprecation of TorchScript
+def test_a_torchscript_archive_given_as_weights_is_named(tmp_path):
+    model = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
+    scripted = tmp_path / "mlp_script.pt"
+    torch.jit.save(torch.jit.script(model), scripted)
+    with pytest.raises(ModelLoadError, match="is a TorchScript archive"):
+        load_model(_factory(tmp_path), weights=str(scripted), trust=True)
+
+
+def test_weights_declaring_more_than_the_memory_are_refused_before_a_model_is_built(tmp_path, monkeypatch):
+    """A fine-tuned classifier's head read off the file: an expanded view stored in a few
+    bytes would have resnet18 rebuilt with 100,000 classes (200 MB here; a billion classes
+    the same way)."""
+    import gradexplorer.base.devices as devices
+    from gradexplorer.base.tensor_memory import TensorTooLarge
+
+    state = _reference("resnet18").state_dict()
+    state["fc.weight"] = torch.zeros(1).expand(100_000, 512)
+    state["fc.bias"] = torch.zeros(1).expand(100_000)
+    path = tmp_path / "bomb.pth"
+    torch.save(state, path)
+    assert path.stat().st_size < 50 << 20  # the resnet's own weights; the head takes 8 bytes
+    monkeypatch.setattr(devices, "free_memory", lambda device: 64 << 20)  # a budget of 32 MiB
+    built = []
+    real = torchvision.models.get_model
+    monkeypatch.setattr(torchvision.models, "get_model", lambda *a, **k: built.append(k) or real(*a, **k))
+    with pytest.raises(TensorTooLarge) as info:
+        load_model("resnet18", weights=str(path))
+    assert "'fc.weight'" in info.value.problem and "100000x512" in info.value.problem
+    assert "51,200,000 elements" in info.value.problem and "expanded view" in info.value.problem
+    assert all("num_classes" not in k for k in built)

@@ -76,6 +76,12 @@ def test_an_odd_length_histogram_blob_is_named(log, capsys):
     refused(capsys, log, "'stats'", "'hist'", "int64")
 
 
+def test_a_negative_histogram_count_is_named(log, capsys):
+    """The timeline draws log10(1 + count): a negative count drew NaN into the picture."""
+    edit(log, "UPDATE stats SET hist = X'0500000000000000ffffffffffffffff', hist_lo = 3 WHERE rowid = 2")
+    refused(capsys, log, "'stats'", "'hist'", "non-negative", "1 row")
+
+
 def test_a_histogram_past_the_last_bin_is_named(log, capsys):
     edit(log, "UPDATE stats SET hist_lo = 60000 WHERE rowid = 3")
     refused(capsys, log, "'stats'", "'hist_lo'")
@@ -218,3 +224,40 @@ def test_inspect_on_a_fifo_does_not_hang(tmp_path):
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode in (1, 2), done.stderr
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_a_full_disk_during_a_watch_is_one_message_and_the_log_keeps_every_step_before(tmp_path, capsys):
+    """SQLite's own "database or disk is full" (its page limit stands for the disk): the step
+    that did not fit is said, the steps before it read whole, the hooks are off the model.
+    The rollback after it once raised "no transaction is active" over the real error."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from gradexplorer.recording.watch import watch
+
+    path = tmp_path / "run.gxw"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    done = []
+    with pytest.raises(GradExplorerError) as info, watch(model, out=str(path), every=1) as w:
+        for step in range(200):
+            loss = F.cross_entropy(model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss)
+            done.append(step)
+            if step == 2:  # the disk fills up: no page more than the log has now
+                con = w._writer.con
+                con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                con.execute(f"PRAGMA max_page_count = {con.execute('PRAGMA page_count').fetchone()[0]}")
+    assert info.value.problem.startswith("The disk is full"), info.value.problem
+    assert f"could not take step {len(done)}" in info.value.problem and "before it are in the log" in info.value.problem
+    assert "another disk" in info.value.fix
+    assert 3 <= len(done) < 200
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert read_timeline(path).steps.tolist() == done
+    assert main(["inspect", str(path)]) == 0
+    assert f"{len(done)} watched" in capsys.readouterr().out
