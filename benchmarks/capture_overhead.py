@@ -11,9 +11,9 @@ load hits them alike; then the peak resident memory of each kind, measured in a 
 process (the model, one warm-up and one run). Kinds:
 
 - ``stats``, ``full``: gradexplorer statistics-only and full capture of every leaf layer;
-- ``stats32``: ``stats`` with the CPU pass summing float32 and half tensors in float32
-  lanes where that holds the accuracy contract (``GRADEXPLORER_CPU_FLOAT32=1``; the default
-  pass sums in float64): what the float32 lanes save;
+- ``stats64``: ``stats`` with the CPU pass summing in float64 throughout
+  (``GRADEXPLORER_CPU_FLOAT32=0``; by default float32 and half tensors are summed in float32
+  lanes where that holds the accuracy contract): what the float32 lanes save;
 - ``read``: a forward hook per leaf that only reads the output once, and the gradient
   through a tensor hook (``torch.sum`` in float32, torch's multithreaded reduction): no
   statistic of those tensors can cost less, so this is the floor beneath ``stats``, and
@@ -53,7 +53,7 @@ from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("bare", "stats", "full", "read", "clone", "stats32", "naive", "wandb", "torchlens", "captum")
+KINDS = ("bare", "stats", "full", "read", "clone", "stats64", "naive", "wandb", "torchlens", "captum")
 TARGETS = {"stats": 1.2, "full": 1.4}
 #: Targets beside the floors of the same run: statistics-only at most this much above
 #: ``read``, full capture at most this much above ``clone`` (in units of the bare pass).
@@ -181,11 +181,11 @@ def _captum(model):
     return run
 
 
-def _stats_float32(model, x):
+def _stats_float64(model, x):
     from gradexplorer.stats import cpu as cpu_stats
 
     saved = cpu_stats.float32_lanes
-    cpu_stats.float32_lanes = True
+    cpu_stats.float32_lanes = False
     try:
         return capture(model, x, mode="stats")
     finally:
@@ -206,7 +206,7 @@ def make_kind(kind: str, model):
     """The callable ``fn(model, x)`` of a kind, or ``None`` when its package is missing."""
     simple = {"bare": bare, "read": read, "clone": clone, "naive": naive, "wandb": wandb_style,
               "stats": lambda m, x: capture(m, x, mode="stats"),
-              "full": lambda m, x: capture(m, x, mode="full"), "stats32": _stats_float32}
+              "full": lambda m, x: capture(m, x, mode="full"), "stats64": _stats_float64}
     if kind in simple:
         return simple[kind]
     try:
@@ -357,7 +357,11 @@ def main(argv=None) -> list[dict]:
           "statistics kernel first use: "
           + (f"{compiled.get('cold', float('nan')):.1f} s compiling, {compiled.get('cached', float('nan')):.2f} s "
              "from the cache" if compiled else "numba missing, torch operations"), flush=True)
-    kinds = ("bare", *(k for k in KINDS if k != "bare" and k in args.kinds.split(",")))
+    asked = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = [k for k in asked if k not in KINDS]
+    if unknown:
+        ap.error(f"unknown kind(s) {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
+    kinds = ("bare", *(k for k in KINDS if k != "bare" and k in asked))
     rows = []
     for spec in args.models.split(","):
         name, _, b = spec.partition(":")

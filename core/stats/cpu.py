@@ -3,23 +3,40 @@
 The torch path of ``gradexplorer.stats.summary`` reads a tensor five to seven times (aminmax, float64
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
-Here the tensor is read from memory once, in blocks of
-``cpu_kernels.BLOCK`` elements: a first loop over a block sums, in float64, the
-deviations from the block's first value and their squares, and the magnitudes. When those
-sums are finite, so is every value of the block, and a second loop over it, still in the L1
-cache, takes the minimum and maximum and counts the zeros in the data's own float type,
-compiled without NaN semantics (apart, the two loops vectorise; LLVM left a loop that did
-both scalar). A block holding NaN or Inf leaves the sum of squares non-finite and is summed
-again by a careful loop over its finite values (rare). Blocks are merged by
-``gradexplorer.stats.moments.chan_merge`` (compiled by numba). Tensors of over a million values, on a
-machine with four or more numba threads, are cut into chunks of blocks that run on numba's
-threads (``prange``, the workqueue layer: its OpenMP layer fought torch's OpenMP threads),
-and the chunks are merged at the end of the same compiled call. The
-histogram's elements (the strided sample ``gradexplorer.stats.moments.histogram_sample`` picks, every
-element for small tensors) are gathered while their block is in the cache and binned at
-the end of that call too: one call per tensor, whose result Python reads as one list.
-In full capture the same pass also writes the kept copy, block by block from the cache, so
-that the copy and the statistics cost one read of the tensor (``summarize(..., copy=True)``).
+Here the tensor is read from memory once, in blocks of ``cpu_kernels.BLOCK`` elements.
+
+float32 data (most of a capture) take one loop per block, in float32 lanes, as the block
+arrives from memory: the minimum, maximum, zero count, the sum of the magnitudes, and the
+sums of the deviations from the previous block's mean (neighbouring values are alike) and
+of their squares, scaled by a power of two (exact) into float32's comfortable range; an
+integer test of the exponent bits says whether the block held NaN or Inf. When that shift
+or scale does not fit the block (its mean is far from the previous one's, its spread far
+from it), a second loop over it, from the L1 cache, takes the deviations from its own
+mean with its own scale. That holds the accuracy contract (every statistic within 1e-6
+relative of float64: ``docs/benchmarks.md``): no cancellation is left for float32's
+rounding to amplify, each lane sums only a block's share of the terms, and blocks merge
+in float64. float16 and bfloat16 blocks take float32 lanes too (three loops: their sums,
+their extremes and zeros, their deviations from the block's mean). ``GRADEXPLORER_CPU_FLOAT32=0``
+turns the float32 lanes off; float64 and integer data always take float64.
+
+The float64 pass: a first loop over a block sums, in float64, the deviations from the
+block's first value and their squares, and the magnitudes. When those sums are finite,
+so is every value of the block, and a second loop over it, still in the L1 cache, takes
+the minimum and maximum and counts the zeros in the data's own float type, compiled
+without NaN semantics. A block holding NaN or Inf (in either pass), or one that the
+float32 lanes cannot take within the contract, is summed by these float64 loops; one
+holding NaN or Inf is summed again by a careful loop over its finite values (rare).
+
+Blocks are merged by ``gradexplorer.stats.moments.chan_merge`` (compiled by numba). Tensors of
+over a million values, on a machine with four or more numba threads, are cut into chunks
+of blocks that run on numba's threads (``prange``, the workqueue layer: its OpenMP layer
+fought torch's OpenMP threads), and the chunks are merged at the end of the same compiled
+call. The histogram's elements (the strided sample ``gradexplorer.stats.moments.histogram_sample``
+picks, every element for small tensors, then read in place) are gathered while their
+block is in the cache and binned at the end of that call too: one call per tensor, whose
+result Python reads as one list. In full capture the same pass also writes the kept copy,
+block by block from the cache, so that the copy and the statistics cost one read of the
+tensor (``summarize(..., copy=True)``).
 
 float16 and bfloat16 (which numba cannot do arithmetic in) are read as their 16-bit
 patterns and widened through a 65,536-entry table; integers and bools are widened to
@@ -45,7 +62,6 @@ from typing import Any, Literal, overload
 import torch
 
 from gradexplorer.stats.moments import (
-    HIST_BINS,
     empty_stats,
     fused_cpu_enabled,
     histogram_sample,
@@ -76,11 +92,13 @@ _NUMPY_DTYPES = {
 _HALF = (torch.float16, torch.bfloat16)
 
 #: float32 and half tensors summed in float32 lanes where that holds the accuracy contract
-#: (``cpu_kernels.chunk``), with ``GRADEXPLORER_CPU_FLOAT32=1``. Off by default: measured
-#: inside a capture the float32 lanes saved nothing over the float64 pass (the hooks' own
-#: work and memory waits dominate), and float64 keeps the statistics of the CPU pass, the
-#: device kernels and the merges equal to 1e-9 rather than to the contract's 1e-6.
-float32_lanes = os.environ.get("GRADEXPLORER_CPU_FLOAT32", "0") == "1"
+#: (``cpu_kernels.chunk``); ``GRADEXPLORER_CPU_FLOAT32=0`` sums them in float64 instead.
+#: On efficientnet_b0 at batch 8, the 657 tensors of a capture took 152 ms in the float32
+#: lanes against 170 ms in float64 (one thread, each tensor just written; 207 ms before the
+#: float32 pass became one loop), and whole captures measured alike or faster
+#: (docs/benchmarks.md). The float64 pass keeps the CPU pass, the device kernels and the
+#: merges equal to 1e-9 rather than to the contract's 1e-6.
+float32_lanes = os.environ.get("GRADEXPLORER_CPU_FLOAT32", "1") != "0"
 
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
 _lock = threading.Lock()
@@ -164,9 +182,9 @@ def _table(dtype: torch.dtype) -> Any:
 def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
     """(numpy view of ``t``'s elements in memory order, widening table or None), or None."""
     x = t.detach()
-    if x.dtype is torch.float32 and x.is_contiguous() and not x.is_neg() and x.device.type == "cpu":
-        return x.view(-1).numpy(), None  # most of a capture's tensors: the fewest calls
-    if x.device.type != "cpu" or x.is_complex():
+    if x.dtype is torch.float32 and x.is_cpu and x.is_contiguous() and not x.is_neg():
+        return x.numpy().reshape(-1), None  # most of a capture's tensors: the fewest calls
+    if not x.is_cpu or x.is_complex():
         return None
     if x.dtype in _HALF:
         table = _table(x.dtype)
@@ -204,13 +222,15 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
         Also return a contiguous copy of ``t`` (same dtype and shape), written by the same
         pass: then the result is ``(stats, copy)``.
     """
-    if not available():
-        return None
+    k = _state["kernels"]
+    if not k:
+        if k is False or not available():
+            return None
+        k = _state["kernels"]
     readable = _readable(t)
     if readable is None:
         return None
     x, table = readable
-    k = _state["kernels"]
     n = x.size
     if n == 0:
         stats = empty_stats()
@@ -223,14 +243,15 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
         out = dst.reshape(-1).view(torch.int16).numpy().view("uint16") if use_table else dst.reshape(-1).numpy()
     else:
         out = x[:0]
-    key = _keys.get((x.dtype, use_table))
+    dtype = x.dtype
+    key = _keys.get((dtype, use_table))
     if key is None:
-        key = _keys[(x.dtype, use_table)] = str(x.dtype) + ("/table" if use_table else "")
+        key = _keys[(dtype, use_table)] = str(dtype) + ("/table" if use_table else "")
     first = key not in compile_seconds
     t0 = time.perf_counter() if first else 0.0
     offset, step, count = histogram_sample(n, hist_limit)
-    wide = x.dtype == k["float64"]
-    f32 = float32_lanes and (use_table or x.dtype == k["float32"])
+    wide = dtype == k["float64"]
+    f32 = float32_lanes and (use_table or dtype == k["float32"])
     try:
         # The workqueue layer aborts the process on concurrent parallel launches (the
         # window's histogram while a capture runs): a busy pool means the serial kernel.
@@ -266,8 +287,6 @@ def _stats_of(row: list, counts: Any, n: int, exact: bool) -> TensorStats | None
     amax = max(abs(lo), abs(hi))
     if not (math.isfinite(sumsq) and math.isfinite(m2) and math.isfinite(sumabs)) or (0 < amax < 1e-150):
         return None  # only float64 data gets here: its squares overflow or underflow
-    hist = torch.from_numpy(counts)
-    if not exact:
-        hist = hist * (m / sampled) if sampled > 0 else torch.zeros(HIST_BINS)
+    hist = torch.from_numpy(counts)  # scaled to the finite count by the kernel when subsampled
     return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), nan_count,
                               inf_count, hist, (hlo, hhi), exact)

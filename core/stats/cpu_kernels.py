@@ -6,6 +6,7 @@ Module-level definitions, so that ``cache=True`` finds them again in the next pr
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -26,13 +27,30 @@ COLS = 8
 RESULT = 12
 
 _INF = np.inf
-_INF32 = np.float32(np.inf)
-#: A block's spread (max - min) for which its float32 sums of squared deviations hold the
-#: accuracy contract (1e-6 relative of float64): above 2^-40, no square that matters reaches
-#: float32's subnormals (their rounding is absolute, 2^-150); below 2^58, BLOCK squares of
-#: deviations stay below float32's maximum. Other blocks take the float64 loop.
+#: The float32 lanes sum deviations scaled by a power of two (exact) so that a block's
+#: spread times the scale lies in [2^-_SCALED_RANGE, 2^_SCALED_RANGE] and no deviation
+#: times the scale exceeds 2^_SCALED_RANGE: then the squares that matter are far from
+#: float32's subnormals (whose rounding is absolute, 2^-150) and BLOCK of them far from its
+#: maximum, and the sums hold the accuracy contract (1e-6 relative of float64).
+_SCALED_RANGE = 40
+_SCALED_LO = 2.0 ** -_SCALED_RANGE
+_SCALED_HI = 2.0 ** _SCALED_RANGE
+#: Blocks of half-type values, summed around their own float32 mean without a scale, take
+#: the float32 lanes when their spread is at least this (else the float64 loop).
 _SPREAD_LO = 2.0 ** -40
-_SPREAD_HI = 2.0 ** 58
+#: Half-type blocks whose magnitudes sum to less than this take the float32 lanes: every
+#: deviation from the block's mean is then below 2^58, so BLOCK of their squares stay below
+#: float32's maximum (2^11 * 2^116 < 2^128).
+_ABS32_MAX = np.float32(2.0 ** 57)
+_INF32 = np.float32(np.inf)
+#: The float32 exponent bits: a value whose bits hold all of them is NaN or Inf.
+_EXP32 = np.int32(0x7F800000)
+#: A block's deviations from the shift (the previous block's mean) are used as they are
+#: when the shift's share of their sum of squares is at most this (the shift then lies
+#: within a quarter of the block's standard deviation of its mean, and the rounding of
+#: m2 = sum(d^2) - sum(d)^2 / count is at most 1.7 times that of deviations from the mean
+#: itself); else they are taken again from the block's mean.
+_SHIFT_SHARE = 1.0 / 17.0
 #: Vectorised float64 sums; NaN and Inf semantics kept (no "nnan", "ninf").
 _FASTMATH = {"reassoc", "contract", "nsz"}
 
@@ -110,6 +128,9 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     zeros = 0
     nnan = 0
     k = max(0, (start - offset + step - 1) // step)  # the first sample index at or after start
+    bits = bits32(x)
+    shift = np.float32(native(x, table, start)) if start < stop else np.float32(0.0)
+    scale = np.float32(1.0)
     for b in range(start, stop, BLOCK):
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
@@ -127,33 +148,85 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         flo = _INF
         fhi = -_INF
         if f32:
-            # float32 lanes (twice float64's): sums of the values and their magnitudes,
-            # then, when those are finite (so is every value), the extremes and zeros, and
-            # the sums of the deviations from the block's float32 mean and their squares.
-            # Rounding stays within the accuracy contract because the squared values are
-            # deviations from a mean (no cancellation) and every lane sums only
-            # BLOCK / lanes of them; blocks merge in float64. Kept out of float32: blocks
-            # whose spread would overflow a float32 square, or is so small that the
-            # squares reach float32's subnormals (1e-30-scale values): the float64 loop.
-            s32, a32 = sums32(xb, table)
-            if a32 < _INF32:
-                blo, bhi, bz = finite_extremes_and_zeros(xb, table)
-                flo = np.float64(blo)
-                fhi = np.float64(bhi)
-                spread = fhi - flo
-                bc = float(size)
-                if spread == 0.0:  # a constant block: exact
-                    bmean = flo
-                    bm2 = 0.0
-                    ba = abs(flo) * bc
-                    done = True
-                elif _SPREAD_LO <= spread < _SPREAD_HI:
-                    mu = np.float32(s32 / np.float32(size))
-                    es, eq = deviations32(xb, table, mu)
-                    bmean = np.float64(mu) + np.float64(es) / bc
-                    bm2 = _m2(np.float64(es), np.float64(eq), bc)
+            # float32 lanes (twice float64's). Rounding stays within the accuracy contract
+            # because the squares summed are of deviations from a value close to the
+            # block's mean (no cancellation left for the rounding to amplify), scaled by a
+            # power of two into float32's comfortable range, each lane sums only
+            # BLOCK / lanes of them, and blocks merge in float64. Blocks holding NaN or
+            # Inf take the careful loop, and blocks these checks refuse the float64 loop.
+            if direct32(x, table):
+                # float32 data: one loop over the block as it arrives from memory, its
+                # deviations taken from the previous block's mean with the previous
+                # block's scale (neighbours are alike), so that the arithmetic overlaps
+                # the read. When they do not fit this block, a second loop over it, from
+                # the L1 cache, around its own mean with its own scale.
+                blo, bhi, z32, es, eq, a32, emax = shifted32(xb, table, bits[b:e], shift, scale, shift * scale)
+                if emax < _EXP32 and a32 < _INF32:  # all finite; the magnitudes' sum too
+                    flo = np.float64(blo)
+                    fhi = np.float64(bhi)
+                    spread = fhi - flo
+                    bc = float(size)
+                    bz = int(z32)
                     ba = np.float64(a32)
-                    done = True
+                    if spread == 0.0:  # a constant block: exact
+                        bmean = flo
+                        bm2 = 0.0
+                        ba = abs(flo) * bc
+                        done = True
+                    else:
+                        sh = np.float64(shift)
+                        sc = np.float64(scale)
+                        guess = 0.5 * (flo + fhi)  # within half the spread of every value
+                        # Neither overflow nor subnormal squares: the sums are finite
+                        # and exact enough (checked on the extremes, not on the sums).
+                        if max(fhi - sh, sh - flo) * sc <= _SCALED_HI and spread * sc >= _SCALED_LO:
+                            es64 = np.float64(es)
+                            eq64 = np.float64(eq)
+                            guess = sh + es64 / (bc * sc)
+                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE:
+                                bmean = guess
+                                bm2 = _m2(es64, eq64, bc) / (sc * sc)
+                                done = True
+                        if not done:
+                            own = scale_for(spread)
+                            sc = np.float64(own)
+                            mu = np.float32(min(max(guess, flo), fhi))
+                            es, eq = deviations32(xb, table, own, mu * own)
+                            es64 = np.float64(es)
+                            eq64 = np.float64(eq)
+                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE:
+                                bmean = np.float64(mu) + es64 / (bc * sc)
+                                bm2 = _m2(es64, eq64, bc) / (sc * sc)
+                                done = True
+                    if done:  # the next block's shift and scale
+                        shift = np.float32(bmean)
+                        if spread > 0.0:
+                            scale = scale_for(spread)
+            else:
+                # half types, read through their table: the sums of the values and of
+                # their magnitudes (NaN and Inf kept: either sum is then not finite),
+                # then, over values now known to be finite, the extremes, the zeros and
+                # the deviations from the block's float32 mean.
+                s32, a32 = sums32(xb, table)
+                if a32 < _ABS32_MAX:
+                    mu = np.float32(s32 / np.float32(size))
+                    blo, bhi, z32 = finite_extremes_and_zeros(xb, table)
+                    flo = np.float64(blo)
+                    fhi = np.float64(bhi)
+                    spread = fhi - flo
+                    bc = float(size)
+                    bz = int(z32)
+                    if spread == 0.0:  # a constant block: exact
+                        bmean = flo
+                        bm2 = 0.0
+                        ba = abs(flo) * bc
+                        done = True
+                    elif spread >= _SPREAD_LO:
+                        es, eq = deviations32(xb, table, np.float32(1.0), mu)
+                        bmean = np.float64(mu) + np.float64(es) / bc
+                        bm2 = _m2(np.float64(es), np.float64(eq), bc)
+                        ba = np.float64(a32)
+                        done = True
         if not done:
             # float64 sums of the deviations from the block's first value p (a value inside
             # the block keeps sum((v - p)^2) within BLOCK times the block's m2, so
@@ -184,9 +257,11 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                 nnan += bn
         # The histogram's sample only now, from the L1 cache: read before the block's
         # loops, each element was a cache miss (75 ns apiece, 20% of a 6.4M-element pass).
-        while k < sample.size and offset + k * step < e:
-            sample[k] = load(x, table, offset + k * step)
-            k += 1
+        # A counted loop: a while loop that tested both bounds took 1.1 ns per element.
+        k_end = min(sample.size, max(k, (e - offset + step - 1) // step))
+        for j in range(k, k_end):
+            sample[j] = native(x, table, offset + j * step)
+        k = k_end
         if bc == 0.0:
             continue
         cnt, mean, m2 = _chan(cnt, mean, m2, bc, bmean, bm2)
@@ -217,19 +292,88 @@ def sums32(xb: Any, table: Any) -> Any:
     return s, a
 
 
+def bits32(x: Any) -> Any:  # pragma: no cover - replaced by the overload in compiled code
+    """``x``'s memory as int32 for float32 ``x`` (an empty array otherwise)."""
+    raise NotImplementedError
+
+
+@overload(bits32, inline="always")
+def _bits32(x):  # type: ignore[no-untyped-def]
+    if x.dtype == types.float32:
+        return lambda x: x.view(np.int32)
+    return lambda x: np.empty(0, np.int32)
+
+
+def direct32(x: Any, table: Any) -> bool:  # pragma: no cover - replaced by the overload in compiled code
+    """Whether ``x`` holds float32 values as they are (not 16-bit patterns of a half type)."""
+    raise NotImplementedError
+
+
+@overload(direct32, inline="always")
+def _direct32(x, table):  # type: ignore[no-untyped-def]
+    if x.dtype == types.float32 and table.dtype != types.float32:
+        return lambda x, table: True
+    return lambda x, table: False
+
+
+# nnan, not ninf: the loop may meet NaN (its results are then not used: the integer test
+# of the exponent bits, which no float flag affects, says so), and the magnitudes' sum may
+# overflow to Inf (then the block is not taken either). Without nnan, LLVM vectorised
+# neither minnum nor maxnum.
+@njit(cache=True, fastmath=_FASTMATH | {"nnan"})
+def shifted32(xb: Any, table: Any, bb: Any, shift: Any, scale: Any, scaled_shift: Any) -> Any:
+    """(min, max, zero count, sum of d, sum of d^2, sum of |v|, largest exponent field)
+    of a block of float32 values ``xb`` (``bb``: the same memory as int32), with
+    d = (v - shift) * scale (``scale`` a power of two, ``scaled_shift`` = shift * scale,
+    both exact: one fused multiply-add rounds d once), in float32 lanes, one loop. The
+    exponent field is ``_EXP32`` when a value is NaN or Inf; the other results are then
+    meaningless. The zero count is a float32 (exact: a lane counts at most BLOCK), so that
+    every lane of the loop is 32 bits wide."""
+    # Read through native() so that this compiles for every dtype chunk() is compiled
+    # for (numba types both sides of its branch); only float32 data run it.
+    blo = np.float32(native(xb, table, 0))
+    bhi = blo
+    nz = np.float32(0.0)
+    s = np.float32(0.0)
+    q = np.float32(0.0)
+    a = np.float32(0.0)
+    emax = np.int32(0)
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    for i in range(xb.size):
+        v = np.float32(native(xb, table, i))
+        emax = max(emax, np.int32(bb[i] & _EXP32))
+        blo = fmin(blo, v)
+        bhi = fmax(bhi, v)
+        nz += one if v == zero else zero
+        d = v * scale - scaled_shift
+        s += d
+        q += d * d
+        a += abs(v)
+    return blo, bhi, nz, s, q, a, emax
+
+
 @njit(cache=True, fastmath=_FASTMATH)
-def deviations32(xb: Any, table: Any, mu: Any) -> Any:
-    """(sum of v - mu, sum of (v - mu)^2) over a block of finite values, in float32 lanes:
-    each lane sums BLOCK / lanes terms (a pairwise sum's leaves), and the squares are of
-    deviations from the block's mean, so no cancellation is left for the rounding to
-    amplify; the first sum corrects the mean to float64 accuracy."""
+def deviations32(xb: Any, table: Any, scale: Any, scaled_mu: Any) -> Any:
+    """(sum of d, sum of d^2) with d = (v - mu) * scale over a block of finite float32 or
+    half values (``scaled_mu`` = mu * scale, ``scale`` a power of two: both exact), in
+    float32 lanes: each lane sums BLOCK / lanes terms, the squares are of deviations from
+    the block's mean (no cancellation left for the rounding to amplify), and the first sum
+    corrects the mean to float64 accuracy."""
     s = np.float32(0.0)
     q = np.float32(0.0)
     for i in range(xb.size):
-        d = np.float32(native(xb, table, i)) - mu
+        d = np.float32(native(xb, table, i)) * scale - scaled_mu
         s += d
         q += d * d
     return s, q
+
+
+@njit(cache=True, inline="always")
+def scale_for(spread: float) -> Any:
+    """The power of two (float32) that brings ``spread`` (> 0) into [0.5, 1)."""
+    e = min(max(math.frexp(spread)[1], -126), 126)
+    return np.float32(math.ldexp(1.0, -e))
 
 
 #: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
@@ -245,12 +389,16 @@ def finite_extremes_and_zeros(xb: Any, table: Any) -> Any:
     half types, twice as many as float64's."""
     blo = native(xb, table, 0)
     bhi = blo
-    nz = np.int32(0)  # a block holds far fewer than 2^31 values
+    # Zeros counted in the data's float type (exact: a lane counts at most BLOCK): an
+    # integer count is 64 bits wide in numba and held the loop to 4 float32 lanes.
+    one = like(1.0, blo)
+    zero = like(0.0, blo)
+    nz = zero
     for i in range(xb.size):
         v = native(xb, table, i)
         blo = fmin(blo, v)
         bhi = fmax(bhi, v)
-        nz += np.int32(v == 0)
+        nz += one if v == zero else zero
     return blo, bhi, int(nz)
 
 
@@ -319,14 +467,36 @@ def _like(v, lo):  # type: ignore[no-untyped-def]
 def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
     """The bin of each sampled value in ``torch.histc``'s arithmetic, float32 or float64
     as ``lo`` and ``width`` are (the same expression as ``gradexplorer.stats.summary``'s torch path);
-    ``HIST_BINS`` for NaN and Inf. Selects, not branches, so that LLVM can vectorise the
-    loop."""
+    ``HIST_BINS`` for NaN and Inf. Selects, not branches, and 32-bit integers, so that
+    LLVM can vectorise the loop (64-bit positions of float64 samples took 0.75 ns per
+    value, 32-bit ones of float32 samples 0.41)."""
+    top = np.int32(HIST_BINS - 1)
+    nowhere = np.int32(HIST_BINS)
+    low = np.int32(0)
     for k in range(sample.size):
         v = sample[k]
         ok = abs(v) < _INF
         f = like(v, lo) if ok else lo
-        p = min(max(int((f - lo) * like(HIST_BINS, lo) / width), 0), HIST_BINS - 1)
-        pos[k] = p if ok else HIST_BINS
+        p = np.int32((f - lo) * like(HIST_BINS, lo) / width)
+        p = min(max(p, low), top)
+        pos[k] = p if ok else nowhere
+
+
+@njit(cache=True, nogil=True)
+def _tally(pos: Any) -> Any:
+    """Counts of the positions 0..HIST_BINS. Four interleaved tables: consecutive values
+    mostly fall in one bin, and one table would make every increment wait for the last."""
+    loc = np.zeros((4, HIST_BINS + 1), np.int64)
+    n = pos.size
+    m = n - n % 4
+    for i in range(0, m, 4):
+        loc[0, pos[i]] += 1
+        loc[1, pos[i + 1]] += 1
+        loc[2, pos[i + 2]] += 1
+        loc[3, pos[i + 3]] += 1
+    for i in range(m, n):
+        loc[0, pos[i]] += 1
+    return loc[0] + loc[1] + loc[2] + loc[3]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -363,23 +533,53 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     width32 = np.float32(np.float32(hhi) - lo32)
     width = hhi - hlo
     # Positions first (a loop of selects: a division per value), then the tally: in one
-    # loop the two ran scalar: 21 against 14 us for a sample of 16,384 values. NaN and Inf
-    # go to an extra bin that is not returned.
+    # loop the two ran scalar. NaN and Inf go to an extra bin that is not returned.
     pos = np.empty(sample.size, np.int32)
     if wide:
         _positions(sample, hlo, width, pos)
     else:
         _positions(sample, lo32, width32, pos)
-    tally = np.zeros(HIST_BINS + 1, np.int64)
-    for k in range(pos.size):
-        tally[pos[k]] += 1
-    for b in range(HIST_BINS):
-        counts[b] = np.float32(tally[b])
+    tally = _tally(pos)
     sampled = float(sample.size - tally[HIST_BINS])
+    if sample.size == n:  # every element counted
+        for b in range(HIST_BINS):
+            counts[b] = np.float32(tally[b])
+    elif sampled > 0.0:
+        # A subsample: counts scaled to the number of finite values, in float32 as the
+        # torch path's counts * (finite / sampled) (a float32 tensor times a number).
+        factor = np.float32(cnt / sampled)
+        for b in range(HIST_BINS):
+            counts[b] = np.float32(tally[b]) * factor
     out[9] = sampled
     out[10] = hlo
     out[11] = hhi
     return out, counts
+
+
+def sample_buffer(x: Any, table: Any, count: int) -> Any:  # pragma: no cover - replaced by the overload
+    """An empty array for ``count`` sampled values of ``x``, of ``native``'s type."""
+    raise NotImplementedError
+
+
+@overload(sample_buffer, inline="always")
+def _sample_buffer(x, table, count):  # type: ignore[no-untyped-def]
+    if table.dtype == types.float32 or x.dtype == types.float32:
+        return lambda x, table, count: np.empty(count, np.float32)
+    return lambda x, table, count: np.empty(count, np.float64)
+
+
+def is_direct(x: Any, table: Any) -> bool:  # pragma: no cover - replaced by the overload
+    """Whether ``x`` holds float32 or float64 values as they are (not integers, nor 16-bit
+    patterns of a half type): then a histogram of every element reads ``x`` itself,
+    without a gathered copy."""
+    raise NotImplementedError
+
+
+@overload(is_direct, inline="always")
+def _is_direct(x, table):  # type: ignore[no-untyped-def]
+    if table.dtype != types.float32 and x.dtype in (types.float32, types.float64):
+        return lambda x, table: True
+    return lambda x, table: False
 
 
 @njit(cache=True, nogil=True)
@@ -388,7 +588,11 @@ def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, cou
     """``finish`` of one chunk over all of ``x``: (result row, histogram counts). ``f32``:
     blocks in float32 lanes where that holds the accuracy contract (float32 and half data)."""
     res = np.empty((1, COLS), np.float64)
-    sample = np.empty(count, np.float64)
+    if step == 1 and count == x.size and is_direct(x, table):
+        # Every element is counted: the histogram reads x itself (no gathered copy).
+        chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample_buffer(x, table, 0), f32)
+        return finish(res, x.size, x, wide)
+    sample = sample_buffer(x, table, count)
     chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample, f32)
     return finish(res, x.size, sample, wide)
 
@@ -400,7 +604,7 @@ def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int, offset: int
     n = x.size
     size = (n + nchunks - 1) // nchunks
     res = np.empty((nchunks, COLS), np.float64)
-    sample = np.empty(count, np.float64)
+    sample = sample_buffer(x, table, count)
     for c in prange(nchunks):
         chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample, f32)
     return finish(res, n, sample, wide)

@@ -5,11 +5,16 @@ they must be cheap, and they are what the tool exists to show, so they must be r
 the extremes (exploding values are why people open it).
 
 Right: the variance is never taken as E[x²] − E[x]² (in float32 a constant 1e4 over 1e6
-values gave std 80.6, true 0). Every path accumulates in float64 and computes the sum of
-squared deviations per block around the block's own mean, then merges the blocks with
-Chan's formula (``chan_merge``); squares of float32 values cannot overflow float64, and
-float64 tensors whose squares would (|x| above about 1e150) or would underflow are scaled
-by a power of two first, which is exact. A statistic whose true value lies beyond float64
+values gave std 80.6, true 0). Every path computes the sum of squared deviations per block
+around a value close to the block's mean, then merges the blocks in float64 with Chan's
+formula (``chan_merge``). The accuracy contract: every statistic within 1e-6 relative of
+float64 on the same tensor (the mean within 1e-6 times the mean |x|), counts, extremes and
+the zero fraction exact. The torch path and the GPU kernels accumulate in float64; the
+fused CPU pass sums float32 and half tensors in float32 lanes where that holds the
+contract (deviations scaled by a power of two, blocks of a few thousand values) and in
+float64 elsewhere (``gradexplorer.stats.cpu``). Squares of float32 values cannot overflow
+float64, and float64 tensors whose squares would (|x| above about 1e150) or would
+underflow are scaled by a power of two first, which is exact. A statistic whose true value lies beyond float64
 (the L2 norm of many 1e308 values) is reported as ``inf`` and named in ``overflow``, so
 that it is not mistaken for an Inf in the data (``inf_count``).
 
@@ -31,7 +36,6 @@ from gradexplorer.stats.moments import HIST_EXACT_LIMIT, fused_cpu_enabled, torc
 from gradexplorer.stats.record import TensorStats
 
 
-@torch.no_grad()
 def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> TensorStats:
     """Summary statistics of a tensor.
 
@@ -56,7 +60,9 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
         ``overflow`` (tuple of the names of statistics beyond the float64 range, shown as
         inf; usually empty).
     """
-    if t.device.type == "cpu" and fused_cpu_enabled():
+    # No torch.no_grad() here: the fused pass reads a detached view, and torch_stats
+    # sets it itself (entering and leaving it cost a third of a small tensor's summary).
+    if t.is_cpu and fused_cpu_enabled():
         stats = cpu_stats.summarize(t, hist_exact_limit)
         if stats is not None:
             return stats

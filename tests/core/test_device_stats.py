@@ -144,7 +144,7 @@ def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
         from tests.core.test_device_stats import CASES, assert_stats_close
 
         assert device_stats.fused_available()
-        from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
+        from tests.core.test_stats import ADVERSARIAL, contract_violations
         for name, make in ADVERSARIAL.items():
             t = make()
             if t.dtype not in device_stats._DTYPES or not 0 < t.numel() <= 300_000:
@@ -153,7 +153,8 @@ def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
             got = summaries.summarize(t)
             assert got == {{}}, name
             summaries.resolve()
-            assert_matches_reference(got, t)
+            bad = contract_violations(got, t)
+            assert bad == [], (name, bad)
             print("adversarial", name)
         for name, make in CASES.items():
             t = make()

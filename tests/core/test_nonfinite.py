@@ -5,6 +5,8 @@ torch.autograd.grad on the same model, without gradexplorer."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -192,12 +194,29 @@ def test_inputs_no_module_produced_are_checked_when_the_output_broke(make, expec
 
 
 def test_a_finite_capture_checks_no_input_that_no_module_produced(monkeypatch):
-    """The aminmax passes of the tracker are spent only where an output broke."""
+    """The finiteness checks of the tracker are spent only where an output broke."""
     import gradexplorer.capturing.nonfinite as nonfinite
 
     calls = []
-    real = torch.aminmax
-    monkeypatch.setattr(nonfinite.torch, "aminmax", lambda t, *a, **k: calls.append(t.shape) or real(t, *a, **k))
+    real = nonfinite.all_finite
+    monkeypatch.setattr(nonfinite, "all_finite", lambda t: calls.append(tuple(t.shape)) or real(t))
     cap = capture(Scaled(2.0, nn.Tanh()).eval(), torch.rand(3, 4) + 0.5, mode="stats", target="sum")
     assert cap.nonfinite_onset is None
-    assert calls == [(12,)]  # the batch only (the root's input), not fc(x) * 2 entering the child
+    assert calls == [(3, 4)]  # the batch only (the root's input), not fc(x) * 2 entering the child
+
+
+def test_the_finiteness_check_reads_a_sum_and_confirms_an_overflowed_one():
+    """One read (a sum) for a finite tensor; a sum that overflowed (values near the float32
+    or float16 maximum) is confirmed by the extremes, so finite values are never called
+    broken, and NaN or Inf anywhere is always found."""
+    from gradexplorer.capturing.nonfinite import all_finite
+
+    big = torch.full((1000,), 3e38)
+    assert not math.isfinite(float(big.sum()))  # the case: its sum overflows
+    for t, expected in ((torch.randn(5000), True), (big, True), (torch.full((100,), 6e4).half(), True),
+                        (torch.full((100,), 3e38).bfloat16(), True), (torch.tensor([1.0, float("nan")]), False),
+                        (torch.tensor([float("inf"), -float("inf")]), False),
+                        (torch.tensor([3e38, 3e38, float("nan")]), False),
+                        (torch.tensor([1.0, -float("inf")], dtype=torch.float64), False),
+                        (torch.tensor([float("nan")]).half(), False)):
+        assert all_finite(t) is expected, t

@@ -63,6 +63,16 @@ def _outlier_shifts():
     return t
 
 
+def _blockwise(means: list[float], stds: list[float], seed: int) -> torch.Tensor:
+    """float32 blocks of the fused kernel's size, each ``mean + std * N(0, 1)``, cycling
+    through ``means`` and ``stds``, twelve blocks and a partial one."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [means[i % len(means)] + stds[i % len(stds)] * torch.randn(BLOCK, generator=g, dtype=torch.float64)
+             for i in range(12)]
+    parts.append(means[0] + stds[0] * torch.randn(BLOCK // 3, generator=g, dtype=torch.float64))
+    return torch.cat(parts).float()
+
+
 #: name -> tensor. Large cases cross the serial/parallel limit and the histogram subsample.
 ADVERSARIAL = {
     "constant_1e4": lambda: torch.full((1_000_000,), 1e4),
@@ -106,6 +116,14 @@ ADVERSARIAL = {
     "constant_1e4_block_edges": lambda: torch.cat([torch.full((3 * BLOCK - 1,), 1e4), torch.full((BLOCK + 2,), -1e4)]),
     "large_mean_tiny_std_parallel": lambda: 1000 + 0.01 * _randn(3_000_000, 11),
     "only_zeros_both_signs": lambda: torch.tensor([-0.0, 0.0] * 3000),
+    # The float32 lanes take each block's deviations from the previous block's mean, scaled
+    # by the previous block's spread: blocks whose mean or scale jump make that shift or
+    # scale wrong (the second loop around the block's own mean, or the float64 loop).
+    "block_means_jump_float32": lambda: _blockwise([1000.0, 0.0, -3.0e4, 0.5], [0.01, 0.01, 1.0, 1e-3], 12),
+    "block_scales_jump_float32": lambda: _blockwise([0.0, 0.0, 0.0, 1e10], [1e-30, 1e20, 1e-35, 1.0], 13),
+    "gradient_scale_1e-15_float32": lambda: 1e-15 * _randn(300_000, 14),
+    "relu_gradient_1e-20_float32": lambda: 1e-20 * _randn(300_000, 15) * (_randn(300_000, 16) > 0.5),
+    "ramp_1e7_float32": lambda: torch.arange(5 * BLOCK, dtype=torch.float32) + 1e7,
 }
 
 
@@ -195,25 +213,39 @@ def _parallel_stats(t):
     return got
 
 
-def _float32_lanes_stats(t: torch.Tensor) -> dict:
-    """The fused CPU pass with its float32 lanes on (``GRADEXPLORER_CPU_FLOAT32=1``)."""
-    from gradexplorer.stats import cpu
-
-    saved = cpu.float32_lanes
-    cpu.float32_lanes = True
+@contextlib.contextmanager
+def float32_lanes(on: bool):
+    """The fused CPU pass with its float32 lanes on or off (``GRADEXPLORER_CPU_FLOAT32``)."""
+    saved = cpu_stats.float32_lanes
+    cpu_stats.float32_lanes = on
     try:
-        return tensor_stats(t)
+        yield
     finally:
-        cpu.float32_lanes = saved
+        cpu_stats.float32_lanes = saved
 
 
+def _float64_stats(t: torch.Tensor) -> dict:
+    """The fused CPU pass in float64 throughout (``GRADEXPLORER_CPU_FLOAT32=0``)."""
+    with float32_lanes(False):
+        return tensor_stats(t)
+
+
+def _parallel_float64_stats(t: torch.Tensor) -> dict:
+    with float32_lanes(False):
+        return _parallel_stats(t)
+
+
+#: The statistics paths: the fused CPU pass as a capture runs it (float32 lanes where they
+#: hold the contract), in float64 throughout, each also cut into parallel chunks, and the
+#: torch operations.
 PATHS = {
     "default": tensor_stats,
-    "float32_lanes": _float32_lanes_stats,
+    "float64": _float64_stats,
     "torch": torch_stats,
 }
 if not numba_missing:
     PATHS["parallel"] = _parallel_stats
+    PATHS["parallel_float64"] = _parallel_float64_stats
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -443,3 +475,19 @@ def test_the_kernels_compile_from_an_empty_cache_and_are_used(tmp_path):
                           cwd=ROOT, timeout=900, env=env)
     assert done.returncode == 0 and "compiled ok" in done.stdout, (done.stdout + done.stderr)[-3000:]
     assert "fused CPU statistics failed" not in done.stderr
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_float32_tensors_take_the_float32_lanes_and_the_switch_turns_them_off():
+    """A capture's float32 tensors are summed in float32 lanes (their sums differ from the
+    float64 pass's in the last digits, both within the contract); ``GRADEXPLORER_CPU_FLOAT32=0``
+    sums them in float64 (read when the module is imported)."""
+    t = 0.3 + _randn(500_000, 17)
+    lanes, wide = tensor_stats(t), _float64_stats(t)
+    assert contract_violations(lanes, t) == [] and contract_violations(wide, t) == []
+    assert (lanes["std"], lanes["mean"]) != (wide["std"], wide["mean"])
+    code = "from gradexplorer.stats import cpu; print(cpu.float32_lanes)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT,
+                              env=dict(os.environ, GRADEXPLORER_CPU_FLOAT32=value))
+        assert done.stdout.strip() == expected

@@ -85,7 +85,8 @@ def test_per_token_logits_with_classes_last_match_autograd(kind, mode):
         got = call.stats["grad_output"]
         g64 = g.double()
         assert got["l2"] == pytest.approx(g64.norm().item(), rel=1e-5)
-        assert got["mean"] == pytest.approx(g64.mean().item(), rel=1e-5, abs=1e-9)
+        # the accuracy contract: the mean within 1e-6 of the mean |x|
+        assert got["mean"] == pytest.approx(g64.mean().item(), abs=1e-6 * g64.abs().mean().item())
     # The default axis (dim 1, the position here) is a different scalar, so a different gradient.
     default = capture(model, ids, target=kind, labels=None if kind != "cross_entropy" else labels[:, 0],
                       mode="stats") if kind != "class:3" else None
