@@ -8,7 +8,7 @@ import torch
 from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QApplication, QWidget
 
-from tests.app.conftest import TIMEOUT
+from tests.app.conftest import CPU, TIMEOUT
 
 SCREEN = (1280, 800)
 
@@ -118,6 +118,109 @@ def test_main_window_fits_1280x800_after_opening_a_resnet18_capture(qtbot, windo
     fit(qtbot, window)
     window.module_tabs.setCurrentIndex(0)
     fit(qtbot, window)
+
+
+class _LaunchedApp:
+    """The application ``launch`` runs, with its event loop replaced by ``body``: what a
+    user does once the window is open."""
+
+    def __init__(self, app: QApplication, body) -> None:
+        self._app, self._body = app, body
+
+    def exec(self) -> int:
+        return self._body()
+
+    def __getattr__(self, name: str):
+        return getattr(self._app, name)
+
+
+@pytest.fixture
+def app_look():
+    """The application's own look (style sheet, font, palette, style), as ``launch`` sets it;
+    the test application's again afterwards."""
+    import pyqtgraph as pg
+    from PySide6.QtGui import QFont, QPalette
+
+    app = QApplication.instance()
+    saved = (app.styleSheet(), QFont(app.font()), QPalette(app.palette()), app.style().name(),
+             pg.getConfigOption("background"), pg.getConfigOption("foreground"))
+    yield
+    app.setStyleSheet(saved[0])
+    app.setFont(saved[1])
+    app.setPalette(saved[2])
+    app.setStyle(saved[3])
+    pg.setConfigOptions(background=saved[4], foreground=saved[5])
+
+
+def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_1280x800(
+        qtbot, resnet_files, monkeypatch, app_look):
+    """``gradexplorer a.pt``, with a geometry saved by a window wider than the screen: the
+    main window, then Compare with… another capture and the watch log's timeline opened
+    from it, each resized to 1280×800 after every view was drawn, with every visible
+    widget inside."""
+    from gradexplorer.app.cli.main import main
+    from gradexplorer.app.window import compare_window, launch
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+
+    settings = AppSettings()  # the throwaway file the suite points the window at
+    wide = MainWindow(settings=settings, devices=CPU, restore_geometry=False)
+    qtbot.addWidget(wide)
+    wide.setGeometry(0, 0, 1763, 1000)
+    settings.set_geometry(wide.saveGeometry())
+    settings.sync()
+    wide.shutdown()
+
+    done = []
+
+    def user() -> int:
+        window = next(w for w in QApplication.topLevelWidgets()
+                      if isinstance(w, MainWindow) and w.isVisible())
+        qtbot.addWidget(window)
+        qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+        assert window.windowTitle() == "gradexplorer — a.pt"
+        room = window.screen().availableGeometry()
+        assert window.width() <= max(room.width(), window.minimumSizeHint().width())
+        for i in range(window.views.tabs.count()):  # every view drawn once: each sets its labels
+            window.views.tabs.setCurrentIndex(i)
+            qtbot.wait(50)
+        window.views.tabs.setCurrentIndex(0)
+        window.module_tabs.setCurrentIndex(1)  # the graph and its status line
+        qtbot.wait(300)
+        window.showMaximized()
+        QApplication.processEvents()
+        window.showNormal()
+        fit(qtbot, window)
+        window.module_tabs.setCurrentIndex(0)
+        fit(qtbot, window)
+
+        monkeypatch.setattr(compare_window, "ask_source", lambda parent, devices=None: str(resnet_files / "b.pt"))
+        compared = window.compare_with()
+        assert compared is not None
+        qtbot.addWidget(compared)
+        qtbot.waitUntil(lambda: compared.export_action.isEnabled(), timeout=TIMEOUT)
+        fit(qtbot, compared)
+        compared.tabs.setCurrentIndex(1)  # the graph coloured by the comparison
+        fit(qtbot, compared)
+        compared.close()
+
+        timeline = window.open_timeline(str(resnet_files / "run.gxw"))
+        assert timeline is not None
+        qtbot.addWidget(timeline)
+        qtbot.waitUntil(lambda: timeline.view.timeline is not None, timeout=TIMEOUT)
+        rows = timeline.view.timeline.rows
+        timeline.view.select_layer(rows[len(rows) // 2])
+        qtbot.wait(300)
+        fit(qtbot, timeline)
+        timeline.close()
+        window.close()
+        done.append(True)
+        return 0
+
+    real_setup = launch.setup_application
+    monkeypatch.setattr(launch, "setup_application", lambda *a: _LaunchedApp(real_setup(*a), user))
+    assert main([str(resnet_files / "a.pt")]) == 0
+    assert done == [True]
 
 
 def test_main_window_fits_after_the_demo_and_a_second_model(qtbot, demo):
