@@ -216,6 +216,7 @@ class WindowController(QObject):
         self.catalog_runner.failed.connect(lambda g, e: self.status.emit(
             f"The torchvision model list is not available: {error_dialog.one_line(e)}", 10000))
         session.capture_changed.connect(self._on_model_capture_changed)
+        session.batch_changed.connect(self._on_model_batch_changed)
 
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list), once.
@@ -492,6 +493,13 @@ class WindowController(QObject):
         self.run_done.emit(outcome)
 
     # -- what the views show --------------------------------------------------------------------
+    def _on_model_batch_changed(self, batch: Batch | None) -> None:
+        # Without a capture the views name the batch's samples: a new batch (also one a new
+        # model brings, after the capture was dropped with the old model) renames them. With
+        # a capture, dropping it (capture_changed) shows the new batch.
+        if self.session.capture is None:
+            self.capture_shown.emit(None, batch)
+
     def _on_model_capture_changed(self, capture: Capture | None) -> None:
         # The views keep the selected layer when the new capture has it, else open on
         # core's default layer (ViewState.fit).

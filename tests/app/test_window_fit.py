@@ -360,3 +360,19 @@ def test_the_sample_header_follows_a_new_batch(qtbot, demo):
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
         demo.run()
     assert demo.views.sample_name.text() == "of 2: star_2.png"
+
+
+def test_the_sample_header_follows_the_batch_a_new_model_brings(qtbot, demo):
+    """A model load that also changes the batch (a random batch, then the demo again, which
+    brings its 12 pictures): the header names the new batch, never the old one's samples."""
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs(["random:2x3x64x64"])
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert demo.views.sample_name.text() == "of 2: random[0]"
+    with qtbot.waitSignal(demo.model_loaded, timeout=TIMEOUT):
+        demo.load_model("demo:shapes")
+    QApplication.processEvents()
+    assert demo.session.capture is None and len(demo.session.batch) == 12
+    assert demo.views.sample_name.text() == f"of 12: {demo.session.batch.names[0]}"
+    assert demo.views.sample_spin.maximum() == 11
