@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
@@ -38,6 +38,7 @@ from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
 from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
+from gradexplorer.app.window.screen_fit import keep_on_screen
 from gradexplorer.app.window.settings import AppSettings, RecentModel
 from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
@@ -66,24 +67,6 @@ def about_text() -> str:
             "PyTorch model: per-layer capture, heatmaps, histograms, gradient flow and Grad-CAM.<br><br>"
             f"torch {torch.__version__} · PySide6 {PySide6.__version__}<br>"
             "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
-
-
-def clamp_to_screen(window: QWidget) -> None:
-    """Keep a restored window on the screen it opens on: a geometry saved on a larger or
-    another screen (or while the window was too wide) would put its panels out of reach."""
-    screen = window.screen() or QGuiApplication.primaryScreen()
-    if screen is None or window.isMaximized() or window.isFullScreen():
-        return
-    room = screen.availableGeometry()
-    frame = window.frameGeometry()
-    extra_w, extra_h = frame.width() - window.width(), frame.height() - window.height()
-    width = min(window.width(), room.width() - extra_w)
-    height = min(window.height(), room.height() - extra_h)
-    window.resize(max(width, 1), max(height, 1))
-    frame = window.frameGeometry()
-    x = min(max(frame.x(), room.left()), room.right() + 1 - frame.width())
-    y = min(max(frame.y(), room.top()), room.bottom() + 1 - frame.height())
-    window.move(max(x, room.left()), max(y, room.top()))
 
 
 class MainWindow(QMainWindow):
@@ -323,7 +306,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
-        clamp_to_screen(self)  # the saved geometry, or the default size on a smaller screen
+        keep_on_screen(self)  # the saved geometry, or the default size on a smaller screen
         sizes = self.settings.value("window/splitter", list, [])
         try:
             if len(sizes) == 3:

@@ -12,10 +12,11 @@ CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 @pytest.fixture
 def window(qtbot):
-    """The main window on the CPU, not yet loaded."""
+    """The main window on the CPU, not yet loaded, at 1500×950 (no saved geometry restored,
+    nor clamped to the test platform's 800×800 screen when shown)."""
     from gradexplorer.app.window.main_window import MainWindow
 
-    w = MainWindow(devices=CPU)
+    w = MainWindow(devices=CPU, restore_geometry=False)
     qtbot.addWidget(w)
     w.resize(1500, 950)
     yield w

@@ -142,14 +142,15 @@ def app_look():
     from PySide6.QtGui import QFont, QPalette
 
     app = QApplication.instance()
+    options = ("background", "foreground", "antialias", "imageAxisOrder")
     saved = (app.styleSheet(), QFont(app.font()), QPalette(app.palette()), app.style().name(),
-             pg.getConfigOption("background"), pg.getConfigOption("foreground"))
+             {name: pg.getConfigOption(name) for name in options})
     yield
     app.setStyleSheet(saved[0])
     app.setFont(saved[1])
     app.setPalette(saved[2])
     app.setStyle(saved[3])
-    pg.setConfigOptions(background=saved[4], foreground=saved[5])
+    pg.setConfigOptions(**saved[4])
 
 
 def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_1280x800(
@@ -293,6 +294,22 @@ def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
     assert w.height() <= max(room.height(), w.minimumSizeHint().height())
     assert room.contains(w.frameGeometry().topLeft())
     w.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["compare", "timeline"])
+def test_the_compare_and_timeline_windows_open_inside_the_screen(qtbot, kind):
+    """They ask for 1400×900; on a smaller screen (the test platform's is 800×800) they
+    open inside it, with nothing out of reach."""
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer.app.window.timeline_window import TimelineWindow
+
+    w = CompareWindow() if kind == "compare" else TimelineWindow(None)
+    qtbot.addWidget(w)
+    w.show()
+    QApplication.processEvents()
+    room = w.screen().availableGeometry()
+    assert room.width() < 1400 or room.height() < 900  # the case this is about
+    assert room.contains(w.frameGeometry()), (room, w.frameGeometry())
 
 
 def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
