@@ -189,10 +189,13 @@ class TimelineView(QWidget):
         self.hist_plot.setMenuEnabled(False)
         self.hist_image = pg.ImageItem(axisOrder="row-major")
         self.hist_plot.addItem(self.hist_image)
-        self.hist_bar = ScaleBar("values per bin (log scale)", signed=False, log10=True, plus_one=True)
+        self.hist_bar = ScaleBar("count per bin (log)", signed=False, log10=True, plus_one=True)
         self.hist_bar.setImageItem(self.hist_image, insert_in=self.hist_plot)
         self.line_plot = self.hist_widget.addPlot(row=1, col=0,
                                                   axisItems={"bottom": IntegerAxis("bottom")})
+        # The histograms are a picture with a colour bar: they get the larger share.
+        self.hist_widget.ci.layout.setRowStretchFactor(0, 3)
+        self.hist_widget.ci.layout.setRowStretchFactor(1, 2)
         for plot in (self.heat_plot, self.hist_plot, self.line_plot):
             style_plot(plot)
         # A log axis with an SI factor in its title ("(x0.001)") reads as another scale.

@@ -164,7 +164,7 @@ def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, 
     shown = counts[:, used[0]:used[-1] + 1]
     assert view.hist_bar.isVisible()
     assert view.hist_bar.tick_labels() == [scale_number(int(shown.min())), scale_number(int(shown.max()))]
-    assert "per bin" in view.hist_bar.title()
+    assert "count per bin" in view.hist_bar.title()
     assert view.hist_bar.levels() == pytest.approx((np.log10(1 + shown.min()), np.log10(1 + shown.max())))
     # The bin axis: labels one text line apart at least, each a bin's own name.
     axis = view.hist_plot.getAxis("left")
