@@ -122,7 +122,7 @@ def test_graph_fit_keeps_names_readable(qtbot):
     for i in range(80):
         canvas.scene().addItem(QGraphicsRectItem(0, i * 60, 160, 40))
     canvas.fit()
-    assert canvas.transform().m11() >= canvas.READABLE_SCALE
+    assert canvas.READABLE_SCALE <= canvas.transform().m11() <= canvas.TALL_FIT_SCALE == 1.0
     # A small graph is shown whole.
     canvas.scene().clear()
     canvas.scene().addItem(QGraphicsRectItem(0, 0, 200, 200))
@@ -178,3 +178,17 @@ def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, 
     strings = axis.tickStrings(labelled, 1.0, levels[0][0])
     assert strings == [bin_label(int(v - 0.5)) for v in labelled]
     view.shutdown()
+
+
+def test_an_empty_flow_chart_shows_no_scale(qtbot, cnn):  # noqa: F811
+    """Before a capture the flow chart has no values: its axis states none (it had read
+    1e0 to 6e0 of nothing); with a capture the axis is labelled again."""
+    view = GradientFlowView()
+    qtbot.addWidget(view)
+    view.set_capture(None)
+    axis = view.plot.getAxis("left")
+    assert axis.style["showValues"] is False
+    view.set_capture(cnn[0])
+    assert axis.style["showValues"] is True
+    view.set_capture(None)
+    assert axis.style["showValues"] is False
