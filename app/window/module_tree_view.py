@@ -596,6 +596,9 @@ class ModuleTreeView(QTreeView):
         for col, width in ((COL_NAME, self.NAME_WIDTH), (COL_TYPE, 96), (COL_SHAPE, 84), (COL_GRAD, 88),
                            (COL_PARAMS, 52), (COL_CALLS, 40)):
             header.resizeSection(col, width)
+        # Grad norm beside the names: in the panel's width on a 1280 px screen it would be
+        # the column scrolled out of sight, and it is the one this tool is for.
+        header.moveSection(header.visualIndex(COL_GRAD), 1)
         self._name_width_by_user: int | None = None
         header.sectionResized.connect(self._on_section_resized)
         self.selectionModel().currentRowChanged.connect(self._on_current_changed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PySide6.QtCore import QPoint, QRect
+from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
 from tests.app.conftest import CPU, TIMEOUT
@@ -393,3 +393,106 @@ def test_the_sample_header_follows_the_batch_a_new_model_brings(qtbot, demo):
     assert demo.session.capture is None and len(demo.session.batch) == 12
     assert demo.views.sample_name.text() == f"of 12: {demo.session.batch.names[0]}"
     assert demo.views.sample_spin.maximum() == 11
+
+
+def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo, tmp_path):
+    """View ▸ Modules panel and View ▸ Input, model and run panel: closed, the views take
+    the room and the window can be narrower; reopened, each has its width again; closed
+    panels stay closed at the next launch."""
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+
+    demo.show()
+    demo.resize(*SCREEN)
+    QApplication.processEvents()
+    before = demo.splitter.sizes()
+    narrowest = demo.minimumSizeHint().width()
+    demo.tree_panel_action.trigger()
+    demo.side_panel_action.trigger()
+    qtbot.wait(50)  # the layouts settle
+    assert demo.tree_box.isHidden() and demo.side_panel.isHidden()
+    assert not demo.tree_panel_action.isChecked() and not demo.side_panel_action.isChecked()
+    assert demo.views.width() >= sum(before) - 20  # the views have the room
+    # The window's layout takes the panels out when it next settles.
+    qtbot.waitUntil(lambda: max(demo.minimumSizeHint().width(), demo.minimumWidth())
+                    <= demo.views.minimumWidth() + 40 < narrowest, timeout=5000)
+    demo.resize(800, 600)  # a window that the three panels side by side would not allow
+    QApplication.processEvents()
+    qtbot.waitUntil(lambda: demo.width() == 800, timeout=5000)
+    assert outside(demo) == []
+    demo.resize(*SCREEN)
+    QApplication.processEvents()
+    demo.tree_panel_action.trigger()
+    QApplication.processEvents()
+    assert demo.tree_box.isVisible() and demo.splitter.sizes()[0] == before[0]
+    demo.close()  # the side panel stays closed: remembered
+    again = MainWindow(settings=AppSettings(), devices=CPU)
+    qtbot.addWidget(again)
+    assert again.side_panel.isHidden() and not again.side_panel_action.isChecked()
+    assert not again.tree_box.isHidden() and again.tree_panel_action.isChecked()
+    again.side_panel_action.trigger()
+    assert not again.side_panel.isHidden()
+    again.shutdown()
+
+
+def test_the_gradient_norms_show_beside_the_names_at_1280x800(qtbot, demo):
+    """At 1280×800 the Modules panel shows the Module column and, beside it, Grad norm
+    (it had been scrolled out of sight behind Type and Output)."""
+    from gradexplorer.app.window.module_tree_view import COL_GRAD, COL_NAME
+
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([340, 560, 380])
+    QApplication.processEvents()
+    tree = demo.tree_view
+    header = tree.header()
+    assert header.visualIndex(COL_NAME) == 0 and header.visualIndex(COL_GRAD) == 1
+    right_edge = header.sectionViewportPosition(COL_GRAD) + header.sectionSize(COL_GRAD)
+    assert right_edge <= tree.viewport().width()
+    assert tree.model().headerData(COL_GRAD, Qt.Orientation.Horizontal) == "Grad norm"
+
+
+def cut_controls(window: QWidget) -> list[str]:
+    """The visible combo boxes, buttons and search boxes whose text does not fit them
+    (a combo's current item, a button's label, a line edit's placeholder)."""
+    from PySide6.QtWidgets import QAbstractButton, QComboBox, QLineEdit, QStyle, QStyleOptionComboBox
+
+    bad = []
+    for w in window.findChildren(QWidget):
+        if not w.isVisible() or w.width() <= 0:
+            continue
+        fm = w.fontMetrics()
+        if isinstance(w, QComboBox):
+            option = QStyleOptionComboBox()
+            w.initStyleOption(option)
+            room = w.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                            QStyle.SubControl.SC_ComboBoxEditField, w).width()
+            text = w.currentText()
+        elif isinstance(w, QLineEdit) and not w.text():
+            room, text = w.width() - 24 - (20 if w.isClearButtonEnabled() else 0), w.placeholderText()
+        elif isinstance(w, QAbstractButton) and w.text() and type(w).__name__ == "QPushButton":
+            room, text = w.width() - 8, w.text().replace("&", "")
+        else:
+            continue
+        if text and fm.horizontalAdvance(text) > room:
+            bad.append(f"{type(w).__name__} {text!r}: {fm.horizontalAdvance(text)} > {room}")
+    return bad
+
+
+def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, app_look):
+    """In the application's look at 1280×800, the panels at their narrowest: every combo
+    box, button and search box beside the views and in the Graph tab shows its whole text
+    (the Graph tab's had read "Fi…" and "Colour: gradie", the heatmap's "top-k channels by g")."""
+    from gradexplorer.app.window.application import setup_application
+
+    setup_application()
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([demo.tree_box.minimumWidth(), demo.views.minimumWidth(), 2000])
+    qtbot.wait(50)
+    for tab in (0, 1):  # the tree, then the graph
+        demo.module_tabs.setCurrentIndex(tab)
+        for i in range(demo.views.tabs.count()):
+            demo.views.tabs.setCurrentIndex(i)
+            qtbot.wait(20)
+            assert cut_controls(demo) == [], (tab, demo.views.tabs.tabText(i))
