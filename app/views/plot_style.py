@@ -79,12 +79,17 @@ def set_title(plot: pg.PlotItem, text: str | None) -> None:
 
 
 def scale_number(v: float) -> str:
-    """A colour bar's end label: 4 significant digits, exponent for small and large values."""
+    """A colour bar's end label: up to 4 significant digits written out from 0.001 to 9999
+    ("0.03931", "1650"), else 3 with an exponent ("2.67e+6", "-2.50e-6")."""
     if not math.isfinite(v):
         return str(v)
     if v == 0:
         return "0"
-    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}".replace("e-0", "e-").replace("e+0", "e+")
+    if 1e-3 <= abs(v) < 1e4:
+        text = f"{v:.4g}"
+        if "e" not in text:  # 9999.7 rounds to "1e+04": written with the exponent below
+            return text
+    return f"{v:.2e}".replace("e-0", "e-").replace("e+0", "e+")
 
 
 class ScaleBar(pg.ColorBarItem):

@@ -192,3 +192,13 @@ def test_an_empty_flow_chart_shows_no_scale(qtbot, cnn):  # noqa: F811
     assert axis.style["showValues"] is True
     view.set_capture(None)
     assert axis.style["showValues"] is False
+
+
+def test_scale_numbers_read_plainly():
+    """End labels: written out from 0.001 to 9999 (a count of 1650 had read "1.65e+03",
+    another notation than the bar's "2.67e+6" beside it), with an exponent beyond."""
+    assert [scale_number(v) for v in (1650, 9090.0, 17.6, 0.03931, -0.0049, 1, 0.2)] == \
+        ["1650", "9090", "17.6", "0.03931", "-0.0049", "1", "0.2"]
+    assert [scale_number(v) for v in (2.67e6, -2.5e-6, 22800, 9999.7, 0.0009)] == \
+        ["2.67e+6", "-2.50e-6", "2.28e+4", "1.00e+4", "9.00e-4"]
+    assert scale_number(float("inf")) == "inf" and scale_number(0.0) == "0"

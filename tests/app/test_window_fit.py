@@ -3,6 +3,8 @@ a file, a comparison, a watch log. Every visible widget lies inside its window."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from PySide6.QtCore import QPoint, QRect, Qt
@@ -490,9 +492,17 @@ def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, ap
     demo.resize(*SCREEN)
     demo.splitter.setSizes([demo.tree_box.minimumWidth(), demo.views.minimumWidth(), 2000])
     qtbot.wait(50)
-    for tab in (0, 1):  # the tree, then the graph
-        demo.module_tabs.setCurrentIndex(tab)
-        for i in range(demo.views.tabs.count()):
-            demo.views.tabs.setCurrentIndex(i)
-            qtbot.wait(20)
-            assert cut_controls(demo) == [], (tab, demo.views.tabs.tabText(i))
+    def every_view(when: str) -> None:
+        for tab in (0, 1):  # the tree, then the graph
+            demo.module_tabs.setCurrentIndex(tab)
+            for i in range(demo.views.tabs.count()):
+                demo.views.tabs.setCurrentIndex(i)
+                qtbot.wait(20)
+                assert cut_controls(demo) == [], (when, tab, demo.views.tabs.tabText(i))
+
+    every_view("a run")
+    # A run over a folder renames the histogram's scope "whole dataset" (it had read "whole datase").
+    samples = Path(__file__).resolve().parents[2] / "resources" / "demo_shapes" / "samples"
+    with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT):
+        demo.dataset_run.run_over_folder(str(samples), batch_size=4)
+    every_view("a run over a folder")
