@@ -554,18 +554,26 @@ class GraphPanel(QWidget):
                 tip += f"   ({len(e.members)} tensors)"
             pts = clip_route(layout, e.src, e.dst)
             scene.addItem(GraphEdgeItem(pts, bezier, widths[(e.src, e.dst)], tip))
-        for cid in sorted(self.expanded, key=graph.depth):
-            inside = [n for n in graph.descendants(cid) if n in self.items]
-            if not inside:
-                continue
-            rect = QRectF()
-            for n in inside:
-                rect = rect.united(self.items[n].rect)
-            pad = 6 + 3 * max(0, 4 - graph.depth(cid))
+        # Frames from the innermost out: each encloses its boxes and the frames inside it, with
+        # a band of its own for its name (nested frames' names had been drawn over each other).
+        band = QFontMetricsF(self.font_small).height() + 4
+        frames: dict[str, QRectF] = {}
+        for cid in sorted(self.expanded, key=graph.depth, reverse=True):
             if cid == "m::0":
                 continue  # the model itself: its frame would only repeat the window's edge
-            scene.addItem(GraphFrameItem(self, cid, rect.adjusted(-pad, -pad - 10, pad, pad),
-                                         graph.nodes[cid].name + "  ▾"))
+            below = set(graph.descendants(cid))
+            rect = QRectF()
+            for n in below:
+                if n in self.items:
+                    rect = rect.united(self.items[n].rect)
+                if n in frames:
+                    rect = rect.united(frames[n])
+            if rect.isNull():
+                continue
+            pad = 6
+            frames[cid] = rect.adjusted(-pad, -pad - band, pad, pad)
+        for cid in sorted(frames, key=graph.depth):
+            scene.addItem(GraphFrameItem(self, cid, frames[cid], graph.nodes[cid].name + "  ▾"))
         scene.setSceneRect(scene.itemsBoundingRect().adjusted(-200, -200, 200, 200))
         self._mark_onset()
         if self.selected in self.items:
