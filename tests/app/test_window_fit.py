@@ -506,3 +506,26 @@ def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, ap
     with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT):
         demo.dataset_run.run_over_folder(str(samples), batch_size=4)
     every_view("a run over a folder")
+
+
+def test_the_statistics_table_shows_every_number_and_header_whole(qtbot, demo, app_look):
+    """The Statistics tab at 1280×800 with the views at their narrowest, on a layer with
+    parameters (four tensors): no number nor header is cut ("393…", "iume" had been)."""
+    from gradexplorer.app.window.application import setup_application
+
+    setup_application()
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([demo.tree_box.minimumWidth(), demo.views.minimumWidth(), 2000])
+    demo.views.set_layer("features.5.conv1")
+    demo.views.tabs.setCurrentWidget(demo.views.stats_view)
+    qtbot.wait(50)
+    table = demo.views.stats_view.table
+    assert table.columnCount() == 4  # activation, gradient, input gradient, weight gradient
+    fm = table.fontMetrics()
+    for c in range(table.columnCount()):
+        texts = [table.item(r, c).text() for r in range(table.rowCount())]
+        texts.append(table.horizontalHeaderItem(c).text())
+        assert max(fm.horizontalAdvance(t) for t in texts) <= table.columnWidth(c), c
+    names = [table.verticalHeaderItem(r).text() for r in range(table.rowCount())]
+    assert max(fm.horizontalAdvance(n) for n in names) <= table.verticalHeader().width()
