@@ -136,25 +136,6 @@ class _LaunchedApp:
         return getattr(self._app, name)
 
 
-@pytest.fixture
-def app_look():
-    """The application's own look (style sheet, font, palette, style), as ``launch`` sets it;
-    the test application's again afterwards."""
-    import pyqtgraph as pg
-    from PySide6.QtGui import QFont, QPalette
-
-    app = QApplication.instance()
-    options = ("background", "foreground", "antialias", "imageAxisOrder")
-    saved = (app.styleSheet(), QFont(app.font()), QPalette(app.palette()), app.style().name(),
-             {name: pg.getConfigOption(name) for name in options})
-    yield
-    app.setStyleSheet(saved[0])
-    app.setFont(saved[1])
-    app.setPalette(saved[2])
-    app.setStyle(saved[3])
-    pg.setConfigOptions(**saved[4])
-
-
 def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_1280x800(
         qtbot, resnet_files, monkeypatch, app_look):
     """``gradexplorer a.pt``, with a geometry saved by a window wider than the screen: the
