@@ -292,7 +292,12 @@ def test_the_compare_and_timeline_windows_open_inside_the_screen(qtbot, kind):
     QApplication.processEvents()
     room = w.screen().availableGeometry()
     assert room.width() < 1400 or room.height() < 900  # the case this is about
-    assert room.contains(w.frameGeometry()), (room, w.frameGeometry())
+    frame = w.frameGeometry()
+    # Inside the screen, or no larger than the window can be (Qt keeps its minimum size).
+    least = w.minimumSizeHint() + (frame.size() - w.size())
+    assert frame.width() <= max(room.width(), least.width()), (room, frame, least)
+    assert frame.height() <= max(room.height(), least.height()), (room, frame, least)
+    assert room.contains(frame.topLeft())
 
 
 def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
@@ -510,3 +515,43 @@ def test_the_statistics_table_shows_every_number_and_header_whole(qtbot, demo, a
         assert max(fm.horizontalAdvance(t) for t in texts) <= table.columnWidth(c), c
     names = [table.verticalHeaderItem(r).text() for r in range(table.rowCount())]
     assert max(fm.horizontalAdvance(n) for n in names) <= table.verticalHeader().width()
+
+
+TOKENS_LM = '''
+import torch.nn as nn
+
+
+def build():
+    return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 7))
+'''
+
+
+def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_path):
+    """Tokens of 16, then a batch of 12: the tree's Output column (and the session's tree
+    that the memory estimate reads) says 12 positions at once, before any run; the rows the
+    user opened stay open (no reset)."""
+    from gradexplorer.app.window.module_tree_view import COL_SHAPE
+
+    factory = tmp_path / "tokens_lm.py"
+    factory.write_text(TOKENS_LM)
+    t16, t12 = tmp_path / "t16.pt", tmp_path / "t12.pt"
+    torch.save(torch.randint(0, 11, (2, 16)), t16)
+    torch.save(torch.randint(0, 11, (2, 12)), t12)
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        window.load_model(f"{factory}:build", trust=True, inputs=[str(t16)], run=True)
+    tree = window.tree_view.tree_model
+    assert [tree.data(tree.index_of(n, COL_SHAPE)) for n in ("0", "1")] == ["16×8", "16×7"]
+    root = window.tree_view.proxy.mapFromSource(tree.index_of(""))
+    assert window.tree_view.isExpanded(root)
+    resets = []
+    tree.modelReset.connect(lambda: resets.append(1))
+    with qtbot.waitSignal(window.batch_loaded, timeout=TIMEOUT):
+        window.load_inputs([str(t12)])
+    assert [tree.data(tree.index_of(n, COL_SHAPE)) for n in ("0", "1")] == ["12×8", "12×7"]
+    assert window.session.tree["1"].output_shapes == [(1, 12, 7)]
+    assert window.session.tree.call_io[0].input_bytes == 12 * 8  # one sample of int64 ids
+    assert resets == [] and window.tree_view.isExpanded(root)
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        window.run()
+    assert window.session.capture["1"].calls[0].shape[1:] == (12, 7)
+    assert tree.data(tree.index_of("1", COL_SHAPE)) == "12×7"
