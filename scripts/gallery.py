@@ -1,4 +1,5 @@
-"""Regenerate docs/images/: a screenshot of every view and window at 1280×800.
+"""Regenerate docs/images/ (a screenshot of every view and window at 1280×800) and the
+window's screenshots that the other pages show (docs/screenshot-*.png).
 
 Run it in a real window (an X server; Xvfb is enough)::
 
@@ -7,14 +8,17 @@ Run it in a real window (an X server; Xvfb is enough)::
 
 It uses the offline demo (demo:shapes with its pictures), a resnet18 with random weights
 on small random inputs (a deep model: the flow chart and the graph), a comparison of two
-resnet18 captures, and a watch log of a few training steps. Pictures larger than
-300 KB are quantised with ImageMagick's ``convert`` when it is installed.
+resnet18 captures, and a watch log of a few training steps; with transformers installed,
+a tiny GPT-2 built here (tests/hf_tiny.py) on two texts for the saliency of tokens. Then,
+for the other pages: the demo after its first run, resnet18 on a picture with Grad-CAM on
+layer4, the demo against bf16 autocast, a run over the demo's folder of pictures, and the
+timeline of a training that goes wrong (scripts/demo_watch_log.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (1280, 800)
-MAX_BYTES = 300_000
 
 
 def _wait(signal, start: Callable[[], object]) -> tuple:
@@ -42,9 +45,9 @@ def _settle(app, ms: int = 700) -> None:
 
 
 def _save(window, path: Path) -> None:
+    # Every pixel as drawn: a palette of fewer colours had banded the colour bars and
+    # turned the flow chart's legend squares into other colours than their bars.
     window.grab().save(str(path), "PNG")
-    if path.stat().st_size > MAX_BYTES and shutil.which("convert"):
-        subprocess.run(["convert", str(path), "-colors", "192", "PNG8:" + str(path)], check=True)
     print(f"{path}: {path.stat().st_size // 1000} KB")
 
 
@@ -79,18 +82,35 @@ def _resnet_files(folder: Path) -> tuple[Path, Path, Path]:
     return folder / "resnet18_a.pt", folder / "resnet18_b.pt", folder / "run.gxw"
 
 
+def _tiny_lm(folder: Path) -> Path | None:
+    """A tiny GPT-2 with its tokenizer, saved in ``folder``; None without transformers."""
+    try:
+        import transformers  # noqa: F401 - only whether it is there
+    except ImportError:
+        return None
+    sys.path.insert(0, str(ROOT))
+    from tests import hf_tiny
+
+    return hf_tiny.save("gpt2", folder / "tiny-gpt2")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "docs" / "images"), help="folder of the PNGs")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "images"), help="folder of the gallery's PNGs")
+    parser.add_argument("--docs", default=str(ROOT / "docs"),
+                        help="folder of the other pages' screenshots (screenshot-*.png)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out, docs = Path(args.out), Path(args.docs)
     out.mkdir(parents=True, exist_ok=True)
 
+    from gradexplorer.app.window import compare_window as compare_module
     from gradexplorer.app.window.application import setup_application
     from gradexplorer.app.window.compare_window import CompareWindow
     from gradexplorer.app.window.main_window import MainWindow
     from gradexplorer.app.window.timeline_window import TimelineWindow
     from gradexplorer.models.demos import WINDOW_DEMO
+    from gradexplorer.pipeline.compare_sources import Variant
+    from gradexplorer.pipeline.options import TEXT_SOURCE
 
     app = setup_application()
     shots: list[tuple[str, Callable[[], object]]] = []
@@ -98,12 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow(restore_geometry=False)
     window.resize(*SIZE)
     window.show()
+    # The demo as it first opens (Grad-CAM on the last spatial map), for the README.
+    _wait(window.run_done, lambda: window.load_model(WINDOW_DEMO, run=True))
+    _settle(app, 1200)
+    _save(window, docs / "screenshot-demo.png")
     window.session.set_input_grad(True)
     window.run_panel.sync_from_session()
-    _wait(window.run_done, lambda: window.load_model(WINDOW_DEMO, run=True))
+    _wait(window.run_done, window.run)
     _settle(app, 1200)
     views = window.views
     heat = views.heatmap_view
+    # A layer whose gradient has a picture in it: after the last block's ReLU comes the
+    # global pooling, and its gradient is one value per channel.
+    views.set_layer("features.5.conv1")
 
     def show(view) -> Callable[[], object]:
         return lambda: views.tabs.setCurrentWidget(view)
@@ -116,8 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         views.tabs.setCurrentWidget(heat)
         heat.set_tensor("grad_output")
 
+    def relu(view) -> Callable[[], object]:
+        def go() -> None:  # the block's output, after the residual add: ReLU's second call
+            views.set_layer("features.5.relu")
+            views.set_call(1)
+            views.tabs.setCurrentWidget(view)
+        return go
+
     shots += [("heatmap_signed", gradient), ("heatmap_unsigned", activation),
-              ("gradcam", show(views.gradcam_view)), ("histogram", show(views.histogram_view)),
+              ("gradcam", relu(views.gradcam_view)), ("histogram", show(views.histogram_view)),
               ("statistics", show(views.stats_view)), ("saliency_pictures", show(views.saliency_view))]
     for name, do in shots:
         do()
@@ -125,8 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         _save(window, out / f"{name}.png")
     heat.set_tensor("grad_output")
 
+    # The demo against bf16 autocast, from Run > Compare with... (docs/comparing.md).
+    compare_module.ask_source = lambda parent, devices=None: Variant(autocast="bf16")
+    compare = window.compare_with()
+    assert compare is not None
+    compare.resize(*SIZE)
+    _wait(compare.runner.finished, lambda: None)
+    compare.view.amplify_check.setChecked(True)  # bf16's differences are small beside A and B
+    _settle(app, 1500)
+    _save(compare, docs / "screenshot-compare.png")
+    compare.close()
+
+    samples = ROOT / "resources" / "demo_shapes" / "samples"
+
     with tempfile.TemporaryDirectory() as tmp:
-        a, b, log = _resnet_files(Path(tmp))
+        folder = Path(tmp)
+        a, b, log = _resnet_files(folder)
         _wait(window.file_done, lambda: window.open_capture(str(a)))
         views.tabs.setCurrentWidget(heat)
         _settle(app, 1200)
@@ -156,6 +204,53 @@ def main(argv: list[str] | None = None) -> int:
         _settle(app, 2000)
         _save(timeline, out / "timeline.png")
         timeline.close()
+
+        # A training whose learning rate keeps growing (docs/watch-and-timeline.md).
+        wrong = folder / "demo.gxw"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_watch_log.py"), str(wrong)], check=True)
+        timeline = TimelineWindow(None)
+        timeline.resize(*SIZE)
+        timeline.show()
+        _wait(timeline.view.updated, lambda: timeline.view.open_log(str(wrong)))
+        timeline.view.select_layer(timeline.view.timeline.rows[6])
+        _settle(app, 2000)
+        _save(timeline, docs / "screenshot-timeline.png")
+        timeline.close()
+
+        # resnet18 on a picture, layer4 ticked, Grad-CAM (the README and docs/window.md).
+        picture = samples / "star_1.png"
+        _wait(window.run_done, lambda: window.load_model("resnet18", weights=None, inputs=[str(picture)],
+                                                          layers=["layer4.*"], run=True))
+        views.set_layer("layer4.1.relu")
+        views.tabs.setCurrentWidget(views.gradcam_view)
+        _settle(app, 1500)
+        _save(window, docs / "screenshot-resnet18-gradcam.png")
+
+        # The saliency of a text, by token: a tiny GPT-2 saved here.
+        lm = _tiny_lm(folder)
+        if lm is None:
+            print("transformers is not installed: saliency_tokens.png left as it is")
+        else:
+            texts = [TEXT_SOURCE + "the cat sat on the mat", TEXT_SOURCE + "a dog ran"]
+            here = Path.cwd()
+            os.chdir(lm.parent)  # the model is named by its folder as given: not a temporary path
+            try:
+                _wait(window.run_done, lambda: window.load_model(f"hf:./{lm.name}", inputs=texts, run=True))
+            finally:
+                os.chdir(here)
+            views.set_layer("transformer.wte")
+            views.tabs.setCurrentWidget(views.saliency_view)
+            _settle(app, 1500)
+            _save(window, out / "saliency_tokens.png")
+
+    # Run > Run over folder... on the demo's pictures (docs/dataset-and-distributed.md).
+    _wait(window.run_done, lambda: window.load_model(WINDOW_DEMO, run=True))
+    _wait(window.dataset_run.done, lambda: window.dataset_run.run_over_folder(str(samples), batch_size=4))
+    views.set_layer("features.2.conv")
+    views.tabs.setCurrentWidget(views.histogram_view)
+    views.histogram_view.log_check.setChecked(True)
+    _settle(app, 1500)
+    _save(window, docs / "screenshot-dataset-run.png")
     window.close()
     window.shutdown()
     return 0

@@ -1,7 +1,7 @@
 """The pictures of the graph view in docs/model-graph.md, taken from a real window (run under Xvfb on a
 machine without a display):
 
-    Xvfb :97 -screen 0 1600x1200x24 &
+    Xvfb :97 -screen 0 1600x1600x24 &
     DISPLAY=:97 QT_QPA_PLATFORM=xcb python scripts/graph_screenshots.py docs/
 
 Models have random weights (the machine that made the pictures has no internet); the
@@ -49,7 +49,9 @@ class UNetLike(nn.Module):
         return self.head(d1)
 
 
-def shoot(app, panel, path: Path, expand=(), settle: float = 0.5) -> None:
+def shoot(app, panel, path: Path, expand=(), settle: float = 0.5, focus: str | None = None) -> None:
+    """Fit the graph (after expanding ``expand``), then centre the view on the frame of the
+    container ``focus`` or on the first node whose name holds it, and save the window."""
     def wait():
         t = time.time()
         n = [0]
@@ -63,6 +65,15 @@ def shoot(app, panel, path: Path, expand=(), settle: float = 0.5) -> None:
         panel.toggle(nid)
         wait()
     panel.canvas.fit()
+    if focus:
+        from gradexplorer.app.views.graph_view import GraphFrameItem
+
+        frames = [i for i in panel.canvas.scene().items() if isinstance(i, GraphFrameItem) and i.node_id == focus]
+        if frames:
+            panel.canvas.centerOn(frames[0])
+        else:
+            panel.find_nodes(focus)  # centres on the first match...
+            panel.find_nodes("")  # ...and no highlight in the picture
     end = time.time() + settle
     while time.time() < end:
         app.processEvents()
@@ -100,7 +111,7 @@ def main(out: str = "docs") -> int:
 
     r18 = graph_gradients(torchvision.models.resnet18().eval(), torch.randn(1, 3, 224, 224))
     r18.meta["model"] = "resnet18"
-    p = panel_for(r18, (760, 1000), "resnet18")
+    p = panel_for(r18, (760, 1500), "resnet18")  # tall enough for the whole of it, names readable
     shoot(app, p, out_dir / "graph-resnet18.png")
     shoot(app, p, out_dir / "graph-resnet18-layer1.png", expand=["m:layer1.0:0", "m:layer1.1:0"])
     p.close()
@@ -112,13 +123,14 @@ def main(out: str = "docs") -> int:
     vit = graph_gradients(vit_model, torch.randn(1, 3, 224, 224))
     vit.meta["model"] = "vit_b_16"
     p = panel_for(vit, (900, 1000), "vit_b_16")
-    shoot(app, p, out_dir / "graph-vit.png", expand=["m:encoder.layers.encoder_layer_11:0"])
+    shoot(app, p, out_dir / "graph-vit.png", expand=["m:encoder.layers.encoder_layer_11:0"],
+          focus="m:encoder.layers.encoder_layer_11:0")
     p.close()
 
     unet = graph_gradients(UNetLike().eval(), torch.randn(1, 3, 64, 64), target="sum")
     unet.meta["model"] = "UNet-like"
     p = panel_for(unet, (900, 1000), "UNet-like")
-    shoot(app, p, out_dir / "graph-unet.png")
+    shoot(app, p, out_dir / "graph-unet.png", focus="cat")
     p.close()
     compare_shot(app, out_dir / "graph-divergence.png")
     return 0

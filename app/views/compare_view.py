@@ -159,9 +159,13 @@ class CompareView(QWidget):
                 plot.setYLink(self.plots[0])
         for plot in self.plots:
             plot.vb.sigResized.connect(self._frame_pictures)
-        # One colour bar for all three pictures: one symmetric scale.
+        # One colour bar for all three pictures: one symmetric scale. In a column of its own:
+        # inside A − B's plot it made that plot narrower than A's and B's, and the three
+        # linked, square-pixel views then framed every picture by the narrowest (small inside
+        # axes from -300 to 500).
         self.colorbar = ScaleBar("A, B and A − B (the tensor's unit)", width=14)
-        self.colorbar.setImageItem(self.images, insert_in=self.plots[-1])
+        self.colorbar.setImageItem(self.images)
+        self.heat_widget.ci.addItem(self.colorbar, row=0, col=len(self.plots))
         self.heat_note = QLabel()
         self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.heat_note.setWordWrap(True)

@@ -188,6 +188,8 @@ class GradientFlowView(QWidget):
         n = len(self._names)
         self.plot.setXRange(-0.6, max(n, 1) - 0.4, padding=0)
         self.plot.setYRange(base, top + 0.05 * (top - base), padding=0)
+        # No values, no scale: an empty chart's axis would read 1e0 to 6e0 of nothing.
+        self.plot.getAxis("left").setStyle(showValues=bool(ok.any()))
         set_axis_title(self.plot, "left", self.metric_combo.currentText())
 
     def _set_ticks(self) -> None:

@@ -242,9 +242,12 @@ class GraphCanvas(QGraphicsView):
             self.scale(factor, factor)
 
     #: Scales "Fit" keeps to: below READABLE_SCALE the node names drop under ~10 px
-    #: (they are drawn at 8.5 pt); above MAX_FIT_SCALE a small graph looks bloated.
+    #: (they are drawn at 8.5 pt); above MAX_FIT_SCALE a small graph looks bloated. A graph
+    #: too tall to show whole is drawn at most at its own size (TALL_FIT_SCALE): larger, a
+    #: narrow panel showed four of a deep model's boxes.
     READABLE_SCALE = 0.9
     MAX_FIT_SCALE = 1.4
+    TALL_FIT_SCALE = 1.0
 
     def fit(self) -> None:
         """Show the graph whole when that keeps its names readable; otherwise as wide as the
@@ -259,7 +262,7 @@ class GraphCanvas(QGraphicsView):
         across = view.width() / rect.width()
         scale = min(whole, self.MAX_FIT_SCALE)
         if scale < self.READABLE_SCALE:
-            scale = max(self.READABLE_SCALE, min(across, self.MAX_FIT_SCALE))
+            scale = max(self.READABLE_SCALE, min(across, self.TALL_FIT_SCALE))
         self.resetTransform()
         self.scale(scale, scale)
         if scale * rect.height() <= view.height():
@@ -317,20 +320,31 @@ class GraphPanel(QWidget):
         self.font_small.setPointSizeF(7.0)
         self._fm = QFontMetricsF(self.font_main)
 
-        self.search = QLineEdit(placeholderText="Find a layer or op…")
+        # A short placeholder: beside the module tree the box is narrow; the tooltip says more.
+        self.search = QLineEdit(placeholderText="Find…")
+        self.search.setToolTip("Find a layer or op by name; Enter goes to the next match")
         self.search.setClearButtonEnabled(True)
         self.color_by = QComboBox()
         for key, label in (statistics or COLOR_BY).items():
-            self.color_by.addItem(f"Colour: {label}", key)
+            self.color_by.addItem(label, key)
         self.fit_button = QPushButton("Fit")
         self.export_button = QPushButton("Export…")
         self.scale_label = wrap_label(QLabel())
         self.status = wrap_label(QLabel("No graph yet: load a model with an input."))
+        # Two rows: beside the module tree the panel is narrow, and one row cut the search
+        # box to "Fi…" and the colouring to "Colour: gradie".
         bar = QHBoxLayout()
         bar.setContentsMargins(0, 0, 0, 0)
-        for w in (self.search, self.color_by, self.fit_button, self.export_button):
-            bar.addWidget(w)
-        bar.addStretch(1)
+        self.search.setMaximumWidth(360)
+        bar.addWidget(self.search, 1)
+        bar.addWidget(self.fit_button)
+        bar.addWidget(self.export_button)
+        bar.addStretch(0)
+        colour_row = QHBoxLayout()
+        colour_row.setContentsMargins(0, 0, 0, 0)
+        colour_row.addWidget(QLabel("Colour by"))
+        colour_row.addWidget(self.color_by)
+        colour_row.addStretch(1)
         # The colour key on its own row: the log colour bar with its powers of ten, or the
         # flags' key, and what is coloured.
         self.color_bar = ColorBarWidget(self)
@@ -342,6 +356,7 @@ class GraphPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addLayout(bar)
+        lay.addLayout(colour_row)
         lay.addLayout(key)
         lay.addWidget(self.canvas, 1)
         lay.addWidget(self.status)
@@ -541,18 +556,26 @@ class GraphPanel(QWidget):
                 tip += f"   ({len(e.members)} tensors)"
             pts = clip_route(layout, e.src, e.dst)
             scene.addItem(GraphEdgeItem(pts, bezier, widths[(e.src, e.dst)], tip))
-        for cid in sorted(self.expanded, key=graph.depth):
-            inside = [n for n in graph.descendants(cid) if n in self.items]
-            if not inside:
-                continue
-            rect = QRectF()
-            for n in inside:
-                rect = rect.united(self.items[n].rect)
-            pad = 6 + 3 * max(0, 4 - graph.depth(cid))
+        # Frames from the innermost out: each encloses its boxes and the frames inside it, with
+        # a band of its own for its name (nested frames' names had been drawn over each other).
+        band = QFontMetricsF(self.font_small).height() + 4
+        frames: dict[str, QRectF] = {}
+        for cid in sorted(self.expanded, key=graph.depth, reverse=True):
             if cid == "m::0":
                 continue  # the model itself: its frame would only repeat the window's edge
-            scene.addItem(GraphFrameItem(self, cid, rect.adjusted(-pad, -pad - 10, pad, pad),
-                                         graph.nodes[cid].name + "  ▾"))
+            below = set(graph.descendants(cid))
+            rect = QRectF()
+            for n in below:
+                if n in self.items:
+                    rect = rect.united(self.items[n].rect)
+                if n in frames:
+                    rect = rect.united(frames[n])
+            if rect.isNull():
+                continue
+            pad = 6
+            frames[cid] = rect.adjusted(-pad, -pad - band, pad, pad)
+        for cid in sorted(frames, key=graph.depth):
+            scene.addItem(GraphFrameItem(self, cid, frames[cid], graph.nodes[cid].name + "  ▾"))
         scene.setSceneRect(scene.itemsBoundingRect().adjusted(-200, -200, 200, 200))
         self._mark_onset()
         if self.selected in self.items:

@@ -34,8 +34,14 @@ from gradexplorer.pipeline.view_state import ViewState
 
 _TENSORS = ("grad_output", "activation", "grad_x_activation")
 _DISPLAYS = (
-    ("channel", "one channel"), ("topk", "top-k channels by gradient norm"), ("reduce", "all channels reduced"),
+    ("channel", "one channel"), ("topk", "top-k channels"), ("reduce", "all channels reduced"),
 )
+#: What each choice shows, in full (the items stay short: the row of controls is narrow).
+_DISPLAY_TIPS = {
+    "channel": "one channel of the layer, chosen with the slider",
+    "topk": "the k channels whose gradient has the largest L2 norm, strongest first (each tile named)",
+    "reduce": "every channel reduced to one map (mean, mean |x| or L2 norm over channels)",
+}
 _REDUCTIONS = (("mean", "mean"), ("mean_abs", "mean |x|"), ("l2", "L2 norm"))
 
 
@@ -80,6 +86,8 @@ class HeatmapView(CaptureView):
         self.display_combo = QComboBox()
         for key, label in _DISPLAYS:
             self.display_combo.addItem(label, key)
+            self.display_combo.setItemData(self.display_combo.count() - 1, _DISPLAY_TIPS[key],
+                                           Qt.ItemDataRole.ToolTipRole)
         # Channel 0 of a late layer is often flat (before global pooling the gradient is
         # constant over positions); the strongest channels show more on first look.
         self.display_combo.setCurrentIndex([d for d, _ in _DISPLAYS].index("topk"))

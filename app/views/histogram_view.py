@@ -18,7 +18,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QResizeEvent, QStandardItemModel
-from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from gradexplorer.app.views.plot_style import FOREGROUND, Log10Axis, set_axis_title, style_plot, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView, ViewContext
@@ -74,6 +74,10 @@ class HistogramView(CaptureView):
         model = self.scope_combo.model()
         assert isinstance(model, QStandardItemModel)  # a combo box's own model: its items can be disabled
         self._scope_model = model
+        # Never narrower than its longest item, also when an item is renamed ("whole dataset"
+        # for a dataset capture): squeezed beside the tensor box it had read "whole datase".
+        self.scope_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.scope_combo.setSizePolicy(QSizePolicy.Policy.Minimum, self.scope_combo.sizePolicy().verticalPolicy())
         self.log_check = QCheckBox("log counts")
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)

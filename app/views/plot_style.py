@@ -79,12 +79,17 @@ def set_title(plot: pg.PlotItem, text: str | None) -> None:
 
 
 def scale_number(v: float) -> str:
-    """A colour bar's end label: 4 significant digits, exponent for small and large values."""
+    """A colour bar's end label: up to 4 significant digits written out from 0.001 to 9999
+    ("0.03931", "1650"), else 3 with an exponent ("2.67e+6", "-2.50e-6")."""
     if not math.isfinite(v):
         return str(v)
     if v == 0:
         return "0"
-    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}".replace("e-0", "e-").replace("e+0", "e+")
+    if 1e-3 <= abs(v) < 1e4:
+        text = f"{v:.4g}"
+        if "e" not in text:  # 9999.7 rounds to "1e+04": written with the exponent below
+            return text
+    return f"{v:.2e}".replace("e-0", "e-").replace("e+0", "e+")
 
 
 class ScaleBar(pg.ColorBarItem):
@@ -96,10 +101,12 @@ class ScaleBar(pg.ColorBarItem):
     """
 
     def __init__(self, title: str, signed: bool = True, width: int = 16,
-                 cmap: pg.ColorMap | None = None, log10: bool = False) -> None:
+                 cmap: pg.ColorMap | None = None, log10: bool = False, plus_one: bool = False) -> None:
         """``log10``: the image holds log10 of the quantity; the labels read as the
-        quantity itself (10^-6.2 reads "6.31e-7")."""
+        quantity itself (10^-6.2 reads "6.31e-7"). ``plus_one`` (with ``log10``): it holds
+        log10(1 + quantity), as counts that may be 0 are drawn; the labels read as counts."""
         self._log10 = log10
+        self._plus_one = plus_one and log10
         super().__init__(values=(-1.0, 1.0) if signed else (0.0, 1.0),
                          colorMap=cmap if cmap is not None else colormap(signed),
                          interactive=False, width=width, pen=FOREGROUND, colorMapMenu=False)
@@ -135,7 +142,10 @@ class ScaleBar(pg.ColorBarItem):
             lo, hi = 0.0, 1.0
         self.setLevels((lo, hi))
         def label(v: float) -> str:
-            return scale_number(10.0 ** v) if self._log10 else scale_number(v)
+            if not self._log10:
+                return scale_number(v)
+            x = 10.0 ** v - (1.0 if self._plus_one else 0.0)
+            return scale_number(round(x) if self._plus_one else x)
 
         ticks = [(lo, label(lo))]
         if lo < 0 < hi and not self._log10:

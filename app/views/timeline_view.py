@@ -41,7 +41,6 @@ from gradexplorer.app.views.plot_style import (
     IntegerAxis,
     LayerAxis,
     ScaleBar,
-    colormap,
     set_axis_title,
     set_title,
     style_plot,
@@ -187,13 +186,20 @@ class TimelineView(QWidget):
         # histograms over steps, and lines
         self.hist_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.hist_widget)
-        self.hist_plot = self.hist_widget.addPlot(row=0, col=0)
+        # The bins' names: as many as fit the plot's height (it is short), never overlapping.
+        self.bin_axis = LayerAxis("left", offset=0.5)
+        self.bin_axis.set_names([bin_label(b) for b in range(HIST_BINS)], QFontMetrics(self.hist_widget.font()))
+        self.hist_plot = self.hist_widget.addPlot(row=0, col=0, axisItems={"left": self.bin_axis})
         self.hist_plot.setMenuEnabled(False)
         self.hist_image = pg.ImageItem(axisOrder="row-major")
-        self.hist_image.setColorMap(colormap(False))
         self.hist_plot.addItem(self.hist_image)
+        self.hist_bar = ScaleBar("count per bin (log)", signed=False, log10=True, plus_one=True)
+        self.hist_bar.setImageItem(self.hist_image, insert_in=self.hist_plot)
         self.line_plot = self.hist_widget.addPlot(row=1, col=0,
                                                   axisItems={"bottom": IntegerAxis("bottom")})
+        # The histograms are a picture with a colour bar: they get the larger share.
+        self.hist_widget.ci.layout.setRowStretchFactor(0, 3)
+        self.hist_widget.ci.layout.setRowStretchFactor(1, 2)
         for plot in (self.heat_plot, self.hist_plot, self.line_plot):
             style_plot(plot)
         # A log axis with an SI factor in its title ("(x0.001)") reads as another scale.
@@ -487,6 +493,7 @@ class TimelineView(QWidget):
         has_histograms = self.source_kind == "log"
         for axis in ("left", "bottom"):  # no empty axes under the message
             self.hist_plot.showAxis(axis, has_histograms)
+        self.hist_bar.setVisible(False)  # until histograms are drawn
         if not has_histograms:
             set_title(self.hist_plot, "histograms over steps: only watch logs keep them per step")
             return
@@ -512,16 +519,15 @@ class TimelineView(QWidget):
         used = np.flatnonzero(counts.sum(axis=0))
         lo, hi = int(used[0]), int(used[-1]) + 1
         img = np.log10(1.0 + counts[:, lo:hi].T.astype(np.float64))
-        self.hist_image.setImage(img, autoLevels=True)
+        self.hist_image.setImage(img, autoLevels=False)
         self.hist_image.setRect(0, lo, steps.size, hi - lo)
-        every = max(1, (hi - lo) // 6)
-        ticks = [(b + 0.5, bin_label(b)) for b in range(lo, hi) if (b - lo) % every == 0]
-        self.hist_plot.getAxis("left").setTicks([ticks])
+        self.hist_bar.set_range(float(img.min()), float(img.max()))
+        self.hist_bar.setVisible(True)
         step_every = max(1, steps.size // 10)
         self.hist_plot.getAxis("bottom").setTicks(
             [[(j + 0.5, str(int(s))) for j, s in enumerate(steps) if j % step_every == 0]])
         kind = KIND_LABELS.get(self.kind_combo.currentData(), "")
-        set_title(self.hist_plot, f"{label}: {kind} histograms over steps (signed log2 bins, colour log10(1 + count))")
+        set_title(self.hist_plot, f"{label}: {kind} histograms over steps (signed log2 bins)")
 
     # -- export ---------------------------------------------------------------------------------
     def export_png(self, path: str | None = None) -> str | None:

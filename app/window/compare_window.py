@@ -21,6 +21,7 @@ from gradexplorer.app.views.compare_view import CompareView
 from gradexplorer.app.views.graph_view import GraphPanel
 from gradexplorer.app.views.label_fit import ElidedLabel
 from gradexplorer.app.window import error_dialog
+from gradexplorer.app.window.screen_fit import keep_on_screen
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
@@ -122,6 +123,7 @@ class CompareWindow(QMainWindow):
         self.runner.failed.connect(self._on_failed)
         self.runner.cancelled.connect(lambda _g: self._done_status("cancelled"))
         self.resize(1400, 900)
+        keep_on_screen(self)
 
     # -- starting work ------------------------------------------------------------------
     def compare_captures(self, a: Capture, b: Capture, label_a: str = "A", label_b: str = "B") -> int:

@@ -39,6 +39,7 @@ from gradexplorer.base.file_write import check_output_path
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.capturing.memory_estimate import MemoryEstimate
+from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.models.loaded_model import LoadedModel as Model
@@ -217,6 +218,7 @@ class WindowController(QObject):
         self.catalog_runner.failed.connect(lambda g, e: self.status.emit(
             f"The torchvision model list is not available: {error_dialog.one_line(e)}", 10000))
         session.capture_changed.connect(self._on_model_capture_changed)
+        session.batch_changed.connect(self._on_model_batch_changed)
 
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list), once.
@@ -396,11 +398,22 @@ class WindowController(QObject):
         sources = [str(x) for x in sources]
         self._last_inputs = (sources, labels)
 
-        def task(progress: Progress, cancel: threading.Event) -> tuple[Batch, list[str]]:
+        lock = self.session.run_lock
+
+        def task(progress: Progress, cancel: threading.Event) -> tuple[Batch, list[str], ModuleTree | None]:
             # Imported on first use: reading inputs is not needed to start the window.
             from gradexplorer import batches
 
-            return batches.load_batch(sources, model, labels, skip_unreadable=skip_unreadable), sources
+            batch = batches.load_batch(sources, model, labels, skip_unreadable=skip_unreadable)
+            # The tree's calls and shapes on this batch (one sample): a text of another
+            # length or a picture of another size changes them (the Output column had kept
+            # the first batch's 16 tokens over a batch of 12).
+            probed = None
+            if model is not None:
+                progress(STAGE_PROBE, 0, 0)
+                prepared = probe_model(model, batch.model_input, lock=lock)
+                probed = prepared.tree if prepared.probe_error is None else None
+            return batch, sources, probed
 
         self.status.emit(f"Reading {', '.join(sources)[:120]}…", 0)
         return self.batch_runner.start(task)
@@ -414,8 +427,11 @@ class WindowController(QObject):
                 return
         self.show_error("The inputs cannot be used", exc)
 
-    def _on_batch_loaded(self, _gen: int, result: tuple[Batch, list[str]], seconds: float) -> None:
-        batch, sources = result
+    def _on_batch_loaded(self, _gen: int, result: tuple[Batch, list[str], ModuleTree | None],
+                         seconds: float) -> None:
+        batch, sources, probed = result
+        if probed is not None:
+            self.session.measure_tree(probed)
         self.session.set_batch(batch, sources)
         if sources and sources != ["demo"] and not sources[0].startswith("random"):
             self.settings.add_recent_input("\n".join(sources))
@@ -494,6 +510,13 @@ class WindowController(QObject):
         self.run_done.emit(outcome)
 
     # -- what the views show --------------------------------------------------------------------
+    def _on_model_batch_changed(self, batch: Batch | None) -> None:
+        # Without a capture the views name the batch's samples: a new batch (also one a new
+        # model brings, after the capture was dropped with the old model) renames them. With
+        # a capture, dropping it (capture_changed) shows the new batch.
+        if self.session.capture is None:
+            self.capture_shown.emit(None, batch)
+
     def _on_model_capture_changed(self, capture: Capture | None) -> None:
         # The views keep the selected layer when the new capture has it, else open on
         # core's default layer (ViewState.fit).

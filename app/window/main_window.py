@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
@@ -38,6 +38,7 @@ from gradexplorer.app.window.model_panel import ModelPanel, ModelRequest
 from gradexplorer.app.window.module_tree_view import ModuleTreePanel
 from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
+from gradexplorer.app.window.screen_fit import keep_on_screen
 from gradexplorer.app.window.settings import AppSettings, RecentModel
 from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
@@ -68,24 +69,6 @@ def about_text() -> str:
             "Keyboard shortcuts: Help ▸ Keyboard shortcuts (F1).")
 
 
-def clamp_to_screen(window: QWidget) -> None:
-    """Keep a restored window on the screen it opens on: a geometry saved on a larger or
-    another screen (or while the window was too wide) would put its panels out of reach."""
-    screen = window.screen() or QGuiApplication.primaryScreen()
-    if screen is None or window.isMaximized() or window.isFullScreen():
-        return
-    room = screen.availableGeometry()
-    frame = window.frameGeometry()
-    extra_w, extra_h = frame.width() - window.width(), frame.height() - window.height()
-    width = min(window.width(), room.width() - extra_w)
-    height = min(window.height(), room.height() - extra_h)
-    window.resize(max(width, 1), max(height, 1))
-    frame = window.frameGeometry()
-    x = min(max(frame.x(), room.left()), room.right() + 1 - frame.width())
-    y = min(max(frame.y(), room.top()), room.bottom() + 1 - frame.height())
-    window.move(max(x, room.left()), max(y, room.top()))
-
-
 class MainWindow(QMainWindow):
     """gradexplorer's window: the panels, their layout, menus and status bar.
 
@@ -107,6 +90,8 @@ class MainWindow(QMainWindow):
         self.devices = devices
         self.view_state = ViewState()
         self.timeline_windows: list[TimelineWindow] = []
+        #: The width each closed side panel reopens at, by its index in the splitter.
+        self._panel_widths: dict[int, int] = {}
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
@@ -131,7 +116,7 @@ class MainWindow(QMainWindow):
         self.load_model, self.load_inputs, self.run, self.cancel = c.load_model, c.load_inputs, c.run, c.cancel
         self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
 
-        tree_box = QGroupBox("Modules", self)
+        tree_box = self.tree_box = QGroupBox("Modules", self)
         # An explicit minimum, as for the views: the hints of the tree's buttons, header and
         # graph status add up past what a 1280 px screen leaves beside the views and panels.
         tree_box.setMinimumWidth(320)
@@ -146,7 +131,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.model_panel, "Model")
         run_box = QGroupBox("Run", self)
         QVBoxLayout(run_box).addWidget(self.run_panel)
-        right = QWidget(self)
+        right = self.side_panel = QWidget(self)
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.setSpacing(8)
@@ -163,7 +148,7 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([500, 640, 360])
         self.splitter.setChildrenCollapsible(False)
         container = QWidget(self)
-        outer = QVBoxLayout(container)
+        outer = self.central_layout = QVBoxLayout(container)
         outer.setContentsMargins(8, 8, 8, 4)
         outer.addWidget(self.splitter)
         self.setCentralWidget(container)
@@ -238,6 +223,10 @@ class MainWindow(QMainWindow):
         # This window's own: the compare and timeline windows have a Ctrl+W of their own.
         self.close_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
         self.shortcuts_action = action("&Keyboard shortcuts", self._show_shortcuts, "F1")
+        # The side panels close and reopen (as napari's docks do): the views take their room,
+        # and the window can be narrower than the three side by side.
+        self.tree_panel_action = self._panel_action("&Modules panel", self.tree_box, "Ctrl+Shift+M")
+        self.side_panel_action = self._panel_action("&Input, model and run panel", self.side_panel, "Ctrl+Shift+I")
         # Ctrl+1..9: the views' tabs, in their order (Heatmap, Grad-CAM, ...).
         self.view_actions = []
         for i in range(min(9, self.views.tabs.count())):
@@ -270,6 +259,9 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         menu.addAction(self.compare_action)
         menu = self.menuBar().addMenu("&View")
+        menu.addAction(self.tree_panel_action)
+        menu.addAction(self.side_panel_action)
+        menu.addSeparator()
         menu.addAction(self.filter_action)
         menu.addAction("Expand all modules", self.tree_view.expandAll)
         menu.addAction("Collapse modules", self.tree_view.collapse_to_top)
@@ -323,13 +315,63 @@ class MainWindow(QMainWindow):
         geometry = self.settings.geometry()
         if geometry is not None:
             self.restoreGeometry(geometry)
-        clamp_to_screen(self)  # the saved geometry, or the default size on a smaller screen
         sizes = self.settings.value("window/splitter", list, [])
         try:
             if len(sizes) == 3:
                 self.splitter.setSizes([int(v) for v in sizes])
         except ValueError:
             pass
+        hidden = self.settings.value("window/hidden_panels", list, [])
+        for action, name in ((self.tree_panel_action, "modules"), (self.side_panel_action, "side")):
+            if name in hidden:
+                action.setChecked(False)
+        keep_on_screen(self)  # the saved geometry, or the default size on a smaller screen
+
+    # -- side panels ---------------------------------------------------------------------------
+    def _panel_action(self, text: str, panel: QWidget, shortcut: str) -> QAction:
+        a = QAction(text, self)
+        a.setCheckable(True)
+        a.setChecked(True)
+        a.setShortcut(QKeySequence(shortcut))
+        a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        a.toggled.connect(lambda shown: self.set_panel_shown(panel, shown))
+        self.addAction(a)
+        return a
+
+    def set_panel_shown(self, panel: QWidget, shown: bool) -> None:
+        """Close or reopen a side panel (``tree_box`` or ``side_panel``); the views give or
+        take its room, and it reopens at the width it had."""
+        action = self.tree_panel_action if panel is self.tree_box else self.side_panel_action
+        if action.isChecked() != shown:
+            action.setChecked(shown)  # comes back here through toggled
+            return
+        if panel.isHidden() != shown:
+            return
+        index = self.splitter.indexOf(panel)
+        sizes = self.splitter.sizes()
+        if not shown:
+            self._panel_widths[index] = sizes[index]
+            panel.hide()
+        else:
+            want = max(self._panel_widths.get(index, 0), panel.minimumSizeHint().width(), panel.minimumWidth())
+            panel.show()
+            sizes[index] = want
+            sizes[1] = max(sizes[1] - want, self.views.minimumWidth())
+            self.splitter.setSizes(sizes)
+        # The window's minimum follows now, not at the layouts' next turn: a resize right
+        # after closing a panel would still be held to the wider minimum.
+        for layout in (self.central_layout, self.layout()):
+            if layout is not None:
+                layout.invalidate()
+                layout.activate()
+
+    def _splitter_sizes(self) -> list[int]:
+        """The splitter's sizes, a closed panel at the width it reopens at."""
+        sizes = self.splitter.sizes()
+        for index, panel in ((0, self.tree_box), (2, self.side_panel)):
+            if panel.isHidden():
+                sizes[index] = self._panel_widths.get(index, sizes[index])
+        return sizes
 
     # -- following the controller and the view state ------------------------------------------
     def _on_capture_shown(self, capture: Capture | None, batch: Batch | None) -> None:
@@ -488,7 +530,10 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.settings.set_geometry(self.saveGeometry())
-        self.settings.set_value("window/splitter", [str(v) for v in self.splitter.sizes()])
+        self.settings.set_value("window/splitter", [str(v) for v in self._splitter_sizes()])
+        self.settings.set_value("window/hidden_panels", [name for name, panel in
+                                                         (("modules", self.tree_box), ("side", self.side_panel))
+                                                         if panel.isHidden()])
         self.settings.sync()
         self.shutdown()
         super().closeEvent(event)

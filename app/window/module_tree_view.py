@@ -131,6 +131,7 @@ class ModuleTreeModel(QAbstractItemModel):
         session.tree_changed.connect(self._on_model_tree_changed)
         session.selection_changed.connect(self._on_model_selection_changed)
         session.capture_changed.connect(self._on_model_capture_changed)
+        session.tree_measured.connect(self._on_model_tree_measured)
         self._on_model_tree_changed(session.tree)
         self._on_model_capture_changed(session.capture)
 
@@ -214,6 +215,11 @@ class ModuleTreeModel(QAbstractItemModel):
     def _index_for(self, parent_id: int | None, row: int, col: int) -> QModelIndex:
         i = self._children[parent_id][row] if parent_id is not None else 0
         return self.createIndex(row, col, i)
+
+    def _on_model_tree_measured(self, _tree: ModuleTree) -> None:
+        # The same rows, new calls and shapes: no reset (the user's expansion stays).
+        if self._names:
+            self._emit_changed(list(range(len(self._names))), 0, len(COLUMNS) - 1)
 
     def _on_model_capture_changed(self, capture: Capture | None) -> None:
         summary = summarize(capture) if capture is not None else None
@@ -596,6 +602,9 @@ class ModuleTreeView(QTreeView):
         for col, width in ((COL_NAME, self.NAME_WIDTH), (COL_TYPE, 96), (COL_SHAPE, 84), (COL_GRAD, 88),
                            (COL_PARAMS, 52), (COL_CALLS, 40)):
             header.resizeSection(col, width)
+        # Grad norm beside the names: in the panel's width on a 1280 px screen it would be
+        # the column scrolled out of sight, and it is the one this tool is for.
+        header.moveSection(header.visualIndex(COL_GRAD), 1)
         self._name_width_by_user: int | None = None
         header.sectionResized.connect(self._on_section_resized)
         self.selectionModel().currentRowChanged.connect(self._on_current_changed)

@@ -224,7 +224,7 @@ class RunPanel(QWidget):
         session.selection_changed.connect(lambda _s: self._update_run_enabled())
         session.tree_changed.connect(lambda _t: self._show_class_dim_row())
         session.batch_changed.connect(lambda _b: self._reset_idle())
-        for signal in (session.model_changed, session.tree_changed, session.batch_changed,
+        for signal in (session.model_changed, session.tree_changed, session.tree_measured, session.batch_changed,
                        session.selection_changed, session.settings_changed):
             signal.connect(lambda *_a: self._estimate_timer.start())
 

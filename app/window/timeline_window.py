@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMainWindow, QWidget
 
 from gradexplorer.app.views.timeline_view import TimelineView
 from gradexplorer.app.window.application import setup_application
+from gradexplorer.app.window.screen_fit import keep_on_screen
 from gradexplorer.app.window.screenshot import save_screenshot
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.data import Capture
@@ -29,6 +30,7 @@ class TimelineWindow(QMainWindow):
         self.setCentralWidget(self.view)
         self.resize(1400, 900)
         self._build_menu(standalone=parent is None)
+        keep_on_screen(self)
         if path is None:
             return
         p = Path(path)

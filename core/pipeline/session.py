@@ -191,6 +191,8 @@ class Session:
     model_changed(LoadedModel | None)
         A model was loaded (the tree changed with it: ``tree_changed`` follows).
     tree_changed(ModuleTree | None)
+    tree_measured(ModuleTree)
+        The same modules, their calls and output shapes measured again (on a new batch).
     batch_changed(Batch | None)
     selection_changed(frozenset)
         The qualified names selected for capture.
@@ -205,6 +207,7 @@ class Session:
 
     model_changed = Signal(object)
     tree_changed = Signal(object)
+    tree_measured = Signal(object)
     batch_changed = Signal(object)
     selection_changed = Signal(object)
     settings_changed = Signal(str)
@@ -273,6 +276,22 @@ class Session:
         self._set_selection(new_selection, force=True)
 
     # -- batch ---------------------------------------------------------------------
+    def measure_tree(self, probed: ModuleTree) -> None:
+        """Take the calls and output shapes that a probe of the loaded model measured on a
+        new batch (texts of another length, pictures of another size): the tree keeps its
+        modules and selection, and its shapes follow the batch. A probe of other modules
+        (another model) is ignored."""
+        tree = self.tree
+        if tree is None or probed is tree or set(probed.nodes) != set(tree.nodes):
+            return
+        for name, node in probed.nodes.items():
+            mine = tree.nodes[name]
+            mine.calls, mine.output_shapes, mine.output_dtype = node.calls, list(node.output_shapes), node.output_dtype
+            mine.inplace, mine.output_bytes = node.inplace, node.output_bytes
+        tree.probed, tree.probe_seconds = probed.probed, probed.probe_seconds
+        tree.call_order, tree.call_io = list(probed.call_order), list(probed.call_io)
+        self.tree_measured.emit(tree)
+
     def set_batch(self, batch: Batch | None, sources: list[str] | None = None) -> None:
         """Use a new input batch. Drops the capture (it was made from another batch)."""
         self.batch = batch

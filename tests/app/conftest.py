@@ -12,10 +12,11 @@ CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 @pytest.fixture
 def window(qtbot):
-    """The main window on the CPU, not yet loaded."""
+    """The main window on the CPU, not yet loaded, at 1500×950 (no saved geometry restored,
+    nor clamped to the test platform's 800×800 screen when shown)."""
     from gradexplorer.app.window.main_window import MainWindow
 
-    w = MainWindow(devices=CPU)
+    w = MainWindow(devices=CPU, restore_geometry=False)
     qtbot.addWidget(w)
     w.resize(1500, 950)
     yield w
@@ -73,3 +74,23 @@ def _no_modal_dialogs(monkeypatch):
                  "confirm_skip_unreadable", "run_modal"):
         monkeypatch.setattr(dialogs, name, refuse)
     yield
+
+
+@pytest.fixture
+def app_look():
+    """The application's own look (style sheet, font, palette, style), as ``launch`` sets it;
+    the test application's again afterwards."""
+    import pyqtgraph as pg
+    from PySide6.QtGui import QFont, QPalette
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    options = ("background", "foreground", "antialias", "imageAxisOrder")
+    saved = (app.styleSheet(), QFont(app.font()), QPalette(app.palette()), app.style().name(),
+             {name: pg.getConfigOption(name) for name in options})
+    yield
+    app.setStyleSheet(saved[0])
+    app.setFont(saved[1])
+    app.setPalette(saved[2])
+    app.setStyle(saved[3])
+    pg.setConfigOptions(**saved[4])

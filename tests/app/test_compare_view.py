@@ -245,3 +245,56 @@ def test_window_graph_tab_says_why_when_no_capture_carries_a_graph(qtbot, pair):
     qtbot.addWidget(win)
     assert not win.show_graph(a, b, result)
     assert "graph" in win.graph_panel.status.text()
+
+
+def _luminance(colour) -> float:
+    def channel(v: float) -> float:
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * channel(colour.redF()) + 0.7152 * channel(colour.greenF()) + 0.0722 * channel(colour.blueF())
+
+
+def _contrast(fg, bg) -> float:
+    hi, lo = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_the_first_view_frames_a_b_and_a_minus_b_and_marks_rows_legibly(qtbot, pair, app_look):
+    """The compare window as it first opens (no row clicked): A, B and A − B each fill
+    their plot (they had been drawn small inside axes from -300 to 500 until another row
+    was clicked), also after the window changes size; the first divergent rows are marked
+    in a colour their text reads on (it had been dark on dark red), also when selected."""
+    from PySide6.QtWidgets import QApplication
+
+    from gradexplorer.app.window.application import setup_application
+
+    setup_application()  # the window's own palette: the row and selection colours are its
+    a, b, _ = pair
+    w = CompareWindow()
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.runner.finished, timeout=60_000):
+        w.compare_captures(a, b)
+    QApplication.processEvents()
+    view = w.view
+    for size in (None, (1280, 800), (900, 650)):
+        if size is not None:
+            w.resize(*size)
+            qtbot.wait(50)
+        rows, cols = view.images[0].image.shape[:2]
+        for plot in view.plots:
+            (x0, x1), (y0, y1) = plot.vb.viewRange()
+            assert x0 <= 0 and x1 >= cols and y0 <= 0 and y1 >= rows, (size, plot.vb.viewRange())
+            # One side fits the picture (the other may be longer: square pixels in a plot
+            # that is not of the picture's shape).
+            assert min((x1 - x0) / cols, (y1 - y0) / rows) < 1.1, (size, plot.vb.viewRange())
+    table = view.table
+    text = table.palette().text().color()
+    marked = [r for r in range(table.rowCount()) if "first" in table.item(r, 6).text()]
+    assert marked
+    for r in marked:
+        item = table.item(r, 0)
+        fg = item.foreground().color() if item.foreground().style() else text
+        assert _contrast(fg, item.background().color()) >= 4.5
+    selected = table.palette().highlight().color(), table.palette().highlightedText().color()
+    assert _contrast(selected[1], selected[0]) >= 4.5

@@ -241,3 +241,27 @@ def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbo
     assert leaf not in w.session.selection and not panel.items[leaf_node].checked
     panel.layer_check_requested.emit(leaf, True)
     assert leaf in w.session.selection and panel.items[leaf_node].checked
+
+
+def test_nested_frames_enclose_each_other_and_their_names_never_overlap(qtbot, panel):
+    """layer1 and its block layer1.0 both open: layer1's frame holds layer1.0's, and each
+    name sits in a band of its own (they had been drawn over each other)."""
+    from gradexplorer.app.views.graph_view import GraphFrameItem
+
+    for container in ("m:layer1:0", "m:layer1.0:0"):
+        if container not in panel.expanded:
+            with qtbot.waitSignal(panel.layout_done, timeout=TIMEOUT):
+                panel.toggle(container)
+    frames = {i.node_id: i for i in panel.canvas.scene().items() if isinstance(i, GraphFrameItem)}
+    outer, inner = frames["m:layer1:0"], frames["m:layer1.0:0"]
+    assert outer.rect().contains(inner.rect())
+    label = {k: f.childItems()[0].sceneBoundingRect() for k, f in frames.items()}
+    assert not label["m:layer1:0"].intersects(label["m:layer1.0:0"])
+    # Every name lies inside its own frame, above the boxes and frames it holds.
+    for node_id, frame in frames.items():
+        assert frame.rect().contains(label[node_id])
+        for other_id, other in frames.items():
+            if other_id != node_id and frame.rect().contains(other.rect()):
+                assert not label[node_id].intersects(other.rect())
+        for item in panel.items.values():
+            assert not label[node_id].intersects(item.rect)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication
 
 from gradexplorer.app.views.capture_views import CaptureViews
@@ -121,7 +122,7 @@ def test_graph_fit_keeps_names_readable(qtbot):
     for i in range(80):
         canvas.scene().addItem(QGraphicsRectItem(0, i * 60, 160, 40))
     canvas.fit()
-    assert canvas.transform().m11() >= canvas.READABLE_SCALE
+    assert canvas.READABLE_SCALE <= canvas.transform().m11() <= canvas.TALL_FIT_SCALE == 1.0
     # A small graph is shown whole.
     canvas.scene().clear()
     canvas.scene().addItem(QGraphicsRectItem(0, 0, 200, 200))
@@ -138,3 +139,66 @@ def test_topk_tiles_are_labelled_with_their_channels(views):
     assert hv.tile_label_texts() == [f"ch {c}" for c in hm.channels] and len(hm.channels) == 4
     hv.set_display("channel", channel=2)
     assert hv.tile_label_texts() == []
+
+
+def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, tmp_path):
+    """The timeline's histograms over steps (colour = log10(1 + count)): a bar labelled
+    with the counts themselves, from the emptiest to the fullest bin; the bins' names on
+    the axis spaced by the plot's height, never overlapping."""
+    from gradexplorer.app.views.timeline_view import TimelineView, bin_label
+    from gradexplorer.stats.merge import MergeStats
+    from tests.core.test_timeline import grad_of, write_log
+
+    view = TimelineView(poll_ms=100)
+    qtbot.addWidget(view)
+    view.resize(1200, 800)
+    view.show()
+    path = tmp_path / "t.gxw"
+    write_log(path)
+    with qtbot.waitSignal(view.updated, timeout=60_000):
+        view.open_log(str(path))
+    view.select_layer("b")
+    qtbot.waitUntil(lambda: view.hist_image.image is not None, timeout=60_000)
+    counts = np.array([MergeStats.of_tensor(grad_of("b", s)).hist for s in range(10)])
+    used = np.flatnonzero(counts.sum(axis=0))
+    shown = counts[:, used[0]:used[-1] + 1]
+    assert view.hist_bar.isVisible()
+    assert view.hist_bar.tick_labels() == [scale_number(int(shown.min())), scale_number(int(shown.max()))]
+    assert "count per bin" in view.hist_bar.title()
+    assert view.hist_bar.levels() == pytest.approx((np.log10(1 + shown.min()), np.log10(1 + shown.max())))
+    # The bin axis: labels one text line apart at least, each a bin's own name.
+    axis = view.hist_plot.getAxis("left")
+    height = axis.geometry().height()
+    lo, hi = used[0], used[-1] + 1
+    levels = axis.tickValues(lo, hi, height)
+    labelled = levels[0][1]
+    px_per_bin = height / (hi - lo)
+    line = QFontMetrics(view.hist_widget.font()).height()
+    assert labelled and (len(labelled) == 1 or (labelled[1] - labelled[0]) * px_per_bin >= line)
+    strings = axis.tickStrings(labelled, 1.0, levels[0][0])
+    assert strings == [bin_label(int(v - 0.5)) for v in labelled]
+    view.shutdown()
+
+
+def test_an_empty_flow_chart_shows_no_scale(qtbot, cnn):  # noqa: F811
+    """Before a capture the flow chart has no values: its axis states none (it had read
+    1e0 to 6e0 of nothing); with a capture the axis is labelled again."""
+    view = GradientFlowView()
+    qtbot.addWidget(view)
+    view.set_capture(None)
+    axis = view.plot.getAxis("left")
+    assert axis.style["showValues"] is False
+    view.set_capture(cnn[0])
+    assert axis.style["showValues"] is True
+    view.set_capture(None)
+    assert axis.style["showValues"] is False
+
+
+def test_scale_numbers_read_plainly():
+    """End labels: written out from 0.001 to 9999 (a count of 1650 had read "1.65e+03",
+    another notation than the bar's "2.67e+6" beside it), with an exponent beyond."""
+    assert [scale_number(v) for v in (1650, 9090.0, 17.6, 0.03931, -0.0049, 1, 0.2)] == \
+        ["1650", "9090", "17.6", "0.03931", "-0.0049", "1", "0.2"]
+    assert [scale_number(v) for v in (2.67e6, -2.5e-6, 22800, 9999.7, 0.0009)] == \
+        ["2.67e+6", "-2.50e-6", "2.28e+4", "1.00e+4", "9.00e-4"]
+    assert scale_number(float("inf")) == "inf" and scale_number(0.0) == "0"

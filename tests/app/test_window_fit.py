@@ -3,12 +3,14 @@ a file, a comparison, a watch log. Every visible widget lies inside its window."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from PySide6.QtCore import QPoint, QRect
+from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
-from tests.app.conftest import TIMEOUT
+from tests.app.conftest import CPU, TIMEOUT
 
 SCREEN = (1280, 800)
 
@@ -120,6 +122,91 @@ def test_main_window_fits_1280x800_after_opening_a_resnet18_capture(qtbot, windo
     fit(qtbot, window)
 
 
+class _LaunchedApp:
+    """The application ``launch`` runs, with its event loop replaced by ``body``: what a
+    user does once the window is open."""
+
+    def __init__(self, app: QApplication, body) -> None:
+        self._app, self._body = app, body
+
+    def exec(self) -> int:
+        return self._body()
+
+    def __getattr__(self, name: str):
+        return getattr(self._app, name)
+
+
+def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_1280x800(
+        qtbot, resnet_files, monkeypatch, app_look):
+    """``gradexplorer a.pt``, with a geometry saved by a window wider than the screen: the
+    main window, then Compare with… another capture and the watch log's timeline opened
+    from it, each resized to 1280×800 after every view was drawn, with every visible
+    widget inside."""
+    from gradexplorer.app.cli.main import main
+    from gradexplorer.app.window import compare_window, launch
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+
+    settings = AppSettings()  # the throwaway file the suite points the window at
+    wide = MainWindow(settings=settings, devices=CPU, restore_geometry=False)
+    qtbot.addWidget(wide)
+    wide.setGeometry(0, 0, 1763, 1000)
+    settings.set_geometry(wide.saveGeometry())
+    settings.sync()
+    wide.shutdown()
+
+    done = []
+
+    def user() -> int:
+        window = next(w for w in QApplication.topLevelWidgets()
+                      if isinstance(w, MainWindow) and w.isVisible())
+        qtbot.addWidget(window)
+        qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+        assert window.windowTitle() == "gradexplorer — a.pt"
+        room = window.screen().availableGeometry()
+        assert window.width() <= max(room.width(), window.minimumSizeHint().width())
+        for i in range(window.views.tabs.count()):  # every view drawn once: each sets its labels
+            window.views.tabs.setCurrentIndex(i)
+            qtbot.wait(50)
+        window.views.tabs.setCurrentIndex(0)
+        window.module_tabs.setCurrentIndex(1)  # the graph and its status line
+        qtbot.wait(300)
+        window.showMaximized()
+        QApplication.processEvents()
+        window.showNormal()
+        fit(qtbot, window)
+        window.module_tabs.setCurrentIndex(0)
+        fit(qtbot, window)
+
+        monkeypatch.setattr(compare_window, "ask_source", lambda parent, devices=None: str(resnet_files / "b.pt"))
+        compared = window.compare_with()
+        assert compared is not None
+        qtbot.addWidget(compared)
+        qtbot.waitUntil(lambda: compared.export_action.isEnabled(), timeout=TIMEOUT)
+        fit(qtbot, compared)
+        compared.tabs.setCurrentIndex(1)  # the graph coloured by the comparison
+        fit(qtbot, compared)
+        compared.close()
+
+        timeline = window.open_timeline(str(resnet_files / "run.gxw"))
+        assert timeline is not None
+        qtbot.addWidget(timeline)
+        qtbot.waitUntil(lambda: timeline.view.timeline is not None, timeout=TIMEOUT)
+        rows = timeline.view.timeline.rows
+        timeline.view.select_layer(rows[len(rows) // 2])
+        qtbot.wait(300)
+        fit(qtbot, timeline)
+        timeline.close()
+        window.close()
+        done.append(True)
+        return 0
+
+    real_setup = launch.setup_application
+    monkeypatch.setattr(launch, "setup_application", lambda *a: _LaunchedApp(real_setup(*a), user))
+    assert main([str(resnet_files / "a.pt")]) == 0
+    assert done == [True]
+
+
 def test_main_window_fits_after_the_demo_and_a_second_model(qtbot, demo):
     demo.show()
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
@@ -192,6 +279,27 @@ def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
     w.shutdown()
 
 
+@pytest.mark.parametrize("kind", ["compare", "timeline"])
+def test_the_compare_and_timeline_windows_open_inside_the_screen(qtbot, kind):
+    """They ask for 1400×900; on a smaller screen (the test platform's is 800×800) they
+    open inside it, with nothing out of reach."""
+    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer.app.window.timeline_window import TimelineWindow
+
+    w = CompareWindow() if kind == "compare" else TimelineWindow(None)
+    qtbot.addWidget(w)
+    w.show()
+    QApplication.processEvents()
+    room = w.screen().availableGeometry()
+    assert room.width() < 1400 or room.height() < 900  # the case this is about
+    frame = w.frameGeometry()
+    # Inside the screen, or no larger than the window can be (Qt keeps its minimum size).
+    least = w.minimumSizeHint() + (frame.size() - w.size())
+    assert frame.width() <= max(room.width(), least.width()), (room, frame, least)
+    assert frame.height() <= max(room.height(), least.height()), (room, frame, least)
+    assert room.contains(frame.topLeft())
+
+
 def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
     demo.show()
     QApplication.processEvents()
@@ -257,3 +365,193 @@ def test_the_sample_header_follows_a_new_batch(qtbot, demo):
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
         demo.run()
     assert demo.views.sample_name.text() == "of 2: star_2.png"
+
+
+def test_the_sample_header_follows_the_batch_a_new_model_brings(qtbot, demo):
+    """A model load that also changes the batch (a random batch, then the demo again, which
+    brings its 12 pictures): the header names the new batch, never the old one's samples."""
+    with qtbot.waitSignal(demo.batch_loaded, timeout=TIMEOUT):
+        demo.load_inputs(["random:2x3x64x64"])
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert demo.views.sample_name.text() == "of 2: random[0]"
+    with qtbot.waitSignal(demo.model_loaded, timeout=TIMEOUT):
+        demo.load_model("demo:shapes")
+    QApplication.processEvents()
+    assert demo.session.capture is None and len(demo.session.batch) == 12
+    assert demo.views.sample_name.text() == f"of 12: {demo.session.batch.names[0]}"
+    assert demo.views.sample_spin.maximum() == 11
+
+
+def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo, tmp_path):
+    """View ▸ Modules panel and View ▸ Input, model and run panel: closed, the views take
+    the room and the window can be narrower; reopened, each has its width again; closed
+    panels stay closed at the next launch."""
+    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer.app.window.settings import AppSettings
+
+    demo.show()
+    demo.resize(*SCREEN)
+    QApplication.processEvents()
+    before = demo.splitter.sizes()
+    narrowest = demo.minimumSizeHint().width()
+    demo.tree_panel_action.trigger()
+    demo.side_panel_action.trigger()
+    qtbot.wait(50)  # the layouts settle
+    assert demo.tree_box.isHidden() and demo.side_panel.isHidden()
+    assert not demo.tree_panel_action.isChecked() and not demo.side_panel_action.isChecked()
+    assert demo.views.width() >= sum(before) - 20  # the views have the room
+    # The window's layout takes the panels out when it next settles.
+    qtbot.waitUntil(lambda: max(demo.minimumSizeHint().width(), demo.minimumWidth())
+                    <= demo.views.minimumWidth() + 40 < narrowest, timeout=5000)
+    demo.resize(800, 600)  # a window that the three panels side by side would not allow
+    QApplication.processEvents()
+    qtbot.waitUntil(lambda: demo.width() == 800, timeout=5000)
+    assert outside(demo) == []
+    demo.resize(*SCREEN)
+    QApplication.processEvents()
+    demo.tree_panel_action.trigger()
+    QApplication.processEvents()
+    assert demo.tree_box.isVisible() and demo.splitter.sizes()[0] == before[0]
+    demo.close()  # the side panel stays closed: remembered
+    again = MainWindow(settings=AppSettings(), devices=CPU)
+    qtbot.addWidget(again)
+    assert again.side_panel.isHidden() and not again.side_panel_action.isChecked()
+    assert not again.tree_box.isHidden() and again.tree_panel_action.isChecked()
+    again.side_panel_action.trigger()
+    assert not again.side_panel.isHidden()
+    again.shutdown()
+
+
+def test_the_gradient_norms_show_beside_the_names_at_1280x800(qtbot, demo):
+    """At 1280×800 the Modules panel shows the Module column and, beside it, Grad norm
+    (it had been scrolled out of sight behind Type and Output)."""
+    from gradexplorer.app.window.module_tree_view import COL_GRAD, COL_NAME
+
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([340, 560, 380])
+    QApplication.processEvents()
+    tree = demo.tree_view
+    header = tree.header()
+    assert header.visualIndex(COL_NAME) == 0 and header.visualIndex(COL_GRAD) == 1
+    right_edge = header.sectionViewportPosition(COL_GRAD) + header.sectionSize(COL_GRAD)
+    assert right_edge <= tree.viewport().width()
+    assert tree.model().headerData(COL_GRAD, Qt.Orientation.Horizontal) == "Grad norm"
+
+
+def cut_controls(window: QWidget) -> list[str]:
+    """The visible combo boxes, buttons and search boxes whose text does not fit them
+    (a combo's current item, a button's label, a line edit's placeholder)."""
+    from PySide6.QtWidgets import QAbstractButton, QComboBox, QLineEdit, QStyle, QStyleOptionComboBox
+
+    bad = []
+    for w in window.findChildren(QWidget):
+        if not w.isVisible() or w.width() <= 0:
+            continue
+        fm = w.fontMetrics()
+        if isinstance(w, QComboBox):
+            option = QStyleOptionComboBox()
+            w.initStyleOption(option)
+            room = w.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                            QStyle.SubControl.SC_ComboBoxEditField, w).width()
+            text = w.currentText()
+        elif isinstance(w, QLineEdit) and not w.text():
+            room, text = w.width() - 24 - (20 if w.isClearButtonEnabled() else 0), w.placeholderText()
+        elif isinstance(w, QAbstractButton) and w.text() and type(w).__name__ == "QPushButton":
+            room, text = w.width() - 8, w.text().replace("&", "")
+        else:
+            continue
+        if text and fm.horizontalAdvance(text) > room:
+            bad.append(f"{type(w).__name__} {text!r}: {fm.horizontalAdvance(text)} > {room}")
+    return bad
+
+
+def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, app_look):
+    """In the application's look at 1280×800, the panels at their narrowest: every combo
+    box, button and search box beside the views and in the Graph tab shows its whole text
+    (the Graph tab's had read "Fi…" and "Colour: gradie", the heatmap's "top-k channels by g")."""
+    from gradexplorer.app.window.application import setup_application
+
+    setup_application()
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([demo.tree_box.minimumWidth(), demo.views.minimumWidth(), 2000])
+    qtbot.wait(50)
+    def every_view(when: str) -> None:
+        for tab in (0, 1):  # the tree, then the graph
+            demo.module_tabs.setCurrentIndex(tab)
+            for i in range(demo.views.tabs.count()):
+                demo.views.tabs.setCurrentIndex(i)
+                qtbot.wait(20)
+                assert cut_controls(demo) == [], (when, tab, demo.views.tabs.tabText(i))
+
+    every_view("a run")
+    # A run over a folder renames the histogram's scope "whole dataset" (it had read "whole datase").
+    samples = Path(__file__).resolve().parents[2] / "resources" / "demo_shapes" / "samples"
+    with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT):
+        demo.dataset_run.run_over_folder(str(samples), batch_size=4)
+    every_view("a run over a folder")
+
+
+def test_the_statistics_table_shows_every_number_and_header_whole(qtbot, demo, app_look):
+    """The Statistics tab at 1280×800 with the views at their narrowest, on a layer with
+    parameters (four tensors): no number nor header is cut ("393…", "iume" had been)."""
+    from gradexplorer.app.window.application import setup_application
+
+    setup_application()
+    demo.show()
+    demo.resize(*SCREEN)
+    demo.splitter.setSizes([demo.tree_box.minimumWidth(), demo.views.minimumWidth(), 2000])
+    demo.views.set_layer("features.5.conv1")
+    demo.views.tabs.setCurrentWidget(demo.views.stats_view)
+    qtbot.wait(50)
+    table = demo.views.stats_view.table
+    assert table.columnCount() == 4  # activation, gradient, input gradient, weight gradient
+    fm = table.fontMetrics()
+    for c in range(table.columnCount()):
+        texts = [table.item(r, c).text() for r in range(table.rowCount())]
+        texts.append(table.horizontalHeaderItem(c).text())
+        assert max(fm.horizontalAdvance(t) for t in texts) <= table.columnWidth(c), c
+    names = [table.verticalHeaderItem(r).text() for r in range(table.rowCount())]
+    assert max(fm.horizontalAdvance(n) for n in names) <= table.verticalHeader().width()
+
+
+TOKENS_LM = '''
+import torch.nn as nn
+
+
+def build():
+    return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 7))
+'''
+
+
+def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_path):
+    """Tokens of 16, then a batch of 12: the tree's Output column (and the session's tree
+    that the memory estimate reads) says 12 positions at once, before any run; the rows the
+    user opened stay open (no reset)."""
+    from gradexplorer.app.window.module_tree_view import COL_SHAPE
+
+    factory = tmp_path / "tokens_lm.py"
+    factory.write_text(TOKENS_LM)
+    t16, t12 = tmp_path / "t16.pt", tmp_path / "t12.pt"
+    torch.save(torch.randint(0, 11, (2, 16)), t16)
+    torch.save(torch.randint(0, 11, (2, 12)), t12)
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        window.load_model(f"{factory}:build", trust=True, inputs=[str(t16)], run=True)
+    tree = window.tree_view.tree_model
+    assert [tree.data(tree.index_of(n, COL_SHAPE)) for n in ("0", "1")] == ["16×8", "16×7"]
+    root = window.tree_view.proxy.mapFromSource(tree.index_of(""))
+    assert window.tree_view.isExpanded(root)
+    resets = []
+    tree.modelReset.connect(lambda: resets.append(1))
+    with qtbot.waitSignal(window.batch_loaded, timeout=TIMEOUT):
+        window.load_inputs([str(t12)])
+    assert [tree.data(tree.index_of(n, COL_SHAPE)) for n in ("0", "1")] == ["12×8", "12×7"]
+    assert window.session.tree["1"].output_shapes == [(1, 12, 7)]
+    assert window.session.tree.call_io[0].input_bytes == 12 * 8  # one sample of int64 ids
+    assert resets == [] and window.tree_view.isExpanded(root)
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        window.run()
+    assert window.session.capture["1"].calls[0].shape[1:] == (12, 7)
+    assert tree.data(tree.index_of("1", COL_SHAPE)) == "12×7"

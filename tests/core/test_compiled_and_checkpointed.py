@@ -118,3 +118,27 @@ def test_hugging_face_gradient_checkpointing_counts_each_call_once():
 
     names = list(cap.layers)
     assert compare(cap, reference(model, ids, names, target="sum@logits", train=True), names) < 1e-5
+
+
+def test_a_capture_of_a_model_nobody_compiled_does_not_import_dynamo():
+    """Looking for torch.compile's wrapper must not import dynamo (and with it sympy and
+    Triton, about 200 MiB of the window's first run): in a fresh interpreter, a capture and
+    the window's own checks leave torch._dynamo unimported; a compiled model imports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from gradexplorer.capturing.capture import capture\n"
+        "from gradexplorer.capturing.compiled import compiled_modules, refuse_compiled_layers\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(3, 2))\n"
+        "capture(net, torch.randn(2, 3))\n"
+        "assert compiled_modules(net) == []\n"
+        "refuse_compiled_layers(net, ['0'])\n"
+        "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n"
+        "compiled = torch.compile(net, backend='eager')\n"
+        "print(compiled_modules(compiled))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["[]", "['']"]
