@@ -21,6 +21,7 @@ from typing import Any
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
 from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.timm_models import hub_cache_dir
 from gradexplorer.models.weights import ModelInfo
 
 __all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "hf_available", "hf_catalog", "hf_spec", "load_hf"]
@@ -87,8 +88,6 @@ def hf_catalog() -> list[ModelInfo]:
     try:
         from huggingface_hub import scan_cache_dir
 
-        from gradexplorer.models.timm_models import hub_cache_dir
-
         # The folder from the environment now: huggingface_hub's default was fixed at its import.
         cached = sorted(repo.repo_id for repo in scan_cache_dir(hub_cache_dir()).repos if repo.repo_type == "model")
     except Exception:  # noqa: BLE001 - no cache yet, or one we cannot read: the examples are enough
@@ -131,8 +130,11 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
 
     patterns = _WANTED + (_PICKLED if trust else [])
     offline = _offline()
+    # The cache from the environment now (huggingface_hub fixed its default at import), the
+    # one the model browser lists and timm's loader reads.
+    cache = str(hub_cache_dir())
     try:
-        folder = snapshot_download(name, allow_patterns=patterns, local_files_only=True)
+        folder = snapshot_download(name, allow_patterns=patterns, local_files_only=True, cache_dir=cache)
         return Path(folder).resolve(), "Hugging Face cache"
     except Exception as exc:
         if offline:
@@ -142,7 +144,8 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
                 "or unset HF_HUB_OFFLINE.",
             ) from exc
     try:
-        folder = snapshot_download(name, allow_patterns=patterns, tqdm_class=_progress_class(progress))
+        folder = snapshot_download(name, allow_patterns=patterns, cache_dir=cache,
+                                   tqdm_class=_progress_class(progress))
     except Exception as exc:
         raise ModelLoadError(
             f"'{name}' could not be downloaded from the Hugging Face Hub: {type(exc).__name__}: "
@@ -154,19 +157,29 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
 
 
 def _progress_class(progress: Callable[[int, int], None] | None) -> Any:
-    """A tqdm class that reports bytes to ``progress`` (huggingface_hub draws its bars with it)."""
+    """A tqdm class that draws nothing and reports the bytes written to ``progress``.
+
+    huggingface_hub hands it every bar of a download: one counting files (unit ``it``),
+    one counting the bytes written to the cache (unit ``B``, total = the files' sizes),
+    and, for Xet storage, one estimating network bytes ("Downloading bytes", a guessed
+    total that grows), which is left out. A disabled tqdm counts nothing (its ``update``
+    returns at once, before even ``unit`` is set), so the bytes are counted here.
+    """
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     class Reporting(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._bytes_written = (kwargs.get("unit") == "B"
+                                   and not str(kwargs.get("desc") or "").startswith("Downloading bytes"))
+            self._done = int(kwargs.get("initial") or 0)
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
-            out = super().update(n)
-            if progress is not None and self.unit == "B":
-                progress(int(self.n), int(self.total or 0))
-            return out
+            self._done += int(n or 0)
+            if progress is not None and self._bytes_written:
+                progress(self._done, int(self.total or 0))
+            return None
 
     return Reporting
 

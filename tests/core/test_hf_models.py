@@ -263,3 +263,49 @@ def test_the_model_browser_lists_the_models_in_the_cache(offline):
     assert entries["hf:openai-community/gpt2"].cached == ()
     loaded = load_model("hf:tiny-org/tiny-gpt2")
     assert loaded.tokenizer is not None and loaded.weights.endswith("0" * 40)
+
+
+@pytest.fixture
+def online(tmp_path, monkeypatch, saved):
+    """An empty Hugging Face cache and a Hub on the loopback address serving the tiny GPT-2."""
+    import huggingface_hub.constants as constants
+
+    from tests.hf_fake_hub import FakeHub
+
+    home = tmp_path / "hf_home"
+    with FakeHub(saved["gpt2"], repo="tiny-org/tiny-gpt2") as hub:
+        monkeypatch.setenv("HF_HOME", str(home))
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)
+        # huggingface_hub reads these once at import.
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield hub, home
+
+
+def test_a_model_not_in_the_cache_downloads_into_it_with_progress(online, saved):
+    """The real download path (huggingface_hub's snapshot_download and its progress bars),
+    against a Hub on the loopback address: the bytes written are reported as they arrive,
+    and the files land in the cache the model browser lists."""
+    from gradexplorer.models.hf_models import hf_catalog
+
+    hub, home = online
+    reports: list[tuple[int, int]] = []
+    loaded = load_model("hf:tiny-org/tiny-gpt2", progress=lambda done, total: reports.append((done, total)))
+    assert any(r.startswith("GET /tiny-org/tiny-gpt2/resolve/") and r.endswith("model.safetensors")
+               for r in hub.requests)
+    snapshot = home / "hub" / "models--tiny-org--tiny-gpt2" / "snapshots"
+    assert "Hugging Face Hub" in loaded.notes[0] and str(snapshot) in loaded.notes[0]
+    size = sum((saved["gpt2"] / f).stat().st_size for f in hub.files())
+    assert reports and reports[-1] == (size, size)
+    done = [d for d, _ in reports]
+    assert done == sorted(done) and all(0 < d <= t for d, t in reports)
+    assert loaded.tokenizer is not None and type(loaded.module).__name__ == "GPT2LMHeadModel"
+    assert {i.name: i.cached for i in hf_catalog()}["hf:tiny-org/tiny-gpt2"] == ("hub",)
+    # Now cached: the next load asks the Hub nothing.
+    asked = len(hub.requests)
+    load_model("hf:tiny-org/tiny-gpt2")
+    assert len(hub.requests) == asked
