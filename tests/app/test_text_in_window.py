@@ -143,3 +143,31 @@ def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folde
     assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
     assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
     assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+
+
+def test_the_model_browser_lists_and_loads_a_cached_hugging_face_model(qtbot, window, tmp_path, monkeypatch):
+    """With transformers installed the browser has a Hugging Face group: the models in the
+    cache (marked cached) and a few known names; Load reads the cache, offline."""
+    import huggingface_hub.constants as constants
+
+    from tests.app.conftest import TIMEOUT
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hf_tiny.save_in_cache("gpt2", home, repo="tiny-org/tiny-gpt2")
+    panel = window.model_panel
+    with qtbot.waitSignal(window.controller.catalog_ready, timeout=TIMEOUT):
+        window.controller.start()
+    groups = [panel.list.topLevelItem(i).text(0) for i in range(panel.list.topLevelItemCount())]
+    assert any(g.startswith("Hugging Face (transformers)") for g in groups)
+    assert panel.select_spec("hf:openai-community/gpt2") and panel.list.currentItem().text(1) == "downloads"
+    assert panel.select_spec("hf:tiny-org/tiny-gpt2")
+    assert panel.list.currentItem().text(1) == "cached"
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=TIMEOUT):
+        panel.load_button.click()
+    loaded = window.session.model
+    assert loaded.spec == "hf:tiny-org/tiny-gpt2" and loaded.tokenizer is not None
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
