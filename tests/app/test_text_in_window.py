@@ -171,3 +171,41 @@ def test_the_model_browser_lists_and_loads_a_cached_hugging_face_model(qtbot, wi
     loaded = window.session.model
     assert loaded.spec == "hf:tiny-org/tiny-gpt2" and loaded.tokenizer is not None
     assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+
+
+def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_position(qtbot, window, folder):
+    """The plain top1 of a causal language model is the predicted next token at the last
+    position: the run panel shows it so (classes on the last dim, the last position), a run
+    from it reads that position, and choosing every position sums over them."""
+    from gradexplorer.app.window.launch import start
+    from gradexplorer.pipeline.options import BatchSpec
+    from tests.app.conftest import TIMEOUT
+
+    options = CaptureOptions(model=f"hf:{folder}", batch=BatchSpec(texts=("the cat sat", "a dog")))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, True)
+    assert done.args == ["ok"]
+    panel, s = window.run_panel, window.session
+    assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
+    assert panel.target_combo.currentData() == "top1"
+    assert panel.class_dim_combo.isVisibleTo(panel) and panel.class_dim_combo.currentData() == -1
+    assert panel.position_combo.isVisibleTo(panel) and panel.position_combo.currentData() == -1
+    assert "next token at the last position" in panel.target_combo.toolTip()
+    assert s.target == "top1"  # still the model's own default
+    panel.position_combo.setCurrentIndex(panel.position_combo.findData("all"))
+    assert s.target == "top1,dim=-1"
+    assert "summed over positions" in panel.target_combo.toolTip()
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        panel.run_button.click()
+    cap = s.capture
+    assert cap.meta["target"] == "top1,dim=-1"
+    model, kwargs = window.session.model.module, window.session.batch.inputs.kwargs
+    logits = model(**kwargs).logits
+    want = torch.autograd.grad(logits.max(-1).values.sum(), model.lm_head.weight)[0]
+    torch.testing.assert_close(cap["lm_head"].param_grads["weight"], want, rtol=1e-5, atol=1e-7)
+    panel.position_combo.setCurrentIndex(panel.position_combo.findData(-1))
+    assert s.target == "top1"
+    # dim 1 of per-token logits is the position: plain top1 stands for the model's own target,
+    # and the panel shows that one again rather than a choice that would not run
+    panel.class_dim_combo.setCurrentIndex(panel.class_dim_combo.findData(1))
+    assert s.target == "top1" and panel.class_dim_combo.currentData() == -1
