@@ -96,7 +96,7 @@ def test_cli_captures_a_saved_gpt2_folder_from_text_exactly(saved, offline, tmp_
 
     model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
     kwargs = dict(cap.model_inputs["kwargs"])
-    assert set(kwargs) == {"input_ids", "attention_mask", "position_ids"}
+    assert set(kwargs) == {"input_ids", "attention_mask", "position_ids", "labels"}
     _check_against_autograd(cap, model, kwargs, meta.target, model.transformer.wte)
     # left padding with counted positions: the padded sample predicts as it does alone
     alone = model(input_ids=kwargs["input_ids"][1:, 1:]).logits[0, -1]
@@ -309,3 +309,41 @@ def test_a_model_not_in_the_cache_downloads_into_it_with_progress(online, saved)
     asked = len(hub.requests)
     load_model("hf:tiny-org/tiny-gpt2")
     assert len(hub.requests) == asked
+
+
+def test_a_causal_lms_text_is_its_own_per_token_labels(saved, offline, tmp_path, capsys):
+    """Text given to a causal language model is also its per-token labels (padding ignored):
+    the output carries the model's own loss, and ``--target sum@loss`` differentiates the
+    mean cross-entropy of each position's prediction of the next token, computed here by
+    hand from the logits."""
+    out = tmp_path / "loss.pt"
+    code = main(["-q", "capture", "--model", f"hf:{saved['gpt2']}", "--text", "the cat sat on a mat",
+                 "--text", "a dog ran", "--target", "sum@loss", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "labels: the text's own tokens" in printed
+    cap = load_capture(out)
+    kwargs = dict(cap.model_inputs["kwargs"])
+    ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+    assert torch.equal(kwargs["labels"], ids.masked_fill(mask == 0, -100))
+    assert capture_meta(cap).tokens[1][:3] == ("[pad]", "[pad]", "[pad]")
+
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
+    inputs = {k: v for k, v in kwargs.items() if k != "labels"}
+    logits = model(**inputs).logits
+    # the truth: each real position predicts the next real token
+    nxt, keep = ids[:, 1:], (mask[:, 1:] == 1)
+    per_token = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), nxt, reduction="none")
+    loss = per_token[keep].mean()
+    named = [(n, p) for n, p in model.named_parameters()]
+    grads = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)))
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            full = f"{name}.{pname}"
+            if g is not None and grads.get(full) is not None:
+                torch.testing.assert_close(g, grads[full], rtol=1e-4, atol=1e-6)
+                checked += 1
+    assert checked >= 10
