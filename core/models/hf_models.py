@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.models.hub import hub_cache_dir, hub_offline, progress_class
 from gradexplorer.models.loaded_model import LoadedModel
-from gradexplorer.models.timm_models import hub_cache_dir
 from gradexplorer.models.weights import ModelInfo
 
 __all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "hf_available", "hf_catalog", "hf_spec", "load_hf"]
@@ -96,10 +96,6 @@ def hf_catalog() -> list[ModelInfo]:
     return [ModelInfo(HF_PREFIX + n, HF_TASK, (), None, ("hub",) if n in cached else ()) for n in names]
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _transformers() -> Any:
     try:
         import transformers
@@ -129,7 +125,7 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
     from huggingface_hub import snapshot_download
 
     patterns = _WANTED + (_PICKLED if trust else [])
-    offline = _offline()
+    offline = hub_offline()
     # The cache from the environment now (huggingface_hub fixed its default at import), the
     # one the model browser lists and timm's loader reads.
     cache = str(hub_cache_dir())
@@ -145,7 +141,7 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
             ) from exc
     try:
         folder = snapshot_download(name, allow_patterns=patterns, cache_dir=cache,
-                                   tqdm_class=_progress_class(progress))
+                                   tqdm_class=progress_class(progress))
     except Exception as exc:
         raise ModelLoadError(
             f"'{name}' could not be downloaded from the Hugging Face Hub: {type(exc).__name__}: "
@@ -154,34 +150,6 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
             "'hf auth login'.",
         ) from exc
     return Path(folder).resolve(), "Hugging Face Hub"
-
-
-def _progress_class(progress: Callable[[int, int], None] | None) -> Any:
-    """A tqdm class that draws nothing and reports the bytes written to ``progress``.
-
-    huggingface_hub hands it every bar of a download: one counting files (unit ``it``),
-    one counting the bytes written to the cache (unit ``B``, total = the files' sizes),
-    and, for Xet storage, one estimating network bytes ("Downloading bytes", a guessed
-    total that grows), which is left out. A disabled tqdm counts nothing (its ``update``
-    returns at once, before even ``unit`` is set), so the bytes are counted here.
-    """
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]
-
-    class Reporting(tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self._bytes_written = (kwargs.get("unit") == "B"
-                                   and not str(kwargs.get("desc") or "").startswith("Downloading bytes"))
-            self._done = int(kwargs.get("initial") or 0)
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            self._done += int(n or 0)
-            if progress is not None and self._bytes_written:
-                progress(self._done, int(self.total or 0))
-            return None
-
-    return Reporting
 
 
 def model_class(transformers: Any, config: Any, hf_class: str | None) -> Any:
