@@ -209,3 +209,28 @@ def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_p
     # and the panel shows that one again rather than a choice that would not run
     panel.class_dim_combo.setCurrentIndex(panel.class_dim_combo.findData(1))
     assert s.target == "top1" and panel.class_dim_combo.currentData() == -1
+
+
+def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, window, folder, monkeypatch):
+    """``gradexplorer --model hf:FOLDER --hf-class base --text ... --input-grad --run``: the
+    window builds the class asked for and records the input gradient, as ``capture`` does."""
+    import gradexplorer.app.window.launch
+    from gradexplorer.app.cli import main as cli
+    from gradexplorer.app.window.launch import start
+    from tests.app.conftest import TIMEOUT
+
+    calls = []
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+                        lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
+    assert cli.main(["--model", f"hf:{folder}", "--hf-class", "base", "--text", "the cat sat",
+                     "--input-grad", "--target", "sum", "--run"]) == 0
+    ((options, run),) = calls
+    assert options.hf_class == "base" and options.input_grad
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, run)
+    assert done.args == ["ok"]
+    s = window.session
+    assert type(s.model.module).__name__ == "GPT2Model"
+    assert s.capture.input_grad is not None and tuple(s.capture.input_grad.shape) == (1, 3, 32)
+    assert s.capture_options().hf_class == "base"  # a second run, a comparison: the same class
+    assert cli.main(["--hf-class", "base"]) == 2  # without --model: a usage error
