@@ -100,6 +100,11 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
     padded = mask is not None and bool((mask == 0).any())
     if side == "left" and mask is not None and _takes(model, "position_ids"):
         kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    start = _decoder_start(model)
+    if start is not None:
+        # An encoder-decoder reads the text in its encoder; its decoder starts from its start
+        # token, so the output is the first token it would write.
+        kwargs["decoder_input_ids"] = torch.full((ids.shape[0], 1), start, dtype=ids.dtype)
     labelled = model.task == "language_model" and side == "left" and _takes(model, "labels")
     if labelled:
         # A causal language model's per-token labels are the text itself: the model
@@ -114,6 +119,8 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
         else f"{ids.shape[1]} tokens, no padding")
     if labelled:
         how += "; labels: the text's own tokens, each predicted from those before (the output's 'loss')"
+    if start is not None:
+        how += f"; the decoder starts from its start token (id {start})"
     names = [_short(s) for s in samples]
     n = len(samples)
     return Batch(
@@ -143,6 +150,17 @@ def predicted_tokens(capture: Any, tokenizer: Any, target: Any) -> list[str] | N
         return None
     ids = y[:, target.position, :].argmax(dim=-1).tolist()
     return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _decoder_start(model: LoadedModel) -> int | None:
+    """The id an encoder-decoder's decoder starts from, or None for other models."""
+    config = getattr(model.module, "config", None)
+    if not getattr(config, "is_encoder_decoder", False) or not _takes(model, "decoder_input_ids"):
+        return None
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None)
+    return int(start) if isinstance(start, int) else None
 
 
 def _takes(model: LoadedModel, name: str) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
 from gradexplorer.models.hub import hub_cache_dir, hub_offline, progress_class
+from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.weights import ModelInfo
 
@@ -239,7 +240,11 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
         # A cache of keys and values would be part of the output, and is not what is inspected.
         module.config.use_cache = False
     tokenizer = _tokenizer(transformers, folder, trust)
-    return _described(module, spec, folder, origin, tokenizer)
+    described = _described(module, spec, folder, origin, tokenizer)
+    processor = _image_processor(transformers, folder, trust)
+    if processor is not None:
+        described.preprocess, described.preprocess_description = _image_preprocess(processor)
+    return described
 
 
 def _config(transformers: Any, folder: Path, spec: str, trust: bool) -> Any:
@@ -277,6 +282,40 @@ def _tokenizer(transformers: Any, folder: Path, trust: bool) -> Any:
     return tok
 
 
+def _image_processor(transformers: Any, folder: Path, trust: bool) -> Any:
+    if not (folder / "preprocessor_config.json").is_file():
+        return None
+    try:
+        return transformers.AutoImageProcessor.from_pretrained(str(folder), trust_remote_code=trust)
+    except Exception:  # noqa: BLE001 - not an image processor (audio, text): pictures get the default recipe
+        return None
+
+
+def _image_preprocess(processor: Any) -> tuple[Callable[[Any], Any], str]:
+    """Pictures as the model's own image processor prepares them (its size, rescaling and
+    normalisation: a Hugging Face ViT's mean and std are not ImageNet's), and that in words."""
+
+    def preprocess(image: Any) -> Any:
+        return processor(images=image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+
+    steps = []
+    size = getattr(processor, "size", None) or {}
+    if getattr(processor, "do_resize", False) and size:
+        side = (f"{size['height']}×{size['width']}" if "height" in size and "width" in size
+                else f"shortest edge {size['shortest_edge']}" if "shortest_edge" in size else str(dict(size)))
+        steps.append(f"resize to {side}")
+    crop = getattr(processor, "crop_size", None) or {}
+    if getattr(processor, "do_center_crop", False) and crop:
+        steps.append(f"centre crop {crop.get('height')}×{crop.get('width')}")
+    if getattr(processor, "do_rescale", False):
+        steps.append(f"scale by {float(getattr(processor, 'rescale_factor', 1 / 255)):.4g}")
+    if getattr(processor, "do_normalize", False):
+        mean = ", ".join(f"{float(v):.3g}" for v in (getattr(processor, "image_mean", None) or []))
+        std = ", ".join(f"{float(v):.3g}" for v in (getattr(processor, "image_std", None) or []))
+        steps.append(f"normalise with mean ({mean}) and std ({std})")
+    return preprocess, f"the model's image processor ({type(processor).__name__}): " + (", ".join(steps) or "as saved")
+
+
 def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any) -> LoadedModel:
     config = module.config
     cls_name = type(module).__name__
@@ -293,7 +332,9 @@ def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any
     elif cls_name.endswith("ForTokenClassification"):
         task = "token_classification"
         default_target = "top1,dim=-1"
-    elif is_causal:
+    elif is_causal or (getattr(config, "is_encoder_decoder", False) and cls_name.endswith("ForConditionalGeneration")):
+        # A causal LM predicts the token after the text; an encoder-decoder (T5, BART), fed
+        # its start token, the first token of its output: either is read at the last position.
         task = "language_model"
         default_target = "top1,dim=-1,pos=-1"
     elif cls_name.endswith("ForMaskedLM"):
@@ -305,5 +346,6 @@ def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any
     return LoadedModel(
         module=module, spec=spec, name=f"{display} ({cls_name})", weights=f"hf:{folder}",
         categories=categories, task=task, notes=notes, tokenizer=tokenizer, default_target=default_target,
+        input_shape=declared_input_shape(module),
         text_padding="left" if is_causal else "right",
     )

@@ -347,3 +347,55 @@ def test_a_causal_lms_text_is_its_own_per_token_labels(saved, offline, tmp_path,
                 torch.testing.assert_close(g, grads[full], rtol=1e-4, atol=1e-6)
                 checked += 1
     assert checked >= 10
+
+
+def _param_grads_equal(cap, model, scalar) -> int:
+    named = list(model.named_parameters())
+    grads = dict(zip([n for n, _ in named], torch.autograd.grad(scalar, [p for _, p in named], allow_unused=True)))
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            want = grads.get(f"{name}.{pname}")
+            if g is not None and want is not None:
+                torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-7)
+                checked += 1
+    return checked
+
+
+def test_an_encoder_decoder_reads_the_text_and_predicts_its_first_output_token(tmp_path):
+    """T5 given text: the encoder reads it, the decoder starts from its start token, and the
+    default target is the first token it would write."""
+    folder = hf_tiny.save("t5", tmp_path / "t5")
+    loaded = load_model(f"hf:{folder}")
+    assert loaded.default_target == "top1,dim=-1,pos=-1"
+    batch = load_batch(["text:the cat sat", "text:a dog"], loaded)
+    kwargs = batch.inputs.kwargs
+    assert kwargs["decoder_input_ids"].tolist() == [[0], [0]]
+    assert "the decoder starts from its start token" in batch.preprocessing
+    model = loaded.module
+    cap = capture(model, batch.model_input, target=loaded.default_target, input_grad=True)
+    logits = model(**kwargs).logits
+    assert tuple(logits.shape[:2]) == (2, 1)
+    assert _param_grads_equal(cap, model, logits[:, -1].max(-1).values.sum()) >= 10
+    assert "embed_tokens" in cap.meta["input_grad_of"] and tuple(cap.input_grad.shape) == (2, 3, 32)
+
+
+def test_a_vision_models_pictures_go_through_its_own_image_processor(tmp_path):
+    """A Hugging Face ViT's pictures are prepared by its image processor (its size, and a
+    mean and std of 0.5 rather than ImageNet's), as transformers would."""
+    from PIL import Image
+    from transformers import ViTImageProcessor
+
+    folder = hf_tiny.save("vit", tmp_path / "vit")
+    picture = tmp_path / "pic.png"
+    Image.effect_noise((50, 40), 60).convert("RGB").save(picture)
+    loaded = load_model(f"hf:{folder}")
+    assert loaded.input_shape == (3, 32, 32)
+    batch = load_batch([str(picture)], loaded)
+    want = ViTImageProcessor.from_pretrained(folder)(images=Image.open(picture).convert("RGB"),
+                                                     return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(batch.tensor, want, rtol=0, atol=1e-6)
+    assert "image processor" in batch.preprocessing and "mean (0.5, 0.5, 0.5)" in batch.preprocessing
+    model = loaded.module
+    cap = capture(model, batch.model_input, target="top1")
+    assert _param_grads_equal(cap, model, model(pixel_values=want).logits.max(-1).values.sum()) >= 10
