@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.weights import ModelInfo
 
-__all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "hf_available", "hf_catalog", "hf_spec", "load_hf"]
+__all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "HfTraits", "hf_available", "hf_catalog", "hf_spec",
+           "hf_traits", "is_hf_module", "load_hf"]
 
 HF_PREFIX = "hf:"
 INSTALL_HINT = "pip install 'gradexplorer[hf]'"
@@ -316,36 +318,69 @@ def _image_preprocess(processor: Any) -> tuple[Callable[[Any], Any], str]:
     return preprocess, f"the model's image processor ({type(processor).__name__}): " + (", ".join(steps) or "as saved")
 
 
-def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any) -> LoadedModel:
+@dataclass(frozen=True)
+class HfTraits:
+    """What a transformers model's class and config say about how to read it.
+
+    Attributes
+    ----------
+    task : str
+        ``classification``, ``token_classification``, ``language_model`` or ``other``.
+    categories : list of str or None
+        A classifier's class names (``config.id2label``).
+    default_target : str or None
+        What ``top1`` stands for: the next token at the last position for a causal LM (and
+        the first output token of an encoder-decoder), every token for a masked LM or a
+        token classifier.
+    text_padding : str
+        ``"left"`` for a causal LM (its last position is every sample's last token), else
+        ``"right"``.
+    """
+
+    task: str = "other"
+    categories: list[str] | None = None
+    default_target: str | None = None
+    text_padding: str = "right"
+
+
+def is_hf_module(module: Any) -> bool:
+    """Whether ``module`` is a transformers model (a ``PreTrainedModel`` with its config)."""
+    return type(module).__module__.startswith("transformers.") and hasattr(module, "config")
+
+
+def hf_traits(module: Any) -> HfTraits:
+    """How to read the transformers model ``module``, from its class name and config
+    (no import of transformers: the model is already built)."""
     config = module.config
     cls_name = type(module).__name__
     is_causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) and not getattr(config, "is_encoder_decoder",
                                                                                   False)
-    task = "other"
-    categories = None
-    default_target = None
+    padding = "left" if is_causal else "right"
     if cls_name.endswith(("ForSequenceClassification", "ForImageClassification")):
-        task = "classification"
         id2label = getattr(config, "id2label", None) or {}
-        if id2label:
-            categories = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
-    elif cls_name.endswith("ForTokenClassification"):
-        task = "token_classification"
-        default_target = "top1,dim=-1"
-    elif is_causal or (getattr(config, "is_encoder_decoder", False) and cls_name.endswith("ForConditionalGeneration")):
+        categories = ([str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
+                      if id2label else None)
+        return HfTraits("classification", categories, None, padding)
+    if cls_name.endswith("ForTokenClassification"):
+        return HfTraits("token_classification", None, "top1,dim=-1", padding)
+    if is_causal or (getattr(config, "is_encoder_decoder", False) and cls_name.endswith("ForConditionalGeneration")):
         # A causal LM predicts the token after the text; an encoder-decoder (T5, BART), fed
         # its start token, the first token of its output: either is read at the last position.
-        task = "language_model"
-        default_target = "top1,dim=-1,pos=-1"
-    elif cls_name.endswith("ForMaskedLM"):
-        task = "language_model"
-        default_target = "top1,dim=-1"
-    name = getattr(config, "_name_or_path", "") or spec
+        return HfTraits("language_model", None, "top1,dim=-1,pos=-1", padding)
+    if cls_name.endswith("ForMaskedLM"):
+        return HfTraits("language_model", None, "top1,dim=-1", padding)
+    return HfTraits(text_padding=padding)
+
+
+def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any) -> LoadedModel:
+    traits = hf_traits(module)
+    cls_name = type(module).__name__
+    name = getattr(module.config, "_name_or_path", "") or spec
     display = hf_spec(spec) or name
     notes = [f"{cls_name} from {origin} '{folder}'"]
     return LoadedModel(
         module=module, spec=spec, name=f"{display} ({cls_name})", weights=f"hf:{folder}",
-        categories=categories, task=task, notes=notes, tokenizer=tokenizer, default_target=default_target,
-        input_shape=declared_input_shape(module),
-        text_padding="left" if is_causal else "right",
+        categories=traits.categories, task=traits.task, notes=notes, tokenizer=tokenizer,
+        default_target=traits.default_target, input_shape=declared_input_shape(module),
+        text_padding=traits.text_padding,
     )
