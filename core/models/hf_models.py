@@ -14,8 +14,9 @@ transformers is an optional extra: without it the loader says how to install it.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,8 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
     if has_safetensors:
         kwargs["use_safetensors"] = True
     try:
-        module = cls.from_pretrained(str(folder), **kwargs)
+        with _quiet(transformers):
+            module = cls.from_pretrained(str(folder), **kwargs)
     except Exception as exc:
         raise ModelLoadError(
             f"{getattr(cls, '__name__', cls)} could not be built from '{spec}': {type(exc).__name__}: "
@@ -247,6 +249,20 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
     if processor is not None:
         described.preprocess, described.preprocess_description = _image_preprocess(processor)
     return described
+
+
+@contextlib.contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' own "Loading weights" bar off while a model is built: the command line's
+    progress (and -q) and the window's say what is happening."""
+    logging = transformers.utils.logging
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
 def _config(transformers: Any, folder: Path, spec: str, trust: bool) -> Any:
