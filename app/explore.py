@@ -116,7 +116,7 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
             target: str = "top1", labels: Any = None, device: str | None = None, mode: str = "full",
             train: bool = False, input_grad: bool = False, autocast: str | None = None,
             memory_budget: int | None = None, name: str | None = None, categories: Sequence[str] | None = None,
-            run: bool = True, screenshot: str | os.PathLike[str] | None = None,
+            tokenizer: Any = None, run: bool = True, screenshot: str | os.PathLike[str] | None = None,
             block: bool | None = None) -> MainWindow:
     """Open the window on a live model and its batch (or on a capture).
 
@@ -127,10 +127,12 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
         (``gradexplorer.capture(...)``, ``gradexplorer.load_capture(...)``) or the path of
         a ``.pt`` capture file opens that capture instead; ``inputs`` and the run options
         are then not used.
-    inputs : Tensor, tuple, list or dict, optional
+    inputs : Tensor, tuple, list, dict or text, optional
         What the model is called with: ``model(x)``, ``model(*inputs)`` or
-        ``model(**inputs)``, the batch first in every tensor. Without inputs the window
-        opens on the model and its Input batch panel loads pictures or tensor files.
+        ``model(**inputs)`` (a tokenizer's output too), the batch first in every tensor;
+        with a ``tokenizer``, also a string or a list of strings, one sample each. Without
+        inputs the window opens on the model and its Input batch panel loads pictures or
+        tensor files.
     layers, target, labels, device, mode, train, input_grad, autocast, memory_budget
         As the ``capture`` command's flags (``--layers``, ``--target``, ``--labels``,
         ``--device``, ``mode="stats"`` for ``--stats-only``, ``--train``,
@@ -139,7 +141,12 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
     name : str, optional
         The model's name in the window (its class name by default).
     categories : sequence of str, optional
-        Class names, index-aligned with the logits.
+        Class names, index-aligned with the logits (a Hugging Face classifier's own by
+        default).
+    tokenizer : optional
+        The model's Hugging Face tokenizer: text is tokenised as ``--text`` is, the token
+        strings are shown on the saliency bars and heatmap rows, and the batch panel
+        takes text.
     run : bool
         Run a capture as soon as the model is ready (with ``inputs``).
     screenshot : str or path, optional
@@ -185,7 +192,8 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
     else:
         request = live_request(model, inputs, layers=layers, target=target, labels=labels, device=device,
                                mode=mode, train=train, input_grad=input_grad, autocast=autocast,
-                               memory_budget=memory_budget, name=name, categories=categories)
+                               memory_budget=memory_budget, name=name, categories=categories,
+                               tokenizer=tokenizer)
     read = [capture_path] if capture_path is not None else []
     shot = _check_screenshot(screenshot, read)
 

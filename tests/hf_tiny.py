@@ -51,11 +51,38 @@ def bert():
     return BertForSequenceClassification(config).eval()
 
 
+def t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=len(WORDS) + 3, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
+                      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=2)
+    return T5ForConditionalGeneration(config).eval()
+
+
+def vit():
+    """A ViT classifier on 32 × 32 pictures whose image processor normalises with 0.5, not ImageNet's."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, num_labels=3, id2label={0: "a", 1: "b", 2: "c"},
+                       label2id={"a": 0, "b": 1, "c": 2}, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ViTForImageClassification(config).eval()
+
+
 def save(kind: str, folder: Path) -> Path:
-    """``save_pretrained`` of the tiny model ``kind`` ("gpt2" or "bert") and its tokenizer."""
-    model = gpt2() if kind == "gpt2" else bert()
+    """``save_pretrained`` of the tiny model ``kind`` ("gpt2", "bert", "t5" or "vit") and its
+    tokenizer (or, for "vit", its image processor)."""
+    model = {"gpt2": gpt2, "bert": bert, "t5": t5, "vit": vit}[kind]()
     model.save_pretrained(folder)
-    tokenizer(bert=kind == "bert").save_pretrained(folder)
+    if kind == "vit":
+        from transformers import ViTImageProcessor
+
+        ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3,
+                          image_std=[0.5] * 3).save_pretrained(folder)
+    else:
+        tokenizer(bert=kind == "bert").save_pretrained(folder)
     return folder
 
 

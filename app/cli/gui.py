@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gui.add_argument("--weights", metavar="W", help="its weights (DEFAULT, an enum name, a .pth file)")
     gui.add_argument("--arch", metavar="A", help="architecture of a weights-only checkpoint file")
     gui.add_argument("--trust", action="store_true", help="allow running code from the model source")
+    gui.add_argument("--hf-class", metavar="CLASS",
+                     help="for hf: models, the transformers class or a task word (causal-lm, base...)")
     gui.add_argument("--input", nargs="+", metavar="FILE", help="image files, a folder or a .pt tensor")
     gui.add_argument("--random", metavar="SHAPE", help="a random batch of SHAPE, e.g. 2x3x224x224")
     gui.add_argument("--text", action="append", metavar="TEXT",
@@ -43,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "and @key")
     gui.add_argument("--device", metavar="D", help="auto, cpu, cuda:0, mps")
     gui.add_argument("--stats-only", action="store_true", help="capture statistics only")
+    gui.add_argument("--input-grad", action="store_true",
+                     help="also the gradient with respect to the input (saliency)")
     add_memory_budget(gui)
     gui.add_argument("--run", action="store_true", help="run a capture once the window is open")
     gui.add_argument("--screenshot", metavar="PNG", help="save the window once the run has rendered, then quit")
@@ -57,7 +61,8 @@ def cmd_gui(args: argparse.Namespace, ui: UI) -> int:
     if args.screenshot:
         check_screenshot_target(args.screenshot, [args.open, args.model, args.weights, args.labels,
                                                   *(args.input or ())])
-    model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch)) if v]
+    model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch),
+                                 ("--hf-class", args.hf_class)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
     if args.open:

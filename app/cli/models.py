@@ -30,7 +30,8 @@ def register(sub: SubParsers) -> None:
 
 def cmd_models(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer models``; returns the exit status."""
-    from gradexplorer.models.timm_models import hub_cache_dir, timm_available, timm_catalog
+    from gradexplorer.models.hub import hub_cache_dir
+    from gradexplorer.models.timm_models import timm_available, timm_catalog
     from gradexplorer.models.weights import cache_dir, model_catalog
 
     catalog = model_catalog()

@@ -90,7 +90,7 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
         from gradexplorer.batches import load_batch
 
         options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
-                                 batch=BatchSpec.from_sources(sources), labels=labels)
+                                 batch=BatchSpec.from_sources(sources), labels=labels, hf_class=request.hf_class)
         job = CaptureJob(options, progress, cancel)
         loaded = job.load_model()  # downloads (cancellable, with progress), then loads
         batch, used, error = None, [], None
@@ -262,12 +262,12 @@ class WindowController(QObject):
     # -- models ------------------------------------------------------------------------------
     def load_model(self, spec: str, weights: str | None = None, arch: str | None = None, trust: bool = False,
                    inputs: list[str] | None = None, layers: list[str] | None = None, run: bool = False,
-                   labels: str | None = None) -> int:
+                   labels: str | None = None, hf_class: str | None = None) -> int:
         """Load a model in a worker (with ``inputs`` as its batch, else a fitting one);
         select ``layers`` and run when asked. Returns the task's generation."""
         self._pending_layers = list(layers) if layers else None
         self._run_after_load = run
-        return self._start_model_load(ModelRequest(spec, weights, arch, trust), inputs, labels)
+        return self._start_model_load(ModelRequest(spec, weights, arch, trust, hf_class), inputs, labels)
 
     def request_model(self, request: ModelRequest) -> int:
         """Load what the model panel asks for (no layer selection, no run)."""
@@ -346,7 +346,8 @@ class WindowController(QObject):
         if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
             subject = exc.subject or models.trust_subject(request.spec)
             if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
-                self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True),
+                self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True,
+                                                    request.hf_class),
                                        self._pending_inputs)
                 return
         if isinstance(exc, WeightsUnavailable) and request is not None and not self.unattended:
@@ -367,7 +368,8 @@ class WindowController(QObject):
 
         def load(weights: str | None) -> None:
             self._run_after_load = run
-            self._start_model_load(ModelRequest(request.spec, weights, request.arch, request.trust), inputs)
+            self._start_model_load(ModelRequest(request.spec, weights, request.arch, request.trust, request.hf_class),
+                                   inputs)
 
         def choose() -> None:
             path = dialogs.ask_open_file(self.dialog_parent, "Choose the weights file", dialogs.WEIGHTS_FILTER)

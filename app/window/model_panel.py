@@ -56,6 +56,7 @@ class ModelRequest:
     weights: str | None = None
     arch: str | None = None
     trust: bool = False
+    hf_class: str | None = None
 
 
 class ModelPanel(QWidget):

@@ -54,6 +54,13 @@ CLASS_DIMS = (
 )
 
 
+#: The positions a class target on per-token logits reads: the last one (a causal
+#: language model's prediction of the next token) or every position, summed.
+POSITIONS = (
+    ("every position, summed", "all"),
+    ("the last: the next token", -1),
+)
+
 WARNING_COLOUR = "#c0392b"
 
 
@@ -114,6 +121,12 @@ class RunPanel(QWidget):
             "Which dim of the output holds the classes: dim 1 for classifiers, segmentation and "
             "Conv1d outputs (B, classes, …); the last for a sequence model's per-token logits "
             "(B, length, vocab)")
+        self.position_combo = QComboBox(self)
+        for text, position in POSITIONS:
+            self.position_combo.addItem(text, position)
+        self.position_combo.setToolTip(
+            "Which positions of per-token logits (B, length, vocab) the target reads: a causal language "
+            "model predicts the next token at the last position")
         self.key_label = QLabel("Output", self)
 
         self.eval_radio = QRadioButton("eval", self)
@@ -181,6 +194,7 @@ class RunPanel(QWidget):
         form.addRow("", self.labels_edit)
         form.addRow(self.key_label, self.key_combo)
         form.addRow("Classes on", self.class_dim_combo)
+        form.addRow("Position", self.position_combo)
         modes = QHBoxLayout()
         modes.addWidget(self.eval_radio)
         modes.addWidget(self.train_radio)
@@ -212,6 +226,7 @@ class RunPanel(QWidget):
         self.class_edit.editingFinished.connect(self._on_target_changed)
         self.key_combo.currentIndexChanged.connect(self._on_target_changed)
         self.class_dim_combo.currentIndexChanged.connect(self._on_target_changed)
+        self.position_combo.currentIndexChanged.connect(self._on_target_changed)
         self.labels_edit.editingFinished.connect(self._on_labels_changed)
         self.train_radio.toggled.connect(self._on_train_changed)
         self.stats_radio.toggled.connect(self._on_capture_kind_changed)
@@ -241,11 +256,16 @@ class RunPanel(QWidget):
             self.session.set_device(name)
 
     def target_text(self) -> str:
-        """The target as ``parse_target`` reads it, from the widgets."""
+        """The target as ``parse_target`` reads it, from the widgets. The model's own
+        default target (a causal language model's next token at the last position) is
+        written as ``top1``, which stands for it."""
         kind = self.target_combo.currentData()
-        dim = self.class_dim_combo.currentData() if kind in CLASS_KINDS else 1
+        dim = (self.class_dim_combo.currentData() or 1) if kind in CLASS_KINDS else 1
+        position = self.position_combo.currentData() if self._position_shown(kind, dim) else None
+        position = position if isinstance(position, int) else None
         if kind != "class":
-            return str(Target(kind, class_dim=dim or 1))
+            text = str(Target(kind, class_dim=dim, position=position))
+            return "top1" if text == self._default_target() else text
         text = self.class_edit.text().strip()
         if not text:
             index = 0
@@ -256,10 +276,31 @@ class RunPanel(QWidget):
             from gradexplorer.batches import parse_labels
 
             index = int(parse_labels(text, 1, self.session.categories)[0])
-        return str(Target("class", index, class_dim=dim or 1))  # the session's parse_target checks it
+        # the session's parse_target checks it
+        return str(Target("class", index, class_dim=dim, position=position))
+
+    def _default_target(self) -> str | None:
+        """The target that the plain ``top1`` stands for with this model, if it has one."""
+        model = self.session.model
+        return getattr(model, "default_target", None) if model is not None else None
+
+    def effective_target(self) -> Target:
+        """The target a run will use: the session's, with ``top1`` read as the model's default."""
+        default = self._default_target()
+        return parse_target(default if self.session.target == "top1" and default else self.session.target)
+
+    @staticmethod
+    def _position_shown(kind: str, dim: int) -> bool:
+        return kind in ("top1", "class") and dim == -1
 
     def _show_class_dim_row(self) -> None:
-        self._form.setRowVisible(self.class_dim_combo, self._class_dim_shown(self.target_combo.currentData()))
+        kind = self.target_combo.currentData()
+        shown = self._class_dim_shown(kind)
+        self._form.setRowVisible(self.class_dim_combo, shown)
+        self._form.setRowVisible(self.position_combo,
+                                 shown and self._position_shown(kind, self.class_dim_combo.currentData() or 1))
+        self.target_combo.setToolTip("The scalar that backward starts from (logits, before softmax): "
+                                     + self.effective_target().describe())
 
     def _class_dim_shown(self, kind: str) -> bool:
         """Whether the class axis is a choice: a class target on an output with positions,
@@ -288,6 +329,8 @@ class RunPanel(QWidget):
         try:
             self.apply_target()
             self.status_label.setText("")
+            # What will run, shown back (plain top1 stands for a causal LM's own target).
+            self._on_model_settings_changed("")
         except GradExplorerError as exc:
             self.status_label.setText(f"<span style='color:#c0392b'>{exc.problem}</span> {exc.fix}")
 
@@ -316,11 +359,11 @@ class RunPanel(QWidget):
         blockers = [QSignalBlocker(w) for w in (self.device_combo, self.target_combo, self.train_radio,
                                                 self.eval_radio, self.full_radio, self.stats_radio,
                                                 self.input_grad_check, self.key_combo,
-                                                self.class_dim_combo)]
+                                                self.class_dim_combo, self.position_combo)]
         i = self.device_combo.findData(s.device)
         if i >= 0:
             self.device_combo.setCurrentIndex(i)
-        target = parse_target(s.target)
+        target = self.effective_target()
         kind = target.kind
         i = self.target_combo.findData(kind)
         if i >= 0:
@@ -335,6 +378,13 @@ class RunPanel(QWidget):
                 self.class_dim_combo.addItem(f"dim {target.class_dim}", target.class_dim)
                 i = self.class_dim_combo.count() - 1
             self.class_dim_combo.setCurrentIndex(i)
+        if self._position_shown(kind, target.class_dim):
+            position = target.position if target.position is not None else "all"
+            i = self.position_combo.findData(position)
+            if i < 0:  # a position set elsewhere (--target top1,dim=-1,pos=0): offered as it is
+                self.position_combo.addItem(f"position {position}", position)
+                i = self.position_combo.count() - 1
+            self.position_combo.setCurrentIndex(i)
         if not self.labels_edit.hasFocus():
             self.labels_edit.setText(s.labels_text)
         self.train_radio.setChecked(s.train)

@@ -133,6 +133,18 @@ def _to_model_dtype(batch: Batch, model: LoadedModel) -> None:
     batch.preprocessing = step if batch.preprocessing in ("", "none") else f"{batch.preprocessing}; {step}"
 
 
+def _forward_parameters(model: LoadedModel | None) -> list[str] | None:
+    """The parameters the model's forward names (not its ``**kwargs``), or None when unknown."""
+    if model is None:
+        return None
+    try:
+        params = inspect.signature(model.module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return [name for name, p in params.items()
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
 def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
     # Named inputs must be parameters of the model's forward: a state dict given as the
     # input would otherwise fail deep inside the forward.
@@ -156,7 +168,9 @@ def _named_source(source: str, model: LoadedModel | None, memory_budget: int | N
     # The single-source kinds: demo, random, a shape, a tensor file. None means images.
     path = Path(source).expanduser()
     if path.exists():
-        return load_tensor_file(path, memory_budget=memory_budget) if looks_like_tensor_file(path) else None
+        if not looks_like_tensor_file(path):
+            return None
+        return load_tensor_file(path, memory_budget=memory_budget, forward_args=_forward_parameters(model))
     lowered = source.lower()
     if lowered == "demo":
         if model is None:

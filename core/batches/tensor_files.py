@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -86,7 +86,7 @@ SAMPLE_WORK_FACTOR = 16
 
 
 def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None,
-                     memory_budget: int | None = None) -> Batch:
+                     memory_budget: int | None = None, forward_args: Collection[str] | None = None) -> Batch:
     """Read a batch saved with ``torch.save``.
 
     The file is loaded with ``weights_only=True``: it is never unpickled in a way that
@@ -103,9 +103,16 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None,
         For a model of several inputs: a tuple or list of tensors (positional
         arguments), or a dict of tensors named like the forward's parameters (keyword
         arguments, labels apart), stored as is or under ``"input"``/``"inputs"``. They
-        go into ``Batch.inputs``; the first is ``Batch.tensor``.
+        go into ``Batch.inputs``; the first is ``Batch.tensor``. Every other tensor
+        stored beside ``"input"`` is a keyword argument too (a padding mask).
     labels : str, int, sequence or Tensor, optional
         Class indices (see :func:`parse_labels`); they replace labels in the file.
+    forward_args : collection of str, optional
+        The parameters the model's forward names. A labels entry (``"labels"``,
+        ``"label"``, ``"y"``, ``"targets"``) whose key is one of them is passed to the
+        forward under that name (a Hugging Face model's ``labels``, per-token labels of a
+        language model included) rather than taken out; it is also the batch's labels
+        when it holds one class index per sample.
     memory_budget : int, optional
         Bytes (``--memory-budget``); by default half the free RAM. Every tensor in the file
         is measured by the elements its sizes declare (an expanded, stride-0 view stored in
@@ -136,7 +143,7 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None,
             "choose a .pt file written by torch.save.",
         )
     obj = _torch_load(path)
-    found = _find_input(obj, path, want_labels=labels is None)
+    found = _find_input(obj, path, want_labels=labels is None, forward_args=forward_args)
     _check_fits(found, path, memory_budget)
     tensor, preprocessing = _as_batch_tensor(found.tensor, found.what, path)
     inputs = None
@@ -191,7 +198,8 @@ def _argument_names(inputs: ModelInputs) -> str:
     return ", ".join(names)
 
 
-def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
+def _find_input(obj: object, path: Path, *, want_labels: bool,
+                forward_args: Collection[str] | None = None) -> _FoundInput:
     # The input tensor and the labels stored with it, from what torch.load returned.
     if isinstance(obj, torch.Tensor):
         return _FoundInput(obj, "tensor", None)
@@ -201,20 +209,27 @@ def _find_input(obj: object, path: Path, *, want_labels: bool) -> _FoundInput:
     if isinstance(obj, dict) and obj.get("format") != CAPTURE_FORMAT:
         key, value = _pick(obj, _INPUT_KEYS)
         labels_key, _ = _pick(obj, _LABEL_KEYS)
+        # Labels under a name the forward takes (a Hugging Face model's labels) are one of
+        # its arguments: passed, never taken out.
+        labels_are_argument = labels_key is not None and forward_args is not None and labels_key in forward_args
+        apart = () if labels_are_argument else (labels_key,)
         if key is not None:
             several = _several(value)
             # Tensors stored beside the input (a key_padding_mask, an attention mask) are
             # arguments of the forward too: passed by name, never dropped. A name the
             # forward does not take is refused when the batch meets the model.
-            extra = {k: v for k, v in obj.items() if k not in (key, labels_key) and isinstance(v, torch.Tensor)}
+            extra = {k: v for k, v in obj.items() if k != key and k not in apart and isinstance(v, torch.Tensor)}
             if extra and isinstance(value, torch.Tensor) and _several(extra) is not None:
                 several = ModelInputs(args=(value,), kwargs=extra)
         else:
-            # A dict of named tensors and nothing else: keyword arguments (labels apart).
-            several = _several({k: v for k, v in obj.items() if k != labels_key})
+            # A dict of named tensors and nothing else: keyword arguments (labels apart,
+            # unless the forward takes them).
+            several = _several({k: v for k, v in obj.items() if k not in apart})
         if several is not None:
-            return _FoundInput(several.primary, "first input", _file_labels(obj, path, want_labels),
-                               several)
+            file_labels = _file_labels(obj, path, want_labels)
+            if labels_are_argument and file_labels is not None and file_labels.dim() != 1:
+                file_labels = None  # per-token labels: the forward's, not one class per sample
+            return _FoundInput(several.primary, "first input", file_labels, several)
     if not isinstance(obj, dict):
         raise BatchError(
             f"file '{path}' holds {_found(obj)}, not a tensor;",

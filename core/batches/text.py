@@ -5,6 +5,9 @@ A batch of texts is padded to its longest sample: on the right for most models, 
 left for a causal language model (so that the last position is every sample's last token,
 the one whose next token the default target reads), with ``position_ids`` that count the
 real tokens only, as generation does. The padding is said in the batch's preprocessing.
+
+A causal language model whose forward takes ``labels`` also gets the text as its per-token
+labels (padding ignored): its output then carries its own loss, the target ``sum@loss``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
     -------
     Batch
         ``tensor`` is ``input_ids`` ``(B, T)``; ``tokens`` the token strings of each sample.
+        For a causal language model whose forward takes ``labels``: the ids as its
+        per-token labels, ``-100`` at padding.
 
     Raises
     ------
@@ -95,12 +100,27 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
     padded = mask is not None and bool((mask == 0).any())
     if side == "left" and mask is not None and _takes(model, "position_ids"):
         kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    start = _decoder_start(model)
+    if start is not None:
+        # An encoder-decoder reads the text in its encoder; its decoder starts from its start
+        # token, so the output is the first token it would write.
+        kwargs["decoder_input_ids"] = torch.full((ids.shape[0], 1), start, dtype=ids.dtype)
+    labelled = model.task == "language_model" and side == "left" and _takes(model, "labels")
+    if labelled:
+        # A causal language model's per-token labels are the text itself: the model
+        # shifts them, scoring each position's prediction of the next token (its own
+        # loss, the output's 'loss'); padding is -100, which the loss ignores.
+        kwargs["labels"] = ids.masked_fill(mask == 0, -100) if mask is not None else ids.clone()
     tokens = [token_strings(tok, row, None if mask is None else m) for row, m in
               zip(ids.tolist(), mask.tolist() if mask is not None else [None] * len(samples))]
     lengths = [int(m.sum()) for m in mask] if mask is not None else [ids.shape[1]] * len(samples)
     how = f"tokenised by {type(tok).__name__}, " + (
         f"padded on the {side} to {ids.shape[1]} tokens (lengths {', '.join(map(str, lengths))})" if padded
         else f"{ids.shape[1]} tokens, no padding")
+    if labelled:
+        how += "; labels: the text's own tokens, each predicted from those before (the output's 'loss')"
+    if start is not None:
+        how += f"; the decoder starts from its start token (id {start})"
     names = [_short(s) for s in samples]
     n = len(samples)
     return Batch(
@@ -130,6 +150,17 @@ def predicted_tokens(capture: Any, tokenizer: Any, target: Any) -> list[str] | N
         return None
     ids = y[:, target.position, :].argmax(dim=-1).tolist()
     return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _decoder_start(model: LoadedModel) -> int | None:
+    """The id an encoder-decoder's decoder starts from, or None for other models."""
+    config = getattr(model.module, "config", None)
+    if not getattr(config, "is_encoder_decoder", False) or not _takes(model, "decoder_input_ids"):
+        return None
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None)
+    return int(start) if isinstance(start, int) else None
 
 
 def _takes(model: LoadedModel, name: str) -> bool:

@@ -14,16 +14,21 @@ transformers is an optional extra: without it the loader says how to install it.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
+from gradexplorer.models.hub import hub_cache_dir, hub_offline, progress_class
+from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.weights import ModelInfo
 
-__all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "hf_available", "hf_catalog", "hf_spec", "load_hf"]
+__all__ = ["HF_PREFIX", "HF_TASK", "HF_TASKS", "INSTALL_HINT", "HfTraits", "hf_available", "hf_catalog", "hf_spec",
+           "hf_traits", "is_hf_module", "load_hf"]
 
 HF_PREFIX = "hf:"
 INSTALL_HINT = "pip install 'gradexplorer[hf]'"
@@ -87,18 +92,12 @@ def hf_catalog() -> list[ModelInfo]:
     try:
         from huggingface_hub import scan_cache_dir
 
-        from gradexplorer.models.timm_models import hub_cache_dir
-
         # The folder from the environment now: huggingface_hub's default was fixed at its import.
         cached = sorted(repo.repo_id for repo in scan_cache_dir(hub_cache_dir()).repos if repo.repo_type == "model")
     except Exception:  # noqa: BLE001 - no cache yet, or one we cannot read: the examples are enough
         pass
     names = cached + [n for n in HF_EXAMPLES if n not in cached]
     return [ModelInfo(HF_PREFIX + n, HF_TASK, (), None, ("hub",) if n in cached else ()) for n in names]
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _transformers() -> Any:
@@ -130,9 +129,12 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
     from huggingface_hub import snapshot_download
 
     patterns = _WANTED + (_PICKLED if trust else [])
-    offline = _offline()
+    offline = hub_offline()
+    # The cache from the environment now (huggingface_hub fixed its default at import), the
+    # one the model browser lists and timm's loader reads.
+    cache = str(hub_cache_dir())
     try:
-        folder = snapshot_download(name, allow_patterns=patterns, local_files_only=True)
+        folder = snapshot_download(name, allow_patterns=patterns, local_files_only=True, cache_dir=cache)
         return Path(folder).resolve(), "Hugging Face cache"
     except Exception as exc:
         if offline:
@@ -142,7 +144,8 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
                 "or unset HF_HUB_OFFLINE.",
             ) from exc
     try:
-        folder = snapshot_download(name, allow_patterns=patterns, tqdm_class=_progress_class(progress))
+        folder = snapshot_download(name, allow_patterns=patterns, cache_dir=cache,
+                                   tqdm_class=progress_class(progress))
     except Exception as exc:
         raise ModelLoadError(
             f"'{name}' could not be downloaded from the Hugging Face Hub: {type(exc).__name__}: "
@@ -151,24 +154,6 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
             "'hf auth login'.",
         ) from exc
     return Path(folder).resolve(), "Hugging Face Hub"
-
-
-def _progress_class(progress: Callable[[int, int], None] | None) -> Any:
-    """A tqdm class that reports bytes to ``progress`` (huggingface_hub draws its bars with it)."""
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]
-
-    class Reporting(tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            out = super().update(n)
-            if progress is not None and self.unit == "B":
-                progress(int(self.n), int(self.total or 0))
-            return out
-
-    return Reporting
 
 
 def model_class(transformers: Any, config: Any, hf_class: str | None) -> Any:
@@ -246,7 +231,8 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
     if has_safetensors:
         kwargs["use_safetensors"] = True
     try:
-        module = cls.from_pretrained(str(folder), **kwargs)
+        with _quiet(transformers):
+            module = cls.from_pretrained(str(folder), **kwargs)
     except Exception as exc:
         raise ModelLoadError(
             f"{getattr(cls, '__name__', cls)} could not be built from '{spec}': {type(exc).__name__}: "
@@ -258,7 +244,25 @@ def load_hf(spec: str, *, hf_class: str | None = None, trust: bool = False,
         # A cache of keys and values would be part of the output, and is not what is inspected.
         module.config.use_cache = False
     tokenizer = _tokenizer(transformers, folder, trust)
-    return _described(module, spec, folder, origin, tokenizer)
+    described = _described(module, spec, folder, origin, tokenizer)
+    processor = _image_processor(transformers, folder, trust)
+    if processor is not None:
+        described.preprocess, described.preprocess_description = _image_preprocess(processor)
+    return described
+
+
+@contextlib.contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' own "Loading weights" bar off while a model is built: the command line's
+    progress (and -q) and the window's say what is happening."""
+    logging = transformers.utils.logging
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
 def _config(transformers: Any, folder: Path, spec: str, trust: bool) -> Any:
@@ -296,33 +300,103 @@ def _tokenizer(transformers: Any, folder: Path, trust: bool) -> Any:
     return tok
 
 
-def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any) -> LoadedModel:
+def _image_processor(transformers: Any, folder: Path, trust: bool) -> Any:
+    if not (folder / "preprocessor_config.json").is_file():
+        return None
+    try:
+        return transformers.AutoImageProcessor.from_pretrained(str(folder), trust_remote_code=trust)
+    except Exception:  # noqa: BLE001 - not an image processor (audio, text): pictures get the default recipe
+        return None
+
+
+def _image_preprocess(processor: Any) -> tuple[Callable[[Any], Any], str]:
+    """Pictures as the model's own image processor prepares them (its size, rescaling and
+    normalisation: a Hugging Face ViT's mean and std are not ImageNet's), and that in words."""
+
+    def preprocess(image: Any) -> Any:
+        return processor(images=image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+
+    steps = []
+    size = getattr(processor, "size", None) or {}
+    if getattr(processor, "do_resize", False) and size:
+        side = (f"{size['height']}×{size['width']}" if "height" in size and "width" in size
+                else f"shortest edge {size['shortest_edge']}" if "shortest_edge" in size else str(dict(size)))
+        steps.append(f"resize to {side}")
+    crop = getattr(processor, "crop_size", None) or {}
+    if getattr(processor, "do_center_crop", False) and crop:
+        steps.append(f"centre crop {crop.get('height')}×{crop.get('width')}")
+    if getattr(processor, "do_rescale", False):
+        steps.append(f"scale by {float(getattr(processor, 'rescale_factor', 1 / 255)):.4g}")
+    if getattr(processor, "do_normalize", False):
+        mean = ", ".join(f"{float(v):.3g}" for v in (getattr(processor, "image_mean", None) or []))
+        std = ", ".join(f"{float(v):.3g}" for v in (getattr(processor, "image_std", None) or []))
+        steps.append(f"normalise with mean ({mean}) and std ({std})")
+    return preprocess, f"the model's image processor ({type(processor).__name__}): " + (", ".join(steps) or "as saved")
+
+
+@dataclass(frozen=True)
+class HfTraits:
+    """What a transformers model's class and config say about how to read it.
+
+    Attributes
+    ----------
+    task : str
+        ``classification``, ``token_classification``, ``language_model`` or ``other``.
+    categories : list of str or None
+        A classifier's class names (``config.id2label``).
+    default_target : str or None
+        What ``top1`` stands for: the next token at the last position for a causal LM (and
+        the first output token of an encoder-decoder), every token for a masked LM or a
+        token classifier.
+    text_padding : str
+        ``"left"`` for a causal LM (its last position is every sample's last token), else
+        ``"right"``.
+    """
+
+    task: str = "other"
+    categories: list[str] | None = None
+    default_target: str | None = None
+    text_padding: str = "right"
+
+
+def is_hf_module(module: Any) -> bool:
+    """Whether ``module`` is a transformers model (a ``PreTrainedModel`` with its config)."""
+    return type(module).__module__.startswith("transformers.") and hasattr(module, "config")
+
+
+def hf_traits(module: Any) -> HfTraits:
+    """How to read the transformers model ``module``, from its class name and config
+    (no import of transformers: the model is already built)."""
     config = module.config
     cls_name = type(module).__name__
     is_causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) and not getattr(config, "is_encoder_decoder",
                                                                                   False)
-    task = "other"
-    categories = None
-    default_target = None
+    padding = "left" if is_causal else "right"
     if cls_name.endswith(("ForSequenceClassification", "ForImageClassification")):
-        task = "classification"
         id2label = getattr(config, "id2label", None) or {}
-        if id2label:
-            categories = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
-    elif cls_name.endswith("ForTokenClassification"):
-        task = "token_classification"
-        default_target = "top1,dim=-1"
-    elif is_causal:
-        task = "language_model"
-        default_target = "top1,dim=-1,pos=-1"
-    elif cls_name.endswith("ForMaskedLM"):
-        task = "language_model"
-        default_target = "top1,dim=-1"
-    name = getattr(config, "_name_or_path", "") or spec
+        categories = ([str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
+                      if id2label else None)
+        return HfTraits("classification", categories, None, padding)
+    if cls_name.endswith("ForTokenClassification"):
+        return HfTraits("token_classification", None, "top1,dim=-1", padding)
+    if is_causal or (getattr(config, "is_encoder_decoder", False) and cls_name.endswith("ForConditionalGeneration")):
+        # A causal LM predicts the token after the text; an encoder-decoder (T5, BART), fed
+        # its start token, the first token of its output: either is read at the last position.
+        return HfTraits("language_model", None, "top1,dim=-1,pos=-1", padding)
+    if cls_name.endswith("ForMaskedLM"):
+        return HfTraits("language_model", None, "top1,dim=-1", padding)
+    return HfTraits(text_padding=padding)
+
+
+def _described(module: Any, spec: str, folder: Path, origin: str, tokenizer: Any) -> LoadedModel:
+    traits = hf_traits(module)
+    cls_name = type(module).__name__
+    name = getattr(module.config, "_name_or_path", "") or spec
     display = hf_spec(spec) or name
     notes = [f"{cls_name} from {origin} '{folder}'"]
     return LoadedModel(
         module=module, spec=spec, name=f"{display} ({cls_name})", weights=f"hf:{folder}",
-        categories=categories, task=task, notes=notes, tokenizer=tokenizer, default_target=default_target,
-        text_padding="left" if is_causal else "right",
+        categories=traits.categories, task=traits.task, notes=notes, tokenizer=tokenizer,
+        default_target=traits.default_target, input_shape=declared_input_shape(module),
+        text_padding=traits.text_padding,
     )

@@ -5,8 +5,8 @@ timm is optional (``pip install "gradexplorer[timm]"``); nothing here imports it
 ``timm:`` model is asked for. Weights never run code: a cached ``model.safetensors`` is
 read as tensors, a ``pytorch_model.bin`` by timm with ``weights_only=True``. A model whose
 weights are cached loads with no network call at all, whatever ``HF_HUB_OFFLINE`` says;
-one that is not cached is downloaded by timm (with its progress bar) unless the hub is
-offline.
+one that is not cached is downloaded into the cache (with progress) unless the hub is
+offline, then read from there.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gradexplorer.base.errors import ModelLoadError, WeightsUnavailable
+from gradexplorer.models.hub import hub_cache_dir, hub_offline, progress_class
 from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.models.state_dicts import load_state_into, read_weights
@@ -55,27 +56,6 @@ def timm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("timm") is not None
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment on every call.
-
-    ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else
-    ``~/.cache/huggingface/hub`` (huggingface_hub's own rule; it reads the variables once,
-    at import).
-    """
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
-def hub_offline() -> bool:
-    """Whether the Hugging Face hub is to be left alone (``HF_HUB_OFFLINE``, read now)."""
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def cached_weights_file(pretrained_cfg: Any, cache: Path | None = None) -> Path | None:
@@ -136,8 +116,7 @@ def load_timm(
         there (no network call), else downloaded unless ``HF_HUB_OFFLINE`` is set; or the
         path of a local state-dict file.
     progress : callable, optional
-        Unused: timm's downloader draws its own progress bar. Accepted so that every
-        loader takes the same arguments.
+        ``progress(done_bytes, total_bytes)`` while ``DEFAULT`` weights download.
 
     Returns
     -------
@@ -153,7 +132,6 @@ def load_timm(
     WeightsUnavailable
         ``DEFAULT`` weights are not cached and the hub is offline or unreachable.
     """
-    del progress
     name = spec.strip()[len(PREFIX):].strip()
     try:
         import timm
@@ -175,7 +153,7 @@ def load_timm(
             module = _create(timm, spec, name, pretrained=False)
         notes.append(f"random initialisation, seed {RANDOM_SEED}")
     elif choice.upper() == "DEFAULT":
-        module, label = _pretrained(timm, spec, name)
+        module, label = _pretrained(timm, spec, name, progress)
         notes.append(f"timm pretrained weights {label}")
     else:
         path = Path(choice).expanduser()
@@ -248,7 +226,8 @@ def _default_label(timm: Any, name: str) -> str:
     return str(cfg.get("hf_hub_id") or cfg.get("url") or "")
 
 
-def _pretrained(timm: Any, spec: str, name: str) -> tuple[torch.nn.Module, str]:
+def _pretrained(timm: Any, spec: str, name: str,
+                progress: Callable[[int, int], None] | None = None) -> tuple[torch.nn.Module, str]:
     cfg = _as_dict(timm.models.get_pretrained_cfg(name))
     label = _default_label(timm, name)
     if not label:
@@ -270,13 +249,39 @@ def _pretrained(timm: Any, spec: str, name: str) -> tuple[torch.nn.Module, str]:
             "initialisation.",
         )
     try:
+        if cfg.get("hf_hub_id"):
+            # Into the cache, with progress, then read from there as a cached file is.
+            file = _download(cfg, progress)
+            overlay = {"file": str(file), "source": "", "custom_load": False}
+            return _create(timm, spec, name, pretrained=True, pretrained_cfg_overlay=overlay), label
         return timm.create_model(name, pretrained=True, cache_dir=str(hub_cache_dir())), label
+    except ModelLoadError:
+        raise
     except Exception as exc:  # network, hub and file errors come in many types
         raise WeightsUnavailable(
             f"The weights of '{spec}' ({label}) could not be downloaded: {short_reason(exc)}",
             "Check the network connection (or copy the files into the Hugging Face cache), or "
             "leave --weights out for a random initialisation.",
         ) from exc
+
+
+def _download(cfg: dict[str, Any], progress: Callable[[int, int], None] | None) -> Path:
+    """The weights file of ``cfg``'s Hugging Face repository, downloaded into the cache with
+    the bytes reported to ``progress``: the safetensors file when the repository has one,
+    else its ``pytorch_model.bin`` (timm's own order)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    repo, _, revision = str(cfg["hf_hub_id"]).partition("@")
+    names = [cfg["hf_hub_filename"]] if cfg.get("hf_hub_filename") else list(_HUB_FILES)
+    for i, file_name in enumerate(names):
+        try:
+            return Path(hf_hub_download(repo, file_name, revision=revision or None, cache_dir=str(hub_cache_dir()),
+                                        tqdm_class=progress_class(progress)))
+        except EntryNotFoundError:
+            if i == len(names) - 1:
+                raise
+    raise AssertionError("unreachable: the last name re-raises")
 
 
 def _preprocessing(timm: Any, module: torch.nn.Module) -> tuple[Callable[..., torch.Tensor], str]:

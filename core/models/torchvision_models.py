@@ -18,6 +18,7 @@ from PIL import Image
 from torch import nn
 from torchvision.models import WeightsEnum
 
+import gradexplorer.models.weights as weights_module
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.models.files import check_file, looks_like_path
 from gradexplorer.models.loaded_model import LoadedModel
@@ -30,8 +31,6 @@ from gradexplorer.models.state_dicts import (
     read_weights,
 )
 from gradexplorer.models.weights import (
-    fetch_weights,
-    is_cached,
     load_cached_state_dict,
     load_state_dict_file,
     model_task,
@@ -110,8 +109,9 @@ def load_torchvision(
         chosen = resolve_weights(name, weights)
 
     if chosen is not None:
-        if weights_path is None and not is_cached(chosen):
-            fetch_weights(chosen, progress=progress)
+        # Looked up when called, as tests replace them (docs/ARCHITECTURE.md).
+        if weights_path is None and not weights_module.is_cached(chosen):
+            weights_module.fetch_weights(chosen, progress=progress)
         module = build(name, chosen, weights_path)
         label = weights_name(chosen)
         if weights_path is not None:

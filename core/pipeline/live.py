@@ -22,8 +22,11 @@ import torch
 from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.batches.text import load_text, token_strings
+from gradexplorer.capturing import compiled
 from gradexplorer.capturing.inputs import Batch, ModelInputs
 from gradexplorer.hooks.installed import model_device
+from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import CaptureOptions
 
@@ -44,20 +47,26 @@ def is_live(spec: str | None) -> bool:
 
 
 def live_model(module: nn.Module, *, name: str | None = None, categories: Sequence[str] | None = None,
-               input_shape: tuple[int, ...] | None = None) -> LoadedModel:
+               input_shape: tuple[int, ...] | None = None, tokenizer: Any = None) -> LoadedModel:
     """The user's ``module`` as a model a session can show and run.
 
     Parameters
     ----------
     module : nn.Module
         Used as it is: not copied, not moved, not put in eval mode here (each capture
-        sets the mode it runs in and restores the one it found).
+        sets the mode it runs in and restores the one it found). A model under
+        ``torch.compile`` is shown through its eager module (``_orig_mod``, the same
+        parameters), whose hooks fire. A transformers model is read as an ``hf:`` one is:
+        a classifier's class names, a causal language model's ``top1`` as its next token.
     name : str, optional
         Shown in the window; the class name by default.
     categories : sequence of str, optional
         Class names, index-aligned with the logits (targets and labels by name).
     input_shape : tuple of int, optional
         One sample's shape, for the random batches the window offers.
+    tokenizer : optional
+        A Hugging Face tokenizer: text can be given as the batch, and token strings are
+        shown in place of positions.
 
     Raises
     ------
@@ -69,15 +78,32 @@ def live_model(module: nn.Module, *, name: str | None = None, categories: Sequen
             f"gradexplorer.explore needs a torch.nn.Module, not {type(module).__name__};",
             "pass the model object itself (a compiled model's original module, model._orig_mod, works too), "
             "or a Capture to open one.")
+    notes = []
+    eager = compiled.eager_root(module)
+    if eager is not module:
+        notes.append("Compiled with torch.compile: shown and captured through its eager module (the same "
+                     "parameters), whose hooks fire.")
+        module = eager
     label = name or type(module).__name__
     where = model_device(module)
-    notes = [f"Handed over in memory ({type(module).__module__}.{type(module).__qualname__})"
-             + (f", on {where}" if where is not None else "") + "."]
+    notes.insert(0, f"Handed over in memory ({type(module).__module__}.{type(module).__qualname__})"
+                 + (f", on {where}" if where is not None else "") + ".")
+    task, default_target, padding = ("classification" if categories is not None else "other"), None, "right"
+    if type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
+        # Deferred: hf_models brings the weight tables of torchvision's models (about 1 s),
+        # which only a transformers model needs.
+        from gradexplorer.models.hf_models import hf_traits
+
+        traits = hf_traits(module)
+        task, default_target, padding = traits.task, traits.default_target, traits.text_padding
+        if categories is None and traits.categories is not None:
+            categories = traits.categories
+    shape = tuple(int(d) for d in input_shape) if input_shape is not None else declared_input_shape(module)
     return LoadedModel(
         module=module, spec=LIVE_PREFIX + label, name=label, weights=LIVE_WEIGHTS,
         categories=list(categories) if categories is not None else None,
-        input_shape=tuple(int(d) for d in input_shape) if input_shape is not None else None,
-        task="classification" if categories is not None else "other", notes=notes,
+        input_shape=shape, task=task, notes=notes, tokenizer=tokenizer, default_target=default_target,
+        text_padding=padding,
     )
 
 
@@ -174,22 +200,40 @@ def live_request(module: nn.Module, inputs: Any = None, *, layers: str | Sequenc
                  target: str = "top1", labels: Any = None, device: str | None = None, mode: str = "full",
                  train: bool = False, input_grad: bool = False, autocast: str | None = None,
                  memory_budget: int | None = None, name: str | None = None,
-                 categories: Sequence[str] | None = None) -> LiveRequest:
+                 categories: Sequence[str] | None = None, tokenizer: Any = None) -> LiveRequest:
     """Check everything ``explore`` was given before a window opens.
 
     The options mean what the ``capture`` command's flags mean (``--layers``,
     ``--target``, ``--labels``, ``--device``, ``--stats-only`` as ``mode="stats"``,
     ``--train``, ``--input-grad``, ``--autocast``, ``--memory-budget``). ``labels`` may
     also be class indices (a tensor or a list of ints), one per sample. ``device``
-    defaults to where the model is, so a model on a GPU runs there.
+    defaults to where the model is, so a model on a GPU runs there. With a ``tokenizer``,
+    ``inputs`` may be text (a string, or a list of them: one sample each), tokenised as
+    ``--text`` is, and token ids given as tensors are shown as their token strings.
 
     Raises
     ------
     GradExplorerError
         A bad option, in the words the command line uses.
     """
-    loaded = live_model(module, name=name, categories=categories)
-    batch = live_batch(inputs, labels=labels if not isinstance(labels, str) else None) if inputs is not None else None
+    loaded = live_model(module, name=name, categories=categories, tokenizer=tokenizer)
+    batch = None
+    if _is_text(inputs):
+        if tokenizer is None:
+            shown = repr(inputs if isinstance(inputs, str) else inputs[0])[:60]
+            raise GradExplorerError(
+                f"the inputs are text ({shown}), which a model cannot be called with here, and no tokenizer "
+                "was given to turn it into token ids;",
+                "for text, pass the model's tokenizer: gradexplorer.explore(model, texts, tokenizer=tokenizer); "
+                "otherwise pass a tensor, a tuple or a dict of tensors (pictures: load them first, or open them "
+                "in the window's Input batch panel).")
+        batch = load_text([inputs] if isinstance(inputs, str) else list(inputs), loaded)
+    elif inputs is not None:
+        batch = live_batch(inputs, labels=labels if not isinstance(labels, str) else None)
+        if tokenizer is not None:
+            batch.tokens = _tokens_of(batch, tokenizer)
+    if batch is not None and labels is not None and not isinstance(labels, str) and batch.labels is None:
+        batch.labels = live_batch(batch.tensor, labels=labels).labels
     if batch is not None and loaded.input_shape is None:
         loaded.input_shape = tuple(int(d) for d in batch.tensor.shape[1:])
     if device is None:
@@ -201,3 +245,24 @@ def live_request(module: nn.Module, inputs: Any = None, *, layers: str | Sequenc
         mode=mode, train=train, input_grad=input_grad, autocast=autocast, memory_budget=memory_budget,
     )
     return LiveRequest(loaded, batch, options)
+
+
+def _is_text(inputs: Any) -> bool:
+    return isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and bool(inputs)
+                                       and all(isinstance(t, str) for t in inputs))
+
+
+def _tokens_of(batch: Batch, tokenizer: Any) -> list[list[str]] | None:
+    """Each sample's token strings, when the batch is token ids (``input_ids``, or an integer
+    ``(B, T)`` first tensor) that the tokenizer can name; padding (attention mask 0) as ``[pad]``."""
+    kwargs = batch.inputs.kwargs if batch.inputs is not None else {}
+    ids = kwargs.get("input_ids", batch.tensor)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return None
+    mask = kwargs.get("attention_mask")
+    masks = mask.tolist() if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(ids.shape) else None
+    try:
+        return [token_strings(tokenizer, row, masks[i] if masks is not None else None)
+                for i, row in enumerate(ids.tolist())]
+    except Exception:  # noqa: BLE001 - ids this tokenizer cannot name: positions are shown instead
+        return None

@@ -473,15 +473,16 @@ class Session:
         if self.model is None:
             raise GradExplorerError("No model is loaded.", "Choose a model in the Model panel first.")
         source = self.model_options
+        hf_class = None
         if source is not None and source.model == self.model.spec:
-            weights, arch, trust = source.weights, source.arch, source.trust
+            weights, arch, trust, hf_class = source.weights, source.arch, source.trust, source.hf_class
         else:
             weights = self.model.weights
             if weights is not None and weights.startswith("file:"):
                 weights = weights[len("file:"):]
             arch, trust = None, False
         return CaptureOptions(
-            model=self.model.spec, weights=weights, arch=arch, trust=trust,
+            model=self.model.spec, weights=weights, arch=arch, trust=trust, hf_class=hf_class,
             batch=BatchSpec.from_sources(self.batch_sources), labels=self.labels_text or None,
             layers=tuple(self.selected_in_order()), target=self.target_spec(), device=self.device,
             mode=self.mode, train=self.train, input_grad=self.input_grad, autocast=self.autocast,

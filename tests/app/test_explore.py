@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -342,3 +343,29 @@ def test_screenshot_never_replaces_the_capture_it_shows(live, tmp_path):
     with pytest.raises(gx.GradExplorerError):
         gx.explore(str(path), screenshot=path)
     assert path.read_bytes() == before
+
+
+def test_explore_a_hugging_face_model_on_text_names_the_saliency_bars_by_their_tokens(qtbot):
+    """A notebook's transformers model and tokenizer: the window runs on the text, the
+    saliency bars are the tokens, and they equal autograd's gradient at the embeddings."""
+    pytest.importorskip("transformers")
+    from tests import hf_tiny
+
+    model, tok = hf_tiny.gpt2(), hf_tiny.tokenizer()
+    before = model_state(model)
+    window = gx.explore(model, ["the cat sat on a mat"], tokenizer=tok, input_grad=True, block=False)
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)  # more text can be typed
+    views = window.views
+    views.show_view("Saliency")
+    views.saliency_view.ensure_drawn()
+    assert views.saliency_view._tick_texts == ["the", "cat", "sat", "on", "a", "mat"]
+    seen = {}
+    handle = model.transformer.wte.register_forward_hook(lambda m, a, o: seen.setdefault("e", o))
+    logits = model(**window.session.batch.inputs.kwargs).logits
+    handle.remove()
+    want = torch.autograd.grad(logits[:, -1].max(-1).values.sum(), seen["e"])[0]
+    bars = views.saliency_view.current_map()[0]
+    np.testing.assert_allclose(bars, want[0].double().norm(dim=-1).numpy(), rtol=1e-5, atol=1e-9)
+    assert_same_state(before, model_state(model))

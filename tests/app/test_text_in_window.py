@@ -143,3 +143,94 @@ def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folde
     assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
     assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
     assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+
+
+def test_the_model_browser_lists_and_loads_a_cached_hugging_face_model(qtbot, window, tmp_path, monkeypatch):
+    """With transformers installed the browser has a Hugging Face group: the models in the
+    cache (marked cached) and a few known names; Load reads the cache, offline."""
+    import huggingface_hub.constants as constants
+
+    from tests.app.conftest import TIMEOUT
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hf_tiny.save_in_cache("gpt2", home, repo="tiny-org/tiny-gpt2")
+    panel = window.model_panel
+    with qtbot.waitSignal(window.controller.catalog_ready, timeout=TIMEOUT):
+        window.controller.start()
+    groups = [panel.list.topLevelItem(i).text(0) for i in range(panel.list.topLevelItemCount())]
+    assert any(g.startswith("Hugging Face (transformers)") for g in groups)
+    assert panel.select_spec("hf:openai-community/gpt2") and panel.list.currentItem().text(1) == "downloads"
+    assert panel.select_spec("hf:tiny-org/tiny-gpt2")
+    assert panel.list.currentItem().text(1) == "cached"
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=TIMEOUT):
+        panel.load_button.click()
+    loaded = window.session.model
+    assert loaded.spec == "hf:tiny-org/tiny-gpt2" and loaded.tokenizer is not None
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+
+
+def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_position(qtbot, window, folder):
+    """The plain top1 of a causal language model is the predicted next token at the last
+    position: the run panel shows it so (classes on the last dim, the last position), a run
+    from it reads that position, and choosing every position sums over them."""
+    from gradexplorer.app.window.launch import start
+    from gradexplorer.pipeline.options import BatchSpec
+    from tests.app.conftest import TIMEOUT
+
+    options = CaptureOptions(model=f"hf:{folder}", batch=BatchSpec(texts=("the cat sat", "a dog")))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, True)
+    assert done.args == ["ok"]
+    panel, s = window.run_panel, window.session
+    assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
+    assert panel.target_combo.currentData() == "top1"
+    assert panel.class_dim_combo.isVisibleTo(panel) and panel.class_dim_combo.currentData() == -1
+    assert panel.position_combo.isVisibleTo(panel) and panel.position_combo.currentData() == -1
+    assert "next token at the last position" in panel.target_combo.toolTip()
+    assert s.target == "top1"  # still the model's own default
+    panel.position_combo.setCurrentIndex(panel.position_combo.findData("all"))
+    assert s.target == "top1,dim=-1"
+    assert "summed over positions" in panel.target_combo.toolTip()
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
+        panel.run_button.click()
+    cap = s.capture
+    assert cap.meta["target"] == "top1,dim=-1"
+    model, kwargs = window.session.model.module, window.session.batch.inputs.kwargs
+    logits = model(**kwargs).logits
+    want = torch.autograd.grad(logits.max(-1).values.sum(), model.lm_head.weight)[0]
+    torch.testing.assert_close(cap["lm_head"].param_grads["weight"], want, rtol=1e-5, atol=1e-7)
+    panel.position_combo.setCurrentIndex(panel.position_combo.findData(-1))
+    assert s.target == "top1"
+    # dim 1 of per-token logits is the position: plain top1 stands for the model's own target,
+    # and the panel shows that one again rather than a choice that would not run
+    panel.class_dim_combo.setCurrentIndex(panel.class_dim_combo.findData(1))
+    assert s.target == "top1" and panel.class_dim_combo.currentData() == -1
+
+
+def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, window, folder, monkeypatch):
+    """``gradexplorer --model hf:FOLDER --hf-class base --text ... --input-grad --run``: the
+    window builds the class asked for and records the input gradient, as ``capture`` does."""
+    import gradexplorer.app.window.launch
+    from gradexplorer.app.cli import main as cli
+    from gradexplorer.app.window.launch import start
+    from tests.app.conftest import TIMEOUT
+
+    calls = []
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+                        lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
+    assert cli.main(["--model", f"hf:{folder}", "--hf-class", "base", "--text", "the cat sat",
+                     "--input-grad", "--target", "sum", "--run"]) == 0
+    ((options, run),) = calls
+    assert options.hf_class == "base" and options.input_grad
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, run)
+    assert done.args == ["ok"]
+    s = window.session
+    assert type(s.model.module).__name__ == "GPT2Model"
+    assert s.capture.input_grad is not None and tuple(s.capture.input_grad.shape) == (1, 3, 32)
+    assert s.capture_options().hf_class == "base"  # a second run, a comparison: the same class
+    assert cli.main(["--hf-class", "base"]) == 2  # without --model: a usage error

@@ -96,7 +96,7 @@ def test_cli_captures_a_saved_gpt2_folder_from_text_exactly(saved, offline, tmp_
 
     model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
     kwargs = dict(cap.model_inputs["kwargs"])
-    assert set(kwargs) == {"input_ids", "attention_mask", "position_ids"}
+    assert set(kwargs) == {"input_ids", "attention_mask", "position_ids", "labels"}
     _check_against_autograd(cap, model, kwargs, meta.target, model.transformer.wte)
     # left padding with counted positions: the padded sample predicts as it does alone
     alone = model(input_ids=kwargs["input_ids"][1:, 1:]).logits[0, -1]
@@ -263,3 +263,139 @@ def test_the_model_browser_lists_the_models_in_the_cache(offline):
     assert entries["hf:openai-community/gpt2"].cached == ()
     loaded = load_model("hf:tiny-org/tiny-gpt2")
     assert loaded.tokenizer is not None and loaded.weights.endswith("0" * 40)
+
+
+@pytest.fixture
+def online(tmp_path, monkeypatch, saved):
+    """An empty Hugging Face cache and a Hub on the loopback address serving the tiny GPT-2."""
+    import huggingface_hub.constants as constants
+
+    from tests.hf_fake_hub import FakeHub
+
+    home = tmp_path / "hf_home"
+    with FakeHub(saved["gpt2"], repo="tiny-org/tiny-gpt2") as hub:
+        monkeypatch.setenv("HF_HOME", str(home))
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)
+        # huggingface_hub reads these once at import.
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield hub, home
+
+
+def test_a_model_not_in_the_cache_downloads_into_it_with_progress(online, saved):
+    """The real download path (huggingface_hub's snapshot_download and its progress bars),
+    against a Hub on the loopback address: the bytes written are reported as they arrive,
+    and the files land in the cache the model browser lists."""
+    from gradexplorer.models.hf_models import hf_catalog
+
+    hub, home = online
+    reports: list[tuple[int, int]] = []
+    loaded = load_model("hf:tiny-org/tiny-gpt2", progress=lambda done, total: reports.append((done, total)))
+    assert any(r.startswith("GET /tiny-org/tiny-gpt2/resolve/") and r.endswith("model.safetensors")
+               for r in hub.requests)
+    snapshot = home / "hub" / "models--tiny-org--tiny-gpt2" / "snapshots"
+    assert "Hugging Face Hub" in loaded.notes[0] and str(snapshot) in loaded.notes[0]
+    size = sum((saved["gpt2"] / f).stat().st_size for f in hub.files())
+    assert reports and reports[-1] == (size, size)
+    done = [d for d, _ in reports]
+    assert done == sorted(done) and all(0 < d <= t for d, t in reports)
+    assert loaded.tokenizer is not None and type(loaded.module).__name__ == "GPT2LMHeadModel"
+    assert {i.name: i.cached for i in hf_catalog()}["hf:tiny-org/tiny-gpt2"] == ("hub",)
+    # Now cached: the next load asks the Hub nothing.
+    asked = len(hub.requests)
+    load_model("hf:tiny-org/tiny-gpt2")
+    assert len(hub.requests) == asked
+
+
+def test_a_causal_lms_text_is_its_own_per_token_labels(saved, offline, tmp_path, capsys):
+    """Text given to a causal language model is also its per-token labels (padding ignored):
+    the output carries the model's own loss, and ``--target sum@loss`` differentiates the
+    mean cross-entropy of each position's prediction of the next token, computed here by
+    hand from the logits."""
+    out = tmp_path / "loss.pt"
+    code = main(["-q", "capture", "--model", f"hf:{saved['gpt2']}", "--text", "the cat sat on a mat",
+                 "--text", "a dog ran", "--target", "sum@loss", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "labels: the text's own tokens" in printed
+    cap = load_capture(out)
+    kwargs = dict(cap.model_inputs["kwargs"])
+    ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+    assert torch.equal(kwargs["labels"], ids.masked_fill(mask == 0, -100))
+    assert capture_meta(cap).tokens[1][:3] == ("[pad]", "[pad]", "[pad]")
+
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
+    inputs = {k: v for k, v in kwargs.items() if k != "labels"}
+    logits = model(**inputs).logits
+    # the truth: each real position predicts the next real token
+    nxt, keep = ids[:, 1:], (mask[:, 1:] == 1)
+    per_token = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), nxt, reduction="none")
+    loss = per_token[keep].mean()
+    named = [(n, p) for n, p in model.named_parameters()]
+    grads = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)))
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            full = f"{name}.{pname}"
+            if g is not None and grads.get(full) is not None:
+                torch.testing.assert_close(g, grads[full], rtol=1e-4, atol=1e-6)
+                checked += 1
+    assert checked >= 10
+
+
+def _param_grads_equal(cap, model, scalar) -> int:
+    named = list(model.named_parameters())
+    grads = dict(zip([n for n, _ in named], torch.autograd.grad(scalar, [p for _, p in named], allow_unused=True)))
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            want = grads.get(f"{name}.{pname}")
+            if g is not None and want is not None:
+                torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-7)
+                checked += 1
+    return checked
+
+
+def test_an_encoder_decoder_reads_the_text_and_predicts_its_first_output_token(tmp_path):
+    """T5 given text: the encoder reads it, the decoder starts from its start token, and the
+    default target is the first token it would write."""
+    folder = hf_tiny.save("t5", tmp_path / "t5")
+    loaded = load_model(f"hf:{folder}")
+    assert loaded.default_target == "top1,dim=-1,pos=-1"
+    batch = load_batch(["text:the cat sat", "text:a dog"], loaded)
+    kwargs = batch.inputs.kwargs
+    assert kwargs["decoder_input_ids"].tolist() == [[0], [0]]
+    assert "the decoder starts from its start token" in batch.preprocessing
+    model = loaded.module
+    cap = capture(model, batch.model_input, target=loaded.default_target, input_grad=True)
+    logits = model(**kwargs).logits
+    assert tuple(logits.shape[:2]) == (2, 1)
+    assert _param_grads_equal(cap, model, logits[:, -1].max(-1).values.sum()) >= 10
+    assert "embed_tokens" in cap.meta["input_grad_of"] and tuple(cap.input_grad.shape) == (2, 3, 32)
+
+
+def test_a_vision_models_pictures_go_through_its_own_image_processor(tmp_path):
+    """A Hugging Face ViT's pictures are prepared by its image processor (its size, and a
+    mean and std of 0.5 rather than ImageNet's), as transformers would."""
+    from PIL import Image
+    from transformers import ViTImageProcessor
+
+    folder = hf_tiny.save("vit", tmp_path / "vit")
+    picture = tmp_path / "pic.png"
+    Image.effect_noise((50, 40), 60).convert("RGB").save(picture)
+    loaded = load_model(f"hf:{folder}")
+    assert loaded.input_shape == (3, 32, 32)
+    batch = load_batch([str(picture)], loaded)
+    want = ViTImageProcessor.from_pretrained(folder)(images=Image.open(picture).convert("RGB"),
+                                                     return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(batch.tensor, want, rtol=0, atol=1e-6)
+    assert "image processor" in batch.preprocessing and "mean (0.5, 0.5, 0.5)" in batch.preprocessing
+    model = loaded.module
+    cap = capture(model, batch.model_input, target="top1")
+    assert _param_grads_equal(cap, model, model(pixel_values=want).logits.max(-1).values.sum()) >= 10

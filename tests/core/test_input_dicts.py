@@ -54,3 +54,59 @@ def test_a_name_the_forward_does_not_take_is_refused(tmp_path):
     with pytest.raises(GradExplorerError, match="padding_msk"):
         load_batch([saved(tmp_path, input=torch.randn(2, 5, 8), padding_msk=torch.zeros(2, 5, dtype=torch.bool))],
                    loaded)
+
+
+def _loss_grads(model: nn.Module, kwargs: dict) -> dict[str, torch.Tensor]:
+    """The truth: autograd of the model's own loss, the labels passed to its forward."""
+    loss = model(**kwargs).loss
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {n: g for (n, _), g in zip(named, grads) if g is not None}
+
+
+def _check_param_grads(cap, want: dict[str, torch.Tensor]) -> int:
+    checked = 0
+    for name, rec in cap.layers.items():
+        for pname, g in rec.param_grads.items():
+            full = f"{name}.{pname}" if name else pname
+            if g is not None and full in want:
+                torch.testing.assert_close(g, want[full], rtol=1e-5, atol=1e-7)
+                checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_labels_reach_a_forward_that_takes_them(tmp_path, kind):
+    """A Hugging Face model's forward takes ``labels`` (one class per sample for a
+    classifier, one token per position for a language model): stored beside the ids they
+    are passed to it, and the model's own loss can be the target."""
+    pytest.importorskip("transformers")
+    from gradexplorer.models import load_model
+    from tests import hf_tiny
+
+    folder = hf_tiny.save(kind, tmp_path / kind)
+    loaded = load_model(f"hf:{folder}")
+    ids = torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    labels = torch.tensor([2, 0]) if kind == "bert" else torch.where(mask.bool(), ids, torch.full_like(ids, -100))
+    batch = load_batch([saved(tmp_path, input_ids=ids, attention_mask=mask, labels=labels)], loaded)
+    assert batch.inputs is not None and torch.equal(batch.inputs.kwargs["labels"], labels)
+    assert "labels" in batch.source
+    # one class per sample: also the batch's labels (a cross_entropy target reads them)
+    assert (batch.labels is not None and batch.labels.tolist() == [2, 0]) if kind == "bert" else batch.labels is None
+    model = loaded.module
+    cap = gx.capture(model, batch.model_input, target="sum@loss")
+    truth = _loss_grads(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
+    assert _check_param_grads(cap, truth) >= 10
+    # the default target still reads the logits, not the loss the labels added first
+    logits = gx.capture(model, batch.model_input, layers=["*.dropout"], mode="stats").output
+    assert logits.shape[0] == 2 and logits.dim() == (2 if kind == "bert" else 3)
+
+
+def test_labels_stay_out_of_a_forward_that_does_not_take_them(tmp_path):
+    model = Attention().eval()
+    x = torch.randn(2, 5, 8)
+    loaded = LoadedModel(model, "attention", "attention")
+    batch = load_batch([saved(tmp_path, input=x, labels=torch.tensor([1, 2]))], loaded)
+    assert batch.inputs is None or "labels" not in batch.inputs.kwargs
+    assert batch.labels.tolist() == [1, 2]

@@ -80,3 +80,51 @@ def test_compare_variants_reuse_the_live_model_and_refuse_other_weights():
     assert runs.b.meta["model"] == "live:Sequential"  # B ran on the same object, nothing loaded
     with pytest.raises(GradExplorerError, match="handed over in memory"):
         compare_variant(request.options, Variant(weights="DEFAULT"), loaded=request.loaded, batch=request.batch)
+
+
+def test_a_compiled_model_is_shown_through_its_eager_module():
+    model = net()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(3, 6)
+    compiled(x)
+    request = live_request(compiled, x)
+    assert request.loaded.module is model and request.loaded.name == "Sequential"
+    assert any("torch.compile" in note for note in request.loaded.notes)
+    cap = CaptureJob(request.options, loaded=request.loaded, batch=request.batch).run()
+    assert {n: len(r.calls) for n, r in cap.layers.items()} == {"0": 1, "1": 1, "2": 1}
+
+
+def test_a_hugging_face_model_in_memory_takes_text_and_shows_its_tokens():
+    """A transformers model and its tokenizer handed over: text is tokenised as --text is,
+    the token strings come along, a causal LM's top1 is its next token, and the capture
+    equals autograd on the same model."""
+    pytest.importorskip("transformers")
+    from tests import hf_tiny
+
+    model, tok = hf_tiny.gpt2(), hf_tiny.tokenizer()
+    request = live_request(model, ["the cat sat", "a dog"], tokenizer=tok, input_grad=True)
+    loaded, batch = request.loaded, request.batch
+    assert loaded.default_target == "top1,dim=-1,pos=-1" and loaded.tokenizer is tok
+    assert batch is not None and batch.tokens == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    cap = CaptureJob(request.options, loaded=loaded, batch=batch).run()
+    assert cap.meta["target"] == "top1,dim=-1,pos=-1" and cap.meta["tokens"] == batch.tokens
+    seen = {}
+    handle = model.transformer.wte.register_forward_hook(lambda m, a, o: seen.setdefault("e", o))
+    logits = model(**batch.inputs.kwargs).logits
+    handle.remove()
+    want = torch.autograd.grad(logits[:, -1].max(-1).values.sum(), seen["e"])[0]
+    torch.testing.assert_close(cap.input_grad, want, rtol=1e-5, atol=1e-7)
+    # a tokenizer's own output (a BatchEncoding) is keyword arguments, named by its tokens
+    encoded = tok(["the cat sat on a mat"], return_tensors="pt")
+    again = live_request(model, encoded, tokenizer=tok).batch
+    assert again is not None and again.tokens == [["the", "cat", "sat", "on", "a", "mat"]]
+    with pytest.raises(GradExplorerError, match="tokenizer"):
+        live_request(model, "the cat sat")
+
+
+def test_a_hugging_face_classifier_in_memory_brings_its_class_names():
+    pytest.importorskip("transformers")
+    from tests import hf_tiny
+
+    request = live_request(hf_tiny.bert(), ["the big dog ran"], tokenizer=hf_tiny.tokenizer(bert=True))
+    assert request.loaded.categories == ["neg", "mid", "pos"] and request.loaded.default_target is None

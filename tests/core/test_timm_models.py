@@ -122,3 +122,41 @@ def test_the_catalog_lists_timm_models_and_their_cache_state(hf_home):
     assert catalog["timm:resnet18"].cached == ("timm/resnet18.a1_in1k",)
     assert catalog["timm:resnet34"].cached == ()
     assert catalog["timm:resnet34"].task == "timm"
+
+
+def test_default_weights_not_cached_download_into_the_cache_with_progress(tmp_path, monkeypatch):
+    """The download path, against a Hub on the loopback address serving timm's repository:
+    the weights land in the Hugging Face cache with their bytes reported, load into the
+    model, and are read from the cache from then on."""
+    import huggingface_hub.constants as constants
+
+    from tests.hf_fake_hub import FakeHub
+
+    repo = timm.models.get_pretrained_cfg("resnet18").hf_hub_id
+    folder = tmp_path / "served"
+    folder.mkdir()
+    torch.manual_seed(5)
+    state = {k: v.contiguous() for k, v in timm.create_model("resnet18", pretrained=False).state_dict().items()}
+    safetensors_torch.save_file(state, folder / "model.safetensors")
+    home = tmp_path / "hf"
+    with FakeHub(folder, repo=repo) as hub:
+        monkeypatch.setenv("HF_HOME", str(home))
+        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        reports: list[tuple[int, int]] = []
+        loaded = load_model("timm:resnet18", weights="DEFAULT", progress=lambda d, t: reports.append((d, t)))
+        size = (folder / "model.safetensors").stat().st_size
+        assert reports and reports[-1] == (size, size) and len(reports) > 1
+        assert [d for d, _ in reports] == sorted(d for d, _ in reports)
+        own = loaded.module.state_dict()
+        assert all(torch.equal(own[k], v) for k, v in state.items())
+        from gradexplorer.models.timm_models import cached_weights_file
+
+        assert cached_weights_file(timm.models.get_pretrained_cfg("resnet18")) is not None
+        asked = len(hub.requests)
+        load_model("timm:resnet18", weights="DEFAULT")
+        assert len(hub.requests) == asked  # cached now: no request
