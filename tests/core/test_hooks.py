@@ -216,11 +216,12 @@ def test_gradient_of_a_view_rebased_by_an_in_place_op_comes_from_its_base():
 # -- every installer of the engine goes through gradexplorer.hooks -----------------------------
 
 INSTALLERS = ("capturing/capture.py", "capturing/module_tree.py", "recording/layer_recorder.py",
-              "model_graph/graph.py", "model_graph/grads.py", "pipeline/job.py", "recording/dataset.py")
+              "model_graph/graph.py", "model_graph/grads.py", "pipeline/job.py", "recording/dataset.py",
+              "recording/sharded_dataset.py")
 #: The ``.remove()`` calls that are LayerRecorder.remove, which closes its hooks_installed
 #: block: (file, receiver).
-RECORDER_REMOVES = {("core/recording/dataset.py", "recorder"), ("core/recording/watch.py", "self._recorder"),
-                    ("core/recording/layer_recorder.py", "self")}
+RECORDER_REMOVES = {("core/recording/dataset.py", "recorder"), ("core/recording/sharded_dataset.py", "recorder"),
+                    ("core/recording/watch.py", "self._recorder"), ("core/recording/layer_recorder.py", "self")}
 
 
 def _calls(path: Path) -> list[tuple[int, str, str, int]]:
