@@ -14,9 +14,10 @@ or scale does not fit the block (its mean is far from the previous one's, its sp
 from it), a second loop over it, from the L1 cache, takes the deviations from its own
 mean with its own scale. That holds the accuracy contract (every statistic within 1e-6
 relative of float64: ``docs/benchmarks.md``): no cancellation is left for float32's
-rounding to amplify, each lane sums only a block's share of the terms, and blocks merge
-in float64. float16 and bfloat16 blocks take float32 lanes too (three loops: their sums,
-their extremes and zeros, their deviations from the block's mean). ``GRADEXPLORER_CPU_FLOAT32=0``
+rounding to amplify, each lane sums only a few terms of a run of ``cpu_kernels.LANE_RUN``
+values, and runs and blocks merge in float64. float16 and bfloat16 blocks take float32
+lanes too (three loops: their sums, their extremes and zeros, their deviations from the
+block's mean). ``GRADEXPLORER_CPU_FLOAT32=0``
 turns the float32 lanes off; float64 and integer data always take float64.
 
 The float64 pass: a first loop over a block sums, in float64, the deviations from the
