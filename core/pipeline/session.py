@@ -611,7 +611,7 @@ class Session:
         return self._run_lock
 
     def files_read(self) -> list[str]:
-        """The files this session read: the model (a file, or a factory's file), its weights
+        """The files the session read: the model (a file, or a factory's file), its weights
         and labels, the batch's sources (a folder stands for its pictures), the capture file
         opened. An export written over one of them would destroy it: every export checks its
         path against these (``gradexplorer.base.file_write.check_output_path``, by inode)."""
