@@ -311,6 +311,56 @@ def test_a_model_not_in_the_cache_downloads_into_it_with_progress(online, saved)
     assert len(hub.requests) == asked
 
 
+def test_a_download_without_trust_fetches_no_code_and_no_pickles(tmp_path, monkeypatch):
+    """A repository may hold the model's own code (``modeling_*.py``) and pickled weights
+    beside its safetensors: without trust, neither is downloaded (they run code when
+    loaded); the Hub on the loopback address says which files were asked for."""
+    import huggingface_hub.constants as constants
+
+    from tests.hf_fake_hub import FakeHub
+
+    folder = hf_tiny.copy(hf_tiny.save("gpt2", tmp_path / "gpt2"), tmp_path / "repo")
+    (folder / "modeling_tiny.py").write_text("raise SystemExit('the code ran')\n")
+    torch.save({}, folder / "pytorch_model.bin")
+    home = tmp_path / "hf_home"
+    with FakeHub(folder, repo="tiny-org/tiny-gpt2") as hub:
+        monkeypatch.setenv("HF_HOME", str(home))
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        loaded = load_model("hf:tiny-org/tiny-gpt2")
+        fetched = {r.rsplit("/", 1)[1] for r in hub.requests if r.startswith("GET /tiny-org/tiny-gpt2/resolve/")}
+    assert type(loaded.module).__name__ == "GPT2LMHeadModel" and loaded.tokenizer is not None
+    assert "model.safetensors" in fetched and "config.json" in fetched
+    assert not {"modeling_tiny.py", "pytorch_model.bin"} & fetched, fetched
+    snapshots = home / "hub" / "models--tiny-org--tiny-gpt2" / "snapshots"
+    assert not list(snapshots.rglob("*.py")) and not list(snapshots.rglob("*.bin"))
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_the_files_asked_for_follow_trust(tmp_path, monkeypatch, trust):
+    import huggingface_hub
+
+    from gradexplorer.models.hf_models import resolve_folder
+
+    asked: list[list[str]] = []
+
+    def snapshot_download(name, *, allow_patterns, **kwargs):
+        asked.append(list(allow_patterns))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    resolve_folder("tiny-org/tiny-gpt2", trust=trust)
+    (patterns,) = asked
+    assert {"*.json", "*.safetensors", "tokenizer*"} <= set(patterns)
+    assert ("*.py" in patterns) is trust and any(p.endswith(".bin") for p in patterns) is trust
+
+
 def test_a_causal_lms_text_is_its_own_per_token_labels(saved, offline, tmp_path, capsys):
     """Text given to a causal language model is also its per-token labels (padding ignored):
     the output carries the model's own loss, and ``--target sum@loss`` differentiates the
