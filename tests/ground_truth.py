@@ -148,3 +148,31 @@ def compare(cap, ref, names) -> float:
         for pname, g in ref["params"][name].items():
             worst = max(worst, max_rel_error(cap.layers[name].param_grads.get(pname), g))
     return worst
+
+
+def param_grads_by_autograd(model: nn.Module, scalar: torch.Tensor, retain_graph: bool = False,
+                            ) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of ``scalar`` by plain autograd, by qualified name; a
+    parameter shared by two modules (a language model's tied ``lm_head.weight``) under each
+    of its names, a parameter the scalar does not reach left out."""
+    named = [(n, p) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+    grads = torch.autograd.grad(scalar, [p for _, p in named], allow_unused=True, retain_graph=retain_graph)
+    return {n: g for (n, _), g in zip(named, grads) if g is not None}
+
+
+def assert_param_grads_equal(cap: Any, want: dict[str, torch.Tensor], rtol: float = 1e-5,
+                             atol: float = 1e-7, outside: tuple[str, ...] = ()) -> int:
+    """The capture's parameter gradients are autograd's ``want``: the same names (a gradient
+    the capture lacks, or one autograd has not, fails) and the same values. ``outside``
+    names the parameters of ``want`` that no captured layer owns (held by a module that is
+    not a leaf, which a default capture does not select): each must be in ``want`` and not
+    in the capture. Returns how many gradients were compared."""
+    got = {(f"{layer}.{pname}" if layer else pname): g
+           for layer, rec in cap.layers.items() for pname, g in rec.param_grads.items() if g is not None}
+    assert set(outside) <= set(want) and not set(outside) & set(got), (outside, sorted(want))
+    expected = set(want) - set(outside)
+    missing, extra = sorted(expected - set(got)), sorted(set(got) - expected)
+    assert not missing and not extra, f"captured without a gradient: {missing}; captured, not autograd's: {extra}"
+    for name, g in got.items():
+        torch.testing.assert_close(g, want[name], rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+    return len(got)

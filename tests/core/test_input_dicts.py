@@ -15,6 +15,7 @@ import gradexplorer as gx
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.batches import load_batch
 from gradexplorer.models.loaded_model import LoadedModel
+from tests.ground_truth import assert_param_grads_equal, param_grads_by_autograd
 
 
 class Attention(nn.Module):
@@ -61,21 +62,7 @@ def test_a_name_the_forward_does_not_take_is_refused(tmp_path):
 
 def _loss_grads(model: nn.Module, kwargs: dict) -> dict[str, torch.Tensor]:
     """The truth: autograd of the model's own loss, the labels passed to its forward."""
-    loss = model(**kwargs).loss
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return {n: g for (n, _), g in zip(named, grads) if g is not None}
-
-
-def _check_param_grads(cap, want: dict[str, torch.Tensor]) -> int:
-    checked = 0
-    for name, rec in cap.layers.items():
-        for pname, g in rec.param_grads.items():
-            full = f"{name}.{pname}" if name else pname
-            if g is not None and full in want:
-                torch.testing.assert_close(g, want[full], rtol=1e-5, atol=1e-7)
-                checked += 1
-    return checked
+    return param_grads_by_autograd(model, model(**kwargs).loss)
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
@@ -100,7 +87,7 @@ def test_labels_reach_a_forward_that_takes_them(tmp_path, kind):
     model = loaded.module
     cap = gx.capture(model, batch.model_input, target="sum@loss")
     truth = _loss_grads(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
-    assert _check_param_grads(cap, truth) >= 10
+    assert assert_param_grads_equal(cap, truth, rtol=1e-5, atol=1e-7) >= 10
     # the default target still reads the logits, not the loss the labels added first
     logits = gx.capture(model, batch.model_input, layers=["*.dropout"], mode="stats").output
     assert logits.shape[0] == 2 and logits.dim() == (2 if kind == "bert" else 3)
