@@ -5,7 +5,8 @@ forward pre-hooks and forward hooks. The originals are then never touched by lat
 in-place operations (those act on the clones), so ``torch.autograd.grad`` with respect to
 the originals gives exactly "the gradient at this call's output / input" and the
 originals still hold the values at call time. Clones are the identity in forward and
-backward, so the numbers are those of the unmodified model.
+backward, so the numbers are those of the unmodified model. The scalar backward starts
+from is written out here too (:func:`target_by_hand`), not taken from gradexplorer's targets.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gradexplorer.capturing.capture import primary_tensor
-from gradexplorer.capturing.targets import target_scalar
 
 
 def _replace_primary(output: Any, key: str, new: torch.Tensor) -> Any:
@@ -33,6 +34,43 @@ def _replace_primary(output: Any, key: str, new: torch.Tensor) -> Any:
     items = list(output)
     items[idx] = _replace_primary(items[idx], rest, new)
     return type(output)(*items) if fields else type(output)(items)
+
+
+def _element(output: Any, key: str | None) -> torch.Tensor:
+    """The output element a target names, picked by hand: a tensor itself; a dict's (a
+    ModelOutput's) ``key``, by default ``out``, else ``logits``, else its first; a tuple's
+    field or index, by default its first."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        if key is None:
+            key = "out" if "out" in output else "logits" if "logits" in output else next(iter(output))
+        return _element(output[key], None)
+    fields = getattr(output, "_fields", None)
+    if key is None:
+        return _element(output[0], None)
+    return _element(getattr(output, key) if fields and key in fields else output[int(key)], None)
+
+
+def target_by_hand(output: Any, target: str, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """The scalar of the targets the tests compare with, written out in plain torch
+    (``sum``, ``mean``, ``top1``, ``class:N``, ``cross_entropy``, each with ``@KEY``):
+    classes on dim 1, as a ``(B, C, ...)`` output holds them. Any other target is refused,
+    so that no test takes its truth from gradexplorer's own reduction."""
+    kind, _, key = target.partition("@")
+    y = _element(output, key or None)
+    if kind == "sum":
+        return y.sum()
+    if kind == "mean":
+        return y.mean()
+    if kind == "top1":
+        return y.max(dim=1).values.sum()
+    if kind.startswith("class:"):
+        return y[:, int(kind.removeprefix("class:"))].sum()
+    if kind == "cross_entropy":
+        assert labels is not None, "cross_entropy needs labels"
+        return F.cross_entropy(y, labels.long())
+    raise ValueError(f"the reference has no hand-written target {target!r}")
 
 
 def reference(model: nn.Module, x: torch.Tensor, names: list[str], target="top1",
@@ -79,7 +117,7 @@ def reference(model: nn.Module, x: torch.Tensor, names: list[str], target="top1"
                 handles.append(module.register_forward_hook(post(name)))
         xx = x.detach().clone().requires_grad_(input_grad)
         out = model(xx)
-        scalar = target_scalar(out, target, labels)
+        scalar = target_by_hand(out, target, labels)
         tensors = []
         for name in names:
             for rec in calls[name]:
@@ -148,3 +186,31 @@ def compare(cap, ref, names) -> float:
         for pname, g in ref["params"][name].items():
             worst = max(worst, max_rel_error(cap.layers[name].param_grads.get(pname), g))
     return worst
+
+
+def param_grads_by_autograd(model: nn.Module, scalar: torch.Tensor, retain_graph: bool = False,
+                            ) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of ``scalar`` by plain autograd, by qualified name; a
+    parameter shared by two modules (a language model's tied ``lm_head.weight``) under each
+    of its names, a parameter the scalar does not reach left out."""
+    named = [(n, p) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+    grads = torch.autograd.grad(scalar, [p for _, p in named], allow_unused=True, retain_graph=retain_graph)
+    return {n: g for (n, _), g in zip(named, grads) if g is not None}
+
+
+def assert_param_grads_equal(cap: Any, want: dict[str, torch.Tensor], rtol: float = 1e-5,
+                             atol: float = 1e-7, outside: tuple[str, ...] = ()) -> int:
+    """The capture's parameter gradients are autograd's ``want``: the same names (a gradient
+    the capture lacks, or one autograd has not, fails) and the same values. ``outside``
+    names the parameters of ``want`` that no captured layer owns (held by a module that is
+    not a leaf, which a default capture does not select): each must be in ``want`` and not
+    in the capture. Returns how many gradients were compared."""
+    got = {(f"{layer}.{pname}" if layer else pname): g
+           for layer, rec in cap.layers.items() for pname, g in rec.param_grads.items() if g is not None}
+    assert set(outside) <= set(want) and not set(outside) & set(got), (outside, sorted(want))
+    expected = set(want) - set(outside)
+    missing, extra = sorted(expected - set(got)), sorted(set(got) - expected)
+    assert not missing and not extra, f"captured without a gradient: {missing}; captured, not autograd's: {extra}"
+    for name, g in got.items():
+        torch.testing.assert_close(g, want[name], rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+    return len(got)

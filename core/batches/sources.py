@@ -159,8 +159,8 @@ def _check_arguments(inputs: ModelInputs, model: LoadedModel) -> None:
         raise BatchError(
             f"the input file names {listing(unknown)}, which the model's forward does not "
             f"take (it takes {listing(list(params)) or 'no arguments'});",
-            "name the tensors after the forward's arguments, or save them as a tuple in "
-            "their order.",
+            "name each entry after the forward's argument it is and leave out those it does not take, "
+            "or save the tensors as a tuple in their order.",
         )
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from gradexplorer.base import tensor_memory
-from gradexplorer.base.errors import BatchError
+from gradexplorer.base.errors import BatchError, listing
 from gradexplorer.batches.images import IMAGE_SUFFIXES
 from gradexplorer.batches.labels import LabelSpec, checked_label_tensor, parse_labels
 from gradexplorer.batches.paths import display_path
@@ -101,10 +101,13 @@ def load_tensor_file(path: str | os.PathLike, labels: LabelSpec | None = None,
         or a gradexplorer capture file, whose ``"input"`` is used.
 
         For a model of several inputs: a tuple or list of tensors (positional
-        arguments), or a dict of tensors named like the forward's parameters (keyword
+        arguments), or a dict of entries named like the forward's parameters (keyword
         arguments, labels apart), stored as is or under ``"input"``/``"inputs"``. They
-        go into ``Batch.inputs``; the first is ``Batch.tensor``. Every other tensor
-        stored beside ``"input"`` is a keyword argument too (a padding mask).
+        go into ``Batch.inputs``; the first tensor is ``Batch.tensor``. Every other entry
+        stored beside ``"input"``, tensor or not (a padding mask, ``scale=3.0``), is a
+        keyword argument too; an entry whose key is not a Python name, or a list or dict
+        holding tensors, is refused by name. Nothing in the file is left out, except labels
+        the forward does not take (the batch's labels) and labels replaced by ``labels``.
     labels : str, int, sequence or Tensor, optional
         Class indices (see :func:`parse_labels`); they replace labels in the file.
     forward_args : collection of str, optional
@@ -182,20 +185,50 @@ class _FoundInput(NamedTuple):
 
 
 def _several(value: object) -> ModelInputs | None:
-    # A tuple or list of tensors is positional arguments; a dict of tensors whose keys are
-    # names is keyword arguments.
+    # A tuple or list of tensors is positional arguments.
     if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
         return ModelInputs(args=tuple(value))
-    if (isinstance(value, dict) and value
-            and all(isinstance(k, str) and k.isidentifier() for k in value)
-            and all(isinstance(v, torch.Tensor) for v in value.values())):
-        return ModelInputs(kwargs=dict(value))
     return None
 
 
 def _argument_names(inputs: ModelInputs) -> str:
     names = [f"#{i + 1}" for i in range(len(inputs.args))] + list(inputs.kwargs)
     return ", ".join(names)
+
+
+def _holds_tensor(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return False
+
+
+def _keyword_arguments(entries: dict, path: Path) -> dict[str, object]:
+    """Entries of a stored dict as keyword arguments of the forward: tensors and plain
+    values (``scale=3.0``) alike, each passed under its key. A key that cannot be a keyword
+    argument, and a container of tensors (whose tensors no check would see), are refused
+    by name: nothing in the file is left out in silence."""
+    not_names = [repr(k) for k in entries if not (isinstance(k, str) and k.isidentifier())]
+    if not_names:
+        one = len(not_names) == 1
+        raise BatchError(
+            f"the {'entry' if one else 'entries'} {listing(not_names)} in '{path}' cannot be passed to the "
+            f"forward: {'its key is' if one else 'their keys are'} not a Python name, so not a keyword argument;",
+            "save every entry under the name of the forward's argument it is (key_padding_mask, not "
+            "key-padding-mask), or leave it out of the file.",
+        )
+    nested = [repr(k) for k, v in entries.items() if isinstance(v, (dict, list, tuple)) and _holds_tensor(v)]
+    if nested:
+        raise BatchError(
+            f"the {'entry' if len(nested) == 1 else 'entries'} {listing(nested)} in '{path}' "
+            f"{'holds' if len(nested) == 1 else 'hold'} tensors inside a list or dict;",
+            "save each tensor under its own key, named after the forward's argument it is "
+            "(or the positional inputs as a tuple under 'input').",
+        )
+    return dict(entries)
 
 
 def _find_input(obj: object, path: Path, *, want_labels: bool,
@@ -207,57 +240,80 @@ def _find_input(obj: object, path: Path, *, want_labels: bool,
     if several is not None:
         return _FoundInput(several.primary, "first input", None, several)
     if isinstance(obj, dict) and obj.get("format") != CAPTURE_FORMAT:
-        key, value = _pick(obj, _INPUT_KEYS)
-        labels_key, _ = _pick(obj, _LABEL_KEYS)
-        # Labels under a name the forward takes (a Hugging Face model's labels) are one of
-        # its arguments: passed, never taken out.
-        labels_are_argument = labels_key is not None and forward_args is not None and labels_key in forward_args
-        apart = () if labels_are_argument else (labels_key,)
-        if key is not None:
-            several = _several(value)
-            # Tensors stored beside the input (a key_padding_mask, an attention mask) are
-            # arguments of the forward too: passed by name, never dropped. A name the
-            # forward does not take is refused when the batch meets the model.
-            extra = {k: v for k, v in obj.items() if k != key and k not in apart and isinstance(v, torch.Tensor)}
-            if extra and isinstance(value, torch.Tensor) and _several(extra) is not None:
-                several = ModelInputs(args=(value,), kwargs=extra)
-        else:
-            # A dict of named tensors and nothing else: keyword arguments (labels apart,
-            # unless the forward takes them).
-            several = _several({k: v for k, v in obj.items() if k not in apart})
-        if several is not None:
-            file_labels = _file_labels(obj, path, want_labels)
-            if labels_are_argument and file_labels is not None and file_labels.dim() != 1:
-                file_labels = None  # per-token labels: the forward's, not one class per sample
-            return _FoundInput(several.primary, "first input", file_labels, several)
+        return _from_dict(obj, path, want_labels=want_labels, forward_args=forward_args)
     if not isinstance(obj, dict):
         raise BatchError(
             f"file '{path}' holds {_found(obj)}, not a tensor;",
             "expected a tensor or a dict with an 'input' tensor: " + _TENSOR_FIX + ".",
         )
-    if obj.get("format") == CAPTURE_FORMAT:
-        key, tensor = _pick(obj, ("input",))
-        what = "capture file's input"
-        if key is None:
-            raise BatchError(
-                f"capture file '{path}' holds no input tensor;",
-                "capture again with the input kept, or give the input another way.",
-            )
-    else:
-        key, tensor = _pick(obj, _INPUT_KEYS)
-        if key is None:
+    key, tensor = _pick(obj, ("input",))
+    what = "capture file's input"
+    if key is None:
+        raise BatchError(
+            f"capture file '{path}' holds no input tensor;",
+            "capture again with the input kept, or give the input another way.",
+        )
+    if not isinstance(tensor, torch.Tensor):
+        raise BatchError(
+            f"the {what} in '{path}' is {_found(tensor)}, not a tensor;", _TENSOR_FIX + "."
+        )
+    return _FoundInput(tensor, what, _file_labels(obj, path, want_labels))
+
+
+def _from_dict(obj: dict, path: Path, *, want_labels: bool,
+               forward_args: Collection[str] | None) -> _FoundInput:
+    """A stored dict as the forward's arguments. The entry under an input key (``input``,
+    ``inputs``, ``x``, ``images``) is the positional input (a tuple or list: several;
+    a dict: keyword arguments); every other entry, tensor or not, is a keyword argument
+    under its key, except the labels when the forward does not take them."""
+    key, value = _pick(obj, _INPUT_KEYS)
+    labels_key, _ = _pick(obj, _LABEL_KEYS)
+    # Labels under a name the forward takes (a Hugging Face model's labels) are one of
+    # its arguments: passed, never taken out.
+    labels_are_argument = labels_key is not None and forward_args is not None and labels_key in forward_args
+    apart = () if labels_are_argument else (labels_key,)
+    rest = {k: v for k, v in obj.items() if k != key and k not in apart}
+    if key is None:
+        # Named entries and no input key: keyword arguments, when at least one is a tensor.
+        # Without the model's forward to say which names it takes, only a dict of tensors
+        # is taken as its arguments (a dict with an epoch count beside tensors is more
+        # likely a checkpoint than a batch).
+        tensors_only = bool(rest) and all(isinstance(v, torch.Tensor) for v in rest.values())
+        if not any(isinstance(v, torch.Tensor) for v in rest.values()) or (
+                forward_args is None and not tensors_only):
             raise BatchError(
                 f"file '{path}' holds {_found(obj)}, but no input tensor;",
                 "store the input under one of the keys "
                 + ", ".join(repr(k) for k in _INPUT_KEYS)
                 + f", or {_TENSOR_FIX}.",
             )
+        several = ModelInputs(kwargs=_keyword_arguments(rest, path))
+    else:
         what = f"{key!r} entry"
-    if not isinstance(tensor, torch.Tensor):
-        raise BatchError(
-            f"the {what} in '{path}' is {_found(tensor)}, not a tensor;", _TENSOR_FIX + "."
-        )
-    return _FoundInput(tensor, what, _file_labels(obj, path, want_labels))
+        extra = _keyword_arguments(rest, path)
+        if isinstance(value, torch.Tensor):
+            if not extra:
+                return _FoundInput(value, what, _file_labels(obj, path, want_labels))
+            several = ModelInputs(args=(value,), kwargs=extra)
+        elif (positional := _several(value)) is not None:
+            several = ModelInputs(args=positional.args, kwargs=extra)
+        elif isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values()):
+            named = _keyword_arguments(value, path)
+            twice = [repr(k) for k in named if k in extra]
+            if twice:
+                raise BatchError(
+                    f"{listing(twice)} is stored both inside the {what} and beside it in '{path}';",
+                    "keep one of them.",
+                )
+            several = ModelInputs(kwargs={**named, **extra})
+        else:
+            raise BatchError(
+                f"the {what} in '{path}' is {_found(value)}, not a tensor;", _TENSOR_FIX + "."
+            )
+    file_labels = _file_labels(obj, path, want_labels)
+    if labels_are_argument and file_labels is not None and file_labels.dim() != 1:
+        file_labels = None  # per-token labels: the forward's, not one class per sample
+    return _FoundInput(several.primary, "first input", file_labels, several)
 
 
 def _file_labels(obj: dict, path: Path, want_labels: bool) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ labels (padding ignored): its output then carries its own loss, the target ``sum
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,8 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
             "holding tokenizer.json), or give a .pt file of token ids with --input.",
         )
     samples = expand_texts(texts)
-    tok = model.tokenizer
     side = model.text_padding
-    if tok.pad_token is None:
-        # GPT-2 has no padding token; any id works under the attention mask.
-        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    tok.padding_side = side
+    tok = _padding_tokenizer(model.tokenizer, side)
     try:
         enc = tok(samples, return_tensors="pt", padding=True)
     except Exception as exc:
@@ -128,6 +125,19 @@ def load_text(texts: Sequence[str], model: LoadedModel | None) -> Batch:
         source=f"{n} text{'s' if n != 1 else ''}", preprocessing=how,
         inputs=ModelInputs((), kwargs), tokens=tokens,
     )
+
+
+def _padding_tokenizer(tokenizer: Any, side: str) -> Any:
+    """A tokenizer that pads on ``side`` and has a padding token, the caller's left as it
+    was: its ``padding_side`` and ``pad_token`` are set on a copy (the tokenizer may be the
+    user's own, given to ``gradexplorer.explore``), and padding also switches its backend's
+    padding on."""
+    tok = copy.deepcopy(tokenizer)
+    if tok.pad_token is None:
+        # GPT-2 has no padding token; any id works under the attention mask.
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    tok.padding_side = side
+    return tok
 
 
 def token_strings(tokenizer: Any, ids: Sequence[int], mask: Sequence[int] | None = None) -> list[str]:

@@ -48,9 +48,11 @@ HF_TASKS = {
     "seq2seq": "AutoModelForSeq2SeqLM",
 }
 
-# The files a model needs, and no more (a repository may also hold other formats' weights).
-_WANTED = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*.py"]
-_PICKLED = ["pytorch_model*.bin"]
+# The files a model needs, and no more (a repository may also hold other formats' weights):
+# its config, safetensors weights and tokenizer. Its own code (auto_map's modules) and pickled
+# weights run code when loaded, so they are fetched only with trust.
+_WANTED = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]
+_TRUSTED_ONLY = ["*.py", "pytorch_model*.bin"]
 
 #: A few small models for the window's model browser (any Hub name works).
 HF_EXAMPLES = ("openai-community/gpt2", "distilbert/distilbert-base-uncased-finetuned-sst-2-english",
@@ -128,7 +130,7 @@ def resolve_folder(name: str, progress: Callable[[int, int], None] | None = None
         )
     from huggingface_hub import snapshot_download
 
-    patterns = _WANTED + (_PICKLED if trust else [])
+    patterns = _WANTED + (_TRUSTED_ONLY if trust else [])
     offline = hub_offline()
     # The cache from the environment now (huggingface_hub fixed its default at import), the
     # one the model browser lists and timm's loader reads.

@@ -1,8 +1,11 @@
-"""A ``.pt`` input stored as a dict: the tensors beside the input are the forward's keyword
-arguments (a MultiheadAttention model's ``key_padding_mask``), passed by name and never
-dropped; a name the forward does not take is refused in words."""
+"""A ``.pt`` input stored as a dict: every entry beside the input (a MultiheadAttention model's
+``key_padding_mask``, a plain ``scale=3.0``, entries beside a tuple of inputs) is the forward's
+keyword argument, passed by name and never dropped; an entry that cannot be one (a name the
+forward does not take, a key that is not a Python name) is refused in words naming it."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import gradexplorer as gx
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.batches import load_batch
 from gradexplorer.models.loaded_model import LoadedModel
+from tests.ground_truth import assert_param_grads_equal, param_grads_by_autograd
 
 
 class Attention(nn.Module):
@@ -58,21 +62,7 @@ def test_a_name_the_forward_does_not_take_is_refused(tmp_path):
 
 def _loss_grads(model: nn.Module, kwargs: dict) -> dict[str, torch.Tensor]:
     """The truth: autograd of the model's own loss, the labels passed to its forward."""
-    loss = model(**kwargs).loss
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return {n: g for (n, _), g in zip(named, grads) if g is not None}
-
-
-def _check_param_grads(cap, want: dict[str, torch.Tensor]) -> int:
-    checked = 0
-    for name, rec in cap.layers.items():
-        for pname, g in rec.param_grads.items():
-            full = f"{name}.{pname}" if name else pname
-            if g is not None and full in want:
-                torch.testing.assert_close(g, want[full], rtol=1e-5, atol=1e-7)
-                checked += 1
-    return checked
+    return param_grads_by_autograd(model, model(**kwargs).loss)
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
@@ -97,7 +87,7 @@ def test_labels_reach_a_forward_that_takes_them(tmp_path, kind):
     model = loaded.module
     cap = gx.capture(model, batch.model_input, target="sum@loss")
     truth = _loss_grads(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
-    assert _check_param_grads(cap, truth) >= 10
+    assert assert_param_grads_equal(cap, truth, rtol=1e-5, atol=1e-7) >= 10
     # the default target still reads the logits, not the loss the labels added first
     logits = gx.capture(model, batch.model_input, layers=["*.dropout"], mode="stats").output
     assert logits.shape[0] == 2 and logits.dim() == (2 if kind == "bert" else 3)
@@ -110,3 +100,139 @@ def test_labels_stay_out_of_a_forward_that_does_not_take_them(tmp_path):
     batch = load_batch([saved(tmp_path, input=x, labels=torch.tensor([1, 2]))], loaded)
     assert batch.inputs is None or "labels" not in batch.inputs.kwargs
     assert batch.labels.tolist() == [1, 2]
+
+
+# ---------------------------------------------------------------------------
+# Every entry of the dict reaches the forward or is refused by name: plain values
+# (scale=3.0), entries beside a tuple of inputs, keys that are not Python names.
+# ---------------------------------------------------------------------------
+
+CROSS_SOURCE = '''
+import torch
+from torch import nn
+
+
+class CrossAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, query, memory, key_padding_mask=None, scale=1.0):
+        y, _ = self.mha(query, memory, memory, key_padding_mask=key_padding_mask)
+        return self.head(y.mean(1)) * scale
+
+
+def build():
+    return CrossAttention().eval()
+'''
+
+
+def _cross(tmp_path):
+    """The factory file and the same model built from it (the ground truth's model)."""
+    import importlib.util
+
+    nets = tmp_path / "cross.py"
+    nets.write_text(CROSS_SOURCE)
+    spec = importlib.util.spec_from_file_location("cross_nets_for_truth", nets)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return nets, module.build()
+
+
+def _cross_batch():
+    g = torch.Generator().manual_seed(1)
+    q, mem = torch.randn(2, 4, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    mask = torch.tensor([[False, False, False, True, True], [False] * 5])
+    return q, mem, mask
+
+
+def _truth(model, q, mem, **kwargs) -> dict[str, torch.Tensor]:
+    """autograd on the model called with every stored argument, target the outputs' sum"""
+    q = q.clone().requires_grad_(True)
+    out = model(q, mem, **kwargs)
+    named = dict(model.head.named_parameters())
+    grads = torch.autograd.grad(out.sum(), [named["weight"], named["bias"], q])
+    return {"weight": grads[0], "bias": grads[1], "input": grads[2]}
+
+
+SHAPES = {
+    # what is stored, and the keyword arguments the forward must receive
+    "plain value beside the tuple": lambda q, mem, mask: ({"inputs": (q, mem), "scale": 3.0}, {"scale": 3.0}),
+    "tensor and value beside a list": lambda q, mem, mask: (
+        {"input": [q, mem], "key_padding_mask": mask, "scale": -2.0},
+        {"key_padding_mask": mask, "scale": -2.0}),
+    "named entries, a value among them": lambda q, mem, mask: (
+        {"query": q, "memory": mem, "key_padding_mask": mask, "scale": 0.5},
+        {"key_padding_mask": mask, "scale": 0.5}),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_entry_reaches_the_forward_in_the_library(tmp_path, shape):
+    nets, model = _cross(tmp_path)
+    q, mem, mask = _cross_batch()
+    stored, want_kwargs = SHAPES[shape](q, mem, mask)
+    loaded = LoadedModel(model, "cross", "cross")
+    batch = load_batch([saved(tmp_path, **stored)], loaded)
+    assert batch.inputs is not None
+    for name, value in want_kwargs.items():
+        got = batch.inputs.kwargs[name]
+        assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value
+    cap = gx.capture(model, batch.model_input, layers=["head"], target="sum", input_grad=True)
+    want = _truth(model, q, mem, **want_kwargs)
+    torch.testing.assert_close(cap["head"].param_grads["weight"], want["weight"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(cap["head"].param_grads["bias"], want["bias"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(cap.input_grad, want["input"], rtol=1e-6, atol=1e-7)
+    # what dropping the extras gave: other gradients
+    dropped = _truth(model, q, mem)
+    assert not torch.allclose(want["weight"], dropped["weight"], atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_entry_reaches_the_forward_from_the_command_line(tmp_path, capsys, shape):
+    from gradexplorer.app.cli.main import main
+
+    nets, model = _cross(tmp_path)
+    q, mem, mask = _cross_batch()
+    stored, want_kwargs = SHAPES[shape](q, mem, mask)
+    out = tmp_path / "cap.pt"
+    code = main(["capture", "--model", f"{nets}:build", "--trust", "--input", saved(tmp_path, **stored),
+                 "--layers", "head", "--target", "sum", "--out", str(out), "-q"])
+    assert code == 0, capsys.readouterr().err
+    cap = gx.load_capture(out)
+    want = _truth(model, q, mem, **want_kwargs)
+    torch.testing.assert_close(cap["head"].param_grads["weight"], want["weight"], rtol=1e-6, atol=1e-7)
+    assert cap.model_inputs is not None
+    assert {k: v for k, v in cap.model_inputs["kwargs"].items() if not isinstance(v, torch.Tensor)} == {
+        k: v for k, v in want_kwargs.items() if not isinstance(v, torch.Tensor)}
+
+
+REFUSED = {
+    # what is stored, and what the one-line refusal must name
+    "a key that is not a Python name": lambda q, mem, mask: ({"inputs": (q, mem), "key-mask": mask}, "'key-mask'"),
+    "such a key among named entries": lambda q, mem, mask: (
+        {"query": q, "memory": mem, "key-mask": mask}, "'key-mask'"),
+    "a value the forward does not take": lambda q, mem, mask: (
+        {"input": [q, mem], "temperature": 3.0}, "temperature"),
+    "tensors inside a list": lambda q, mem, mask: ({"input": [q, mem], "key_padding_mask": [mask]},
+                                                   "'key_padding_mask'"),
+}
+
+
+@pytest.mark.parametrize("shape", list(REFUSED))
+def test_an_entry_that_cannot_reach_the_forward_is_refused_by_name(tmp_path, capsys, shape):
+    from gradexplorer.app.cli.main import main
+
+    nets, model = _cross(tmp_path)
+    stored, needle = REFUSED[shape](*_cross_batch())
+    path = saved(tmp_path, **stored)
+    with pytest.raises(GradExplorerError, match=re.escape(needle)):
+        load_batch([path], LoadedModel(model, "cross", "cross"))
+    out = tmp_path / "cap.pt"
+    code = main(["capture", "--model", f"{nets}:build", "--trust", "--input", path,
+                 "--target", "sum", "--out", str(out), "-q"])
+    err = capsys.readouterr().err
+    assert code != 0 and not out.exists()
+    assert err.startswith("error: ") and needle in err and "Traceback" not in err, err

@@ -122,6 +122,31 @@ def test_a_hugging_face_model_in_memory_takes_text_and_shows_its_tokens():
         live_request(model, "the cat sat")
 
 
+def test_the_callers_tokenizer_is_left_as_it_was():
+    """Text is padded (on the left, for a causal LM) with a padding token GPT-2 lacks, but
+    the tokenizer handed over is the user's: its padding side, padding token and backend
+    are as they were, and its own padded call still refuses for want of a padding token."""
+    pytest.importorskip("transformers")
+    from gradexplorer.batches.text import load_text
+    from tests import hf_tiny
+
+    model, tok = hf_tiny.gpt2(), hf_tiny.tokenizer()
+
+    def state():
+        return tok.pad_token, tok.pad_token_id, tok.padding_side, tok.backend_tokenizer.padding, len(tok)
+
+    before = state()
+    assert before[0] is None and before[2] == "right"  # what this test is about
+    request = live_request(model, ["the cat sat", "a dog"], tokenizer=tok)
+    assert request.batch is not None
+    assert request.batch.inputs.kwargs["attention_mask"].tolist() == [[1, 1, 1], [0, 1, 1]]
+    assert state() == before
+    load_text(["the cat sat", "a dog"], request.loaded)
+    assert state() == before
+    with pytest.raises(ValueError, match="pad"):
+        tok(["the cat sat", "a dog"], padding=True)
+
+
 def test_a_hugging_face_classifier_in_memory_brings_its_class_names():
     pytest.importorskip("transformers")
     from tests import hf_tiny
