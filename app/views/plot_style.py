@@ -117,16 +117,40 @@ class ScaleBar(pg.ColorBarItem):
         axis.setTextPen(FOREGROUND)
         # The end labels sit at the bar's very ends: pyqtgraph would hide them as overlapping.
         axis.setStyle(hideOverlappingLabels=False, tickTextOffset=4)
-        axis.setWidth(78)
+        axis.setWidth(self.AXIS_WIDTH)
         # The end labels state the values; a "(x1e-06)" added to the title would rescale them.
         axis.enableAutoSIPrefix(False)
+        self._title_lines = 1
+        axis.geometryChanged.connect(self._fit_title)
         self.set_title(title)
         self.set_range(*self.values)
+
+    #: The width of the bar's axis: its end labels and one line of title.
+    AXIS_WIDTH = 78
+
+    def _fit_title(self) -> None:
+        """Wrap the title onto more lines when it is longer than the bar is tall (a short
+        plot had cut "Grad-CAM, scaled per sample (0 = none, 1 = strongest)"), and widen
+        the axis by those lines."""
+        label = self.axis.label
+        if label is None:
+            return
+        room = max(40.0, self.axis.height() - 4)
+        label.setTextWidth(-1)
+        one_line = label.boundingRect()
+        if one_line.width() > room:
+            label.setTextWidth(room)
+        lines = max(1, round(label.boundingRect().height() / max(1.0, one_line.height())))
+        if lines != self._title_lines:
+            self._title_lines = lines
+            self.axis.setWidth(self.AXIS_WIDTH + int((lines - 1) * one_line.height() * 0.8))
+        self.axis.resizeEvent()  # the label placed for its new size
 
     def set_title(self, title: str) -> None:
         """What the colours measure, with its unit ("gradient ∂L/∂y", "log10 |grad|")."""
         self._title = title
         self.axis.setLabel(title, color=FOREGROUND, **{"font-size": "9pt"})
+        self._fit_title()
 
     def title(self) -> str:
         return self._title

@@ -202,3 +202,36 @@ def test_scale_numbers_read_plainly():
     assert [scale_number(v) for v in (2.67e6, -2.5e-6, 22800, 9999.7, 0.0009)] == \
         ["2.67e+6", "-2.50e-6", "2.28e+4", "1.00e+4", "9.00e-4"]
     assert scale_number(float("inf")) == "inf" and scale_number(0.0) == "0"
+
+
+def test_a_colour_bar_title_longer_than_the_bar_wraps(qtbot):
+    """A colour bar in a short plot (Grad-CAM's, under a taller flow chart): its title
+    wraps onto a second line rather than being cut at the bar's ends."""
+    import pyqtgraph as pg
+
+    from gradexplorer.app.views.gradcam_view import CAM_TITLE
+
+    widget = pg.GraphicsLayoutWidget()
+    qtbot.addWidget(widget)
+    bar = ScaleBar(CAM_TITLE, signed=False)
+    widget.ci.addItem(bar)
+    widget.resize(200, 240)
+    widget.show()
+    qtbot.waitExposed(widget)
+    QApplication.processEvents()
+    axis = bar.axis
+    assert QFontMetrics(axis.label.font()).horizontalAdvance(CAM_TITLE) > axis.height()  # the case
+
+    def shown():
+        """The title's rectangle (upright) in the axis's coordinates; whether the widget shows it."""
+        rect = axis.label.mapRectToParent(axis.label.boundingRect())
+        on_screen = widget.mapFromScene(axis.label.sceneBoundingRect()).boundingRect()
+        return rect, widget.viewport().rect().contains(on_screen)
+
+    rect, held = shown()
+    assert rect.top() >= 0 and rect.bottom() <= axis.height() and held, (rect, axis.height())
+    widget.resize(200, 700)  # tall enough: one line again
+    QApplication.processEvents()
+    rect, held = shown()
+    assert rect.top() >= 0 and rect.bottom() <= axis.height() and held
+    assert rect.width() < 2 * QFontMetrics(axis.label.font()).height()
