@@ -4,10 +4,12 @@ at fit; one light theme."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtGui import QFontMetrics, QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
 from gradexplorer.app.views.capture_views import CaptureViews
@@ -89,7 +91,75 @@ def _long_names_capture():
     return capture(model, torch.randn(2, 4), target="sum")
 
 
-def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
+@pytest.fixture(scope="module")
+def deep_captures():
+    """resnet18 (52 layers) and efficientnet_v2_l (963), random weights, one small picture."""
+    import torchvision
+
+    out = {}
+    for name in ("resnet18", "efficientnet_v2_l"):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(weights=None).eval()
+        out[name] = capture(model, torch.randn(1, 3, 32, 32), mode="stats")
+    return out
+
+
+def _drawn_labels(view):
+    """The flow chart's layer labels as pyqtgraph lays them out to draw them: (rectangle in
+    the axis's coordinates, text)."""
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        specs = view.layer_axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(rect, text) for rect, _flags, text in (specs[2] if specs else []) if text]
+
+
+@pytest.mark.parametrize(("model", "floor", "close"), [("resnet18", 20, 5), ("efficientnet_v2_l", 16, 2)])
+def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot, window, deep_captures, model, floor, close):
+    """The flow chart in the main window at 1280×800: on a deep model it names at least
+    ``floor`` bars at first sight (it had named 2 of resnet18's 52, 1 or 2 of
+    efficientnet_v2_l's 963), whole names that never overlap, at every zoom about as many
+    as the axis has room for; zoomed to ``close`` bars (efficientnet's names are up to
+    "features.5.10.block.2.scale_activation" long), every one is named."""
+    from tests.app.test_window_fit import SCREEN
+
+    window.show()
+    window.resize(*SCREEN)
+    with qtbot.waitSignal(window.file_done, timeout=60_000):
+        window.controller.show_capture(deep_captures[model])
+    view = window.views.flow_view
+    qtbot.wait(50)
+    names, _ = view.series()
+    axis = view.layer_axis
+    line = QFontMetrics(axis.style["tickFont"] or view.plot_widget.font()).height()
+    n = len(names)
+    zooms = ((-0.6, n - 0.4), (n / 4, 3 * n / 4), (n / 2, n / 2 + n / 8), (10 - 0.4, 14 + 0.4),
+             (10 - 0.4, 10 + close - 0.6))
+    for lo, hi in zooms:
+        view.plot.setXRange(lo, hi, padding=0)
+        QApplication.processEvents()
+        drawn = _drawn_labels(view)
+        texts = [t for _r, t in drawn]
+        if (lo, hi) == (-0.6, n - 0.4):
+            assert len(texts) >= floor, texts
+        assert all(t in names for t in texts)  # whole names, never cut
+        rects = sorted((r for r, _t in drawn), key=lambda r: r.left())
+        bounds = axis.boundingRect()
+        assert all(bounds.contains(r) for r in rects)
+        assert not any(a.intersects(b) for a, b in itertools.pairwise(rects))  # no two overlap
+        shown = hi - lo
+        room = min(shown, axis.width() / (line + 3))  # bars, and the text lines side by side
+        assert len(texts) >= 0.5 * room, (lo, hi, len(texts), room)
+        assert texts == view.tick_names()  # what is drawn is what the axis chose
+    assert view.tick_names() == names[10:10 + close]  # zoomed in: every bar named
+    assert "neighbouring layers" in FLAG_RULE_SHORT and FLAG_RULE_SHORT in view.hover_label.full_text()
+    assert FLAG_RULE_SHORT in view.legend_label.toolTip()
+
+
+def test_flow_names_of_a_chain_of_sixty(qtbot):
+    """A small chart on its own: names whole, some but not all at first, all when zoomed in."""
     view = GradientFlowView()
     qtbot.addWidget(view)
     view.resize(900, 300)
@@ -105,7 +175,6 @@ def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
     view.plot.setXRange(10 - 0.4, 14 + 0.4, padding=0)
     QApplication.processEvents()
     assert view.tick_names() == names[10:15]  # zoomed in: every bar named
-    assert "neighbouring layers" in FLAG_RULE_SHORT and FLAG_RULE_SHORT in view.legend_label.text()
 
 
 def test_graph_fit_keeps_names_readable(qtbot):
