@@ -555,3 +555,38 @@ def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_
         window.run()
     assert window.session.capture["1"].calls[0].shape[1:] == (12, 7)
     assert tree.data(tree.index_of("1", COL_SHAPE)) == "12×7"
+
+
+def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
+    """The Modules panel of the main window at 1280×800, resnet18 loaded: the Type column
+    is as wide as its widest class name (it had cut "Sequent", "BatchNo"), the root's in
+    bold too, and the Module column still takes the room left."""
+    from PySide6.QtGui import QFont, QFontMetrics
+    from PySide6.QtWidgets import QStyle
+
+    from gradexplorer.app.window.application import setup_application
+    from gradexplorer.app.window.module_tree_view import COL_NAME, COL_TYPE
+
+    setup_application()
+    window.show()
+    window.resize(*SCREEN)
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("resnet18", weights=None, inputs=["random:1x3x64x64"])
+    tree = window.tree_view
+    tree.expandAll()
+    QApplication.processEvents()
+    header = tree.header()
+    room = header.sectionSize(COL_TYPE)
+    margin = tree.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, tree) + 1
+    model = tree.model()
+    seen, index = set(), model.index(0, 0)
+    while index.isValid():
+        cell = index.siblingAtColumn(COL_TYPE)
+        text = cell.data()
+        font = cell.data(Qt.ItemDataRole.FontRole)
+        metrics = QFontMetrics(font if isinstance(font, QFont) else tree.font())
+        assert metrics.horizontalAdvance(text) + 2 * margin <= room, (text, room)
+        seen.add(text)
+        index = tree.indexBelow(index)
+    assert {"ResNet", "Sequential", "BatchNorm2d", "BasicBlock", "AdaptiveAvgPool2d"} <= seen
+    assert header.sectionSize(COL_NAME) >= tree.NAME_WIDTH
