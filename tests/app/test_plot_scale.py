@@ -210,6 +210,38 @@ def test_topk_tiles_are_labelled_with_their_channels(views):
     assert hv.tile_label_texts() == []
 
 
+def test_topk_tile_labels_leave_small_tiles_in_sight(qtbot, views):
+    """Sixteen tiles in a small plot: a "ch N" label is drawn small, and only on a tile
+    that it covers at most a sixth of (it had covered about a third of each); in a large
+    plot, four tiles are each labelled."""
+    hv = views.heatmap_view
+    views.show()
+    views.tabs.setCurrentWidget(hv)
+    views.set_layer("conv2")
+
+    def covered() -> list[float]:
+        QApplication.processEvents()
+        hv.ensure_drawn()
+        hm = hv.current_heatmap()
+        sx, sy = hv.plot.vb.viewPixelSize()  # plot units per screen pixel
+        tile = (hm.tile_width / sx, hm.tile_height / sy)
+        out = []
+        for item in hv.tile_labels:
+            if item.isVisible():
+                r = item.textItem.boundingRect()
+                out.append(r.width() * r.height() / (tile[0] * tile[1]))
+        return out
+
+    views.resize(520, 420)
+    hv.set_display("topk", k=16)
+    assert all(share <= 1 / 6 for share in covered()), covered()
+    views.resize(1200, 900)
+    hv.set_display("topk", k=4)
+    shares = covered()
+    assert len(shares) == 4 and all(share <= 1 / 6 for share in shares)
+    assert hv.tile_label_texts() == [f"ch {c}" for c in hv.current_heatmap().channels]
+
+
 def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, tmp_path):
     """The timeline's histograms over steps (colour = log10(1 + count)): a bar labelled
     with the counts themselves, from the emptiest to the fullest bin; the bins' names on
