@@ -227,6 +227,40 @@ def test_a_window_wider_than_the_screen_is_detected(qtbot):
     assert w.minimumSizeHint().width() > SCREEN[0] or outside(w)
 
 
+def test_a_widget_past_the_windows_edge_is_reported(qtbot):
+    """The check itself, on its own clause: a window that fits the screen (its minimum size
+    is small), with one child placed past its right edge and one past its bottom edge;
+    ``outside`` names both, and nothing once they are moved back inside."""
+    from PySide6.QtWidgets import QLabel, QMainWindow
+
+    w = QMainWindow()
+    qtbot.addWidget(w)
+    central = QWidget()
+    w.setCentralWidget(central)
+    inside = QLabel("inside", central)
+    inside.setObjectName("inside")
+    inside.setGeometry(10, 10, 100, 20)
+    right = QLabel("past the right edge", central)
+    right.setObjectName("right")
+    bottom = QLabel("past the bottom edge", central)
+    bottom.setObjectName("bottom")
+    w.show()
+    w.resize(*SCREEN)
+    QApplication.processEvents()
+    right.setGeometry(w.width() - 50, 40, 300, 20)  # no layout: Qt leaves them where they are put
+    bottom.setGeometry(40, w.height() - 10, 200, 40)
+    QApplication.processEvents()
+    assert w.minimumSizeHint().width() <= SCREEN[0] and w.minimumSizeHint().height() <= SCREEN[1]
+    bad = outside(w)
+    assert len(bad) == 2, bad
+    assert any("'right'" in b for b in bad) and any("'bottom'" in b for b in bad)
+    assert not any("'inside'" in b for b in bad)
+    right.move(w.width() - 310, 40)
+    bottom.move(40, 100)
+    QApplication.processEvents()
+    assert outside(w) == []
+
+
 def test_compare_window_fits_1280x800(qtbot, resnet_files):
     from gradexplorer.app.window.compare_window import CompareWindow
 
