@@ -93,10 +93,11 @@ class CaptureViews(QWidget):
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.tabs)
         splitter.addWidget(self.flow_view)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
+        # The flow chart has the room to name a deep model's layers under its bars.
+        splitter.setStretchFactor(0, 4)
+        splitter.setStretchFactor(1, 3)
         splitter.setChildrenCollapsible(False)
-        splitter.setSizes([620, 280])
+        splitter.setSizes([400, 300])
         self.splitter = splitter
 
         v = QVBoxLayout(self)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
-from PySide6.QtGui import QFontMetrics, QResizeEvent
+from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.gradient_flow import (
@@ -50,6 +50,8 @@ FLAG_RULE_SHORT = (f"vanishing / exploding: RMS gradient below {VANISHING_RATIO:
 FLAG_RULE = (FLAG_RULE_SHORT + " A layer whose gradients are all small, among neighbours equally small, is ok; "
              "zero: every gradient value is 0; no gradient: none reached the layer; nan/inf: a value is "
              "not finite.")
+#: The line under the chart while no bar is under the mouse.
+RULE_LINE = FLAG_RULE_SHORT + " Scroll or drag to zoom along the layers; every name shows when zoomed in."
 
 
 class GradientFlowView(QWidget):
@@ -76,10 +78,17 @@ class GradientFlowView(QWidget):
             self.kind_combo.addItem(label, key)
         self.legend_label = QLabel(self._legend_html())
         self.legend_label.setWordWrap(True)
-        self.hover_label = ElidedLabel(" ")
+        # One line under the chart: the flag rule (whole in its tooltip), and the bar under
+        # the mouse while there is one. Two lines fewer than the rule wrapped, for the bars.
+        self.hover_label = ElidedLabel(RULE_LINE)
+        self.hover_label.setStyleSheet(f"QLabel {{ color: {MUTED}; }}")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        self.layer_axis = LayerAxis("bottom")
+        # Names may stand upright: a deep model's chart names a bar every text line or so.
+        self.layer_axis = LayerAxis("bottom", upright=True)
+        self.name_font = QFont(self.font())
+        self.name_font.setPointSizeF(max(7.0, self.name_font.pointSizeF() - 1))
+        self.layer_axis.setStyle(tickFont=self.name_font)
         self.plot_widget = pg.PlotWidget(axisItems={"left": Log10Axis("left"), "bottom": self.layer_axis})
         style_plot_widget(self.plot_widget)
         self.plot = self.plot_widget.getPlotItem()
@@ -160,8 +169,7 @@ class GradientFlowView(QWidget):
         for key, label in items:
             colour = SELECTED_COLOUR if key == "selected" else FLAG_COLOURS[key]
             spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label}")
-        return ("&nbsp;&nbsp;".join(spans) + f"<br><span style='color:{MUTED}'>{FLAG_RULE_SHORT} "
-                "Scroll or drag to zoom along the layers; every name shows when zoomed in.</span>")
+        return "&nbsp;&nbsp;".join(spans)
 
     def _rebuild(self, *_: object) -> None:
         cap = self._capture
@@ -193,13 +201,11 @@ class GradientFlowView(QWidget):
         set_axis_title(self.plot, "left", self.metric_combo.currentText())
 
     def _set_ticks(self) -> None:
-        self.layer_axis.set_names(self._names, QFontMetrics(self.plot_widget.font()))
+        self.layer_axis.set_names(self._names, QFontMetrics(self.name_font))
 
     def tick_names(self) -> list[str]:
         """The layer names labelled on the axis at the present zoom (for tests)."""
-        lo, hi = self.plot.vb.viewRange()[0]
-        levels = self.layer_axis.tickValues(lo, hi, self.layer_axis.width() or self.plot.vb.width())
-        return [self._names[int(v)] for v in levels[0][1]] if levels else []
+        return [self._names[i] for i in self.layer_axis.labelled_now()]
 
     def _colour(self, i: int) -> str:
         name = self._names[i]
@@ -249,11 +255,17 @@ class GradientFlowView(QWidget):
         i = self.index_at_scene_pos(pos)
         if i is None:
             self.plot_widget.setToolTip("")
+            if self.hover_label.full_text() != RULE_LINE:
+                self.hover_label.setText(RULE_LINE)
             return
         text = self.describe_bar(i)
         self.hover_label.setText(text)
         self.plot_widget.setToolTip(text)
 
+    #: The most of the chart's height that the upright names under it may take.
+    NAME_BAND_SHARE = 0.6
+
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
+        self.layer_axis.set_band_limit(int(self.plot_widget.height() * self.NAME_BAND_SHARE))
         self._set_ticks()

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QSignalBlocker, Qt
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -53,6 +54,12 @@ def _fmt(v: float) -> str:
 
 TILE_LABEL_COLOUR = "#111827"
 TILE_LABEL_FILL = (255, 255, 255, 170)
+#: The tile labels' font size: small, so that a label says which channel without hiding it.
+TILE_LABEL_POINTS = 7
+#: A tile is labelled only when, on screen, it is at least this many times as wide and as
+#: tall as its label (which then covers at most a sixth of its corner); smaller tiles are
+#: named by the hover text and the layout line above the plot.
+TILE_LABEL_ROOM = (1.8, 3.5)
 
 
 def scale_title(kind: str, display: str, reduce: str) -> str:
@@ -135,6 +142,9 @@ class HeatmapView(CaptureView):
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         #: "ch N" over each top-k tile, so that a tile says which channel it is.
         self.tile_labels: list[pg.TextItem] = []
+        self._tile_size = (0, 0)
+        self.plot.vb.sigTransformChanged.connect(self._show_labels_that_fit)
+        self.plot.vb.sigResized.connect(self._show_labels_that_fit)
 
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
@@ -350,17 +360,45 @@ class HeatmapView(CaptureView):
         self.tile_labels = []
         if hm.display != "topk":
             return
+        font = QFont(self.plot_widget.font())
+        font.setPointSizeF(TILE_LABEL_POINTS)
+        self._tile_size = (hm.tile_width, hm.tile_height)
         for i, channel in enumerate(hm.channels):
             tr, tc = divmod(i, hm.tile_cols)
             item = pg.TextItem(f"ch {channel}", color=TILE_LABEL_COLOUR, fill=TILE_LABEL_FILL, anchor=(0, 0))
+            item.setFont(font)
+            item.textItem.document().setDocumentMargin(1)  # the fill hugs the text
             item.setPos(tc * (hm.tile_width + 1), tr * (hm.tile_height + 1))
             self.plot.addItem(item)
             self.tile_labels.append(item)
+        self._show_labels_that_fit()
+
+    def tile_pixels(self) -> tuple[float, float] | None:
+        """A top-k tile's width and height on screen, in pixels (None: not laid out yet)."""
+        try:
+            sx, sy = self.plot.vb.viewPixelSize()
+        except Exception:  # noqa: BLE001 - pyqtgraph raises when the view has no size yet
+            return None
+        if not (sx > 0 and sy > 0 and math.isfinite(sx) and math.isfinite(sy)):
+            return None
+        return self._tile_size[0] / sx, self._tile_size[1] / sy
+
+    def _show_labels_that_fit(self, *_: object) -> None:
+        """Label a tile only where the label leaves most of it in sight."""
+        tile = self.tile_pixels()
+        for item in self.tile_labels:
+            size = item.textItem.boundingRect()  # pixels: a TextItem keeps its size at every zoom
+            fits = tile is None or (size.width() * TILE_LABEL_ROOM[0] <= tile[0]
+                                    and size.height() * TILE_LABEL_ROOM[1] <= tile[1])
+            if fits != item.isVisible():
+                item.setVisible(fits)
+                if fits:
+                    item.updateTransform(force=True)  # pyqtgraph skips hidden items' transforms
 
     def tile_label_texts(self) -> list[str]:
-        """The labels over the tiles, in tile order (for tests)."""
+        """The labels shown over the tiles, in tile order (for tests)."""
         self.ensure_drawn()
-        return [item.toPlainText() for item in self.tile_labels]
+        return [item.toPlainText() for item in self.tile_labels if item.isVisible()]
 
     # -- widgets -> state -----------------------------------------------------------------
     def _on_controls_changed(self, *_: object) -> None:

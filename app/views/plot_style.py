@@ -8,10 +8,12 @@ colours of flags. Views never pick a colour of their own for axes or text.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
 import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QFontMetrics
 
 #: Signed data (gradients): blue - white - red, symmetric levels around zero.
@@ -117,16 +119,40 @@ class ScaleBar(pg.ColorBarItem):
         axis.setTextPen(FOREGROUND)
         # The end labels sit at the bar's very ends: pyqtgraph would hide them as overlapping.
         axis.setStyle(hideOverlappingLabels=False, tickTextOffset=4)
-        axis.setWidth(78)
+        axis.setWidth(self.AXIS_WIDTH)
         # The end labels state the values; a "(x1e-06)" added to the title would rescale them.
         axis.enableAutoSIPrefix(False)
+        self._title_lines = 1
+        axis.geometryChanged.connect(self._fit_title)
         self.set_title(title)
         self.set_range(*self.values)
+
+    #: The width of the bar's axis: its end labels and one line of title.
+    AXIS_WIDTH = 78
+
+    def _fit_title(self) -> None:
+        """Wrap the title onto more lines when it is longer than the bar is tall (a short
+        plot had cut "Grad-CAM, scaled per sample (0 = none, 1 = strongest)"), and widen
+        the axis by those lines."""
+        label = self.axis.label
+        if label is None:
+            return
+        room = max(40.0, self.axis.height() - 4)
+        label.setTextWidth(-1)
+        one_line = label.boundingRect()
+        if one_line.width() > room:
+            label.setTextWidth(room)
+        lines = max(1, round(label.boundingRect().height() / max(1.0, one_line.height())))
+        if lines != self._title_lines:
+            self._title_lines = lines
+            self.axis.setWidth(self.AXIS_WIDTH + int((lines - 1) * one_line.height() * 0.8))
+        self.axis.resizeEvent()  # the label placed for its new size
 
     def set_title(self, title: str) -> None:
         """What the colours measure, with its unit ("gradient ∂L/∂y", "log10 |grad|")."""
         self._title = title
         self.axis.setLabel(title, color=FOREGROUND, **{"font-size": "9pt"})
+        self._fit_title()
 
     def title(self) -> str:
         return self._title
@@ -190,30 +216,91 @@ class IntegerAxis(pg.AxisItem):
 
 
 class LayerAxis(pg.AxisItem):
-    """The flow chart's layer axis: whole layer names, as many as fit at the present zoom.
+    """A layer axis: whole layer names, as many as fit at the present zoom, never overlapping.
 
     Labels are chosen from the visible range each time the view changes, so zooming in
-    names every bar (as TensorBoard's scalars do) and no label is ever cut or overlaps.
+    names every bar (as TensorBoard's scalars do). Each name takes its own room along the
+    axis (its width side by side, a text line stacked), not the widest name's: the short
+    names of a deep model are not spaced as far apart as its longest one.
+
+    ``upright=True`` (a bottom axis) may also draw the names upright, reading upwards and
+    ending at the axis, where that names more bars: each takes one text line along the
+    axis, so a chart of hundreds of bars names one every line or so. The band under the
+    plot is as tall as the longest name, at most :meth:`set_band_limit`; upright, a name
+    longer than the band is left unlabelled until the zoom gives it room side by side.
     """
 
-    def __init__(self, *args: Any, offset: float = 0.0, **kwargs: Any) -> None:
+    #: The room between two labels along the axis, in pixels: side by side, and stacked or upright.
+    GAP = 6
+    LINE_GAP = 3
+    #: The spacing that ``tickValues`` gives the labelled level (the other level: unlabelled bars).
+    LABELLED = -1.0
+
+    def __init__(self, *args: Any, offset: float = 0.0, upright: bool = False, **kwargs: Any) -> None:
         """``offset``: where name ``i`` sits is ``i + offset`` (0.5: cell centres of an image)."""
         super().__init__(*args, **kwargs)
         self.names: list[str] = []
         self._widths: list[int] = []
         self._line = 12
-        self._step = 1.0
         self._offset = offset
+        self._may_stand = upright and self.orientation == "bottom"
+        self._band_limit = 160
+        self._band = 0
+        #: The labelled indices of the last ``tickValues``, and whether they stand upright.
+        self._last: tuple[list[int], bool] = ([], False)
 
     def set_names(self, names: list[str], metrics: QFontMetrics) -> None:
         """The names of the bars or points at 0, 1, 2...; ``metrics``: the font they are drawn in."""
         self.names = list(names)
         self._widths = [metrics.horizontalAdvance(n) for n in self.names]
         self._line = metrics.height()
+        self._fit_band()
+
+    def set_band_limit(self, pixels: int) -> None:
+        """The tallest the band of upright names may be."""
+        self._band_limit = max(2 * self._line, int(pixels))
+        self._fit_band()
+
+    def band(self) -> int:
+        """The height of the band of upright names, in pixels (0 when names never stand)."""
+        return self._band
+
+    def _fit_band(self) -> None:
+        if self._may_stand:
+            self._band = min(max(self._widths, default=0), self._band_limit) if self.names else 0
+            ticks = max(0, self.style["tickLength"]) + self.style["tickTextOffset"][1]
+            self.setHeight(max(self._band, self._line) + ticks + 4 if self.names else None)
         self.picture = None
         self.update()
 
-    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:  # pyqtgraph's
+    def labelled(self, minVal: float, maxVal: float, size: float) -> list[int]:
+        """The indices of the names labelled when ``minVal``..``maxVal`` spans ``size`` pixels:
+        whole names inside the axis, never overlapping (upright or side by side, whichever
+        names more)."""
+        return self._choose(minVal, maxVal, size)[0]
+
+    def labelled_now(self) -> list[int]:
+        """The indices labelled at the axis's present range and length, as it draws them."""
+        # pyqtgraph measures the axis from 1 px before its start to 1 px past its end.
+        length = (self.width() if self.orientation in ("bottom", "top") else self.height()) + 2
+        return self.labelled(self.range[0], self.range[1], length)
+
+    def labels_stand(self) -> bool:
+        """Whether the names last drawn stand upright."""
+        return self._last[1]
+
+    def _choose(self, minVal: float, maxVal: float, size: float) -> tuple[list[int], bool]:
+        stacked = self.orientation in ("left", "right")
+        flat = self._pack(minVal, maxVal, size, across=stacked)
+        if not self._may_stand:
+            return flat, False
+        standing = self._pack(minVal, maxVal, size, across=True)
+        return (standing, True) if len(standing) > len(flat) else (flat, False)
+
+    def _pack(self, minVal: float, maxVal: float, size: float, across: bool) -> list[int]:
+        """Pack labels along the axis, each taking its own width (``across``: one text line).
+        The names at multiples of a step go first (so that panning keeps them in place);
+        the gaps left are filled greedily, the label that ends first first."""
         n = len(self.names)
         minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)  # an inverted axis gives them reversed
         if n == 0 or maxVal <= minVal or size <= 0:
@@ -223,19 +310,84 @@ class LayerAxis(pg.AxisItem):
         if last < first:
             return []
         px_per_bar = size / (maxVal - minVal)
-        # Names side by side need their width; stacked (a vertical axis), their height.
-        need = max(self._widths[first:last + 1]) + 14 if self.orientation in ("bottom", "top") else self._line + 2
-        step = max(1, math.ceil(need / px_per_bar))
-        self._step = float(step)
-        major = [i + off for i in range(first - first % step, last + 1, step) if i >= first]
-        minor = [i + off for i in range(first, last + 1)] if step > 1 and px_per_bar >= 3 else []
-        return [(float(step), major), (1.0, minor)] if minor else [(float(step), major)]
+        upright = across and self._may_stand
+        spans = {}
+        for i in range(first, last + 1):
+            if upright and self._widths[i] > self._band:
+                continue  # longer than the band under the plot
+            c = (i + off - minVal) * px_per_bar
+            half = (self._line if across else self._widths[i]) / 2
+            if c - half >= 0 and c + half <= size:
+                spans[i] = (c - half, c + half)
+        if not spans:
+            return []
+        gap = self.LINE_GAP if across else self.GAP
+        step = max(1, math.ceil((min(r - left for left, r in spans.values()) + gap) / px_per_bar))
+        taken: list[tuple[float, float]] = []  # sorted by left edge
+
+        def take(i: int) -> bool:
+            left, right = spans[i]
+            k = bisect.bisect(taken, (left, right))
+            if k > 0 and taken[k - 1][1] + gap > left:
+                return False
+            if k < len(taken) and right + gap > taken[k][0]:
+                return False
+            taken.insert(k, (left, right))
+            return True
+
+        chosen = [i for i in spans if i % step == 0 and take(i)]
+        chosen += [i for i in sorted(spans, key=lambda i: spans[i][1]) if i % step and take(i)]
+        return sorted(chosen)
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:  # pyqtgraph's
+        self._last = self._choose(minVal, maxVal, size)
+        labelled = self._last[0]
+        if not labelled:
+            return []
+        n, off = len(self.names), self._offset
+        lo, hi = min(minVal, maxVal), max(minVal, maxVal)
+        first, last = max(0, math.ceil(lo - off)), min(n - 1, math.floor(hi - off))
+        major = [i + off for i in labelled]
+        named = set(labelled)
+        minor = [i + off for i in range(first, last + 1) if i not in named] if size / (hi - lo) >= 3 else []
+        return [(self.LABELLED, major), (1.0, minor)] if minor else [(self.LABELLED, major)]
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        if spacing != self._step:
-            return [""] * len(values)  # the unlabelled ticks between labelled bars
+        if spacing != self.LABELLED or self._last[1]:
+            return [""] * len(values)  # unlabelled bars; upright names are drawn by drawPicture
         index = [int(round(v - self._offset)) for v in values]
         return [self.names[i] if 0 <= i < len(self.names) else "" for i in index]
+
+    def generateDrawSpecs(self, p: Any) -> Any:  # pyqtgraph's
+        specs = super().generateDrawSpecs(p)
+        if specs is None:
+            return specs
+        axis_spec, tick_specs, text_specs = specs
+        if self._last[1] and self.style["showValues"]:
+            bounds = self.mapRectFromParent(self.geometry())
+            lo, hi = self.range[0], self.range[1]
+            scale = bounds.width() / (hi - lo) if hi != lo else 1.0
+            top = bounds.top() + max(0, self.style["tickLength"]) + self.style["tickTextOffset"][1]
+            text_specs = []
+            for i in self._last[0]:
+                x = (i + self._offset - lo) * scale  # pyqtgraph's mapping of a tick
+                rect = QRectF(x - self._line / 2, top, self._line, self._widths[i])
+                if bounds.left() <= rect.left() and rect.right() <= bounds.right():
+                    text_specs.append((rect, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                                       self.names[i]))
+        return axis_spec, tick_specs, text_specs
+
+    def drawPicture(self, p: Any, axisSpec: Any, tickSpecs: Any, textSpecs: Any) -> None:  # pyqtgraph's
+        if not self._last[1]:
+            super().drawPicture(p, axisSpec, tickSpecs, textSpecs)
+            return
+        super().drawPicture(p, axisSpec, tickSpecs, [])
+        for rect, flags, text in textSpecs:
+            p.save()
+            p.translate(rect.center())
+            p.rotate(-90)  # reading upwards, the name ends at the axis
+            p.drawText(QRectF(-rect.height() / 2, -rect.width() / 2, rect.height(), rect.width()), int(flags), text)
+            p.restore()
 
 
 class Log10Axis(pg.AxisItem):

@@ -18,6 +18,7 @@ from typing import Any, TypeAlias, overload
 
 from PySide6.QtCore import (
     QAbstractItemModel,
+    QEvent,
     QItemSelectionModel,
     QModelIndex,
     QObject,
@@ -161,6 +162,13 @@ class ModuleTreeModel(QAbstractItemModel):
         self._last_selection = self.session.selection
         self._state = self._compute_states(self._last_selection)
         self.endResetModel()
+
+    def type_names(self) -> tuple[str, list[str]]:
+        """The Type column's texts: the root's (drawn in bold) and those of the other rows."""
+        if self._tree is None or not self._names:
+            return "", []
+        nodes = self._tree.nodes
+        return nodes[self._names[0]].type, sorted({nodes[n].type for n in self._names[1:]})
 
     def _count_leaves(self) -> list[int]:
         total = [0] * len(self._names)
@@ -638,8 +646,32 @@ class ModuleTreeView(QTreeView):
         super().resizeEvent(event)
         self._fit_name_column()
 
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._fit_type_column()  # the class names' widths in the new font
+
+    def _fit_type_column(self) -> None:
+        """The Type column as wide as its widest class name (the root's in bold), so that no
+        name is cut ("Sequent", "BatchNo"); the Module column takes what is left."""
+        model: ModuleTreeModel | None = getattr(self, "tree_model", None)  # None while Qt builds the view
+        if model is None:
+            return
+        root, others = model.type_names()
+        bold = QFont(self.font())
+        bold.setBold(True)
+        texts = [QFontMetrics(bold).horizontalAdvance(root)] + [self.fontMetrics().horizontalAdvance(t)
+                                                                 for t in others]
+        # The margins a cell keeps either side of its text (QCommonStyle's item text rect).
+        margin = self.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self) + 1
+        header = self.header()
+        width = max(max(texts) + 2 * margin + 4, header.sectionSizeHint(COL_TYPE))
+        if width != header.sectionSize(COL_TYPE):
+            header.resizeSection(COL_TYPE, width)
+
     # -- tree changes ---------------------------------------------------------------
     def _on_reset(self) -> None:
+        self._fit_type_column()
         root = self.proxy.index(0, 0)
         if root.isValid():
             self.expand(root)

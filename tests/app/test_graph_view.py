@@ -265,3 +265,14 @@ def test_nested_frames_enclose_each_other_and_their_names_never_overlap(qtbot, p
                 assert not label[node_id].intersects(other.rect())
         for item in panel.items.values():
             assert not label[node_id].intersects(item.rect)
+
+
+def test_the_status_line_says_what_is_shown_and_the_layout_time_is_in_its_tooltip(panel):
+    """The status under the graph reads as words for the user ("N of M nodes shown, E
+    edges", how to open and close boxes); how long the layout took, and by which engine,
+    is for whoever tunes it: in the tooltip, never in the line ("layout igraph 0 ms")."""
+    text = panel.status.text()
+    assert text.startswith(f"{len(panel.items)} of ") and "nodes shown" in text
+    assert "layout" not in text.lower() and " ms" not in text and "igraph" not in text
+    tip = panel.status.toolTip()
+    assert tip.startswith("laid out by ") and tip.endswith(" ms")

@@ -4,10 +4,12 @@ at fit; one light theme."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtGui import QFontMetrics, QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
 from gradexplorer.app.views.capture_views import CaptureViews
@@ -89,7 +91,75 @@ def _long_names_capture():
     return capture(model, torch.randn(2, 4), target="sum")
 
 
-def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
+@pytest.fixture(scope="module")
+def deep_captures():
+    """resnet18 (52 layers) and efficientnet_v2_l (963), random weights, one small picture."""
+    import torchvision
+
+    out = {}
+    for name in ("resnet18", "efficientnet_v2_l"):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(weights=None).eval()
+        out[name] = capture(model, torch.randn(1, 3, 32, 32), mode="stats")
+    return out
+
+
+def _drawn_labels(view):
+    """The flow chart's layer labels as pyqtgraph lays them out to draw them: (rectangle in
+    the axis's coordinates, text)."""
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        specs = view.layer_axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(rect, text) for rect, _flags, text in (specs[2] if specs else []) if text]
+
+
+@pytest.mark.parametrize(("model", "floor", "close"), [("resnet18", 20, 5), ("efficientnet_v2_l", 16, 2)])
+def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot, window, deep_captures, model, floor, close):
+    """The flow chart in the main window at 1280×800: on a deep model it names at least
+    ``floor`` bars at first sight (it had named 2 of resnet18's 52, 1 or 2 of
+    efficientnet_v2_l's 963), whole names that never overlap, at every zoom about as many
+    as the axis has room for; zoomed to ``close`` bars (efficientnet's names are up to
+    "features.5.10.block.2.scale_activation" long), every one is named."""
+    from tests.app.test_window_fit import SCREEN
+
+    window.show()
+    window.resize(*SCREEN)
+    with qtbot.waitSignal(window.file_done, timeout=60_000):
+        window.controller.show_capture(deep_captures[model])
+    view = window.views.flow_view
+    qtbot.wait(50)
+    names, _ = view.series()
+    axis = view.layer_axis
+    line = QFontMetrics(axis.style["tickFont"] or view.plot_widget.font()).height()
+    n = len(names)
+    zooms = ((-0.6, n - 0.4), (n / 4, 3 * n / 4), (n / 2, n / 2 + n / 8), (10 - 0.4, 14 + 0.4),
+             (10 - 0.4, 10 + close - 0.6))
+    for lo, hi in zooms:
+        view.plot.setXRange(lo, hi, padding=0)
+        QApplication.processEvents()
+        drawn = _drawn_labels(view)
+        texts = [t for _r, t in drawn]
+        if (lo, hi) == (-0.6, n - 0.4):
+            assert len(texts) >= floor, texts
+        assert all(t in names for t in texts)  # whole names, never cut
+        rects = sorted((r for r, _t in drawn), key=lambda r: r.left())
+        bounds = axis.boundingRect()
+        assert all(bounds.contains(r) for r in rects)
+        assert not any(a.intersects(b) for a, b in itertools.pairwise(rects))  # no two overlap
+        shown = hi - lo
+        room = min(shown, axis.width() / (line + 3))  # bars, and the text lines side by side
+        assert len(texts) >= 0.5 * room, (lo, hi, len(texts), room)
+        assert texts == view.tick_names()  # what is drawn is what the axis chose
+    assert view.tick_names() == names[10:10 + close]  # zoomed in: every bar named
+    assert "neighbouring layers" in FLAG_RULE_SHORT and FLAG_RULE_SHORT in view.hover_label.full_text()
+    assert FLAG_RULE_SHORT in view.legend_label.toolTip()
+
+
+def test_flow_names_of_a_chain_of_sixty(qtbot):
+    """A small chart on its own: names whole, some but not all at first, all when zoomed in."""
     view = GradientFlowView()
     qtbot.addWidget(view)
     view.resize(900, 300)
@@ -105,7 +175,6 @@ def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot):
     view.plot.setXRange(10 - 0.4, 14 + 0.4, padding=0)
     QApplication.processEvents()
     assert view.tick_names() == names[10:15]  # zoomed in: every bar named
-    assert "neighbouring layers" in FLAG_RULE_SHORT and FLAG_RULE_SHORT in view.legend_label.text()
 
 
 def test_graph_fit_keeps_names_readable(qtbot):
@@ -139,6 +208,38 @@ def test_topk_tiles_are_labelled_with_their_channels(views):
     assert hv.tile_label_texts() == [f"ch {c}" for c in hm.channels] and len(hm.channels) == 4
     hv.set_display("channel", channel=2)
     assert hv.tile_label_texts() == []
+
+
+def test_topk_tile_labels_leave_small_tiles_in_sight(qtbot, views):
+    """Sixteen tiles in a small plot: a "ch N" label is drawn small, and only on a tile
+    that it covers at most a sixth of (it had covered about a third of each); in a large
+    plot, four tiles are each labelled."""
+    hv = views.heatmap_view
+    views.show()
+    views.tabs.setCurrentWidget(hv)
+    views.set_layer("conv2")
+
+    def covered() -> list[float]:
+        QApplication.processEvents()
+        hv.ensure_drawn()
+        hm = hv.current_heatmap()
+        sx, sy = hv.plot.vb.viewPixelSize()  # plot units per screen pixel
+        tile = (hm.tile_width / sx, hm.tile_height / sy)
+        out = []
+        for item in hv.tile_labels:
+            if item.isVisible():
+                r = item.textItem.boundingRect()
+                out.append(r.width() * r.height() / (tile[0] * tile[1]))
+        return out
+
+    views.resize(520, 420)
+    hv.set_display("topk", k=16)
+    assert all(share <= 1 / 6 for share in covered()), covered()
+    views.resize(1200, 900)
+    hv.set_display("topk", k=4)
+    shares = covered()
+    assert len(shares) == 4 and all(share <= 1 / 6 for share in shares)
+    assert hv.tile_label_texts() == [f"ch {c}" for c in hv.current_heatmap().channels]
 
 
 def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, tmp_path):
@@ -202,3 +303,36 @@ def test_scale_numbers_read_plainly():
     assert [scale_number(v) for v in (2.67e6, -2.5e-6, 22800, 9999.7, 0.0009)] == \
         ["2.67e+6", "-2.50e-6", "2.28e+4", "1.00e+4", "9.00e-4"]
     assert scale_number(float("inf")) == "inf" and scale_number(0.0) == "0"
+
+
+def test_a_colour_bar_title_longer_than_the_bar_wraps(qtbot):
+    """A colour bar in a short plot (Grad-CAM's, under a taller flow chart): its title
+    wraps onto a second line rather than being cut at the bar's ends."""
+    import pyqtgraph as pg
+
+    from gradexplorer.app.views.gradcam_view import CAM_TITLE
+
+    widget = pg.GraphicsLayoutWidget()
+    qtbot.addWidget(widget)
+    bar = ScaleBar(CAM_TITLE, signed=False)
+    widget.ci.addItem(bar)
+    widget.resize(200, 240)
+    widget.show()
+    qtbot.waitExposed(widget)
+    QApplication.processEvents()
+    axis = bar.axis
+    assert QFontMetrics(axis.label.font()).horizontalAdvance(CAM_TITLE) > axis.height()  # the case
+
+    def shown():
+        """The title's rectangle (upright) in the axis's coordinates; whether the widget shows it."""
+        rect = axis.label.mapRectToParent(axis.label.boundingRect())
+        on_screen = widget.mapFromScene(axis.label.sceneBoundingRect()).boundingRect()
+        return rect, widget.viewport().rect().contains(on_screen)
+
+    rect, held = shown()
+    assert rect.top() >= 0 and rect.bottom() <= axis.height() and held, (rect, axis.height())
+    widget.resize(200, 700)  # tall enough: one line again
+    QApplication.processEvents()
+    rect, held = shown()
+    assert rect.top() >= 0 and rect.bottom() <= axis.height() and held
+    assert rect.width() < 2 * QFontMetrics(axis.label.font()).height()

@@ -13,6 +13,7 @@ import torch
 from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.batches import load_batch
 from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.targets import parse_target
 from gradexplorer.models import load_model
 from gradexplorer.pipeline.job import CaptureJob
 from gradexplorer.pipeline.options import CaptureOptions
@@ -234,3 +235,23 @@ def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, w
     assert s.capture.input_grad is not None and tuple(s.capture.input_grad.shape) == (1, 3, 32)
     assert s.capture_options().hf_class == "base"  # a second run, a comparison: the same class
     assert cli.main(["--hf-class", "base"]) == 2  # without --model: a usage error
+
+
+def test_the_run_panel_follows_a_causal_lm_loaded_after_another_model(qtbot, demo, folder):
+    """The demo first, then ``window.load_model("hf:...")`` and a run: the run panel shows
+    the target the capture used, the next token at the last position (classes on the last
+    dim, the Position row shown), not the demo's "Classes on: dim 1" with Position hidden."""
+    from tests.app.conftest import TIMEOUT
+
+    panel = demo.run_panel
+    assert not panel.class_dim_combo.isVisibleTo(panel)  # the demo's classifier: no axis to choose
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
+        demo.load_model(f"hf:{folder}", run=True)
+    assert done.args == ["ok"]
+    s = demo.session
+    assert s.capture.meta["target"] == "top1,dim=-1,pos=-1"
+    assert panel.target_combo.currentData() == "top1"
+    assert panel.class_dim_combo.isVisibleTo(panel) and panel.class_dim_combo.currentData() == -1
+    assert panel.position_combo.isVisibleTo(panel) and panel.position_combo.currentData() == -1
+    assert "next token at the last position" in panel.target_combo.toolTip()
+    assert panel.effective_target() == parse_target(s.capture.meta["target"])

@@ -227,6 +227,40 @@ def test_a_window_wider_than_the_screen_is_detected(qtbot):
     assert w.minimumSizeHint().width() > SCREEN[0] or outside(w)
 
 
+def test_a_widget_past_the_windows_edge_is_reported(qtbot):
+    """The check itself, on its own clause: a window that fits the screen (its minimum size
+    is small), with one child placed past its right edge and one past its bottom edge;
+    ``outside`` names both, and nothing once they are moved back inside."""
+    from PySide6.QtWidgets import QLabel, QMainWindow
+
+    w = QMainWindow()
+    qtbot.addWidget(w)
+    central = QWidget()
+    w.setCentralWidget(central)
+    inside = QLabel("inside", central)
+    inside.setObjectName("inside")
+    inside.setGeometry(10, 10, 100, 20)
+    right = QLabel("past the right edge", central)
+    right.setObjectName("right")
+    bottom = QLabel("past the bottom edge", central)
+    bottom.setObjectName("bottom")
+    w.show()
+    w.resize(*SCREEN)
+    QApplication.processEvents()
+    right.setGeometry(w.width() - 50, 40, 300, 20)  # no layout: Qt leaves them where they are put
+    bottom.setGeometry(40, w.height() - 10, 200, 40)
+    QApplication.processEvents()
+    assert w.minimumSizeHint().width() <= SCREEN[0] and w.minimumSizeHint().height() <= SCREEN[1]
+    bad = outside(w)
+    assert len(bad) == 2, bad
+    assert any("'right'" in b for b in bad) and any("'bottom'" in b for b in bad)
+    assert not any("'inside'" in b for b in bad)
+    right.move(w.width() - 310, 40)
+    bottom.move(40, 100)
+    QApplication.processEvents()
+    assert outside(w) == []
+
+
 def test_compare_window_fits_1280x800(qtbot, resnet_files):
     from gradexplorer.app.window.compare_window import CompareWindow
 
@@ -555,3 +589,38 @@ def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_
         window.run()
     assert window.session.capture["1"].calls[0].shape[1:] == (12, 7)
     assert tree.data(tree.index_of("1", COL_SHAPE)) == "12×7"
+
+
+def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
+    """The Modules panel of the main window at 1280×800, resnet18 loaded: the Type column
+    is as wide as its widest class name (it had cut "Sequent", "BatchNo"), the root's in
+    bold too, and the Module column still takes the room left."""
+    from PySide6.QtGui import QFont, QFontMetrics
+    from PySide6.QtWidgets import QStyle
+
+    from gradexplorer.app.window.application import setup_application
+    from gradexplorer.app.window.module_tree_view import COL_NAME, COL_TYPE
+
+    setup_application()
+    window.show()
+    window.resize(*SCREEN)
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("resnet18", weights=None, inputs=["random:1x3x64x64"])
+    tree = window.tree_view
+    tree.expandAll()
+    QApplication.processEvents()
+    header = tree.header()
+    room = header.sectionSize(COL_TYPE)
+    margin = tree.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, tree) + 1
+    model = tree.model()
+    seen, index = set(), model.index(0, 0)
+    while index.isValid():
+        cell = index.siblingAtColumn(COL_TYPE)
+        text = cell.data()
+        font = cell.data(Qt.ItemDataRole.FontRole)
+        metrics = QFontMetrics(font if isinstance(font, QFont) else tree.font())
+        assert metrics.horizontalAdvance(text) + 2 * margin <= room, (text, room)
+        seen.add(text)
+        index = tree.indexBelow(index)
+    assert {"ResNet", "Sequential", "BatchNorm2d", "BasicBlock", "AdaptiveAvgPool2d"} <= seen
+    assert header.sectionSize(COL_NAME) >= tree.NAME_WIDTH
