@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     def show(view) -> Callable[[], object]:
         return lambda: views.tabs.setCurrentWidget(view)
 
-    def activation() -> None:
+    def activation() -> None:  # a ReLU's output: non-negative, so a sequential map from 0
+        views.set_layer("features.5.relu")
+        views.set_call(1)
         views.tabs.setCurrentWidget(heat)
         heat.set_tensor("activation")
 
