@@ -185,12 +185,17 @@ class Watch:
         # in the user's own forward: torch's error goes on as it is, with what the log kept.
         if (exc is not None and self.world > 1 and not isinstance(exc, GradExplorerError)
                 and is_collective_failure(exc)):
-            exc.add_note(
+            note = (
                 f"gradexplorer watch: rank {self.rank} stopped in a collective of step {step} (under FSDP2, "
                 f"its all-gather in forward or reduce-scatter in backward): a rank has likely died or stopped. "
                 f"Collectives give up after the process group's timeout, here {group_timeout()} "
                 f"(init_process_group(timeout=...)). The watch log, written by rank 0, holds every watched "
                 f"step before step {step}.")
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+: printed under torch's traceback
+            if add_note is not None:
+                add_note(note)
+            else:
+                log.error("%s", note)
 
     def close(self) -> None:
         """Remove every hook and close the log (a step not ended by ``step()`` is dropped)."""
