@@ -7,8 +7,9 @@ repeats, beside its peers in the same run, with the peak resident memory of each
 process, and the statistics kernel's first-use compile time), the UI thread's longest stall during a run (when
 ``benchmarks/ui_stall.py`` exists), module tree build time for the largest torchvision
 net (and its Qt model, offscreen), memory estimate vs actual, cancel latency, the redraw
-time when the user switches layer, channel or sample (``benchmarks/redraw.py``), and the
-soak's memory growth (``scripts/soak.py`` in a subprocess). Figures only: nothing here
+time when the user switches layer, channel or sample (``benchmarks/redraw.py``), the soak's
+memory growth (``scripts/soak.py`` in a subprocess), and the watch's overhead on a resnet18
+training step and under FSDP2 on 2 gloo ranks (``benchmarks/watch_overhead_fsdp.py``). Figures only: nothing here
 asserts a time. ``--quick`` uses fewer repeats, smaller inputs and a shorter soak.
 """
 
@@ -161,6 +162,18 @@ def watch_overhead(table: Table, quick: bool) -> None:
                   "watch every 100, all layers": "<= 1.01x"}.get(r["config"], "")
         table.add("watch overhead", f"resnet18 train batch 16 at {size} px, CPU: {r['config']}",
                   f"{r['ratio']:.3f}x ({r['ms']:.0f} vs {r['bare_ms']:.0f} ms/step, {r['steps']} steps)", target)
+    _guard(table, "watch overhead under FSDP2", lambda: watch_overhead_fsdp(table, quick))
+
+
+def watch_overhead_fsdp(table: Table, quick: bool) -> None:
+    from benchmarks.watch_overhead_fsdp import measure
+
+    r = measure(steps=10 if quick else 20, repeats=2 if quick else 3)
+    bare = r["figures"]["unwatched"]["ms"]
+    for config in ("every 1", "every 10"):
+        f = r["figures"][config]
+        table.add("watch overhead", f"FSDP2 on 2 gloo ranks, MLP 4 x Linear({r['width']}), CPU: watch {config}",
+                  f"{f['ratio']:.2f}x ({f['ms']:.1f} vs {bare:.1f} ms/step, {r['steps']} steps)")
 
 
 def main(argv=None) -> int:

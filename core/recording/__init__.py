@@ -7,6 +7,8 @@ layer_recorder
     Hooks that record mergeable statistics of selected modules.
 watch
     ``watch()``: a model inside the user's own training loop.
+collective_failure
+    A collective that a dead or stopped rank broke, recognised and said in one message.
 sharded
     Which part of a tensor sharded over ranks (an FSDP2 ``DTensor``) a rank counts, and
     whether the ranks run the same samples (tensor parallelism).
@@ -25,5 +27,5 @@ timeline
     Arrays over steps from a watch log or a dataset capture.
 """
 
-__all__ = ["layer_recorder", "sharded", "watch", "watch_log", "dataset", "dataset_memory", "shard_blocks",
-           "sharded_dataset", "timeline"]
+__all__ = ["layer_recorder", "collective_failure", "sharded", "watch", "watch_log", "dataset", "dataset_memory",
+           "shard_blocks", "sharded_dataset", "timeline"]

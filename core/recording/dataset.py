@@ -41,6 +41,7 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import model_state_preserved
+from gradexplorer.recording.collective_failure import collective_failed
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.recording.sharded import original_class
 from gradexplorer.stats.merge import (
@@ -412,12 +413,22 @@ def gather_to_rank0(stats: DatasetStats) -> DatasetStats | None:
     """Merge every rank's totals on rank 0 (a collective: every rank must call it).
 
     Returns the merged totals on rank 0, ``None`` on the others.
+
+    Raises
+    ------
+    GradExplorerError
+        The gather failed (a rank that died or stopped), in one line with the process
+        group's timeout.
     """
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     gathered: list | None = [None] * world if rank == 0 else None
-    dist.gather_object(stats.to_dict(), gathered, dst=0)
+    try:
+        dist.gather_object(stats.to_dict(), gathered, dst=0)
+    except (RuntimeError, OSError) as exc:  # DistBackendError and gloo's peer errors
+        raise collective_failed(f"Rank {rank} could not gather the ranks' totals on rank 0", exc,
+                                "Nothing was saved.") from exc
     if rank != 0:
         return None
     assert gathered is not None

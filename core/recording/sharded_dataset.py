@@ -29,6 +29,10 @@ Why it is built this way:
   (``MomentSums``).
 * Activations and output gradients are recorded as in the replicated capture
   (``LayerRecorder``) and merged over ranks; every hook comes off after each pass.
+* **A rank that dies** breaks the others' next collective, most often FSDP2's all-gather in
+  forward: a collective that fails in forward or backward (``collective_failure``) ends
+  the pass with one ``CaptureError`` naming the pass, torch's error and the process
+  group's timeout, instead of the advice for a model's own forward errors.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.sharded_params import fsdp_module_type, is_dtensor
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_state_preserved
+from gradexplorer.recording.collective_failure import collective_failed, is_collective_failure
 from gradexplorer.recording.dataset import DatasetProgress, DatasetStats, recorded_params, run_forward, shard
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.stats.merge import GradientMoments, MergeStats
@@ -189,6 +194,12 @@ class _WholeGradients:
                 moments.add(pieces[r, :mine])
 
 
+def _collective(failed: str, error: BaseException) -> CaptureError:
+    """A collective of a pass that a dead or stopped rank broke, in one line."""
+    said = collective_failed(failed, error, "Nothing was saved.")
+    return CaptureError(said.problem, said.fix)
+
+
 def capture_dataset_sharded(
     model: nn.Module,
     batch_of: BatchLoader,
@@ -231,7 +242,9 @@ def capture_dataset_sharded(
     ------
     GradExplorerError
         No process group, a model not sharded, a model without trainable parameters, bad
-        layers or target; ``CaptureError`` when forward or backward fails.
+        layers or target; ``CaptureError`` when forward or backward fails, also when one of
+        their collectives fails (a rank that died or stopped: the message names the pass,
+        torch's error and the process group's timeout).
     """
     import torch.distributed as dist
 
@@ -268,13 +281,23 @@ def capture_dataset_sharded(
             try:
                 with hooks_installed() as hooks:
                     grads.begin(hooks, real)
-                    output = run_forward(model, x, primary, index)
+                    try:
+                        output = run_forward(model, x, primary, index)
+                    except CaptureError as exc:
+                        cause = exc.__cause__
+                        if cause is not None and is_collective_failure(cause):
+                            raise _collective(f"Rank {rank}'s forward on batch {index} failed in FSDP2's "
+                                              "all-gather of a block's parameters", cause) from cause
+                        raise
                     scalar = target_scalar(output, tgt, labels)
                     try:
                         scalar.backward()
                     except GradExplorerError:
                         raise
                     except Exception as exc:
+                        if is_collective_failure(exc):
+                            raise _collective(f"Rank {rank}'s backward on batch {index} failed in a collective "
+                                              "(FSDP2's all-gather, or the exchange of a gradient)", exc) from exc
                         raise CaptureError(
                             f"The backward pass failed on batch {index}: {type(exc).__name__}: "
                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",

@@ -40,6 +40,11 @@ What it does, and why it is built this way:
   activation, output-gradient and per-sample-norm rows are then each rank's own
   (``rank = r``), parameter rows still merged (``rank = -1``); the log's ``meta`` says so
   (``module_rows``, ``tensor_parallel``), and so do one report and one logged warning.
+* A rank that dies breaks the others' next collective. When that is the watch's gather,
+  the watch raises its own message (the step, the process group's timeout); when it is
+  the training's own (FSDP2's all-gather in the user's forward, DDP's all-reduce), torch's
+  error goes on unchanged with a note from the watch (``collective_failure``). Either way
+  the log holds every watched step before it.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.recording.collective_failure import collective_failed, group_timeout, is_collective_failure
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.recording.sharded import local_part, refuse_flat_sharding, tensor_parallelism
 from gradexplorer.recording.watch_log import MODULE_KINDS, WatchLogWriter, stats_row
@@ -88,26 +94,6 @@ def _loss_value(loss: Any) -> float | None:
     if isinstance(loss, torch.Tensor):
         return float(loss.detach().float().mean())
     return float(loss)
-
-
-def _collective_failed(step: int, rank: int, error: BaseException) -> GradExplorerError:
-    """The message for a rank that could not gather a step's statistics (a peer died or hung)."""
-    import torch.distributed as dist
-
-    try:
-        group = dist.group.WORLD
-        seconds = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
-        timeout = f"{seconds:g} s"
-    except Exception:  # noqa: BLE001 - only for the message; a backend without options
-        timeout = "the process group's timeout"
-    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    return GradExplorerError(
-        f"Rank {rank} could not gather watched step {step}'s statistics from the other ranks ({first}): "
-        f"a rank has likely died or stopped. Collectives give up after the process group's timeout, "
-        f"here {timeout} (init_process_group(timeout=...)). The watch log holds every step "
-        f"before step {step}.",
-        "Look at the other ranks' output for the cause; a shorter init_process_group(timeout=...) ends "
-        "the survivors sooner.")
 
 
 class Watch:
@@ -192,8 +178,24 @@ class Watch:
         self._begin_if_watched()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        step = self.step_index
         self.close()
+        # A rank that died breaks the others' next collective, most often FSDP2's all-gather
+        # in the user's own forward: torch's error goes on as it is, with what the log kept.
+        if (exc is not None and self.world > 1 and not isinstance(exc, GradExplorerError)
+                and is_collective_failure(exc)):
+            note = (
+                f"gradexplorer watch: rank {self.rank} stopped in a collective of step {step} (under FSDP2, "
+                f"its all-gather in forward or reduce-scatter in backward): a rank has likely died or stopped. "
+                f"Collectives give up after the process group's timeout, here {group_timeout()} "
+                f"(init_process_group(timeout=...)). The watch log, written by rank 0, holds every watched "
+                f"step before step {step}.")
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+: printed under torch's traceback
+            if add_note is not None:
+                add_note(note)
+            else:
+                log.error("%s", note)
 
     def close(self) -> None:
         """Remove every hook and close the log (a step not ended by ``step()`` is dropped)."""
@@ -317,7 +319,9 @@ class Watch:
         try:
             dist.gather_object(mine, gathered, dst=0)
         except (RuntimeError, OSError) as e:  # DistBackendError and gloo's peer errors
-            raise _collective_failed(step, self.rank, e) from e
+            raise collective_failed(
+                f"Rank {self.rank} could not gather watched step {step}'s statistics from the other ranks", e,
+                f"The watch log holds every step before step {step}.") from e
         if self.rank != 0:
             return
         assert gathered is not None
