@@ -1,6 +1,6 @@
 """A Hugging Face Hub on the loopback address, serving one model folder, so that the real
 download path (huggingface_hub's ``snapshot_download`` with its progress bars) runs
-offline: point ``HF_ENDPOINT`` at :attr:`FakeHub.endpoint`.
+offline: :meth:`FakeHub.point_hub_here` points huggingface_hub at :attr:`FakeHub.endpoint`.
 
 It answers what ``snapshot_download`` asks, in the Hub's own forms: the repository's
 revision (``/api/models/ORG/NAME/revision/main``), its file tree
@@ -53,6 +53,21 @@ class FakeHub:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+
+    def point_hub_here(self, monkeypatch: object, home: Path) -> None:
+        """Make huggingface_hub download from this Hub into the cache under ``home``
+        (``HF_HOME``), online, for the rest of the test (``monkeypatch``: pytest's)."""
+        import huggingface_hub.constants as constants
+
+        monkeypatch.setenv("HF_HOME", str(home))  # type: ignore[attr-defined]
+        monkeypatch.setenv("HF_ENDPOINT", self.endpoint)  # type: ignore[attr-defined]
+        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)  # type: ignore[attr-defined]
+        # huggingface_hub reads these once at import.
+        monkeypatch.setattr(constants, "ENDPOINT", self.endpoint)  # type: ignore[attr-defined]
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",  # type: ignore[attr-defined]
+                            self.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # type: ignore[attr-defined]
 
     def files(self) -> list[str]:
         return sorted(p.name for p in self.folder.iterdir() if p.is_file())

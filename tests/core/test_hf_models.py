@@ -260,21 +260,11 @@ def test_the_model_browser_lists_the_models_in_the_cache(offline):
 @pytest.fixture
 def online(tmp_path, monkeypatch, saved):
     """An empty Hugging Face cache and a Hub on the loopback address serving the tiny GPT-2."""
-    import huggingface_hub.constants as constants
-
     from tests.hf_fake_hub import FakeHub
 
     home = tmp_path / "hf_home"
     with FakeHub(saved["gpt2"], repo="tiny-org/tiny-gpt2") as hub:
-        monkeypatch.setenv("HF_HOME", str(home))
-        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            monkeypatch.delenv(name, raising=False)
-        # huggingface_hub reads these once at import.
-        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        hub.point_hub_here(monkeypatch, home)
         yield hub, home
 
 
@@ -307,8 +297,6 @@ def test_a_download_without_trust_fetches_no_code_and_no_pickles(tmp_path, monke
     """A repository may hold the model's own code (``modeling_*.py``) and pickled weights
     beside its safetensors: without trust, neither is downloaded (they run code when
     loaded); the Hub on the loopback address says which files were asked for."""
-    import huggingface_hub.constants as constants
-
     from tests.hf_fake_hub import FakeHub
 
     folder = hf_tiny.copy(hf_tiny.save("gpt2", tmp_path / "gpt2"), tmp_path / "repo")
@@ -316,14 +304,7 @@ def test_a_download_without_trust_fetches_no_code_and_no_pickles(tmp_path, monke
     torch.save({}, folder / "pytorch_model.bin")
     home = tmp_path / "hf_home"
     with FakeHub(folder, repo="tiny-org/tiny-gpt2") as hub:
-        monkeypatch.setenv("HF_HOME", str(home))
-        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        hub.point_hub_here(monkeypatch, home)
         loaded = load_model("hf:tiny-org/tiny-gpt2")
         fetched = {r.rsplit("/", 1)[1] for r in hub.requests if r.startswith("GET /tiny-org/tiny-gpt2/resolve/")}
     assert type(loaded.module).__name__ == "GPT2LMHeadModel" and loaded.tokenizer is not None

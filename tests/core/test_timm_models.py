@@ -128,8 +128,6 @@ def test_default_weights_not_cached_download_into_the_cache_with_progress(tmp_pa
     """The download path, against a Hub on the loopback address serving timm's repository:
     the weights land in the Hugging Face cache with their bytes reported, load into the
     model, and are read from the cache from then on."""
-    import huggingface_hub.constants as constants
-
     from tests.hf_fake_hub import FakeHub
 
     repo = timm.models.get_pretrained_cfg("resnet18").hf_hub_id
@@ -140,13 +138,7 @@ def test_default_weights_not_cached_download_into_the_cache_with_progress(tmp_pa
     safetensors_torch.save_file(state, folder / "model.safetensors")
     home = tmp_path / "hf"
     with FakeHub(folder, repo=repo) as hub:
-        monkeypatch.setenv("HF_HOME", str(home))
-        for name in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        hub.point_hub_here(monkeypatch, home)
         reports: list[tuple[int, int]] = []
         loaded = load_model("timm:resnet18", weights="DEFAULT", progress=lambda d, t: reports.append((d, t)))
         size = (folder / "model.safetensors").stat().st_size
