@@ -484,6 +484,10 @@ class TimelineView(QWidget):
             ok = np.isfinite(v) & ((v > 0) if positive else True)
             self.line_plot.plot(t.steps[ok].astype(float), v[ok], name=name,
                                 pen=pg.mkPen(pg.intColor(i, hues=max(len(self.selected), 3)), width=2))
+        if t.steps.size:
+            # Every step of the heatmap above, also where a line stops (its values NaN/Inf):
+            # autorange framed only the finite ones, so the lines read as a shorter run.
+            self.line_plot.setXRange(float(t.steps.min()), float(t.steps.max()), padding=0.02)
         set_axis_title(self.line_plot, "left", STAT_LABELS.get(t.stat, t.stat))
         set_axis_title(self.line_plot, "bottom", "batch" if self.source_kind == "capture" else "step")
         self._draw_histograms(first)

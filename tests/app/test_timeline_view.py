@@ -85,6 +85,30 @@ def test_click_a_cell_for_histograms_and_lines(qtbot, view, tmp_path):
     assert axis.labelText == "step"
 
 
+def test_the_lines_span_every_step_where_a_layer_turns_nan(qtbot, view, tmp_path):
+    """A layer whose gradient is all NaN from step 6 on: its line stops there, but the plot
+    still spans the log's steps 0 to 9, as the heatmap above it does."""
+    import torch
+
+    from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
+    from gradexplorer.stats.merge import MergeStats
+
+    path = tmp_path / "t.gxw"
+    w = WatchLogWriter(path, meta={"layers": ["a"], "params": [], "every": 1})
+    for step in range(10):
+        g = torch.randn(64, generator=torch.Generator().manual_seed(step))
+        if step >= 6:
+            g = torch.full((64,), float("nan"))
+        w.write_step(step, 0, 1.0, 1.0, 0.1, [stats_row(step, "a", 0, "grad_output", 0, MergeStats.of_tensor(g))])
+    w.close()
+    open_and_wait(qtbot, view, path)
+    view.select_layer("a")
+    (line,) = view.line_plot.listDataItems()
+    assert line.getData()[0].max() == 5  # the finite values end before the onset
+    lo, hi = view.line_plot.vb.viewRange()[0]
+    assert lo <= 0 and hi >= 9
+
+
 def test_statistic_and_kind_choices_reload(qtbot, view, tmp_path):
     path = tmp_path / "t.gxw"
     write_log(path)
