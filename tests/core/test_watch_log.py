@@ -19,9 +19,9 @@ from gradexplorer.stats.merge import HIST_BINS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_writer(path: Path, steps: int) -> subprocess.Popen:
+def start_writer(path: Path, steps: int, pause_s: float = 0.0) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), str(steps)],
+    return subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), str(steps), str(pause_s)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -58,7 +58,9 @@ def test_sigkill_leaves_every_completed_step(tmp_path):
 
 def test_reader_sees_steps_while_the_writer_writes(tmp_path):
     path = tmp_path / "live.gxw"
-    proc = start_writer(path, 40)
+    # A pause after each step: a writer that made all 40 between two polls (once the
+    # reader's process was slower to start than the writer's) left one count seen mid-way.
+    proc = start_writer(path, 40, pause_s=0.05)
     seen: list[int] = []
     try:
         deadline = time.monotonic() + 240
