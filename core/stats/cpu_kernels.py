@@ -114,6 +114,31 @@ fmin: Any = intrinsic(_fmin)
 fmax: Any = intrinsic(_fmax)
 
 
+#: Bytes of a cache line: the prefetch touches one address per line.
+_LINE = 64
+
+
+def _prefetch(typingctx: Any, arr: Any, i: Any) -> Any:
+    """Ask the CPU to bring the cache line holding ``arr[i]`` (``0 <= i < arr.size``) into
+    the cache, without waiting for it (LLVM's prefetch: read, high locality)."""
+    from llvmlite import ir
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]))
+        address = builder.bitcast(builder.gep(ary.data, [args[1]]), byte_ptr)
+        builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i), codegen
+
+
+prefetch: Any = intrinsic(_prefetch)
+
+
 #: ``gradexplorer.stats.moments.chan_merge`` compiled: the kernels merge blocks and chunks with the same
 #: function as everything else. (numba's on-disk cache tracks the kernels' own source
 #: file only: after editing it in core/stats/summary.py, clear __pycache__ or touch this file.)
@@ -144,6 +169,12 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
         # LLVM cannot prove non-negative made it gather element by element (8x slower).
+        # The next block is asked for now, so that its read from memory (or from the
+        # last-level cache, where a tensor just written lies) overlaps this block's
+        # arithmetic: without it, the pass cost the read plus the arithmetic (0.52 ns per
+        # value on a tensor in the L3 cache of an AVX-512 Xeon, 0.28 with it).
+        for j in range(e, min(e + BLOCK, stop), _LINE // x.itemsize):
+            prefetch(x, j)
         xb = x[b:e]
         size = e - b
         if copy:
@@ -170,14 +201,13 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                 # block's scale (neighbours are alike), so that the arithmetic overlaps
                 # the read. When they do not fit this block, a second loop over it, from
                 # the L1 cache, around its own mean with its own scale.
-                blo, bhi, z32, es, eq, a32, emax = shifted32(xb, table, bits[b:e], shift, scale, shift * scale)
-                if emax < _EXP32 and a32 < _INF32:  # all finite; the magnitudes' sum too
+                blo, bhi, z32, emax = extremes32(xb, table, bits[b:e])
+                if emax < _EXP32:  # all finite
                     flo = np.float64(blo)
                     fhi = np.float64(bhi)
                     spread = fhi - flo
                     bc = float(size)
                     bz = int(z32)
-                    ba = np.float64(a32)
                     if spread == 0.0:  # a constant block: exact
                         bmean = flo
                         bm2 = 0.0
@@ -190,10 +220,9 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                         # Neither overflow nor subnormal squares: the sums are finite
                         # and exact enough (checked on the extremes, not on the sums).
                         if max(fhi - sh, sh - flo) * sc <= _SCALED_HI and spread * sc >= _SCALED_LO:
-                            es64 = np.float64(es)
-                            eq64 = np.float64(eq)
+                            es64, eq64, ba = deviation_sums32(xb, table, scale, shift * scale)
                             guess = sh + es64 / (bc * sc)
-                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE:
+                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE and ba < _INF:
                                 bmean = guess
                                 bm2 = _m2(es64, eq64, bc) / (sc * sc)
                                 done = True
@@ -201,10 +230,8 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                             own = scale_for(spread)
                             sc = np.float64(own)
                             mu = np.float32(min(max(guess, flo), fhi))
-                            es, eq = deviations32(xb, table, own, mu * own)
-                            es64 = np.float64(es)
-                            eq64 = np.float64(eq)
-                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE:
+                            es64, eq64, ba = deviation_sums32(xb, table, own, mu * own)
+                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE and ba < _INF:
                                 bmean = np.float64(mu) + es64 / (bc * sc)
                                 bm2 = _m2(es64, eq64, bc) / (sc * sc)
                                 done = True
@@ -232,10 +259,10 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
                         ba = abs(flo) * bc
                         done = True
                     elif spread >= _SPREAD_LO:
-                        es, eq = deviations32(xb, table, np.float32(1.0), mu)
-                        bmean = np.float64(mu) + np.float64(es) / bc
-                        bm2 = _m2(np.float64(es), np.float64(eq), bc)
-                        ba = np.float64(a32)
+                        es64, eq64, _a = deviation_sums32(xb, table, np.float32(1.0), mu)
+                        bmean = np.float64(mu) + es64 / bc
+                        bm2 = _m2(es64, eq64, bc)
+                        ba = a32
                         done = True
         if not done:
             # float64 sums of the deviations from the block's first value p (a value inside
@@ -291,20 +318,27 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
 
 @njit(cache=True, fastmath=_FASTMATH)
 def sums32(xb: Any, table: Any) -> Any:
-    """(sum of the values, sum of their magnitudes) of a block in float32 lanes; either is
-    non-finite when a value is NaN or Inf (or the magnitudes' sum leaves float32)."""
+    """(sum of the values, sum of their magnitudes) of a block of half-type values, in
+    float32 lanes over runs of ``LANE_RUN`` (``deviation_sums32`` says why), the runs
+    added in float64; either is non-finite when a value is NaN or Inf."""
     s = 0.0
     a = 0.0
     n = xb.size
-    for j in range(0, n, LANE_RUN):
+    full = n - n % LANE_RUN
+    for j in range(0, full, LANE_RUN):
+        run = xb[j:j + LANE_RUN]
         s32 = np.float32(0.0)
         a32 = np.float32(0.0)
-        for i in range(j, min(j + LANE_RUN, n)):
-            v = np.float32(native(xb, table, i))
+        for i in range(LANE_RUN):
+            v = np.float32(native(run, table, i))
             s32 += v
             a32 += abs(v)
         s += np.float64(s32)
         a += np.float64(a32)
+    for i in range(full, n):  # the last, short run: few values, in float64
+        v = np.float64(native(xb, table, i))
+        s += v
+        a += abs(v)
     return s, a
 
 
@@ -332,71 +366,74 @@ def _direct32(x, table):  # type: ignore[no-untyped-def]
     return lambda x, table: False
 
 
-# nnan, not ninf: the loop may meet NaN (its results are then not used: the integer test
-# of the exponent bits, which no float flag affects, says so), and the magnitudes' sum may
-# overflow to Inf (then the block is not taken either). Without nnan, LLVM vectorised
+# nnan: the loop may meet NaN (its results are then not used: the integer test of the
+# exponent bits, which no float flag affects, says so). Without it, LLVM vectorised
 # neither minnum nor maxnum.
 @njit(cache=True, fastmath=_FASTMATH | {"nnan"})
-def shifted32(xb: Any, table: Any, bb: Any, shift: Any, scale: Any, scaled_shift: Any) -> Any:
-    """(min, max, zero count, sum of d, sum of d^2, sum of |v|, largest exponent field)
-    of a block of float32 values ``xb`` (``bb``: the same memory as int32), with
-    d = (v - shift) * scale (``scale`` a power of two, ``scaled_shift`` = shift * scale,
-    both exact: one fused multiply-add rounds d once), in float32 lanes, one loop. The
-    exponent field is ``_EXP32`` when a value is NaN or Inf; the other results are then
-    meaningless. The zero count is a float32 (exact: a lane counts at most BLOCK), so that
-    every lane of the loop is 32 bits wide."""
+def extremes32(xb: Any, table: Any, bb: Any) -> Any:
+    """(min, max, zero count, largest exponent field) of a block of float32 values ``xb``
+    (``bb``: the same memory as int32), in float32 lanes, one loop over the block as it
+    arrives from memory. The exponent field is ``_EXP32`` when a value is NaN or Inf; the
+    other results are then meaningless. The zero count is a float32 (exact: a lane counts
+    at most BLOCK), so that every lane of the loop is 32 bits wide."""
     # Read through native() so that this compiles for every dtype chunk() is compiled
     # for (numba types both sides of its branch); only float32 data run it.
     blo = np.float32(native(xb, table, 0))
     bhi = blo
     nz = np.float32(0.0)
-    s = 0.0
-    q = 0.0
-    a = 0.0
     emax = np.int32(0)
     one = np.float32(1.0)
     zero = np.float32(0.0)
+    for i in range(xb.size):
+        v = np.float32(native(xb, table, i))
+        emax = max(emax, np.int32(bb[i] & _EXP32))
+        blo = fmin(blo, v)
+        bhi = fmax(bhi, v)
+        nz += one if v == zero else zero
+    return blo, bhi, nz, emax
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def deviation_sums32(xb: Any, table: Any, scale: Any, scaled_mu: Any) -> Any:
+    """(sum of d, sum of d^2, sum of |v|) with d = (v - mu) * scale over a block of finite
+    float32 or half values (``scaled_mu`` = mu * scale, ``scale`` a power of two: both
+    exact, and one fused multiply-add rounds d once), in float32 lanes, each run of
+    ``LANE_RUN`` values added in float64: a lane sums at most LANE_RUN / 8 terms (8 float32
+    lanes or more on every AVX machine), the squares are of deviations from a value near
+    the block's mean (no cancellation left for the rounding to amplify), and the first sum
+    corrects the mean to float64 accuracy. The sum of magnitudes is Inf when it leaves
+    float32 within a run.
+
+    The inner loop runs a fixed ``LANE_RUN`` times over a slice: bounded by
+    ``min(j + LANE_RUN, n)`` instead, LLVM's code for it took 0.27 ns per value from the
+    L1 cache on an AVX-512 Xeon, against 0.09 (and the three sums in the same loop as the
+    extremes, each run ending in seven horizontal reductions, 0.8)."""
+    s = 0.0
+    q = 0.0
+    a = 0.0
     n = xb.size
-    for j in range(0, n, LANE_RUN):
+    full = n - n % LANE_RUN
+    for j in range(0, full, LANE_RUN):
+        run = xb[j:j + LANE_RUN]
         s32 = np.float32(0.0)
         q32 = np.float32(0.0)
         a32 = np.float32(0.0)
-        for i in range(j, min(j + LANE_RUN, n)):
-            v = np.float32(native(xb, table, i))
-            emax = max(emax, np.int32(bb[i] & _EXP32))
-            blo = fmin(blo, v)
-            bhi = fmax(bhi, v)
-            nz += one if v == zero else zero
-            d = v * scale - scaled_shift
+        for i in range(LANE_RUN):
+            v = np.float32(native(run, table, i))
+            d = v * scale - scaled_mu
             s32 += d
             q32 += d * d
             a32 += abs(v)
         s += np.float64(s32)
         q += np.float64(q32)
         a += np.float64(a32)
-    return blo, bhi, nz, s, q, a, emax
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def deviations32(xb: Any, table: Any, scale: Any, scaled_mu: Any) -> Any:
-    """(sum of d, sum of d^2) with d = (v - mu) * scale over a block of finite float32 or
-    half values (``scaled_mu`` = mu * scale, ``scale`` a power of two: both exact), in
-    float32 lanes: each lane sums LANE_RUN / lanes terms, the squares are of deviations from
-    the block's mean (no cancellation left for the rounding to amplify), and the first sum
-    corrects the mean to float64 accuracy."""
-    s = 0.0
-    q = 0.0
-    n = xb.size
-    for j in range(0, n, LANE_RUN):
-        s32 = np.float32(0.0)
-        q32 = np.float32(0.0)
-        for i in range(j, min(j + LANE_RUN, n)):
-            d = np.float32(native(xb, table, i)) * scale - scaled_mu
-            s32 += d
-            q32 += d * d
-        s += np.float64(s32)
-        q += np.float64(q32)
-    return s, q
+    for i in range(full, n):  # the last, short run: few values, in float64
+        v = np.float32(native(xb, table, i))
+        d = np.float64(v * scale - scaled_mu)
+        s += d
+        q += d * d
+        a += abs(np.float64(v))
+    return s, q, a
 
 
 @njit(cache=True, inline="always")
