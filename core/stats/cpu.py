@@ -5,17 +5,18 @@ conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than a
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of ``cpu_kernels.BLOCK`` elements.
 
-float32 data (most of a capture) take one loop per block, in float32 lanes, as the block
-arrives from memory: the minimum, maximum, zero count, the sum of the magnitudes, and the
-sums of the deviations from the previous block's mean (neighbouring values are alike) and
-of their squares, scaled by a power of two (exact) into float32's comfortable range; an
-integer test of the exponent bits says whether the block held NaN or Inf. When that shift
-or scale does not fit the block (its mean is far from the previous one's, its spread far
-from it), a second loop over it, from the L1 cache, takes the deviations from its own
-mean with its own scale. That holds the accuracy contract (every statistic within 1e-6
-relative of float64: ``docs/benchmarks.md``): no cancellation is left for float32's
-rounding to amplify, each lane sums only a few terms of a run of ``cpu_kernels.LANE_RUN``
-values, and runs and blocks merge in float64. float16 and bfloat16 blocks take float32
+float32 data (most of a capture) take two loops per block, in float32 lanes. The first, as
+the block arrives from memory, takes the minimum, maximum and zero count, and an integer test
+of the exponent bits says whether the block held NaN or Inf. The second, from the L1 cache,
+sums the magnitudes, the deviations from the previous block's mean (neighbouring values are
+alike) and their squares, scaled by a power of two (exact) into float32's comfortable range,
+over runs of ``cpu_kernels.LANE_RUN`` values, each run added in float64. When that shift or
+scale does not fit the block (its mean is far from the previous one's, its spread far from
+it), the sums are taken again around its own mean with its own scale. Meanwhile the next
+block is prefetched, so that its read overlaps this block's arithmetic. That holds the
+accuracy contract (every statistic within 1e-6 relative of float64: ``docs/benchmarks.md``):
+no cancellation is left for float32's rounding to amplify, each lane sums at most
+``LANE_RUN`` / 8 terms, and runs and blocks merge in float64. float16 and bfloat16 blocks take float32
 lanes too (three loops: their sums, their extremes and zeros, their deviations from the
 block's mean). ``GRADEXPLORER_CPU_FLOAT32=0``
 turns the float32 lanes off; float64 and integer data always take float64.
@@ -81,7 +82,11 @@ _SERIAL_LIMIT = 1 << 20
 #: With fewer numba threads than this, every tensor runs serially. Inside a capture on the
 #: two-core build machine the parallel pass was slower than the serial one even on
 #: resnet50's largest tensors (0.33-0.36 against 0.28-0.30 ns per value), and alone it
-#: gained little: there one core already reads memory about as fast as two.
+#: gained little: there one core already reads memory about as fast as two. On a two-core
+#: AVX-512 Xeon two threads took 0.34 against 0.51 ns per value alone, but inside a capture
+#: 0.42 against 0.41: torch's OpenMP worker, which spins for a while after each operation,
+#: holds the second core while the hooks run (two Python threads, the helper pinned to the
+#: other core, did no better).
 _PARALLEL_MIN_THREADS = 4
 #: Chunks per thread of a parallel pass: several, so that an unlucky thread does not hold the rest.
 _CHUNKS_PER_THREAD = 4
@@ -94,11 +99,10 @@ _HALF = (torch.float16, torch.bfloat16)
 
 #: float32 and half tensors summed in float32 lanes where that holds the accuracy contract
 #: (``cpu_kernels.chunk``); ``GRADEXPLORER_CPU_FLOAT32=0`` sums them in float64 instead.
-#: On efficientnet_b0 at batch 8, the 657 tensors of a capture took 152 ms in the float32
-#: lanes against 170 ms in float64 (one thread, each tensor just written; 207 ms before the
-#: float32 pass became one loop), and whole captures measured alike or faster
-#: (docs/benchmarks.md). The float64 pass keeps the CPU pass, the device kernels and the
-#: merges equal to 1e-9 rather than to the contract's 1e-6.
+#: On an AVX-512 Xeon the float32 lanes take 0.17 ns per value over a tensor in the L1
+#: cache against 0.20 for float64's; inside a capture, where the pass waits on memory, both
+#: take 0.40-0.42 on resnet50 at batch 8 (docs/benchmarks.md). The float64 pass keeps the
+#: CPU pass, the device kernels and the merges equal to 1e-9 rather than to the contract's 1e-6.
 float32_lanes = os.environ.get("GRADEXPLORER_CPU_FLOAT32", "1") != "0"
 
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
