@@ -406,8 +406,8 @@ def deviation_sums32(xb: Any, table: Any, scale: Any, scaled_mu: Any) -> Any:
 
     The inner loop runs a fixed ``LANE_RUN`` times over a slice: bounded by
     ``min(j + LANE_RUN, n)`` instead, LLVM's code for it took 0.33 ns per value from the
-    L1 cache on an AVX-512 Xeon, against 0.09 (and the three sums in the same loop as the
-    extremes, each run ending in seven horizontal reductions, 0.8)."""
+    L1 cache on an AVX-512 Xeon, against 0.09; with the sums and the extremes in one such
+    loop, the whole pass took 0.75 ns per value on a tensor in the cache, against 0.27 now."""
     s = 0.0
     q = 0.0
     a = 0.0
