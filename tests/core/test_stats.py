@@ -23,9 +23,10 @@ from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
 if numba_missing:
-    BLOCK = 2048  # only the torch path runs: any block size makes the same cases
+    BLOCK, LANE_RUN = 2048, 128  # only the torch path runs: any sizes make the same cases
 else:
-    from gradexplorer.stats.cpu_kernels import BLOCK  # the fused kernel's block: its edges are cases below
+    # the fused kernel's block and float32 run: their edges are cases below
+    from gradexplorer.stats.cpu_kernels import BLOCK, LANE_RUN
 
 
 def _randn(n, seed=0):
@@ -292,6 +293,39 @@ def test_the_contract_checker_rejects_a_naive_float32_accumulator(pairwise):
     # and the checker is not refusing everything: the fused pass passes on the same cases
     t = ADVERSARIAL["large_mean_tiny_std"]()
     assert contract_violations(tensor_stats(t), t) == []
+
+
+def _random_case(i: int) -> torch.Tensor:
+    """Case ``i`` of a seeded mix: a size at or near an edge of the float32 lanes' runs and
+    the kernel's blocks, a dtype of the float32 lanes, a mean and a spread from 1e-30 to
+    1e20 (zero spread too), and sometimes NaN, Inf, signed zeros and outliers scattered in,
+    or means that jump every 700 values."""
+    rng = np.random.default_rng(i)
+    edge = int(rng.choice([LANE_RUN, BLOCK, 2 * BLOCK, 3 * LANE_RUN]))
+    n = max(1, edge + int(rng.integers(-3, 4))) if rng.random() < 0.7 else int(rng.integers(1, 5 * BLOCK))
+    dtype = [torch.float32, torch.float32, torch.float16, torch.bfloat16][i % 4]
+    mean = float(rng.choice([0.0, 1.0, 1e3, -1e4, 1e-20, 1e20]))
+    spread = float(rng.choice([1.0, 1e-3, 1e-8, 0.0, 1e-30, 1e10])) * max(abs(mean), 1.0)
+    t = mean + spread * torch.randn(n, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+    if rng.random() < 0.3:
+        for at in rng.integers(0, n, 3):
+            t[int(at)] = float(rng.choice([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e4 * (abs(mean) + 1)]))
+    if rng.random() < 0.3:
+        for b in range(0, n, 700):
+            t[b:b + 700] += float(rng.choice([0.0, 5 * spread, -1e3 * spread, 1e2]))
+    return t.to(dtype)
+
+
+@pytest.mark.parametrize("path", ["default", "torch"])
+def test_seeded_tensors_at_the_edges_of_runs_and_blocks_meet_the_contract(path):
+    """600 seeded tensors, most of a size within three values of a run's or a block's edge
+    (where the float32 lanes' last, short run is summed in float64), against float64 NumPy."""
+    for i in range(600):
+        t = _random_case(i)
+        try:
+            assert_matches_reference(PATHS[path](t), t)
+        except AssertionError as exc:
+            raise AssertionError(f"case {i}: {t.numel()} values of {t.dtype}: {exc}") from exc
 
 
 def test_the_cases_that_broke_the_naive_formulas():
