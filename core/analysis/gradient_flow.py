@@ -8,31 +8,40 @@ one value that aggregates its calls as if their tensors were concatenated: the L
 is ``sqrt(sum of squared norms)``, mean |x| is weighted by element counts, max |x| is
 the largest. Calls whose tensor is missing (no gradient reached them) are left out.
 
-Flags (``layer_flags``), computed on the output gradient:
+Flags (``layer_flags``, ``call_flags``, ``neighbour_flags``, ``seed_calls``) live beside the
+capture, in ``gradexplorer.capturing.flags`` (a capture shows them in its own table), and are
+named here too.
 
-* ``"no gradient"``: no call's output reached the target (its gradient was never
-  computed).
-* ``"nan/inf"``: some activation or gradient value is NaN or infinite.
-* ``"zero"``: a gradient exists but every value is exactly zero (a dead ReLU, a
-  detached branch multiplied by zero...).
-* ``"vanishing"`` / ``"exploding"``: the layer's root-mean-square gradient is below
-  ``VANISHING_RATIO`` (1e-3) times, or above ``EXPLODING_RATIO`` (1e3) times, the median
-  RMS of its neighbours: up to ``NEIGHBOURS`` (4) layers on each side in forward order
-  that have a finite, non-zero gradient (the median is taken in log space, which for a
-  median is the same number). RMS rather than the L2 norm, so that a layer is not
-  flagged merely for having fewer elements than its neighbours. At least two such
-  neighbours are needed to judge.
+Where every gradient below some layer is zero, ``gradient_stop`` finds that layer: its output
+gradient is not zero, its input gradient is, and the words say why (its output is all zeros:
+its weights are zero, as torchvision initialises ViT's ``heads.head``; a dead ReLU).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
+from dataclasses import dataclass
 
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.capturing.data import CallStats, Capture, LayerRecord
+from gradexplorer.capturing.data import Capture, LayerRecord
+from gradexplorer.capturing.flags import (
+    EXPLODING_RATIO,
+    FLAGS,
+    NEIGHBOURS,
+    VANISHING_RATIO,
+    call_flags,
+    layer_flags,
+    neighbour_flags,
+    seed_calls,
+)
 from gradexplorer.stats.moments import has_nonfinite
 from gradexplorer.stats.record import TensorStats
+
+__all__ = ["METRICS", "KINDS", "METRIC_LABELS", "aggregate", "flow_series", "flow_gaps",
+           "NOT_CALLED", "NO_GRADIENT", "NO_TENSOR", "NO_PARAMETERS", "NO_PARAMETER_GRADIENT",
+           # the flags, named here for the views and the graph (gradexplorer.capturing.flags)
+           "VANISHING_RATIO", "EXPLODING_RATIO", "NEIGHBOURS", "FLAGS", "call_flags", "layer_flags",
+           "neighbour_flags", "seed_calls", "GradientStop", "gradient_stop"]
 
 #: Metrics of ``flow_series``.
 METRICS = ("l2", "mean_abs", "max_abs")
@@ -41,11 +50,17 @@ KINDS = ("grad_output", "grad_input", "activation", "param")
 #: Human labels for the metrics.
 METRIC_LABELS = {"l2": "L2 norm", "mean_abs": "mean |x|", "max_abs": "max |x|"}
 
-VANISHING_RATIO = 1e-3
-EXPLODING_RATIO = 1e3
-NEIGHBOURS = 4
-#: Every flag, in the order the views list them.
-FLAGS = ("no gradient", "nan/inf", "zero", "vanishing", "exploding")
+
+#: Why a layer has no value in a series (``flow_gaps``): it never ran during forward.
+NOT_CALLED = "not called"
+#: It ran, and no call has this gradient (``CallRecord.absent`` says why, call by call).
+NO_GRADIENT = "no gradient"
+#: It ran, and no call's output holds a tensor (kind ``activation``).
+NO_TENSOR = "no tensor"
+#: Kind ``param``: the module owns no parameter itself.
+NO_PARAMETERS = "no parameters"
+#: Kind ``param``: it owns parameters, none with a gradient (``LayerRecord.param_absent``).
+NO_PARAMETER_GRADIENT = "no parameter gradient"
 
 
 def _layer_stats(rec: LayerRecord, kind: str) -> list[TensorStats]:
@@ -81,14 +96,6 @@ def aggregate(stats_list: list[TensorStats], metric: str) -> float:
     return sum(float(s["mean_abs"]) * n for s, n in zip(finite, counts)) / sum(counts)
 
 
-def _rms(stats_list: list[TensorStats]) -> float:
-    finite = [s for s in stats_list if s and s["numel"] > s["nan_count"] + s["inf_count"]]
-    if not finite:
-        return math.nan
-    n = sum(s["numel"] - s["nan_count"] - s["inf_count"] for s in finite)
-    return math.hypot(*(float(s["l2"]) for s in finite)) / math.sqrt(n)  # no overflow at 1e308
-
-
 def flow_series(capture: Capture, metric: str = "l2", kind: str = "grad_output") -> tuple[list[str], list[float]]:
     """One value per captured layer, in forward order.
 
@@ -122,122 +129,135 @@ def flow_series(capture: Capture, metric: str = "l2", kind: str = "grad_output")
     return names, [aggregate(_layer_stats(capture[n], kind), metric) for n in names]
 
 
-def call_flags(stats: CallStats) -> list[str]:
-    """The flags of one call, from its statistics (``CallRecord.stats``).
-
-    The per-call part of the rules in the module docstring: ``"no gradient"`` (no output
-    gradient), ``"nan/inf"`` (in the activation, the output gradient or the input
-    gradient; NaN/Inf in the forward may leave the gradients finite) and ``"zero"``
-    (an output gradient that is all exact zeros, or empty). ``layer_flags`` builds on it.
-
-    Parameters
-    ----------
-    stats : CallStats
-        ``{"activation": ..., "grad_output": ..., "grad_input": ...}``, values
-        ``gradexplorer.stats.summary.tensor_stats`` records or ``None``.
-
-    Returns
-    -------
-    list of str
-        In ``FLAGS`` order.
-    """
-    out: list[str] = []
-    grad = stats.get("grad_output")
-    if not grad:
-        out.append("no gradient")
-    if any(has_nonfinite(stats.get(kind)) for kind in ("activation", "grad_output", "grad_input")):
-        out.append("nan/inf")
-    if grad and (grad["numel"] == 0 or (grad["zero_fraction"] >= 1.0 and not has_nonfinite(grad))):
-        out.append("zero")
-    return out
-
-
-def layer_flags(
-    capture: Capture,
-    *,
-    vanishing: float = VANISHING_RATIO,
-    exploding: float = EXPLODING_RATIO,
-    neighbours: int = NEIGHBOURS,
-) -> dict[str, list[str]]:
-    """Layers whose output gradient looks wrong (see the module docstring for the rules).
+def flow_gaps(capture: Capture, kind: str = "grad_output") -> dict[str, str]:
+    """Why layers have no value in ``flow_series(capture, metric, kind)``.
 
     Parameters
     ----------
     capture : Capture
-        Full or statistics-only.
-    vanishing, exploding : float
-        Ratios to the neighbours' median RMS gradient below / above which a layer is
-        flagged.
-    neighbours : int
-        How many layers on each side form the neighbourhood.
+    kind : {"grad_output", "grad_input", "activation", "param"}
 
     Returns
     -------
     dict
-        Every captured layer name, in forward order, to its list of flags (in ``FLAGS``
-        order; empty when all is well).
+        Layer name to the reason, for each layer without any such statistics, in forward
+        order: ``NOT_CALLED`` (it never ran during forward; kinds other than ``param``),
+        ``NO_GRADIENT`` (it ran, no call has this gradient), ``NO_TENSOR`` (it ran, no call
+        returned a tensor), ``NO_PARAMETERS`` or ``NO_PARAMETER_GRADIENT`` (``param``).
+        A value that is NaN because every element is NaN or infinite is not a gap: the
+        ``"nan/inf"`` flag says so.
+
+    Raises
+    ------
+    GradExplorerError
+        For an unknown kind.
     """
-    names = capture.layer_order
-    flags: dict[str, list[str]] = {n: [] for n in names}
-    rms: list[float] = []
-    for name in names:
-        calls = [call_flags(c.stats) for c in capture[name].calls]
-        present = [s for c in capture[name].calls if (s := c.stats.get("grad_output"))]
-        if not present:
-            flags[name].append("no gradient")
-        if any("nan/inf" in f for f in calls):
-            flags[name].append("nan/inf")
-        if not present:
-            rms.append(math.nan)
+    if kind not in KINDS:
+        raise GradExplorerError(f"Unknown gradient-flow tensor '{kind}'.", f"Use one of {', '.join(KINDS)}.")
+    gaps: dict[str, str] = {}
+    for name in capture.layer_order:
+        rec = capture[name]
+        if _layer_stats(rec, kind):
             continue
-        value = _rms(present)
-        if all("zero" in f for f in calls if "no gradient" not in f):
-            flags[name].append("zero")
-            value = 0.0
-        rms.append(value)
-
-    for name, flag in zip(names, neighbour_flags(rms, vanishing=vanishing, exploding=exploding,
-                                                 neighbours=neighbours)):
-        if flag is not None:
-            flags[name].append(flag)
-    return flags
+        if kind == "param":
+            gaps[name] = NO_PARAMETER_GRADIENT if rec.param_stats else NO_PARAMETERS
+        elif not rec.called:
+            gaps[name] = NOT_CALLED
+        else:
+            gaps[name] = NO_TENSOR if kind == "activation" else NO_GRADIENT
+    return gaps
 
 
-def neighbour_flags(
-    rms: list[float],
-    *,
-    vanishing: float = VANISHING_RATIO,
-    exploding: float = EXPLODING_RATIO,
-    neighbours: int = NEIGHBOURS,
-) -> list[str | None]:
-    """The vanishing/exploding rule of the module docstring on a sequence of RMS gradients.
+def _forward_calls(capture: Capture) -> list[tuple[str, int]]:
+    """Every (layer, call) in the order the calls returned (``meta["call_order"]``), else by
+    layer in the order of their first call."""
+    order = capture.meta.get("call_order") if isinstance(capture.meta, dict) else None
+    if order:
+        seen = [(str(n), int(i)) for n, i in order if n in capture and int(i) < len(capture[n].calls)]
+        known = set(seen)
+        return seen + [(n, i) for n, i, _ in capture.iter_calls() if (n, i) not in known]
+    return [(n, i) for n, i, _ in capture.iter_calls()]
+
+
+@dataclass(frozen=True)
+class GradientStop:
+    """The layer below which every gradient is zero (:func:`gradient_stop`).
+
+    Attributes
+    ----------
+    layer : str
+    call : int
+    type : str
+        The module's class.
+    reason : str
+        Why, in words: "its output is all zeros: its weights and bias are zero".
+    below : tuple of str
+        The layers before it (forward order) whose output gradient is zero because of it.
+    """
+
+    layer: str
+    call: int
+    type: str
+    reason: str
+    below: tuple[str, ...]
+
+    def sentence(self) -> str:
+        """One sentence for a status line or a tooltip."""
+        n = len(self.below)
+        return (f"The gradient stops at {self.layer} ({self.type}): {self.reason}. "
+                f"{'Every layer' if n > 1 else 'The layer'} before it ({n}) has a zero gradient.")
+
+
+def _is_zero(stats: TensorStats | None) -> bool:
+    return bool(stats) and stats is not None and not has_nonfinite(stats) and (
+        stats["numel"] == 0 or stats["zero_fraction"] >= 1.0)
+
+
+def gradient_stop(capture: Capture) -> GradientStop | None:
+    """Where the gradient stops: the last call in forward order whose output gradient is not
+    zero while its input gradient is all zeros, when the layers before it have zero
+    gradients; None when there is no such call.
+
+    A random-init torchvision ViT is the case in point: its ``heads.head`` starts with zero
+    weights and bias, so its output is all zeros and nothing of the target's gradient passes
+    it. The reason names what is zero: the output (weights and bias, or a dead activation),
+    else the weights.
 
     Parameters
     ----------
-    rms : list of float
-        One RMS gradient per position, in forward order; NaN, inf, 0 and negative values
-        are neither judged nor neighbours.
-    vanishing, exploding, neighbours
-        As for :func:`layer_flags`.
-
-    Returns
-    -------
-    list
-        ``"vanishing"``, ``"exploding"`` or ``None`` per position.
+    capture : Capture
+        Full or statistics-only; the input gradients must have been recorded (a call whose
+        input does not require a gradient records none).
     """
-    logs = [math.log10(v) if v > 0 and math.isfinite(v) else None for v in rms]
-    out: list[str | None] = []
-    for i, own in enumerate(logs):
-        window = [v for j in range(max(0, i - neighbours), min(len(logs), i + neighbours + 1))
-                  if j != i and (v := logs[j]) is not None]
-        if own is None or len(window) < 2:
-            out.append(None)
+    calls = _forward_calls(capture)
+    for k in range(len(calls) - 1, -1, -1):
+        name, i = calls[k]
+        stats = capture[name].calls[i].stats
+        grad, grad_in = stats.get("grad_output"), stats.get("grad_input")
+        if not grad or _is_zero(grad) or has_nonfinite(grad) or not _is_zero(grad_in):
             continue
-        median = statistics.median(window)
-        if own < median + math.log10(vanishing):
-            out.append("vanishing")
-        elif own > median + math.log10(exploding):
-            out.append("exploding")
+        below: list[str] = []
+        for before, j in calls[:k]:
+            g = capture[before].calls[j].stats.get("grad_output")
+            if _is_zero(g) and before not in below:
+                below.append(before)
+        if not below:
+            return None
+        rec = capture[name]
+        weights = "weight" in rec.param_stats
+        if _is_zero(stats.get("activation")):
+            if weights:
+                bias = "bias" in rec.param_stats
+                reason = (f"its output is all zeros: its weights{' and bias' if bias else ''} are zero, so nothing "
+                          "of the gradient passes it (a head initialised to zeros, as torchvision's ViT's "
+                          "heads.head is: load trained weights, or initialise it)")
+            elif rec.type in ("ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "Threshold"):
+                reason = f"its output is all zeros (a dead {rec.type}: every input is below its threshold)"
+            else:
+                reason = "its output is all zeros, and nothing of the gradient passes it"
+        elif weights:
+            reason = "its input gradient is all zeros: its weights are zero, or send nothing back"
         else:
-            out.append(None)
-    return out
+            reason = "nothing of its output gradient reaches its input"
+        return GradientStop(name, i, rec.type, reason, tuple(below))
+    return None

@@ -80,6 +80,33 @@ def _wrap_width(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
 
+def grid_columns(k: int, tile: tuple[int, int], aspect: float) -> int:
+    """How many tiles wide a grid of ``k`` tiles of ``tile`` = (height, width) cells best
+    fills a plot ``aspect`` times as wide as it is tall (square cells): the most of the
+    plot's area covered, fewer columns on a tie. A square grid of 16 tiles in a plot twice
+    as wide as tall covers about half of it; 8 × 2 covers all of it.
+
+    Parameters
+    ----------
+    k : int
+    tile : (int, int)
+    aspect : float
+        Width over height of the plot; not positive or not finite: the square grid.
+    """
+    k = max(1, int(k))
+    if not (aspect > 0 and math.isfinite(aspect)):
+        return _wrap_width(k)
+    h, w = max(1, tile[0]) + 1, max(1, tile[1]) + 1
+    best, best_cover = _wrap_width(k), -1.0
+    for cols in range(1, k + 1):
+        rows = math.ceil(k / cols)
+        grid = (cols * w) / (rows * h)
+        cover = min(grid / aspect, aspect / grid) * k / (rows * cols)
+        if cover > best_cover + 1e-9:
+            best, best_cover = cols, cover
+    return best
+
+
 def layout_of(sample_shape: Sequence[int], input_shape: Sequence[int] | None = None) -> Layout:
     """How a tensor of one sample (no batch dimension) is shown.
 
@@ -325,6 +352,7 @@ def heatmap(
     rank_by: torch.Tensor | None = None,
     time_index: int | None = None,
     input_shape: Sequence[int] | None = None,
+    columns: int | None = None,
 ) -> Heatmap:
     """A 2-D picture of one sample's activation, gradient or gradient × activation.
 
@@ -350,6 +378,9 @@ def heatmap(
         For video maps ``(C, T, H, W)``: the time step; ``None`` averages over time.
     input_shape : sequence of int, optional
         The model input's shape, as for ``layout_of``.
+    columns : int, optional
+        How many tiles wide the top-k grid is (a view fits it to its plot's shape:
+        ``grid_columns``); default ``ceil(sqrt(k))``.
 
     Returns
     -------
@@ -404,7 +435,7 @@ def heatmap(
     # NaN norms would sort unpredictably; they rank last. Stable sort: ties keep channel order.
     norms = np.nan_to_num(_norms(rank_maps), nan=-1.0)
     idx = np.argsort(-norms, kind="stable")[:k]
-    cols = _wrap_width(k)
+    cols = min(k, max(1, int(columns))) if columns else _wrap_width(k)
     tiled = _tile(_np(maps)[idx], cols)
     return Heatmap(tiled, lay, "topk", [int(i) for i in idx], math.ceil(k / cols), cols, lay.height, lay.width)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradexplorer.analysis.gradcam import cam_supported
-from gradexplorer.analysis.gradient_flow import layer_flags
+from gradexplorer.analysis.gradient_flow import GradientStop, gradient_stop, layer_flags, seed_calls
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
 
@@ -42,11 +42,24 @@ class CaptureSummary:
         a call's norm is not finite); layers that no gradient reached are absent.
     first_view : (str, int) or None
         The layer and call the views open on (``default_layer``).
+    not_called : tuple of str
+        The captured layers that never ran during forward (``LayerRecord.called``), in
+        forward order: they have no gradient because they computed nothing (not flagged
+        ``"no gradient"``); their parameters may still have gradients, used by a parent.
+    stop : GradientStop or None
+        The layer below which every gradient is zero, and why
+        (``gradexplorer.analysis.gradient_flow.gradient_stop``).
+    notes : dict
+        Layer to the words that explain its flags or its look: where its zero gradient comes
+        from, or that its gradient is the target's seed.
     """
 
     flags: dict[str, list[str]] = field(default_factory=dict)
     grad_norms: dict[str, float] = field(default_factory=dict)
     first_view: tuple[str, int] | None = None
+    not_called: tuple[str, ...] = ()
+    stop: GradientStop | None = None
+    notes: dict[str, str] = field(default_factory=dict)
 
     def flagged(self) -> dict[str, str]:
         """Only the flagged layers, each with its flags in one string (``"nan/inf, zero"``)."""
@@ -138,11 +151,62 @@ def default_layer(capture: Capture) -> tuple[str, int] | None:
                     and tuple(layer.calls[-1].shape) == shape):
                 return name, len(layer.calls) - 1
         return last, len(capture[last].calls) - 1
-    # No spatial map (an MLP): the first layer, whose gradient has travelled furthest.
-    for name in order:
+    # No spatial map (an MLP): the first layer, whose gradient has travelled furthest; the
+    # whole model (the root, captured for parameters of its own) only when no other ran.
+    for name in [n for n in order if n] + [n for n in order if not n]:
         if capture[name].calls:
             return name, len(capture[name].calls) - 1
     return None
+
+
+def block_call(capture: Capture, name: str) -> tuple[str, int] | None:
+    """The call that stands for a module the capture holds no record of, but some of whose
+    submodules it does (a ticked block: ``layer4`` ticks its leaves, not the block itself).
+
+    That is the last call to return inside it during the forward (the capture's
+    ``call_order``; for a capture without one, the last call of the last captured layer
+    inside it). A block's output is that call's output, or a residual sum of it
+    (``out += identity`` before ResNet's last ReLU call, ``x + mlp(x)`` in a transformer
+    layer), so its gradient is the block's output gradient.
+
+    Parameters
+    ----------
+    capture : Capture
+    name : str
+        Qualified module name ("" for the model itself).
+
+    Returns
+    -------
+    (str, int) or None
+        The layer and call index; None when ``name`` is captured itself or nothing inside
+        it was called.
+    """
+    if name in capture:
+        return None
+    prefix = f"{name}." if name else ""
+    inside = [n for n in capture.layer_order if n.startswith(prefix) and capture[n].calls]
+    if not inside:
+        return None
+    order = capture.meta.get("call_order") if isinstance(capture.meta, dict) else None
+    for entry in reversed(order or ()):
+        layer, call = str(entry[0]), int(entry[1])
+        if layer.startswith(prefix) and layer in capture and call < len(capture[layer].calls):
+            return layer, call
+    last = inside[-1]
+    return last, len(capture[last].calls) - 1
+
+
+def _notes(capture: Capture, stop: GradientStop | None) -> dict[str, str]:
+    notes: dict[str, str] = {}
+    for name, _call in sorted(seed_calls(capture)):
+        notes[name] = ("its output is what the target was taken from: its gradient is the target's seed (a one-hot "
+                       "of the class for top1, ones for sum), set by the target, not passed back; it is not judged "
+                       "against its neighbours")
+    if stop is not None:
+        notes[stop.layer] = f"the gradient stops here: {stop.reason}"
+        for name in stop.below:
+            notes.setdefault(name, f"zero because the gradient stops at {stop.layer} ({stop.type}): {stop.reason}")
+    return notes
 
 
 _cache: dict[int, CaptureSummary] = {}
@@ -171,7 +235,10 @@ def summarize(capture: Capture) -> CaptureSummary:
         norm = _grad_norm(capture, name)
         if norm is not None:
             norms[name] = norm
-    summary = CaptureSummary(layer_flags(capture), norms, default_layer(capture))
+    not_called = tuple(n for n in capture.layer_order if not capture[n].called)
+    stop = gradient_stop(capture)
+    summary = CaptureSummary(layer_flags(capture), norms, default_layer(capture), not_called, stop,
+                             _notes(capture, stop))
     with _lock:
         if key not in _cache:
             _cache[key] = summary

@@ -13,7 +13,9 @@ units
 devices
     Which devices a capture can run on, and their free memory.
 file_write
-    Atomic writes, never over a special file or one of the user's inputs.
+    Atomic writes, never over a special file, one of the user's inputs or a model cache.
+model_caches
+    The model hubs' caches (Hugging Face, torch hub), read from the environment at every call.
 """
 
-__all__ = ["errors", "forward_errors", "units", "devices", "file_write"]
+__all__ = ["errors", "forward_errors", "units", "devices", "file_write", "model_caches"]

@@ -1,11 +1,42 @@
 """User-facing errors: every failure the user can cause names the problem and the fix.
 
 The GUI shows ``problem`` as the message and ``fix`` beneath it; the CLI prints
-``error: <problem> <fix>`` on one line. Anything that is not a ``GradExplorerError``
+``error: <problem> <fix>`` on one line. Both are plain text (:func:`plain_text`): what a
+message quotes from a file or a library loses its terminal escapes and any advice to load a
+file unsafely. Anything that is not a ``GradExplorerError``
 is a bug in gradexplorer and is shown with its traceback under "details".
 """
 
 from __future__ import annotations
+
+import re
+
+# Terminal escape sequences (colours, cursor moves, titles: CSI, OSC and two-byte ESC forms)
+# and the other control characters a message from a library or a file may carry.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Advice to load a file unsafely, as torch and timm word it: torch's block of two options
+# (up to the error it precedes), its paragraph on the default of weights_only, and any other
+# sentence that advises weights_only=False.
+_UNSAFE_ADVICE = (
+    re.compile(r"This file can still be loaded, to do so you have two options.*?(?=WeightsUnpickler error:|$)",
+               re.DOTALL),
+    re.compile(r"In PyTorch 2\.\d+, we changed the default value of the `weights_only`.*?trusted source\.?", re.DOTALL),
+    re.compile(r"[^.\n]*weights_only(?:=|`? set to `?| to )`?False.*?(?:\.(?=\s|$)|$)", re.MULTILINE),
+)
+
+
+def plain_text(text: str) -> str:
+    """``text`` as it may reach the user: terminal escapes and control characters removed
+    (a file or a library's message must not recolour or move the user's terminal), and
+    torch's and timm's advice to load a file with ``weights_only=False`` left out (it runs
+    whatever the file holds; gradexplorer names the blocked global instead)."""
+    text = _CONTROLS.sub("", _ESCAPES.sub("", str(text).replace("\t", " ")))
+    if "weights_only" in text or "two options" in text:
+        for advice in _UNSAFE_ADVICE:
+            text = advice.sub("", text)
+        text = re.sub(r"[ ]{2,}", " ", text)  # where a sentence was left out
+    return text.strip()
 
 
 def listing(names: list[str], limit: int = 4) -> str:
@@ -26,9 +57,11 @@ class GradExplorerError(Exception):
     """
 
     def __init__(self, problem: str, fix: str = "") -> None:
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{problem} {fix}".strip())
+        # Messages often quote a file or a library (a name, torch's refusal): what reaches
+        # the user is plain text, without escapes or advice to load unsafely.
+        self.problem = plain_text(problem)
+        self.fix = plain_text(fix)
+        super().__init__(f"{self.problem} {self.fix}".strip())
 
 
 class ModelLoadError(GradExplorerError):

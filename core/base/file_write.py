@@ -14,6 +14,8 @@ Every file gradexplorer writes (capture ``.pt``, plot PNG, statistics CSV) goes 
 - A FIFO: written through when a program reads from it, refused with a message otherwise
   (rather than hang until one does).
 - A directory, a socket, a block device (a disk): refused with a message.
+- Anything inside a model cache (the Hugging Face cache and folder, torch's hub cache), its
+  links resolved first: refused with a message (``gradexplorer.base.model_caches``).
 
 The temporary file is named ``.NAME.gradexplorer-PID-XXXXXXXX.tmp``. Ctrl+C or SIGTERM
 during a write (in the main thread) removes it and raises :class:`SaveInterrupted`; one
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.model_caches import model_cache_holding
 from gradexplorer.base.units import format_bytes
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "atomic_write_text",
     "check_free_space",
     "check_output_path",
+    "check_outside_model_caches",
     "temp_name",
 ]
 
@@ -124,6 +128,7 @@ def _name_max(folder: Path) -> int:
 def _plan(path: Path, error: type[GradExplorerError]) -> _Plan:
     """Classify ``path`` (following a symbolic link to its target) and refuse what must not be written."""
     shown = str(path)
+    _refuse_model_cache(path, error)
     if path.parent.is_dir():
         _check_name_length(path, error)
     try:
@@ -167,6 +172,20 @@ def _plan(path: Path, error: type[GradExplorerError]) -> _Plan:
         raise error(f"'{shown}' is a block device (a disk); gradexplorer does not write over disks.",
                     "Choose a regular file name.")
     raise error(f"'{shown}' is not a regular file.", "Choose a regular file name.")
+
+
+def _refuse_model_cache(path: Path, error: type[GradExplorerError]) -> None:
+    """Refuse a path inside a model cache, every link resolved first: a Hugging Face
+    snapshot's ``model.safetensors`` is a link to a blob, and writing "through" it would
+    replace the cached weights of every revision and every program that shares them."""
+    try:
+        found = model_cache_holding(path)
+    except (OSError, ValueError):  # a path the system cannot resolve: the checks below say why
+        return
+    if found is not None:
+        name, folder = found
+        raise error(f"'{path}' is inside {name} ('{folder}'); writing there would replace the files of the "
+                    "models it holds.", "Choose a path outside the model caches.")
 
 
 def _check_name_length(target: Path, error: type[GradExplorerError]) -> None:
@@ -558,18 +577,46 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
 # -- checks before the work ------------------------------------------------------------------
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL: no file of the user's
+        return False
+
+
 def _input_candidates(inputs: Iterable[str | os.PathLike[str] | None]) -> Iterator[tuple[str, Path]]:
     for item in inputs:
         if item is None:
             continue
         text = os.fspath(item)
         yield text, Path(text).expanduser()
-        if ":" in text and not Path(text).exists():
+        if ":" in text and not _exists(Path(text)):
             # A factory, "file.py:build", reads file.py; "file:/path" names a weights file.
             head, _, tail = text.rpartition(":")
             for part in (head, tail):
                 if part:
                     yield text, Path(part).expanduser()
+
+
+def check_outside_model_caches(out: str | os.PathLike[str]) -> Path:
+    """Refuse an output (a file or a folder of them, which need not exist yet) inside a model
+    cache, every link resolved: the check :func:`atomic_write` and :func:`check_output_path`
+    make, for outputs written otherwise (a watch log's database, TensorBoard's folder), and
+    for a check that holds on every rank of a distributed training (it reads only the path).
+
+    Returns
+    -------
+    Path
+        ``out``, expanded.
+
+    Raises
+    ------
+    FileWriteError
+        ``out`` is inside the Hugging Face cache or folder, or torch's hub cache.
+    """
+    path = Path(out).expanduser()
+    _refuse_model_cache(path, FileWriteError)
+    return path
 
 
 def check_output_path(out: str | os.PathLike[str],

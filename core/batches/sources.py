@@ -88,7 +88,8 @@ def load_batch(
 
     batch: Batch | None
     if all(s.startswith(TEXT_SOURCE) for s in sources):
-        batch = load_text([s[len(TEXT_SOURCE):] for s in sources], model)
+        _refuse_text_for_pictures(model)
+        batch = load_text([s[len(TEXT_SOURCE):] for s in sources], model, memory_budget)
     elif len(sources) == 1:
         batch = _named_source(sources[0].strip(), model, memory_budget)
     else:
@@ -208,6 +209,24 @@ def _refuse_tensor_files_among(sources: list[str]) -> None:
             f"'{tensor_files[0]}' is a tensor file, which must be the only input;",
             "give either one .pt file or image files and folders.",
         )
+
+
+def _refuse_text_for_pictures(model: LoadedModel | None) -> None:
+    """Text given to a model that takes pictures (no tokenizer, an input of channels × height ×
+    width): say so, and what it takes. The general words for a model without a tokenizer
+    suggest a file of token ids, which a picture model cannot take either."""
+    if model is None or getattr(model, "tokenizer", None) is not None:
+        return
+    shape = model.input_shape
+    pictures = shape is not None and len(shape) in (3, 4) and recipe_for(model.module).vocab is None
+    if not pictures:
+        return
+    size = "×".join(str(d) for d in shape) if shape is not None else ""
+    raise BatchError(
+        f"'{model.spec}' takes pictures ({size}), not text;",
+        "open pictures (--input with image files or a folder; in the window, Images…) or a random batch, "
+        "or choose a language model saved with its tokenizer (hf:ORG/NAME) to give it text.",
+    )
 
 
 def _images(sources: list[str], model: LoadedModel | None, skip_unreadable: bool = False) -> Batch:

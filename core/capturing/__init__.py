@@ -16,11 +16,13 @@ nonfinite
     Where NaN/Inf began, forward and backward.
 module_tree
     The module tree and what one probe forward tells about each module.
+structure
+    The module tree as a capture reads it, kept per model between captures.
 memory_estimate
     How much memory a capture will hold, before anything is allocated.
 sharded_params
     Models whose parameters are split over ranks (DTensors): refused by one capture.
 """
 
-__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "memory_estimate",
-           "sharded_params"]
+__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "structure",
+           "memory_estimate", "sharded_params"]

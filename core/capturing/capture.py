@@ -7,46 +7,93 @@ relies on"):
 
 * Module backward hooks are not used. The deprecated one reports the wrong tensors; the
   full one breaks on in-place ReLUs and ``+=`` residuals and never fires for dict outputs.
-  Instead a forward hook registers a *tensor* hook on the output, and a forward pre-hook
-  one on the input. A tensor hook registered before an in-place change receives the
-  gradient with respect to the value before the change, which is what the user means by
-  "the gradient at this layer's output".
-* The activation is summarised (and, in full mode, copied) inside the forward hook, before
-  a later in-place op can overwrite it.
+  Instead a forward hook takes note of the output's gradient edge (its node in the autograd
+  graph and its place among the node's outputs), and a forward pre-hook of the input's; the
+  backward is asked for the gradients at those edges with the parameters'. An edge taken (or
+  a tensor hook registered) before an in-place change yields the gradient with respect to the
+  value before the change, which is what the user means by "the gradient at this layer's
+  output". Only small outputs' gradients are asked of the backward that way (up to
+  ``EDGE_BYTES``, which it holds until it returns): larger ones, views (an in-place op on a
+  view can reroute its gradient past its node) and one of a node's several outputs (autograd
+  hands a hook ``None`` for an output the target does not use) go to *tensor* hooks, summarised
+  as backward produces them. A tensor hook costs as much again as the rest of a small module's
+  call: registering it, the engine calling back into Python, taking it off.
+* The activation is summarised, and in full mode copied, inside the forward hook, in every
+  capture: a later in-place op can overwrite it, and one through ``.data`` (or a kernel of
+  the model's own) does so without moving its version counter, so neither the counter nor
+  an earlier capture can promise that it stays as it is. Where two calls return one tensor
+  object at one version (a block returning its last child's output), the second record
+  reuses the first one's copy only after comparing the two, element for element (on the
+  CPU; on a GPU it is summarised and copied again).
 * Each call of a module gets its own record: the call index is bound into the closures.
+* The hooks only take note (records, references, versions, call order) and hand the tensors
+  to the statistics (``gradexplorer.stats.device.DeferredStats``), which summarise the
+  small ones together at the end of forward and of backward (``gradexplorer.stats.batched``);
+  where NaN/Inf began is read from those statistics at the end (``nonfinite``); the module
+  tree is the one kept for this model (``structure``), and no garbage collection runs while
+  the capture does. On a 200-layer MLP of 256-value tensors (``benchmarks/call_overhead.py``)
+  each of these took microseconds of every call.
 * A module's input is often the previous module's output, same object, same version:
   their gradients are the same tensor, so we hook it once and give it to both records.
 * Backward is ``torch.autograd.grad`` with the trainable parameters (and the input, when
-  asked) as ``inputs``: it runs the same graph as ``loss.backward()`` but returns the
-  gradients instead of accumulating into ``.grad``, so the user's ``.grad`` is untouched.
+  asked, and any leaf tensor whose gradient a hook waits for) as ``inputs``: it runs the
+  same graph as ``loss.backward()`` but returns the gradients instead of accumulating into
+  ``.grad``, so the user's ``.grad`` is untouched.
+* A tensor hook fires in every backward through its tensor, also in one the model's own
+  forward runs (``torch.autograd.grad(energy, pos, create_graph=True)`` in a force field,
+  a gradient penalty, a PINN). The hooks record only while the capture's own backward
+  runs, so each gradient is the one ``torch.autograd.grad(target, tensor)`` gives.
+* Autograd hands a hook ``None`` for an output of a multi-output node that the target does
+  not use (``nn.LSTM``'s sequence output when only ``h_n`` is read): recorded as absent,
+  with the reason (``CallRecord.absent``), as is every gradient a call lacks.
+* The default selection (``layers=None``, ``gradexplorer.capturing.selection``) holds every
+  leaf and every module that owns trainable parameters itself (the root is ``""``), so that
+  every trainable parameter's gradient is in the capture under the module that owns it;
+  the hooks also record each container in a call that ran no other module
+  (``nn.MultiheadAttention``, which uses its ``out_proj``'s weight itself). A selected
+  module that never ran has a record without calls (``LayerRecord.called``).
 * Every hook is registered through ``gradexplorer.hooks.hooks_installed``, which removes
-  them all in ``finally``; the module modes, BatchNorm running statistics (in train mode)
-  and the device are restored too.
+  them all in ``finally``; the module modes, every buffer (in train and in eval mode) and
+  the device are restored too.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import gc
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge
 
 from gradexplorer.base import devices
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.capturing import compiled, recomputation
-from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+from gradexplorer.capturing.data import (
+    CHANGED_INPUT,
+    FROZEN,
+    NO_GRAD_REQUIRED,
+    NO_TENSOR_INPUT,
+    NO_TENSOR_OUTPUT,
+    NOT_REACHED,
+    UNUSED_OUTPUT,
+    CallRecord,
+    Capture,
+    LayerRecord,
+)
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import OnsetTracker
-from gradexplorer.capturing.selection import LayerSpec, resolve_layers
+from gradexplorer.capturing.selection import LayerSpec
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
+from gradexplorer.capturing.structure import ModelStructure, structure_of
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import DeferredStats
@@ -56,17 +103,6 @@ from gradexplorer.stats.record import TensorStats
 MODES = ("full", "stats")
 
 ProgressCallback = Callable[[str, int, int], None]
-
-# Per model: (module name, call index) -> whether a later in-place op modified that output
-# in the last full capture. Outputs known to stay unmodified are kept without a copy on the
-# CPU (checked by their version counter at the end of forward; a surprise triggers a rerun
-# with copies). A clone of every activation would otherwise cost as much as the statistics.
-_MUTATED_OUTPUTS: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
-
-
-class _CopyNeeded(Exception):
-    """An output kept without a copy was modified in place: run again with copies."""
-
 
 class CancelFlag(Protocol):
     def is_set(self) -> bool: ...
@@ -120,6 +156,44 @@ def _pinned_budget() -> int:
     return int(total * PINNED_SHARE) if total else 4 << 30
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values, NaN facing NaN included."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (
+        a.is_floating_point() and torch.isnan(a).any() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
+
+
+def _handed_through(y: torch.Tensor, inputs: list[tuple[torch.Tensor, int]]) -> bool:
+    """Whether ``y`` is one of a call's inputs, unchanged (same object, same version)."""
+    return any(a is y and v == y._version for a, v in inputs)
+
+
+#: Bytes of gradients one capture may ask of the backward itself (``_Recorder.edges``): they
+#: are all held until it returns. Past it, gradients go to hooks, summarised as they come.
+EDGE_BYTES = 64 << 20
+#: The largest gradient asked of the backward itself; larger ones go to hooks.
+_EDGE_MAX_BYTES = 1 << 17
+#: With progress or cancel, one in this many gradients asked of the backward itself also
+#: gets a hook that reports progress and checks the flag (cancel stays prompt).
+_TICK_EVERY = 16
+#: ``torch._C._current_autograd_node``: the node the engine runs while a hook is called.
+_current_node = torch._C._current_autograd_node
+
+#: ``recomputation.recomputing()`` and ``torch.is_grad_enabled()``, called without a Python
+#: frame of ours in the hooks that every module call runs.
+_graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``: what a record says (kept: it runs at every call)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
         return True
@@ -142,17 +216,24 @@ class _Recorder:
 
     def __init__(self, model: nn.Module, selected: list[str], mode: str, device: torch.device,
                  progress: ProgressCallback | None, cancel: CancelFlag | None,
-                 expected_calls: int, hist_limit: int | None, mutated: dict | None = None,
-                 keep_on_device: bool = False):
+                 expected_calls: int, hist_limit: int | None, keep_on_device: bool = False,
+                 computing: set[str] | None = None, structure: ModelStructure | None = None):
         self.model = model
         self.selected = set(selected)
+        # Modules recorded for each call in which they ran no other module (the default
+        # selection's containers that compute by themselves: ``selection``'s docstring).
+        self.computing = computing or set()
         self.full = mode == "full"
         self.device = device
         self.progress = progress
         self.cancel = cancel
+        # Whether the hooks check the cancel flag and report progress at all (_tick).
+        self.ticking = progress is not None or cancel is not None
         self.hist_limit = hist_limit
         self.summaries = DeferredStats(hist_limit)
-        self.onset = OnsetTracker()  # where NaN/Inf began (core/capturing/nonfinite.py)
+        # Where NaN/Inf began (core/capturing/nonfinite.py); which modules have children
+        # is known from the module tree kept for this model.
+        self.onset = OnsetTracker(structure.children_of if structure is not None else None)
         self.pinned_left: int | None = None  # bytes, measured at the first GPU copy
         # Bytes of device memory kept tensors may still take (keep_on_device); None: none.
         self.device_left: int | None = None
@@ -163,7 +244,10 @@ class _Recorder:
         self.first_call: dict[str, int] = {}
         self.open_calls: dict[str, list[CallRecord]] = {}
         self.open_inputs: dict[str, list[list]] = {}
-        self.running: list[str] = []
+        # The calls running now, outermost first: [name, whether it ran another module].
+        self.running: list[list] = []
+        # Calls of ``computing`` modules running now: (call count at start, inputs, first input).
+        self.open_candidates: dict[str, list[tuple[int, list, tuple[torch.Tensor, int] | None]]] = {}
         self.call_count = 0
         self.expected_calls = max(expected_calls, 1)
         # (id, version) of a hooked tensor -> (weak reference to it, [(record, attr)]): one
@@ -177,20 +261,29 @@ class _Recorder:
         # of the values a capture summarised, vit_b_16: 19%).
         self.grad_values: dict[int, tuple[weakref.ref, int, TensorStats, torch.Tensor | None]] = {}
         self.hooks = Hooks()  # replaced by the capture's own while it runs (install)
+        # True only while the capture's own backward runs: tensor hooks also fire in a
+        # backward that the model's forward runs itself (``_watch_grad``).
+        self.own_backward = False
+        # Leaf tensors whose gradient is watched (_watch_grad): asked of the backward too.
+        self.leaves: list[torch.Tensor] = []
+        # Gradients asked of the backward itself, as edges of its graph, instead of handed
+        # to a tensor hook (_watch_grad): a hook costs as much again as the rest of a small
+        # module's call (registering it, the engine calling back into Python, taking it
+        # off). torch.autograd.grad returns them all at its end, so their bytes are bounded.
+        self.edges: list[GradientEdge] = []
+        self.edge_sinks: list[list[tuple[CallRecord, str]]] = []
+        self.edge_bytes_left = EDGE_BYTES
+        self.edge_ticked = 0  # edges' gradients counted by _tick_in_backward
         self.grads_expected = 0
         self.grads_seen = 0
         self.last_report = 0.0
-        # Outputs seen in forward: (name, call index, tensor, version, whether the record
-        # relies on it staying unchanged). Held to the end of forward in full mode, and
-        # with batched statistics (which learn from them which outputs they may leave for
-        # later); statistics-only capture otherwise holds no output.
-        self.track_outputs = self.full or self.summaries.batches_on(device)
-        self.outputs: list[tuple[str, int, torch.Tensor, int, bool]] = []
         # (name, call index) in the order the calls returned: gradexplorer.comparison.compare's forward order.
         self.call_order: list[list] = []
         # (id, version) of an output -> (weak reference to it, its stats, what was kept of it).
         self.activations: dict[tuple[int, int], tuple] = {}
-        self.mutated = mutated
+
+    def backward_running(self) -> bool:
+        return self.own_backward
 
     def to_host(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
         """``t`` on the CPU. From a CUDA device the copy is queued into pinned memory without
@@ -212,7 +305,9 @@ class _Recorder:
         """What a full capture keeps of ``t``: ``t`` itself (or a copy of it on its device,
         with ``copy``) while the ``keep_on_device`` budget lasts, else ``to_host``."""
         t = t.detach()
-        if self.device_left is not None and t.device.type != "cpu":
+        if t.is_cpu:  # (most of a CPU capture: no device budget, no transfer)
+            return t.clone() if copy else t
+        if self.device_left is not None:
             size = t.numel() * t.element_size()
             if size <= self.device_left:
                 self.device_left -= size
@@ -231,14 +326,21 @@ class _Recorder:
                 self.progress(stage, min(done, total), total)
 
     # -- module hooks ---------------------------------------------------------------
+    # Every hooked call runs these two hooks: they only take note (records, references,
+    # versions, call order) and hand the tensors to the statistics, which summarise small
+    # ones together later (gradexplorer.stats.device.DeferredStats). Written for speed.
     def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if recomputation.recomputing():
+        if _graph_task_id() != -1:  # recomputation.recomputing(), without a call
             return None  # activation checkpointing re-running forward in backward
-        if recomputation.reentrant_checkpoint():
+        if not _grad_enabled() and recomputation.reentrant_checkpoint():
             raise recomputation.reentrant_refusal(name)
         self.call_count += 1
-        self._tick("forward", self.call_count, self.expected_calls)
-        self.running.append(name)
+        if self.ticking:
+            self._tick("forward", self.call_count, self.expected_calls)
+        running = self.running
+        if running:
+            running[-1][1] = True  # the module running now ran another one
+        running.append([name, False])
         self.onset.enter(name, args, kwargs)
         if name in self.selected:
             rec = self.records.get(name)
@@ -247,169 +349,271 @@ class _Recorder:
                 self.first_call[name] = self.call_count
             call = CallRecord()
             rec.calls.append(call)
-            self.open_calls.setdefault(name, []).append(call)
-            self.open_inputs.setdefault(name, []).append(
-                [(a, a._version) for a in args if isinstance(a, torch.Tensor)])
+            opened = self.open_calls.get(name)
+            if opened is None:
+                self.open_calls[name] = [call]
+                self.open_inputs[name] = [[(a, a._version) for a in args if isinstance(a, torch.Tensor)]]
+            else:
+                opened.append(call)
+                self.open_inputs[name].append([(a, a._version) for a in args if isinstance(a, torch.Tensor)])
+            self._watch_input(first_tensor_input(args, kwargs), call)
+        elif name in self.computing:
             x = first_tensor_input(args, kwargs)
-            if x is not None and x.requires_grad:
-                self._watch_grad(x, call, "grad_input")
+            self.open_candidates.setdefault(name, []).append(
+                (self.call_count, [(a, a._version) for a in args if isinstance(a, torch.Tensor)],
+                 x if x is None else (x, x._version)))
         return None
 
-    def forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict,
-                     output: Any) -> torch.Tensor | None:
-        if recomputation.recomputing():
+    def _watch_input(self, x: torch.Tensor | None, call: CallRecord) -> None:
+        if x is None:
+            call.absent["grad_input"] = NO_TENSOR_INPUT
+        elif not x.requires_grad:
+            call.absent["grad_input"] = NO_GRAD_REQUIRED
+        else:
+            self._watch_grad(x, call, "grad_input")
+
+    def _leave(self, name: str) -> bool:
+        """Take the call of ``name`` off the running calls; whether it ran another module."""
+        for i in range(len(self.running) - 1, -1, -1):
+            if self.running[i][0] == name:
+                ran_other = bool(self.running[i][1])
+                # Calls above it that never returned (a child whose exception the module
+                # caught) end with it.
+                del self.running[i:]
+                return ran_other
+        return True
+
+    def forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> torch.Tensor | None:
+        if _graph_task_id() != -1:  # recomputation.recomputing()
             return None
-        if self.running and self.running[-1] == name:
-            self.running.pop()
-        if name not in self.selected:
-            _, y = primary_tensor(output)
-            self.onset.leave(name, module, y)
-            if self.cancel is not None:
-                # Backward reaches selected layers only near its end when they sit near the
-                # input: a check at every module's output keeps cancel prompt.
-                if y is not None and y.requires_grad:
-                    self.hooks.tensor(y, self._cancel_check)
+        ran_other = self._leave(name)
+        if name in self.selected:
+            call = self.open_calls[name].pop()
+            inputs = self.open_inputs[name].pop()
+        elif name in self.computing and self.open_candidates.get(name):
+            start, inputs, first = self.open_candidates[name].pop()
+            if ran_other:  # its children computed: they are recorded, not it
+                self._not_recorded(name, module, output)
+                return None
+            call = self._computing_call(name, module, start, first)
+        else:
+            self._not_recorded(name, module, output)
             return None
-        call = self.open_calls[name].pop()
-        inputs = self.open_inputs[name].pop()
+        return self._record_output(name, module, output, call, inputs)
+
+    def _not_recorded(self, name: str, module: nn.Module, output: Any) -> None:
+        _, y = primary_tensor(output)
+        self.onset.leave(name, module, y)
+        if self.cancel is not None:
+            # Backward reaches selected layers only near its end when they sit near the
+            # input: a check at every module's output keeps cancel prompt.
+            if y is not None and y.requires_grad:
+                self.hooks.tensor(y, self._cancel_check)
+        return None
+
+    def _computing_call(self, name: str, module: nn.Module, start: int,
+                        first: tuple[torch.Tensor, int] | None) -> CallRecord:
+        """The record of a call in which a container ran no other module: it is recorded as
+        a leaf is (its gradient at the input taken now, on the value it was called with)."""
+        rec = self.records.get(name)
+        if rec is None:
+            rec = self.records[name] = LayerRecord(type(module).__name__)
+            self.first_call[name] = start
+        call = CallRecord()
+        rec.calls.append(call)
+        if first is not None and first[0]._version != first[1]:
+            call.absent["grad_input"] = CHANGED_INPUT
+        else:
+            self._watch_input(None if first is None else first[0], call)
+        return call
+
+    def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord,
+                       inputs: list) -> torch.Tensor | None:
         key, y = primary_tensor(output)
         call.output_key = key
         if y is None:
+            call.absent.update(activation=NO_TENSOR_OUTPUT, grad_output=NO_TENSOR_OUTPUT)
             self.onset.leave(name, module, None)
             return None
         replaced = None
-        if key == "" and y.requires_grad and any(a is y and v == y._version for a, v in inputs):
+        seen_as = y
+        if key == "" and y.requires_grad and _handed_through(y, inputs):
             # The module hands its input through unchanged (Identity, eval-mode Dropout).
             # Its "output gradient" is what flows back through the value it returned, not
             # every use of its input: give the output an identity of its own.
-            seen_input = self.activations.get((id(y), y._version))
             replaced = y.clone()
-            if seen_input is not None and seen_input[0]() is y:
-                self.activations[(id(replaced), replaced._version)] = (weakref.ref(replaced), *seen_input[1:])
             y = replaced
         call.shape = tuple(y.shape)
-        call.dtype = str(y.dtype).replace("torch.", "")
+        call.dtype = _dtype_name(y.dtype)
         index = len(self.records[name].calls) - 1
         self.call_order.append([name, index])
-        value_key = (id(y), y._version)
-        seen = self.activations.get(value_key)
-        if seen is not None and seen[0]() is y:
-            # The same value again (Identity, eval-mode Dropout, a block returning its
-            # last child's output): one summary and one copy serve both records.
-            call.stats["activation"], call.activation = seen[1], seen[2]
-        else:
-            # Whether what is recorded of y relies on y staying as it is until the end of
-            # forward (kept without a copy, or summarised there): checked by check_outputs.
-            relies = False
-            # Known from the last run not to be modified later: kept without a copy where
-            # it stays (on the CPU, or on the device with keep_on_device), and with batched
-            # statistics summarised together with the other such outputs after forward.
-            unmodified = self.mutated is not None and self.mutated.get((name, index)) is False
-            with torch.no_grad():
-                if unmodified and self.summaries.batches(y):
-                    call.stats["activation"] = self.summaries.summarize_later(y)
-                    relies = True
-                    if self.full:
-                        call.activation = self.keep(y, copy=False)
-                elif not self.full:
-                    call.stats["activation"] = self.summaries.summarize(y)
-                elif y.device.type == "cpu" and unmodified:
-                    call.stats["activation"] = self.summaries.summarize(y)
-                    call.activation = y.detach()
-                    relies = True
-                else:
-                    # A copy now: a later in-place op (ReLU(inplace), +=) would change y. On
-                    # the CPU the pass that computes the statistics writes it (one read).
-                    call.stats["activation"], call.activation = self.summaries.summarize_copy(y)
-                    if call.activation is None:
-                        call.activation = self.keep(y, copy=not unmodified)
-                        relies = y.numel() > 0 and call.activation.data_ptr() == y.data_ptr()
-            self.activations[value_key] = (weakref.ref(y), call.stats["activation"], call.activation)
-            if self.track_outputs:
-                self.outputs.append((name, index, y, y._version, relies))
-        self.onset.leave(name, module, y, call.stats["activation"])
+        # One key and one weak reference for y, shared by the maps below.
+        known = ((id(y), y._version), weakref.ref(y))
+        stats, call.activation = self._activation(y, seen_as, known)
+        call.stats["activation"] = stats
+        self.onset.leave(name, module, y, stats, known)
         if y.requires_grad:
-            self._watch_grad(y, call, "grad_output")
+            self._watch_grad(y, call, "grad_output", known)
+        else:
+            call.absent["grad_output"] = NO_GRAD_REQUIRED
         return replaced
+
+    def _activation(self, y: torch.Tensor, seen_as: torch.Tensor,
+                    known: tuple[tuple[int, int], weakref.ref]) -> tuple[TensorStats, torch.Tensor | None]:
+        """The statistics of ``y`` and what a full capture keeps of it, as it is now.
+
+        Always taken now, a copy in full mode: a later in-place operation would change
+        ``y``, and one through ``.data`` (or a kernel of the model's own) does so without
+        bumping its version counter, so no earlier capture, nor the counter, can promise
+        that ``y`` stays as it is. ``seen_as`` is the tensor whose value ``y`` is (itself,
+        or the input a pass-through module cloned): when an earlier call of this forward
+        returned that very value and its copy is at hand on the same device, the two are
+        compared, element for element, and the earlier record serves both when they are
+        equal (an Identity, a block returning its last child's output).
+        """
+        value_key = known[0] if seen_as is y else (id(seen_as), seen_as._version)
+        seen = self.activations.get(value_key)
+        # No torch.no_grad() here (entering and leaving it cost a microsecond per call):
+        # every tensor op below is on a detached y or returns no tensor.
+        # Compared on the CPU only: on a GPU the comparison would wait for the device,
+        # where summarising and copying again are cheap.
+        if (seen is not None and seen[0]() is seen_as and seen[2] is not None
+                and seen[2].is_cpu and y.is_cpu and _same_values(seen[2], y.detach())):
+            stats, kept = seen[1], seen[2]
+        elif self.summaries.batches(y):
+            # Batched statistics: summarised with the others at the end of forward, from
+            # a copy taken now (the one a full capture keeps, when it stays on y's device).
+            kept = self.keep(y, copy=True) if self.full else None
+            taken = kept if kept is not None and kept.device == y.device else y.detach().clone()
+            stats = self.summaries.summarize_later(taken)
+        elif not self.full:
+            stats, kept = self.summaries.summarize(y), None
+        else:
+            # On the CPU the pass that computes the statistics writes the copy (one read).
+            stats, kept = self.summaries.summarize_copy(y)
+            if kept is None:
+                kept = self.keep(y, copy=True)
+        if y is seen_as:
+            self.activations[value_key] = (known[1], stats, kept)
+        else:  # a pass-through module's clone: the next one may hand it on
+            self.activations[value_key] = (weakref.ref(seen_as), stats, kept)
+            self.activations[known[0]] = (known[1], stats, kept)
+        return stats, kept
 
     # -- gradients ------------------------------------------------------------------
     def _cancel_check(self, grad: torch.Tensor) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise CaptureCancelled()
 
-    def _watch_grad(self, t: torch.Tensor, call: CallRecord, attr: str) -> None:
-        key = (id(t), t._version)
+    def _watch_grad(self, t: torch.Tensor, call: CallRecord, attr: str,
+                    known: tuple[tuple[int, int], weakref.ref] | None = None) -> None:
+        key = (id(t), t._version) if known is None else known[0]
         entry = self.grad_sinks.get(key)
         if entry is not None and entry[0]() is t:
             entry[1].append((call, attr))
             return
         sinks: list[tuple[CallRecord, str]] = [(call, attr)]
-        self.grad_sinks[key] = (weakref.ref(t), sinks)
+        self.grad_sinks[key] = (weakref.ref(t) if known is None else known[1], sinks)
         self.grads_expected += 1
+        if t.is_leaf:  # (no grad_fn: is_leaf reads a flag, grad_fn builds a Python object)
+            # A leaf (a tensor the forward made to require grad: a force field's positions):
+            # its hook fires only if the backward computes its gradient, which
+            # torch.autograd.grad does for the tensors it is asked for.
+            self.leaves.append(t)
+        elif self.edge_bytes_left > 0:
+            node = t.grad_fn
+            size = t.numel() * t.element_size()
+            # Asked of the backward itself (see _take_edge_grads) rather than handed to a
+            # hook: a small tensor, not a view (an in-place op on a view can reroute its
+            # gradient past its node: Hooks.gradient's case), whose node has no other
+            # output (there, a hook tells an output the target does not use from one the
+            # backward never reached).
+            if (node is not None and size <= _EDGE_MAX_BYTES and not t._is_view()
+                    and len(node._input_metadata) == 1):
+                self.edge_bytes_left -= size
+                self.edges.append(GradientEdge(node, t.output_nr))
+                self.edge_sinks.append(sinks)
+                if self.ticking and len(self.edges) % _TICK_EVERY == 0:
+                    self.hooks.tensor(t, functools.partial(self._tick_in_backward, _TICK_EVERY))
+                return
+        # Also when an in-place op on a view rebases its history (Hooks.gradient); only in
+        # the capture's own backward, not in one the model's forward runs itself.
+        self.hooks.gradient(t, functools.partial(self._on_grad, sinks), when=self.backward_running)
 
-        def on_grad(grad: torch.Tensor, sinks: list[tuple[CallRecord, str]] = sinks) -> None:
-            self.grads_seen += 1
+    def _on_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None) -> None:
+        """A gradient handed to a hook during the capture's own backward."""
+        self.grads_seen += 1
+        if self.ticking:
             self._tick("backward", self.grads_seen, self.grads_expected)
-            seen = self.grad_values.get(id(grad))
-            if seen is not None and seen[0]() is grad and seen[1] == grad._version:
-                stats, kept = seen[2], seen[3]
-            else:
-                with torch.no_grad():
-                    stats = self.summaries.summarize_later(grad)
-                    # Autograd does not modify a gradient it has handed to a hook while we
-                    # hold it, so on the CPU it is kept as it is (the tests compare after
-                    # backward).
-                    kept = self.keep(grad, copy=False) if self.full else None
-                self.grad_values[id(grad)] = (weakref.ref(grad), grad._version, stats, kept)
-            self.onset.grad(stats, sinks)
+        node = _current_node()
+        self._record_grad(sinks, grad, node._sequence_nr() if node is not None else -1)
+
+    def _record_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None, order: int) -> None:
+        if grad is None:
             for rec, name in sinks:
-                rec.stats[name] = stats
-                if kept is not None:
-                    setattr(rec, name, kept)
-
-        # Also when an in-place op on a view rebases its history (Hooks.gradient).
-        self.hooks.gradient(t, on_grad)
-
-    def check_outputs(self) -> None:
-        """After forward: learn which outputs were modified in place; rerun if one that was
-        kept without a copy, or left to be summarised now, was. Then summarise the outputs
-        left for now (batched statistics), together."""
-        if not self.track_outputs:
+                rec.absent[name] = UNUSED_OUTPUT
             return
-        known = _MUTATED_OUTPUTS.setdefault(self.model, {})
-        surprise = False
-        for n, i, t, v, relies in self.outputs:
-            changed = t._version != v
-            known[(n, i)] = changed
-            surprise |= changed and relies
-        self.outputs.clear()
-        if surprise:
-            raise _CopyNeeded()
-        self.summaries.flush()
+        seen = self.grad_values.get(id(grad))
+        if seen is not None and seen[1] == grad._version and seen[0]() is grad:
+            stats, kept = seen[2], seen[3]
+        else:
+            # (No torch.no_grad(): the statistics and keep detach the gradient.)
+            stats = self.summaries.summarize_later(grad)
+            # Autograd does not modify a gradient it has handed to a hook while we hold
+            # it, so on the CPU it is kept as it is (the tests compare after backward).
+            kept = self.keep(grad, copy=False) if self.full else None
+            self.grad_values[id(grad)] = (weakref.ref(grad), grad._version, stats, kept)
+        self.onset.grad(stats, sinks, order)
+        for rec, name in sinks:
+            rec.stats[name] = stats
+            if kept is not None:
+                setattr(rec, name, kept)
+
+    def _take_edge_grads(self, grads: Sequence[torch.Tensor | None]) -> None:
+        """The gradients ``torch.autograd.grad`` returned for ``edges``, recorded as hooks
+        would have recorded them (a ``None``: the backward never reached the tensor)."""
+        for edge, sinks, grad in zip(self.edges, self.edge_sinks, grads):
+            if grad is not None:
+                self._record_grad(sinks, grad, edge.node._sequence_nr())
+        self.grads_seen += len(self.edges) - self.edge_ticked
+
+    def _tick_in_backward(self, done: int, grad: torch.Tensor | None) -> None:
+        """Progress and cancel in a backward whose small gradients come back at its end
+        (``edges``): checked where it starts (``done`` 0) and at every ``_TICK_EVERY``-th
+        of them (``done``: the edges' gradients computed by then, about)."""
+        if self.backward_running():
+            self.edge_ticked += done
+            self.grads_seen += done
+            self._tick("backward", self.grads_seen, self.grads_expected)
 
     def forward_failed_at(self) -> str:
-        return self.running[-1] if self.running else ""
+        return self.running[-1][0] if self.running else ""
 
 
 @contextmanager
-def _module_hooks(model: nn.Module, recorder: _Recorder, hooks: Hooks) -> Iterator[None]:
+def _module_hooks(structure: ModelStructure, recorder: _Recorder, hooks: Hooks) -> Iterator[None]:
     """Hooks on every module (progress, cancel, where forward failed), recording hooks on
     the selected ones, all through ``hooks``, which removes them; the recorder forgets the
     tensors it saw on exit, also when forward or backward raised."""
     recorder.hooks = hooks
+    pre, post = recorder.pre_hook, recorder.forward_hook
     try:
-        for name, module in model.named_modules():
-            hooks.forward_pre(module, lambda m, a, k, _n=name: recorder.pre_hook(_n, m, a, k), with_kwargs=True)
-            hooks.forward(module, lambda m, a, k, o, _n=name: recorder.forward_hook(_n, m, a, k, o),
-                          with_kwargs=True)
+        for name, module in structure.named_modules():
+            # partial, not a lambda: one Python frame less in every hooked call
+            hooks.forward_pre(module, functools.partial(pre, name), with_kwargs=True)
+            # (without kwargs: the pre-hook took what the call was given; cheaper to register)
+            hooks.forward(module, functools.partial(post, name))
         yield
     finally:
         recorder.grad_sinks.clear()
+        recorder.leaves.clear()
+        recorder.edges.clear()
+        recorder.edge_sinks.clear()
         recorder.grad_values.clear()
         recorder.activations.clear()
 
 
-def _embedding_outputs(model: nn.Module, x: torch.Tensor, hooks: Hooks) -> list[tuple[str, torch.Tensor]]:
+def _embedding_outputs(structure: ModelStructure, x: torch.Tensor, hooks: Hooks) -> list[tuple[str, torch.Tensor]]:
     """Hooks that collect, as forward runs, the output of each ``nn.Embedding`` call that
     reads the token ids ``x`` (a view of them counts: models reshape their ids), first
     first. The list fills during forward."""
@@ -422,9 +626,8 @@ def _embedding_outputs(model: nn.Module, x: torch.Tensor, hooks: Hooks) -> list[
             return
         found.append((name, output))
 
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding):
-            hooks.forward(module, lambda m, a, k, o, _n=name: grab(_n, a, k, o), with_kwargs=True)
+    for name, module in structure.of_type(nn.Embedding):
+        hooks.forward(module, lambda m, a, k, o, _n=name: grab(_n, a, k, o), with_kwargs=True)
     return found
 
 
@@ -452,7 +655,8 @@ def capture(
     Parameters
     ----------
     model : nn.Module
-        Left as it was: hooks removed, modes and BatchNorm statistics restored, ``.grad``
+        Left as it was: hooks removed, modes and every buffer restored (BatchNorm's running
+        statistics, a quantization-aware model's observers, in eval mode too), ``.grad``
         of every parameter untouched, device restored. A model under ``torch.compile`` is
         captured through its eager module (``model._orig_mod``, whose names the layers
         use); layers inside a compiled submodule are refused
@@ -461,8 +665,10 @@ def capture(
         The batch ``(B, ...)``; it is not modified. For a model of several inputs, all its
         arguments (``gradexplorer.capturing.inputs.ModelInputs``): the first tensor is the recorded input.
     layers : None, str, iterable of str, or callable
-        Modules to record: ``None`` for every leaf module, names or glob patterns
-        (``"layer4.*"``), or a predicate ``(name, module) -> bool``.
+        Modules to record: ``None`` for the default selection (every leaf module, every
+        module that owns trainable parameters itself, the root ``""`` included, and each
+        module in a call that ran no other module: the module docstring), names or glob
+        patterns (``"layer4.*"``), or a predicate ``(name, module) -> bool``.
     target : str or Target
         The scalar to differentiate (``gradexplorer.capturing.targets.parse_target``).
     labels : Tensor, optional
@@ -516,12 +722,15 @@ def capture(
         train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
         hist_exact_limit=hist_exact_limit, autocast=autocast, keep_on_device=keep_on_device,
     )
-    refuse_sharded_params(
+    eager = compiled.eager_root(model)
+    # The module tree as the last capture of this model walked it, when it is the same
+    # (one pass over the child dictionaries): no walk of it below.
+    structure = structure_of(eager)
+    refuse_sharded_params(  # (the eager module has the compiled one's parameters)
         model, "a capture",
         "capture the model before sharding it, watch its training with gradexplorer.watch (which merges "
         "the shards), or capture a dataset with torchrun ... gradexplorer capture --batch-size N --stats-only "
-        "--shard fsdp, which shards the model itself.")
-    eager = compiled.eager_root(model)
+        "--shard fsdp, which shards the model itself.", structure.modules)
     if eager is not model:
         # Hooks on a compiled model that has run never fire: the eager module has the
         # same parameters, and its names lose the wrapper's prefix.
@@ -532,23 +741,27 @@ def capture(
             layers = [str(n).removeprefix(compiled.ORIG_PREFIX) for n in layers]
         settings = replace(settings, layers=layers)
     with _old_objects_frozen():
-        try:
-            return _capture_once(model, inputs, settings, _MUTATED_OUTPUTS.get(model))
-        except _CopyNeeded:
-            return _capture_once(model, inputs, settings, {})
+        return _capture_once(model, inputs, settings, structure)
 
 
 @contextmanager
 def _old_objects_frozen() -> Iterator[None]:
-    """The objects that exist before the capture are left out of the garbage collector's
-    passes while it runs (``gc.freeze``), then put back. The capture's few thousand small
-    objects trigger collections, and a full one walks every object of the process (over
-    400,000 with torch, torchvision and numba loaded): 0.46 s, a third of a whole capture
-    of efficientnet_b0 at batch 8. Young garbage is still collected as usual."""
+    """No garbage collection while the capture runs. Its thousands of small objects (records,
+    hooks' closures and handles, weak references) trigger collections: a full one walks
+    every object of the process (over 400,000 with torch, torchvision and numba loaded), a
+    third of a whole capture of efficientnet_b0 at batch 8, and the young ones were a tenth
+    of a statistics-only capture of a 200-layer MLP (docs/benchmarks.md). Reference counting
+    still frees everything but cycles, which the collector takes after the capture, as
+    usual. The objects that exist before it are also left out of later passes while it
+    runs (``gc.freeze``), then put back."""
+    enabled = gc.isenabled()
     gc.freeze()
+    gc.disable()
     try:
         yield
     finally:
+        if enabled:
+            gc.enable()
         gc.unfreeze()
 
 
@@ -585,7 +798,7 @@ def _autocast(device: torch.device, autocast: str | None) -> AbstractContextMana
 
 
 def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: _CaptureSettings,
-                  mutated: dict | None) -> Capture:
+                  structure: ModelStructure) -> Capture:
     layers, target, labels, mode = settings.layers, settings.target, settings.labels, settings.mode
     input_grad, device, train, meta = settings.input_grad, settings.device, settings.train, settings.meta
     progress, cancel, expected_calls = settings.progress, settings.cancel, settings.expected_calls
@@ -600,27 +813,32 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             f"The input batch is a {type(inputs).__name__}, not a tensor.", "Load images or a tensor file."
         )
     target = parse_target(target)
-    selected = resolve_layers(model, layers)
-    compiled.refuse_compiled_layers(model, selected)
+    selected = structure.selected(layers)
+    compiled.refuse_compiled_layers(model, selected, structure.of_type)
+    # The default selection also records each container in a call that ran no other
+    # module (selection's docstring): nn.MultiheadAttention uses out_proj's weight itself.
+    computing = set(structure.containers()) - set(selected) if layers is None else set()
     run_device = None
     if device is not None:
         run_device = devices.resolve_device(device) if isinstance(device, str) else torch.device(device)
-    n_modules = sum(1 for _ in model.modules())
     recorder = _Recorder(
         model, selected, mode, run_device or model_device(model) or torch.device("cpu"),
-        progress, cancel, expected_calls or n_modules,
-        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit, mutated,
-        keep_on_device=settings.keep_on_device,
+        progress, cancel, expected_calls or len(structure),
+        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit,
+        keep_on_device=settings.keep_on_device, computing=computing, structure=structure,
     )
     dev = recorder.device
     t0 = time.perf_counter()
-    with hooks_installed(model, train=train, device=run_device) as hooks, _module_hooks(model, recorder, hooks):
+    with (hooks_installed(model, train=train, device=run_device, modules=structure.modules) as hooks,
+          _module_hooks(structure, recorder, hooks)):
+        # model.parameters(): each trainable parameter once, in the same order
         params = []
         seen = set()
-        for p in model.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
+        for m in structure.modules:
+            for p in m._parameters.values():
+                if p is not None and p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
         try:
             x = inputs.to(dev)
             if several is not None:
@@ -637,7 +855,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             x = x.detach().requires_grad_(True)
         # Token ids have no gradient: the input gradient is then taken at their vectors,
         # the output of the embedding that reads them.
-        embedded = _embedding_outputs(model, x, hooks) if input_grad and not x.is_floating_point() else None
+        embedded = _embedding_outputs(structure, x, hooks) if input_grad and not x.is_floating_point() else None
         try:
             with torch.enable_grad(), _autocast(dev, settings.autocast):
                 output = several.call(model, x) if several is not None else model(x)
@@ -649,14 +867,16 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             where = recorder.forward_failed_at()
             ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"] is not None]
             ran_text = ", ".join(ran[-5:]) if ran else "none"
-            at = f" in module '{where}' ({type(model.get_submodule(where)).__name__})" if where else ""
+            at = f" in module '{where}' ({type(structure.module(where)).__name__})" if where else ""
             raise CaptureError(
                 f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
                 f"{len(ran)} of {len(selected)}).",
                 forward_fix(exc),
             ) from exc
-        recorder.check_outputs()
+        # The outputs' copies left for batched statistics are summarised now, before
+        # backward needs the memory.
+        recorder.summaries.flush()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
         y = select_output(output, target.output_key)
         scalar = target_scalar(output, target, labels)
@@ -675,8 +895,20 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         grad_inputs = list(params) + ([x] if want_x_grad and x.requires_grad else [])
         if emb_out is not None:
             grad_inputs.append(emb_out)
+        asked = {id(t) for t in grad_inputs}
+        for leaf in recorder.leaves:
+            if id(leaf) not in asked:
+                asked.add(id(leaf))
+                grad_inputs.append(leaf)
+        if recorder.ticking and recorder.edges:
+            # The edges' gradients come back at the end: check progress and cancel where
+            # backward starts (and at the hooks' gradients, as ever).
+            hooks.tensor(scalar, functools.partial(recorder._tick_in_backward, 0))
+        recorder.own_backward = True  # the gradient hooks record from here on (_watch_grad)
         try:
-            grads = torch.autograd.grad(scalar, grad_inputs, allow_unused=True)
+            # (tensors and gradient edges in one list: torch.autograd.grad takes either)
+            grads = torch.autograd.grad(scalar, cast(list[torch.Tensor], [*grad_inputs, *recorder.edges]),
+                                        allow_unused=True)
         except GradExplorerError:
             raise
         except Exception as exc:
@@ -686,18 +918,30 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
                 f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                 "This model may use operations without gradients.",
             ) from exc
+        finally:
+            recorder.own_backward = False
+        recorder._take_edge_grads(grads[len(grad_inputs):])
         grad_of = {id(p): g for p, g in zip(grad_inputs, grads)}
         recorder._tick("backward", recorder.grads_expected, recorder.grads_expected, force=True)
         order = sorted(recorder.records, key=recorder.first_call.__getitem__)
         not_called = [n for n in selected if n not in recorder.records]
         layers_out: dict[str, LayerRecord] = {}
         for name in order + not_called:
-            rec = recorder.records.get(name) or LayerRecord(type(model.get_submodule(name)).__name__)
-            module = model.get_submodule(name)
-            for pname, p in module.named_parameters(recurse=False):
+            module = structure.module(name)
+            rec = recorder.records.get(name) or LayerRecord(type(module).__name__)
+            for call in rec.calls:
+                for kind in ("grad_output", "grad_input"):
+                    if call.stats[kind] is None and kind not in call.absent:
+                        call.absent[kind] = NOT_REACHED  # hooked, and never reached by the backward
+            own: set[int] = set()
+            for pname, p in module._parameters.items():  # named_parameters(recurse=False)
+                if p is None or id(p) in own:
+                    continue
+                own.add(id(p))
                 g = grad_of.get(id(p)) if p.requires_grad else None
                 rec.param_stats[pname] = rec.param_grads[pname] = None
                 if g is None:
+                    rec.param_absent[pname] = NOT_REACHED if p.requires_grad else FROZEN
                     continue
                 # autograd.grad returned a tensor of our own that nothing modifies later:
                 # summarised with the gradients when they are batched, kept as it is on

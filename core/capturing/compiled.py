@@ -10,7 +10,7 @@ one are refused in words.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
@@ -33,11 +33,17 @@ def _optimized_module() -> type | None:
     return getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
 
 
-def compiled_modules(model: nn.Module) -> list[str]:
-    """Qualified names of the modules wrapped by ``torch.compile`` (the root is ``""``)."""
+def compiled_modules(model: nn.Module,
+                     of_type: Callable[[type], list[tuple[str, nn.Module]]] | None = None) -> list[str]:
+    """Qualified names of the modules wrapped by ``torch.compile`` (the root is ``""``).
+    ``of_type``: the (name, module) pairs of a type in the model, when known without a
+    walk (``gradexplorer.capturing.structure.ModelStructure.of_type``, which leaves the
+    root out)."""
     kind = _optimized_module()
     if kind is None:
         return []
+    if of_type is not None:
+        return ([""] if isinstance(model, kind) else []) + [name for name, _ in of_type(kind)]
     return [name for name, m in model.named_modules() if isinstance(m, kind)]
 
 
@@ -50,15 +56,17 @@ def eager_root(model: nn.Module) -> nn.Module:
     return model
 
 
-def refuse_compiled_layers(model: nn.Module, selected: Sequence[str]) -> None:
+def refuse_compiled_layers(model: nn.Module, selected: Sequence[str],
+                           of_type: Callable[[type], list[tuple[str, nn.Module]]] | None = None) -> None:
     """Refuse layers that sit inside a compiled submodule: their hooks would never fire.
+    ``of_type`` as in ``compiled_modules``.
 
     Raises
     ------
     GradExplorerError
         Naming the compiled submodules and how to capture them.
     """
-    compiled = [c for c in compiled_modules(model) if c]
+    compiled = [c for c in compiled_modules(model, of_type) if c]
     if not compiled:
         return
     inside = [n for n in selected if any(n == c or n.startswith(c + ".") for c in compiled)]

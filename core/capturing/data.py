@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 
@@ -24,6 +24,27 @@ CallStats: TypeAlias = dict[str, TensorStats | None]
 
 def _no_stats() -> CallStats:
     return {"activation": None, "grad_output": None, "grad_input": None}
+
+
+#: Why a gradient is absent, in words (``CallRecord.absent``, ``LayerRecord.param_absent``).
+#: Autograd computed the module's backward but gave no gradient for this tensor: one output
+#: of several that the target does not use (``nn.LSTM``'s sequence output when only ``h_n``
+#: is read).
+UNUSED_OUTPUT = "autograd gave none: the target does not use this output"
+#: The backward from the target never reached the tensor.
+NOT_REACHED = "the target does not depend on it"
+#: The tensor does not require a gradient (the input batch, a value computed without
+#: gradient or from frozen parameters only).
+NO_GRAD_REQUIRED = "it does not require a gradient"
+#: The call had no tensor argument to take a gradient at.
+NO_TENSOR_INPUT = "the call has no tensor input"
+#: The call's output holds no tensor.
+NO_TENSOR_OUTPUT = "the output holds no tensor"
+#: A container recorded for a call in which it ran no other module changed its input in
+#: place during that call: the gradient at the value it was called with cannot be taken.
+CHANGED_INPUT = "the module changed its input in place"
+#: A parameter with ``requires_grad=False``.
+FROZEN = "frozen (requires_grad=False)"
 
 
 @dataclass
@@ -49,6 +70,10 @@ class CallRecord:
         Which element of a tuple/dict output was recorded ("" for a plain tensor).
     shape, dtype : tuple, str
         The activation's shape and dtype (also known in statistics-only mode).
+    absent : dict of str to str
+        Why a tensor kind has no statistics, in words, per kind (``"grad_output"``:
+        ``UNUSED_OUTPUT``, ``NOT_REACHED``, ``NO_GRAD_REQUIRED``...); a kind that was
+        recorded is not in it. Empty in captures that predate it.
     """
 
     activation: torch.Tensor | None = None
@@ -58,6 +83,7 @@ class CallRecord:
     output_key: str = ""
     shape: tuple = ()
     dtype: str = ""
+    absent: dict[str, str] = field(default_factory=dict)
 
     def tensor(self, kind: str) -> torch.Tensor | None:
         """``kind`` is ``activation``, ``grad_output`` or ``grad_input``."""
@@ -66,12 +92,51 @@ class CallRecord:
 
 @dataclass
 class LayerRecord:
-    """Everything captured for one module."""
+    """Everything captured for one module.
+
+    Attributes
+    ----------
+    type : str
+        The module's class name.
+    calls : list of CallRecord
+        One per call during forward; empty when the module never ran (its parent used its
+        weights directly, as ``nn.MultiheadAttention`` does with ``out_proj``): see
+        ``called``.
+    param_grads, param_stats : dict
+        The gradient (full captures) and statistics of each parameter the module owns
+        directly (``named_parameters(recurse=False)``), by its own name (``"weight"``);
+        ``None`` where it has none.
+    param_absent : dict of str to str
+        Why a parameter has no gradient, in words (``FROZEN``, ``NOT_REACHED``).
+    """
 
     type: str
     calls: list[CallRecord] = field(default_factory=list)
     param_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     param_stats: dict[str, TensorStats | None] = field(default_factory=dict)
+    param_absent: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def called(self) -> bool:
+        """Whether the module ran during the captured forward: a layer that never ran has no
+        gradient because it computed nothing, not because no gradient reached it."""
+        return bool(self.calls)
+
+
+#: How the root module's record (layer ``""``) is shown to people.
+ROOT_LABEL = "(model)"
+
+
+def layer_label(name: str) -> str:
+    """A layer's name as tables and messages show it: the root module, named ``""``, is
+    ``ROOT_LABEL``."""
+    return name or ROOT_LABEL
+
+
+def param_name(layer: str, pname: str) -> str:
+    """The full name of parameter ``pname`` of module ``layer``, as
+    ``model.named_parameters()`` gives it (the root module's name is ``""``)."""
+    return f"{layer}.{pname}" if layer else pname
 
 
 @dataclass
@@ -130,6 +195,38 @@ class Capture:
     def mode(self) -> str:
         return self.meta.get("mode", "full")
 
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame with a row per layer, call and kind (and per parameter
+        gradient) and its statistics (``gradexplorer.capturing.capture_table``)."""
+        from gradexplorer.capturing.capture_table import capture_frame  # pandas, imported when asked
+
+        return capture_frame(self)
+
+    def _repr_html_(self) -> str:
+        """The compact table a notebook shows (``gradexplorer.capturing.capture_table``)."""
+        from gradexplorer.capturing.capture_table import capture_html
+
+        return capture_html(self)
+
+    @property
+    def param_grads(self) -> dict[str, torch.Tensor | None]:
+        """Every captured parameter's gradient by full name, as ``model.named_parameters()``
+        names it (``"encoder.pos_embedding"``; a parameter the root module owns by its own
+        name, ``"class_token"``): ``None`` where there is none (statistics-only captures,
+        frozen parameters: ``param_absent`` says why). A parameter shared by two captured
+        modules (a tied embedding) is under both names."""
+        return {param_name(layer, p): g for layer, rec in self.layers.items() for p, g in rec.param_grads.items()}
+
+    @property
+    def param_stats(self) -> dict[str, TensorStats | None]:
+        """Every captured parameter gradient's statistics by full name (as ``param_grads``)."""
+        return {param_name(layer, p): s for layer, rec in self.layers.items() for p, s in rec.param_stats.items()}
+
+    @property
+    def param_absent(self) -> dict[str, str]:
+        """Why a captured parameter has no gradient, by full name (as ``param_grads``)."""
+        return {param_name(layer, p): why for layer, rec in self.layers.items() for p, why in rec.param_absent.items()}
+
     def iter_calls(self) -> Iterator[tuple[str, int, CallRecord]]:
         """Every (layer name, call index, record), in forward order by layer."""
         for name, layer in self.layers.items():
@@ -179,11 +276,12 @@ class Capture:
         for name, rec in self.layers.items():
             calls = [
                 CallRecord(mv(c.activation), mv(c.grad_output), mv(c.grad_input), c.stats,
-                           c.output_key, c.shape, c.dtype)
+                           c.output_key, c.shape, c.dtype, dict(c.absent))
                 for c in rec.calls
             ]
             layers[name] = LayerRecord(
-                rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats
+                rec.type, calls, {k: mv(v) for k, v in rec.param_grads.items()}, rec.param_stats,
+                dict(rec.param_absent),
             )
         inputs = None
         if self.model_inputs is not None:

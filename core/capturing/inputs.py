@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from gradexplorer.base.errors import GradExplorerError
+
+
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``value``, depth first: itself, or those inside its tuples, lists and
+    dicts (the order of a dict's entries)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _tensors_in(v)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors_in(v)
+
+
+def _mapped(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, containers rebuilt as they were
+    (a namedtuple stays one, a dict keeps its order and type where it can)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        items = {k: _mapped(v, fn) for k, v in value.items()}
+        kind: Any = type(value)
+        try:
+            return kind(items)
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be built from a dict
+            return items
+    if isinstance(value, tuple):
+        items_t = [_mapped(v, fn) for v in value]
+        return type(value)(*items_t) if hasattr(value, "_fields") else type(value)(items_t)
+    if isinstance(value, list):
+        return [_mapped(v, fn) for v in value]
+    return value
 
 
 @dataclass
@@ -14,16 +49,18 @@ class ModelInputs:
     """The arguments of one forward when a model takes several inputs.
 
     Optical flow takes two images, ``model(frame1, frame2)``; other models take keyword
-    arguments, ``model(input_ids=..., attention_mask=...)``. The first tensor is the
-    primary input (``Batch.tensor``): the one shown, and the one whose gradient the
-    capture records.
+    arguments, ``model(input_ids=..., attention_mask=...)``, or one argument that holds
+    several tensors, ``model((image, mask))`` or ``model({"x": x, "edges": e})``. The first
+    tensor, depth first, positional before keyword, is the primary input (``Batch.tensor``):
+    the one shown, and the one whose gradient the capture records.
 
     Attributes
     ----------
     args : tuple
-        Positional arguments, in order.
+        Positional arguments, in order; each a tensor, a value, or a tuple, list or dict
+        holding tensors.
     kwargs : dict of str to object
-        Keyword arguments.
+        Keyword arguments, the same.
     """
 
     args: tuple = ()
@@ -34,16 +71,27 @@ class ModelInputs:
 
     @property
     def primary(self) -> torch.Tensor:
-        """The first tensor, positional before keyword."""
-        return next(v for v in self._values() if isinstance(v, torch.Tensor))
+        """The first tensor, positional before keyword, depth first inside containers.
+
+        Raises
+        ------
+        GradExplorerError
+            No argument holds a tensor.
+        """
+        for value in self._values():
+            for t in _tensors_in(value):
+                return t
+        shown = [f"#{i + 1} {type(v).__name__}" for i, v in enumerate(self.args)]
+        shown += [f"{k}={type(v).__name__}" for k, v in self.kwargs.items()]
+        raise GradExplorerError(
+            f"the inputs hold no tensor ({', '.join(shown) or 'no arguments'});",
+            "pass the batch as a tensor among the arguments the model takes (alone, or in a tuple, list or dict).")
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
-        """The same arguments with ``fn`` applied to every tensor among them."""
-
-        def one(v: Any) -> Any:
-            return fn(v) if isinstance(v, torch.Tensor) else v
-
-        return ModelInputs(tuple(one(v) for v in self.args), {k: one(v) for k, v in self.kwargs.items()})
+        """The same arguments with ``fn`` applied to every tensor among them (inside
+        tuples, lists and dicts too)."""
+        return ModelInputs(tuple(_mapped(v, fn) for v in self.args),
+                           {k: _mapped(v, fn) for k, v in self.kwargs.items()})
 
     def to(self, device: torch.device | str) -> ModelInputs:
         """Every tensor moved to ``device``."""
@@ -63,13 +111,12 @@ class ModelInputs:
 
     def call(self, model: Callable[..., Any], primary: torch.Tensor | None = None) -> Any:
         """``model(*args, **kwargs)``, with ``primary`` (say, the primary input made to
-        require grad) in place of the primary tensor."""
+        require grad) in place of the primary tensor, wherever it sits."""
         if primary is None:
             return model(*self.args, **self.kwargs)
         first = self.primary
-        args = tuple(primary if v is first else v for v in self.args)
-        kwargs = {k: primary if v is first else v for k, v in self.kwargs.items()}
-        return model(*args, **kwargs)
+        swapped = self.map(lambda t: primary if t is first else t)
+        return model(*swapped.args, **swapped.kwargs)
 
 
 def call_model(model: Callable[..., Any], inputs: torch.Tensor | ModelInputs) -> Any:
@@ -84,7 +131,10 @@ def first_tensor_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     value whose gradient is recorded as ``grad_input``, and the graph's edge into the
     module. ``None`` when the call has no tensor argument.
     """
-    for value in list(args) + list(kwargs.values()):
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value
+    for value in kwargs.values():
         if isinstance(value, torch.Tensor):
             return value
     return None

@@ -458,26 +458,31 @@ def measure_capture_memory(capture: Capture) -> int:
 
 def largest_tensor_bytes(capture: Capture) -> int:
     """The largest single tensor a capture holds in its layers (activations, gradients,
-    parameter gradients and histograms; not the input and output)."""
+    parameter gradients and histograms; not the input and output): the storage each
+    tensor keeps alive, and each histogram's own bytes."""
     largest = 0
 
-    def see(t: object) -> None:
+    def see(t: object, *, row: bool = False) -> None:
+        # A tensor is judged by the storage it keeps alive; a histogram by itself,
+        # because the histograms of one batch of statistics are rows of one table
+        # (measure_capture_memory counts that table once).
         nonlocal largest
         if isinstance(t, torch.Tensor):
-            largest = max(largest, t.untyped_storage().nbytes())
+            size = t.numel() * t.element_size() if row else t.untyped_storage().nbytes()
+            largest = max(largest, size)
 
     for _name, _i, call in capture.iter_calls():
         for t in (call.activation, call.grad_output, call.grad_input):
             see(t)
         for stats in call.stats.values():
             if stats:
-                see(stats.get("hist"))
+                see(stats.get("hist"), row=True)
     for layer in capture.layers.values():
         for g in layer.param_grads.values():
             see(g)
         for stats in layer.param_stats.values():
             if stats:
-                see(stats.get("hist"))
+                see(stats.get("hist"), row=True)
     return largest
 
 
@@ -516,8 +521,37 @@ class Shortfall(NamedTuple):
     set_by_user: bool
 
 
+class Budget(NamedTuple):
+    """What a capture may use, read at one moment (:func:`read_budget`): the window reads it
+    once with its estimate, so that the figure it shows is the one its check applies (free
+    memory moves between a look and a click).
+
+    Attributes
+    ----------
+    ram : int or None
+        Bytes of RAM; None when the free memory cannot be told.
+    device : int or None
+        Bytes on the GPU a capture runs on (None on the CPU, or not told).
+    set_by_user : bool
+        The budget is ``CaptureOptions.memory_budget`` (else a share of the free memory).
+    """
+
+    ram: int | None
+    device: int | None
+    set_by_user: bool
+
+
+def read_budget(device: str | torch.device = "cpu", budget: int | None = None) -> Budget:
+    """The budget of a capture on ``device``: ``budget`` bytes when given (in RAM and on
+    the device alike), else ``BUDGET_SHARE`` of what is free on each, now."""
+    device = torch.device(device)
+    if budget is not None:
+        return Budget(budget, budget if device.type == "cuda" else None, True)
+    return Budget(budget_bytes("cpu"), budget_bytes(device) if device.type == "cuda" else None, False)
+
+
 def budget_shortfall(estimate: MemoryEstimate, device: str | torch.device = "cpu",
-                     budget: int | None = None) -> Shortfall | None:
+                     budget: int | Budget | None = None) -> Shortfall | None:
     """Where the capture does not fit, and by how much; None when it fits.
 
     The finished capture lives in RAM (full tensors are moved to the CPU); the forward and
@@ -528,24 +562,22 @@ def budget_shortfall(estimate: MemoryEstimate, device: str | torch.device = "cpu
     estimate : MemoryEstimate
     device : str or torch.device
         Where the capture runs.
-    budget : int, optional
-        Bytes the capture may use, in RAM and on the device (``CaptureOptions.memory_budget``);
-        default: ``BUDGET_SHARE`` of what is free on each.
+    budget : int or Budget, optional
+        Bytes the capture may use, in RAM and on the device (``CaptureOptions.memory_budget``),
+        or a budget read before (:func:`read_budget`); default: ``BUDGET_SHARE`` of what is
+        free on each, now.
 
     Returns
     -------
     Shortfall or None
     """
     device = torch.device(device)
-    set_by_user = budget is not None
-    ram = budget if budget is not None else budget_bytes("cpu")
+    limits = budget if isinstance(budget, Budget) else read_budget(device, budget)
     need_ram = estimate.total + (estimate.transient if device.type == "cpu" else 0)
-    if ram is not None and need_ram > ram:
-        return Shortfall(need_ram, ram, torch.device("cpu"), set_by_user)
-    if device.type == "cuda":
-        gpu = budget if budget is not None else budget_bytes(device)
-        if gpu is not None and estimate.transient > gpu:
-            return Shortfall(estimate.transient, gpu, device, set_by_user)
+    if limits.ram is not None and need_ram > limits.ram:
+        return Shortfall(need_ram, limits.ram, torch.device("cpu"), limits.set_by_user)
+    if device.type == "cuda" and limits.device is not None and estimate.transient > limits.device:
+        return Shortfall(estimate.transient, limits.device, device, limits.set_by_user)
     return None
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypedDict
 
 import torch
@@ -160,16 +160,31 @@ class _Later:
 
 
 class OnsetTracker:
-    """Finiteness of every module call's inputs and output during one capture."""
+    """Finiteness of every module call's inputs and output during one capture.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    has_children : callable, optional
+        ``has_children(name)``: whether the module of that name has children, when the
+        caller knows it without asking the module (``gradexplorer.capturing.structure``).
+
+    Per call it only takes note: the sources of the inputs and of the output (statistics
+    records, filled when the capture summarises the tensors, often later and together);
+    the onset is read from them at the end (``result``).
+    """
+
+    def __init__(self, has_children: Callable[[str], bool] | None = None) -> None:
+        self._has_children = has_children
+        self._device_flags = False  # whether a source is a flag left on a device (result)
         self._known: dict[tuple[int, int], tuple[Any, Any]] = {}
-        self._open: dict[str, list[tuple[int, list]]] = {}
+        self._open: dict[str, list[tuple[int, list, bool]]] = {}  # (index, inputs, any undecided)
         self._calls: dict[str, int] = {}
-        # Completed calls, innermost first: (name, call index, type, has children, inputs, output).
-        self.events: list[tuple[str, int, str, bool, list, Any]] = []
-        # Gradients in the order backward produced them: (stats, [(CallRecord, attr)]).
-        self.grads: list[tuple[TensorStats, list]] = []
+        # Completed calls, innermost first: (name, call index, module, inputs, output).
+        self.events: list[tuple[str, int, torch.nn.Module, list, Any]] = []
+        # Gradients with the place backward produced them at (the sequence number of the
+        # autograd node they are an input of: backward runs the highest first):
+        # (order, stats, [(CallRecord, attr)]).
+        self.grads: list[tuple[int, TensorStats, list]] = []
 
     def _source(self, t: torch.Tensor, stats: TensorStats | None = None, later: bool = False) -> Any:
         key = (id(t), t._version)
@@ -189,7 +204,11 @@ class OnsetTracker:
                 lo, hi = torch.aminmax(t.detach().reshape(-1) if not t.is_complex() else t.detach().abs().reshape(-1))
                 flag = ~(torch.isfinite(lo) & torch.isfinite(hi))
             # On the CPU the answer is free now; on a GPU it waits on the device until the end.
-            source = not bool(flag) if flag.device.type == "cpu" else flag
+            if flag.device.type == "cpu":
+                source = not bool(flag)
+            else:
+                source = flag
+                self._device_flags = True
         self._known[key] = (weakref.ref(t), source)
         return source
 
@@ -198,38 +217,72 @@ class OnsetTracker:
         index = self._calls.get(name, 0)
         self._calls[name] = index + 1
         inputs = []
-        for value in list(args) + list(kwargs.values()):
-            items = value if isinstance(value, (tuple, list)) else (value,)
-            for v in items:
-                if isinstance(v, torch.Tensor):
-                    # The root's inputs (the batch) at once: "the input batch holds NaN/Inf".
-                    inputs.append(self._source(v, later=name != ""))
-        self._open.setdefault(name, []).append((index, inputs))
+        undecided = False  # an input checked only if the output breaks (_Later)
+        later = name != ""  # the root's inputs (the batch) at once: "the input batch holds NaN/Inf"
+        known = self._known
+        for values in (args, kwargs.values()) if kwargs else (args,):
+            for value in values:
+                if isinstance(value, torch.Tensor):
+                    # An earlier output, as it was (most inputs): its source, without a call.
+                    seen = known.get((id(value), value._version))
+                    if seen is not None and seen[0]() is value:
+                        inputs.append(seen[1])
+                        continue
+                    source = self._source(value, later=later)
+                    undecided = undecided or type(source) is _Later
+                    inputs.append(source)
+                elif isinstance(value, (tuple, list)):
+                    for v in value:
+                        if isinstance(v, torch.Tensor):
+                            source = self._source(v, later=later)
+                            undecided = undecided or type(source) is _Later
+                            inputs.append(source)
+        opened = self._open.get(name)
+        if opened is None:
+            self._open[name] = [(index, inputs, undecided)]
+        else:
+            opened.append((index, inputs, undecided))
 
     def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None,
-              stats: TensorStats | None = None) -> None:
+              stats: TensorStats | None = None, known: tuple[tuple[int, int], weakref.ref] | None = None) -> None:
         """A module call ends with ``output`` (its primary tensor), summarised by ``stats``
-        when the capture recorded it."""
+        when the capture recorded it. ``known``: the output's (id, version) key and a weak
+        reference to it, when the caller has them already (one of each per output)."""
         stack = self._open.get(name)
         if not stack:
             return
-        index, inputs = stack.pop()
-        source = None if output is None else self._source(output, stats)
-        if any(isinstance(s, _Later) for s in inputs):
+        index, inputs, undecided_inputs = stack.pop()
+        if output is None:
+            source = None
+        elif known is not None and stats is not None:
+            seen = self._known.get(known[0])
+            if seen is not None and seen[0]() is output:
+                source = seen[1]
+            else:
+                source = stats
+                self._known[known[0]] = (known[1], stats)
+        else:
+            source = self._source(output, stats)
+        if undecided_inputs:
             # Undecided outputs (a device flag, statistics still to be filled) count as bad.
             undecided = isinstance(source, torch.Tensor) or (isinstance(source, dict) and not source)
             needed = undecided or _bad(source)
             inputs = [(s.resolve(self) if needed else None) if isinstance(s, _Later) else s for s in inputs]
-        has_children = next(module.children(), None) is not None
-        self.events.append((name, index, type(module).__name__, has_children, inputs, source))
+        # The module's class and whether it has children are asked only of the call that
+        # turns out to be the onset (result).
+        self.events.append((name, index, module, inputs, source))
 
     def known_stats(self, t: torch.Tensor, stats: TensorStats) -> None:
         """``stats`` summarise ``t`` as it is now (an output the capture recorded)."""
         self._known[(id(t), t._version)] = (weakref.ref(t), stats)
 
-    def grad(self, stats: TensorStats, sinks: list) -> None:
-        """A gradient the capture recorded, in the order backward produced them."""
-        self.grads.append((stats, sinks))
+    def grad(self, stats: TensorStats, sinks: list, order: int) -> None:
+        """A gradient the capture recorded; ``order``: the sequence number of the autograd
+        node it is an input of (backward runs nodes from the highest number down: on one
+        device thread, the node with the highest number left is always the next), so that
+        gradients handed to hooks as backward ran and ones asked of ``torch.autograd.grad``
+        take their places in one order."""
+        self.grads.append((order, stats, sinks))
 
     def result(self, layers: dict, param_order: list[str]) -> NonfiniteOnset | None:
         """The onset entry of the capture (``None`` when every value was finite).
@@ -242,7 +295,8 @@ class OnsetTracker:
             Layer names in forward order: a non-finite parameter gradient is reported,
             when no recorded activation gradient is, from the layer nearest the output.
         """
-        flags = [s for e in self.events for s in e[4] + [e[5]] if isinstance(s, torch.Tensor)]
+        flags = ([s for e in self.events for s in [*e[3], e[4]] if isinstance(s, torch.Tensor)]
+                 if self._device_flags else [])
         if flags:  # GPU flags: one transfer for all
             values = torch.stack(flags).cpu().tolist()
             resolved = {id(f): v for f, v in zip(flags, values)}
@@ -253,20 +307,22 @@ class OnsetTracker:
             return bool(resolved[id(s)]) if isinstance(s, torch.Tensor) else _bad(s)
 
         forward: ForwardOnset | None = None
-        for name, index, type_name, has_children, inputs, source in self.events:
+        for name, index, module, inputs, source in self.events:
             if bad(source) and not any(bad(s) for s in inputs):
                 nan, inf = _counts(source)
-                forward = {"layer": name, "call": index, "type": type_name, "own_code": has_children,
+                has_children = (self._has_children(name) if self._has_children is not None
+                                else next(module.children(), None) is not None)
+                forward = {"layer": name, "call": index, "type": type(module).__name__, "own_code": has_children,
                            "nan_count": nan, "inf_count": inf}
                 break
         if forward is None:
             root = next((e for e in self.events if e[0] == ""), None)
-            if root is not None and any(bad(s) for s in root[4]):
+            if root is not None and any(bad(s) for s in root[3]):
                 forward = {"layer": None, "call": None, "type": "input batch", "own_code": False,
                            "nan_count": None, "inf_count": None}
         backward: BackwardOnset | None = None
         where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
-        for stats, sinks in self.grads:
+        for _order, stats, sinks in sorted(self.grads, key=lambda g: -g[0]):  # stable: hooks' order kept
             if not has_nonfinite(stats):
                 continue
             # The module whose backward produced it: the one it is the input gradient of.

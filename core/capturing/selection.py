@@ -1,4 +1,13 @@
-"""Which modules to capture: names, glob patterns or a predicate, normalised to one list."""
+"""Which modules to capture: names, glob patterns or a predicate, normalised to one list.
+
+The default selection (``layers=None``) is every module that computes something of its
+own: every leaf module, and every module that owns trainable parameters directly
+(``nn.MultiheadAttention``'s ``in_proj_weight``, a ViT's ``class_token`` on the root,
+``encoder.pos_embedding``), so that a default capture holds every trainable parameter's
+gradient under the module that owns it. ``gradexplorer.capturing.capture`` adds, while
+forward runs, each module that ran no other module during a call (a block that uses a
+child's weight functionally): what it computed is its own.
+"""
 
 from __future__ import annotations
 
@@ -24,15 +33,33 @@ def leaf_names(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if name and is_leaf(m)]
 
 
+def owns_trainable(module: nn.Module) -> bool:
+    """Whether ``module`` owns a parameter that requires grad itself (not through a child)."""
+    return any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+def in_default(name: str, module: nn.Module) -> bool:
+    """Whether the default selection holds ``module`` (module docstring): a leaf (the root
+    when the model has no children), or a module that owns trainable parameters."""
+    return is_leaf(module) or owns_trainable(module)
+
+
+def default_names(model: nn.Module) -> list[str]:
+    """Qualified names of the default selection (module docstring), in registration order;
+    the root is ``""``."""
+    return [name for name, m in model.named_modules() if in_default(name, m)]
+
+
 def as_predicate(layers: LayerSpec) -> LayerPredicate:
     """Normalise a layer specification into one predicate ``(name, module) -> bool``.
 
-    ``None`` selects every leaf module; a string or iterable of strings selects modules
-    whose qualified name equals one of them or matches it as a glob pattern
-    (``layer4.*``, ``*.relu``); ``""`` names the root module.
+    ``None`` is the default selection (module docstring: every leaf and every module that
+    owns trainable parameters); a string or iterable of strings selects modules whose
+    qualified name equals one of them or matches it as a glob pattern (``layer4.*``,
+    ``*.relu``); ``""`` names the root module.
     """
     if layers is None:
-        return lambda name, module: bool(name) and is_leaf(module)
+        return in_default
     if callable(layers):
         return layers
     patterns = [layers] if isinstance(layers, str) else list(layers)

@@ -13,6 +13,7 @@ model is refused in words (:func:`refuse_sharded_params`); the watch
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
@@ -49,7 +50,8 @@ def fsdp_module_type() -> type[Any] | None:
     return FSDPModule
 
 
-def refuse_sharded_params(model: nn.Module, what: str, fix: str) -> None:
+def refuse_sharded_params(model: nn.Module, what: str, fix: str,
+                          modules: Iterable[nn.Module] | None = None) -> None:
     """Refuse a model with ``DTensor`` parameters (see the module docstring).
 
     Parameters
@@ -59,12 +61,22 @@ def refuse_sharded_params(model: nn.Module, what: str, fix: str) -> None:
         The run refused, in words ("a capture", "a dataset capture").
     fix : str
         What to do instead.
+    modules : iterable of nn.Module, optional
+        ``model.modules()``, when the caller knows them without a walk
+        (``gradexplorer.capturing.structure``).
 
     Raises
     ------
     GradExplorerError
         A parameter of ``model`` is a ``DTensor``.
     """
+    cls = _dtensor_type()
+    if cls is None:  # no DTensor can exist in this process
+        return
+    # The modules' own parameter dictionaries first (no generators: every capture asks).
+    if not any(isinstance(p, cls) for m in (model.modules() if modules is None else modules)
+               for p in m._parameters.values()):
+        return
     name = next((n for n, p in model.named_parameters() if is_dtensor(p)), None)
     if name is None:
         return

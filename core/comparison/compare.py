@@ -44,7 +44,7 @@ from gradexplorer.analysis.gradient_flow import flow_series
 from gradexplorer.analysis.heatmaps import heatmap
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.file_write import atomic_write_text
-from gradexplorer.capturing.data import CallRecord, Capture
+from gradexplorer.capturing.data import CallRecord, Capture, layer_label, param_name
 from gradexplorer.stats.merge import DatasetTensorStats
 from gradexplorer.stats.record import ScalarKey, TensorStats
 
@@ -207,7 +207,8 @@ class CallDiff:
 
     @property
     def label(self) -> str:
-        return self.layer if self.layer == self.layer_b else f"{self.layer} -> {self.layer_b}"
+        a, b = layer_label(self.layer), layer_label(self.layer_b)
+        return a if self.layer == self.layer_b else f"{a} -> {b}"
 
     @property
     def within(self) -> bool:
@@ -241,6 +242,11 @@ class ParamDiff:
     def within(self) -> bool:
         return self.diff.within
 
+    @property
+    def full_name(self) -> str:
+        """The parameter's name as ``model.named_parameters()`` gives it."""
+        return param_name(self.layer, self.param)
+
 
 @dataclass
 class Comparison:
@@ -259,7 +265,12 @@ class Comparison:
         Matched parameter gradients, in layer order.
     only_a, only_b : list of str
         Layers (``name``) or calls (``name#i``) or parameters (``name:param``) present in one
-        capture only.
+        capture only, named as people read them (``gradexplorer.capturing.data.layer_label``:
+        the root module is ``(model)``).
+    not_called_a, not_called_b : list of str
+        The matched layers that never ran during that capture's forward (their calls, if the
+        other capture has any, are in the other's ``only`` list): a module whose weights its
+        parent uses directly, not one without gradient.
     input, output : TensorDiff or None
         The two batches and the two model outputs, when both have them with one shape.
     """
@@ -274,6 +285,8 @@ class Comparison:
     only_a: list[str]
     only_b: list[str]
     input: TensorDiff | None = None
+    not_called_a: list[str] = field(default_factory=list)
+    not_called_b: list[str] = field(default_factory=list)
     output: TensorDiff | None = None
     input_note: str = ""
     output_note: str = ""
@@ -323,7 +336,7 @@ class Comparison:
             for kd in c.kinds.values() if not c.note else [KindDiff("-", None, note=c.note)]:
                 rows.append(_row(c.label, c.call, c.type, kd, c.shape_a, c.shape_b))
         for p in self.params:
-            rows.append(_row(p.layer, "", "param", p.diff, (), ()))
+            rows.append(_row(layer_label(p.layer), "", "param", p.diff, (), ()))
         for side, names in (("A", self.only_a), ("B", self.only_b)):
             for n in names:
                 rows.append({**_row(n, "", "", KindDiff("-", None), (), ()), "note": f"only in {side}",
@@ -506,13 +519,14 @@ def stats_diff(a: TensorStats, b: TensorStats, tolerance: Tolerance = Tolerance(
 
 
 def _kind_diff(kind: str, ta: torch.Tensor | None, tb: torch.Tensor | None, sa: TensorStats | None,
-               sb: TensorStats | None, tolerance: Tolerance, label_a: str, label_b: str) -> KindDiff | None:
+               sb: TensorStats | None, tolerance: Tolerance, label_a: str, label_b: str,
+               why: str | None = None) -> KindDiff | None:
     if sa is None and sb is None and ta is None and tb is None:
         return None
     what = KIND_LABELS.get(kind, kind)
     if sa is None or sb is None:
         missing = label_a if sa is None else label_b
-        return KindDiff(kind, None, note=f"no {what} in {missing}")
+        return KindDiff(kind, None, note=f"no {what} in {missing}" + (f": {why}" if why else ""))
     stats = stats_diff(sa, sb, tolerance)
     tensor = None
     if ta is not None and tb is not None:
@@ -705,8 +719,8 @@ def compare(
         )
     to_b = dict(matched)
     matched_b = set(to_b.values())
-    only_a = [n for n in a.layer_order if n not in to_b]
-    only_b = [n for n in b.layer_order if n not in matched_b]
+    only_a = [layer_label(n) for n in a.layer_order if n not in to_b]
+    only_b = [layer_label(n) for n in b.layer_order if n not in matched_b]
 
     calls: list[CallDiff] = []
     for name, i in forward_order(a):
@@ -715,7 +729,7 @@ def compare(
         bname = to_b[name]
         rec_a, rec_b = a[name], b[bname]
         if i >= len(rec_b.calls):
-            only_a.append(f"{name}#{i}")
+            only_a.append(f"{layer_label(name)}#{i}")
             continue
         ca, cb = rec_a.calls[i], rec_b.calls[i]
         cd = CallDiff(name, bname, i, rec_a.type, tuple(ca.shape), tuple(cb.shape))
@@ -727,28 +741,33 @@ def compare(
             for kind in KINDS:
                 ta, sa = _call_kind(ca, kind)
                 tb, sb = _call_kind(cb, kind)
-                kd = _kind_diff(kind, ta, tb, sa, sb, tolerance, label_a, label_b)
+                kd = _kind_diff(kind, ta, tb, sa, sb, tolerance, label_a, label_b,
+                                ca.absent.get(kind) if sa is None else cb.absent.get(kind))
                 if kd is not None:
                     cd.kinds[kind] = kd
         calls.append(cd)
     for name, bname in matched:
         extra = len(b[bname].calls) - len(a[name].calls)
-        only_b.extend(f"{bname}#{j}" for j in range(len(a[name].calls), len(a[name].calls) + max(extra, 0)))
+        only_b.extend(f"{layer_label(bname)}#{j}"
+                      for j in range(len(a[name].calls), len(a[name].calls) + max(extra, 0)))
 
     params: list[ParamDiff] = []
     for name, bname in matched:
         ra, rb = a[name], b[bname]
         for p in ra.param_stats:
             if p not in rb.param_stats:
-                only_a.append(f"{name}:{p}")
+                only_a.append(f"{layer_label(name)}:{p}")
                 continue
             kd = _kind_diff("param:" + p, ra.param_grads.get(p), rb.param_grads.get(p), ra.param_stats[p],
-                            rb.param_stats[p], tolerance, label_a, label_b)
+                            rb.param_stats[p], tolerance, label_a, label_b,
+                            ra.param_absent.get(p) if ra.param_stats[p] is None else rb.param_absent.get(p))
             if kd is not None:
                 params.append(ParamDiff(name, p, kd))
-        only_b.extend(f"{bname}:{p}" for p in rb.param_stats if p not in ra.param_stats)
+        only_b.extend(f"{layer_label(bname)}:{p}" for p in rb.param_stats if p not in ra.param_stats)
 
     result = Comparison(label_a, label_b, dict(a.meta), dict(b.meta), tolerance, calls, params, only_a, only_b)
+    result.not_called_a = [n for n, _ in matched if not a[n].called]
+    result.not_called_b = [m for _, m in matched if not b[m].called]
     result.input, result.input_note = _whole(a.input, b.input, tolerance, "batches")
     result.output, result.output_note = _whole(a.output, b.output, tolerance, "outputs")
     return result
@@ -833,14 +852,14 @@ class HeatmapTriple:
 
 def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str = "channel", *,
                    channel: int = 0, k: int = 16, reduce: str = "mean", rank_by: torch.Tensor | None = None,
-                   time_index: int | None = None) -> HeatmapTriple:
+                   time_index: int | None = None, columns: int | None = None) -> HeatmapTriple:
     """Pictures of two samples of one layer's tensor and of their difference.
 
     Parameters
     ----------
     a_sample, b_sample : torch.Tensor
         One sample each (no batch dimension), of one shape.
-    display, channel, k, reduce, time_index
+    display, channel, k, reduce, time_index, columns
         As ``gradexplorer.analysis.heatmaps.heatmap``.
     rank_by : torch.Tensor, optional
         Ranks the top-k channels (default: A's tensor); B and the difference show the
@@ -863,7 +882,8 @@ def heatmap_triple(a_sample: torch.Tensor, b_sample: torch.Tensor, display: str 
     # that are the point of the picture.
     d = (a_sample.detach().double() - b_sample.detach().double()).float()
     rank = rank_by if rank_by is not None else a32
-    kw: dict[str, Any] = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index}
+    kw: dict[str, Any] = {"channel": channel, "k": k, "reduce": reduce, "rank_by": rank, "time_index": time_index,
+                          "columns": columns}
     ha = heatmap(a32, display, **kw)
     hb = heatmap(b32, display, **kw)
     hd = heatmap(d, display, **kw)

@@ -30,7 +30,9 @@ FORMAT = "gradexplorer.capture"
 VERSION = 2
 # Version 1: the window's and the CLI's metadata keys differed (gradexplorer.files.meta reads
 # both). Version 2: one metadata schema (gradexplorer.files.meta), and the top-level "graph"
-# and "nonfinite_onset" entries (None when absent).
+# and "nonfinite_onset" entries (None when absent). Later additions within version 2 are
+# optional keys that older files lack and older readers ignore: a call's "absent" and a
+# layer's "param_absent" (why a gradient is missing, in words), the root module's layer "".
 READABLE_VERSIONS = (1, 2)
 
 
@@ -74,11 +76,13 @@ def capture_to_dict(cap: Capture) -> dict:
                     "shape": list(c.shape),
                     "dtype": c.dtype,
                     "stats": {k: _plain_stats(v) for k, v in c.stats.items()},
+                    "absent": _plain(dict(c.absent)),
                 }
                 for c in rec.calls
             ],
             "param_grads": dict(rec.param_grads),
             "param_stats": {k: _plain_stats(v) for k, v in rec.param_stats.items()},
+            "param_absent": _plain(dict(rec.param_absent)),
         }
     meta = _plain(dict(cap.meta))
     meta["layer_order"] = list(cap.layer_order)
@@ -153,12 +157,14 @@ def capture_from_dict(data: dict, source: str = "the file") -> Capture:
                 output_key=c.get("output_key", ""),
                 shape=tuple(c.get("shape", ())),
                 dtype=c.get("dtype", ""),
+                absent=dict(c.get("absent") or {}),
             )
             for c in rec["calls"]
         ]
         layers[name] = LayerRecord(
             rec["type"], calls, dict(rec.get("param_grads", {})),
             {k: _stats_back(v) for k, v in rec.get("param_stats", {}).items()},
+            dict(rec.get("param_absent") or {}),
         )
     meta = upgrade_meta(dict(data["meta"]), version, data.get("input"))
     return Capture(meta, data.get("input"), data.get("output"), data.get("input_grad"), layers,

@@ -401,7 +401,8 @@ def _graph_relations(graph: dict, path: str) -> None:
                 raise SchemaViolation(_key_path(f"{path}.meta.{key}", nid), "names a node the graph does not have")
 
 
-_SERIES_ROW = re.compile(r"^.+#\d+:[A-Za-z_]+$")
+# The layer may be "", the root module (captured for parameters of its own).
+_SERIES_ROW = re.compile(r"^.*#\d+:[A-Za-z_]+$")
 
 
 def _series_relations(series: dict, path: str) -> None:
@@ -488,13 +489,16 @@ CALL = Record(
     optional={
         "activation": Nullable(SHOWN), "grad_output": Nullable(SHOWN), "grad_input": Nullable(SHOWN),
         "output_key": TEXT, "shape": Items(COUNT), "dtype": TEXT,
+        # Why a tensor kind has no statistics, in words, per kind.
+        "absent": Named(TEXT),
     },
     then=_call_relations,
 )
 
 LAYER = Record(
     required={"type": TEXT, "calls": Items(CALL)},
-    optional={"param_grads": Named(Nullable(Tensor())), "param_stats": Named(Nullable(STATS))},
+    optional={"param_grads": Named(Nullable(Tensor())), "param_stats": Named(Nullable(STATS)),
+              "param_absent": Named(TEXT)},
     expected="a dict describing a layer",
 )
 

@@ -9,8 +9,8 @@ leaves nothing behind either; torchinfo's ``apply_hooks`` with its ``finally`` a
 TransformerLens's registry of hook handles work the same way.
 
 Inside the ``with`` block hooks are registered through the :class:`Hooks` it yields
-(``forward_pre``, ``forward``, ``tensor``, ``gradient``, ``post_accumulate``), which keeps
-every handle. Blocks nest: each removes only the hooks registered through its own
+(``forward_pre``, ``forward``, ``tensor``, ``gradient``, ``post_accumulate``,
+``optimizer_step_pre``), which keeps every handle. Blocks nest: each removes only the hooks registered through its own
 :class:`Hooks`, and each puts back the model state it found.
 
 Module backward hooks are not offered: the legacy one reports the wrong tensors and the
@@ -20,7 +20,7 @@ tensor hook on the output (:meth:`Hooks.gradient`) receives the gradient instead
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -74,7 +74,17 @@ class Hooks:
         self._handles.append(handle)
         return handle
 
-    def gradient(self, t: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> None:
+    def optimizer_step_pre(self, optimizer: torch.optim.Optimizer,
+                           fn: Callable[[torch.optim.Optimizer, tuple, dict], Any]) -> RemovableHandle:
+        """``optimizer.register_step_pre_hook(fn)``: ``fn(optimizer, args, kwargs)`` just
+        before ``optimizer.step()`` updates the parameters, with the gradients it steps with
+        (after a trainer's unscaling and clipping); kept for removal."""
+        handle = optimizer.register_step_pre_hook(fn)
+        self._handles.append(handle)
+        return handle
+
+    def gradient(self, t: torch.Tensor, on_grad: Callable[[torch.Tensor | None], None], *,
+                 when: Callable[[], bool] | None = None) -> None:
         """Call ``on_grad`` once with the gradient with respect to ``t``, the value it has now.
 
         A tensor hook registered before a later in-place change of ``t`` receives the
@@ -83,24 +93,46 @@ class Hooks:
         view's history and its own hooks never fire. The base's hook still does, before the
         change: when the view's hook has not fired, the view's part is cut out of the
         base's gradient and handed to ``on_grad``.
+
+        A tensor hook fires in every backward through its tensor, also in one that the
+        model's own forward runs (``torch.autograd.grad(energy, pos, create_graph=True)``
+        in a force field, a gradient penalty, a PINN). With ``when``, only the backwards
+        during which ``when()`` is true count: the hooks do nothing in the others.
+
+        ``on_grad`` receives ``None`` where autograd computed the tensor's node but gave no
+        gradient for it (one output of several that the target does not use).
         """
+        base = t._base if t._is_view() else None
+        if base is None or not base.requires_grad or not base.is_contiguous():
+            # No base to fall back on (most tensors): one hook, one closure at most, as a
+            # capture registers one for every module's output.
+            if when is None:
+                self.tensor(t, on_grad)
+            else:
+                def checked(grad: torch.Tensor | None) -> None:
+                    if when():
+                        on_grad(grad)
+
+                self.tensor(t, checked)
+            return
         fired = [False]
 
-        def own(grad: torch.Tensor) -> None:
+        def own(grad: torch.Tensor | None) -> None:
+            if when is not None and not when():
+                return
             fired[0] = True
             on_grad(grad)
 
         self.tensor(t, own)
-        base = t._base if t._is_view() else None
-        if base is not None and base.requires_grad and base.is_contiguous():
-            size, stride = t.size(), t.stride()
-            offset = t.storage_offset() - base.storage_offset()
+        size, stride = t.size(), t.stride()
+        offset = t.storage_offset() - base.storage_offset()
 
-            def from_base(grad: torch.Tensor) -> None:
-                if not fired[0]:
-                    on_grad(grad.contiguous().as_strided(size, stride, offset))
+        def from_base(grad: torch.Tensor | None) -> None:
+            if fired[0] or (when is not None and not when()):
+                return
+            on_grad(None if grad is None else grad.contiguous().as_strided(size, stride, offset))
 
-            self.tensor(base, from_base)
+        self.tensor(base, from_base)
 
     def remove(self) -> None:
         """Take every hook registered through this object off; it may be used again."""
@@ -118,9 +150,35 @@ def model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
+#: (module, buffer name) -> (the tensor the module held, a copy of its values).
+_SavedBuffers = dict[tuple[nn.Module, str], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _buffers_saved(modules: Iterable[nn.Module]) -> _SavedBuffers:
+    saved: _SavedBuffers = {}
+    for module in modules:
+        for name, b in module._buffers.items():
+            if b is not None:
+                saved[(module, name)] = (b, b.detach().clone())
+    return saved
+
+
+def _buffers_restored(saved: _SavedBuffers) -> None:
+    """Every buffer of ``saved`` back in its module, holding its saved values (on the
+    device it is on now: the model may still be on the run's device)."""
+    with torch.no_grad():
+        for (module, name), (original, values) in saved.items():
+            if module._buffers.get(name) is not original:
+                module._buffers[name] = original
+            if original.shape != values.shape:
+                original.resize_(values.shape)
+            original.copy_(values.to(original.device))
+
+
 @contextmanager
 def model_state_preserved(model: nn.Module, train: bool | None = None,
-                          device: torch.device | None = None) -> Iterator[None]:
+                          device: torch.device | None = None,
+                          modules: Sequence[nn.Module] | None = None) -> Iterator[None]:
     """Put ``model`` in a run's mode (and on its device) and put it back afterwards.
 
     Parameters
@@ -128,19 +186,25 @@ def model_state_preserved(model: nn.Module, train: bool | None = None,
     model : nn.Module
     train : bool, optional
         The mode to run in (``model.train(train)``); ``None`` leaves the mode as it is.
-        In train mode a forward updates BatchNorm's running statistics (``running_mean``,
-        ``running_var``, ``num_batches_tracked``): every buffer of the model is copied on
-        entry and written back on exit.
     device : torch.device, optional
         Where to run: the model moves there on entry and back on exit.
+    modules : sequence of nn.Module, optional
+        ``list(model.modules())`` when the caller knows it without a walk
+        (``gradexplorer.capturing.structure``).
 
     The ``training`` flag of every module is restored on exit, whatever happened inside,
-    also when ``train`` is ``None`` (a forward may change modes).
+    also when ``train`` is ``None`` (a forward may change modes). So is every buffer, in
+    either mode: a train-mode forward updates BatchNorm's running statistics, and an
+    eval-mode one still updates what does not follow ``training`` (the observers of a
+    quantization-aware model: ``scale``, ``zero_point``, ``min_val``, ``max_val``). Each
+    buffer is copied on entry and written back on exit into the tensor the module held
+    (put back in place if forward replaced it, resized if forward resized it): version
+    counters would not tell a write through ``.data`` apart from no write at all.
     """
-    modes = {m: m.training for m in model.modules()}
-    saved_buffers = None
-    if train:
-        saved_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    if modules is None:
+        modules = list(model.modules())
+    modes = {m: m.training for m in modules}
+    saved_buffers = _buffers_saved(modules)
     original_device = model_device(model)
     moved = device is not None and original_device is not None and original_device != device
     try:
@@ -150,11 +214,7 @@ def model_state_preserved(model: nn.Module, train: bool | None = None,
             model.train(train)  # also when the flags already agree: a model may override train()
         yield
     finally:
-        if saved_buffers is not None:
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    if name in saved_buffers:
-                        b.copy_(saved_buffers[name].to(b.device))
+        _buffers_restored(saved_buffers)
         for m, mode in modes.items():
             if m.training != mode:  # Module.__setattr__ is slow: 1,400 modules add up
                 m.training = mode
@@ -164,7 +224,8 @@ def model_state_preserved(model: nn.Module, train: bool | None = None,
 
 @contextmanager
 def hooks_installed(model: nn.Module | None = None, *, train: bool | None = None,
-                    device: torch.device | None = None) -> Iterator[Hooks]:
+                    device: torch.device | None = None,
+                    modules: Sequence[nn.Module] | None = None) -> Iterator[Hooks]:
     """Hooks for the length of a ``with`` block, and the model as it was afterwards.
 
     Parameters
@@ -177,6 +238,8 @@ def hooks_installed(model: nn.Module | None = None, *, train: bool | None = None
         The mode to run in; ``None`` leaves it as it is.
     device : torch.device, optional
         Where to run; ``None`` runs where the model is.
+    modules : sequence of nn.Module, optional
+        As in :func:`model_state_preserved`.
 
     Yields
     ------
@@ -193,7 +256,7 @@ def hooks_installed(model: nn.Module | None = None, *, train: bool | None = None
     if model is None and (train is not None or device is not None):
         raise TypeError("hooks_installed: train and device need the model.")
     hooks = Hooks()
-    with model_state_preserved(model, train, device) if model is not None else nullcontext():
+    with model_state_preserved(model, train, device, modules) if model is not None else nullcontext():
         try:
             yield hooks
         finally:

@@ -111,12 +111,23 @@ def graph_gradients(
     grads: dict[int, NodeStats] = {}
     act_stats: dict[int, tuple[float | None, bool]] = {}
 
+    # The hooks record only in this function's own backward, not in one that the model's
+    # forward runs itself (a force field's forces: gradexplorer.capturing.capture's docstring).
+    own_backward = [False]
+    # Leaf tensors made inside forward (a force field's positions): their hooks fire only
+    # if the backward is asked for their gradient.
+    made_leaves: list[torch.Tensor] = []
+
     def on_value(vid: int, t: torch.Tensor, node_id: str) -> None:
         act_stats[vid] = _activation_summary(t)
         if not t.requires_grad:
             return
+        if t.grad_fn is None:
+            made_leaves.append(t)
 
-        def hook(g: torch.Tensor, vid: int = vid) -> None:
+        def hook(g: torch.Tensor | None, vid: int = vid) -> None:
+            if g is None or not own_backward[0]:  # None: an output the target does not use
+                return
             if on_edge_grad is not None:
                 on_edge_grad(vid, g)
             if vid not in grads:
@@ -144,8 +155,11 @@ def graph_gradients(
         if not scalar.requires_grad:
             raise CaptureError("The target does not depend on anything that requires a gradient.",
                                "Check that the model has trainable parameters.")
-        leaves = [p for p in model.parameters() if p.requires_grad]
+        leaves: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         leaves += [t for t in tensors_in(xs, []) if t.requires_grad]
+        asked = {id(t) for t in leaves}
+        leaves += [t for t in made_leaves if id(t) not in asked]
+        own_backward[0] = True
         try:
             torch.autograd.grad(scalar, leaves, allow_unused=True)
         except GradExplorerError:

@@ -89,6 +89,24 @@ def tick_label(value: float) -> str:
     return f"{value:g}" if 1e-3 <= value < 1e4 else f"{value:.0e}"
 
 
+def constant_label(lo: float, hi: float) -> str | None:
+    """``"constant 1.0"`` when a scale's ends are one value (equal to 7 significant digits:
+    a bar had read "1.0000001 … 1.0000001"), else None. Every colour bar says it so: the
+    window's, the graph's and the exported SVG's."""
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if hi != lo and abs(hi - lo) > 1e-7 * max(abs(lo), abs(hi)):
+        return None
+    v = (lo + hi) / 2
+    if v == 0:
+        return "constant 0"
+    text = f"{v:.4g}"
+    if "." not in text and "e" not in text:
+        text += ".0"
+    return f"constant {text}"
+
+
 def range_labels(lo: float, hi: float) -> tuple[str, str]:
     """Labels of the two ends of a bar, with as many digits (3 to 8) as it takes for them
     to differ from each other and, unless they are, from 1 (a ratio of 1.003 is not "1")."""
@@ -170,10 +188,16 @@ def color_scale(graph: ModelGraph, nodes: Iterable[str], statistic: str) -> Colo
         raise GradExplorerError(f"Unknown statistic '{statistic}' to colour by.",
                                 f"Use one of: {', '.join(STATISTIC_LABELS)}.")
     values = [v for n in nodes if (v := node_value(graph, n, statistic)) is not None and v > 0 and math.isfinite(v)]
+    if values and max(values) - min(values) <= 1e-7 * max(values):
+        # One value up to float rounding (every norm 1.0000001): one colour, not the whole
+        # map spread over differences in the seventh digit.
+        values = [max(values)]
     if statistic in RATIOS:
         if not values:
             return ColorScale(statistic, None, None, diverging=True)
         m = max(max(values), 1.0 / min(values))
+        if m - 1.0 <= 1e-7:  # 1 up to float rounding: white, not the map's two ends
+            return ColorScale(statistic, 1.0, 1.0, diverging=True)
         return ColorScale(statistic, 1.0 / m, m, diverging=True)
     return ColorScale(statistic, min(values) if values else None, max(values) if values else None,
                       zero_low=statistic in DIVERGENCE_BY)
@@ -347,6 +371,12 @@ def _svg_legend(graph: ModelGraph, view: GraphView, statistic: str, x: float, wi
     scale = color_scale(graph, view.nodes, statistic)
     if scale.lo is None or scale.hi is None:
         return [f'<text x="{x:.0f}" y="36" font-size="10">no statistics (run with --capture)</text>']
+    constant = constant_label(scale.lo, scale.hi)
+    if constant is not None:  # one colour and the value, not two equal ends
+        return [(f'<rect class="legend colorbar" x="{x:.0f}" y="24" width="24" height="12" '
+                f'fill="{scale.color(scale.lo)}" stroke="#555555" stroke-width="0.5"/>'),
+                (f'<text x="{x + 34:.0f}" y="34" font-size="10">{escape(STATISTIC_LABELS[statistic])}: '
+                f'{escape(constant)}</text>')]
     bar_w = max(120.0, min(320.0, width - 2 * x - 260))
     stops = "".join(f'<stop offset="{t:.3f}" stop-color="{c}"/>' for t, c in scale.gradient())
     parts = [f'<defs><linearGradient id="cbar">{stops}</linearGradient></defs>',

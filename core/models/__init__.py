@@ -11,6 +11,9 @@ The package is split by what the user points at:
 - ``state_dicts``: finding a state dict in a checkpoint and fitting it to a model;
 - ``pickles``: pickled modules and ``torch.export`` archives (trusted only);
 - ``factories``: ``module:function`` and ``file.py:function``;
+- ``hf_models``, ``hf_files``, ``hf_size``: Hugging Face models, what their folders hold
+  (read before transformers reads them) and their size from their config;
+- ``timm_models``, ``hub``: timm models, and the hub both download from;
 - ``files``: telling a file's kind from its name and contents;
 - ``loading``: ``load_model``, which picks among them, ``check_capturable`` and
   ``trust_subject``.

@@ -85,6 +85,29 @@ def file_kind(path: Path) -> str | None:
     return f"a text file that begins '{shown}'"
 
 
+def weights_format(path: Path) -> str:
+    """What a weights file is by its bytes, whatever its name says: ``"safetensors"`` (a
+    header of tensors only), ``"pickle"`` (``torch.save``'s zip with its ``.pkl`` record, a
+    legacy ``torch.save`` file or a plain pickle: unpickling either can run code), or what
+    else it is in words (:func:`file_kind`; "missing or unreadable" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return "missing or unreadable"
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"
+    if head[:1] == b"\x80":  # a pickle's PROTO opcode (protocol 2 and later; legacy torch.save too)
+        return "pickle"
+    if head[:4] == b"PK\x03\x04":
+        members = zip_members(path)
+        if members is None or any(m.endswith(".pkl") for m in members):
+            return "pickle"  # a zip whose members cannot be listed is refused as one: it may well be
+        return "a zip archive without a pickle"
+    return file_kind(path) or "a file gradexplorer does not know"
+
+
 def not_a_checkpoint(path: Path, what: str, reason: str) -> ModelLoadError:
     """The refusal of a file ``torch.load`` cannot read: what the file is, when its first
     bytes tell, and what was expected; else torch's ``reason``."""
@@ -130,6 +153,37 @@ def torchscript_error(path: Path) -> ModelLoadError:
         "Save the eager model's weights instead, torch.save(model.state_dict(), 'model.pth'), "
         "and load them with the architecture (--arch resnet18), or save the eager model itself.",
     )
+
+
+def checkpoint_kind(path: Path) -> str:
+    """What a checkpoint file holds, told without loading it (its first bytes, its archive's
+    members, the globals its pickle would import): ``"export"`` (a ``torch.export`` archive),
+    ``"weights"`` (plain tensors and containers: a state dict, which needs its architecture)
+    or ``"objects"`` (a whole pickled model or other Python objects, loaded with trust).
+
+    The window asks for the architecture only of ``"weights"``, after this check: it had
+    asked before finding the file was no checkpoint at all.
+
+    Raises
+    ------
+    ModelLoadError
+        A missing, empty or non-regular file, a file that is no checkpoint (a picture, a
+        text), or a TorchScript archive.
+    """
+    check_file(path, "checkpoint")
+    kind = file_kind(path)
+    if kind is not None:
+        raise ModelLoadError(f"The checkpoint '{path}' is {kind}, not a PyTorch checkpoint.",
+                             f"Give {EXPECTED_CHECKPOINT}.")
+    members = zip_members(path)
+    if members is not None and is_torchscript(members):
+        raise torchscript_error(path)
+    if is_export_archive(path, members):
+        return "export"
+    # Imported here: the scan imports torch, which telling a file's kind by its bytes does not need.
+    from gradexplorer.files.pickle_scan import unsafe_globals
+
+    return "objects" if unsafe_globals(path) else "weights"
 
 
 @contextlib.contextmanager

@@ -3,32 +3,19 @@ offline switch, and the progress of a download.
 
 huggingface_hub reads ``HF_HOME``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` once, at its
 import; these read them at every call, so that a notebook or a test that sets them later
-is obeyed, and the model browser lists the folder the loaders read.
+is obeyed, and the model browser lists the folder the loaders read. The cache folder itself
+is ``gradexplorer.base.model_caches.hub_cache_dir``: the writer of output files asks it too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from gradexplorer.base.model_caches import hub_cache_dir
+
 __all__ = ["hub_cache_dir", "hub_offline", "progress_class"]
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment on every call.
-
-    ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else
-    ``~/.cache/huggingface/hub`` (huggingface_hub's own rule; it reads the variables once,
-    at import).
-    """
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
 def hub_offline() -> bool:

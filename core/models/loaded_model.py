@@ -55,6 +55,10 @@ class LoadedModel:
         The seed gradexplorer drew random initial weights from (``weights`` is ``None``
         and the architecture was built here), so that loading again gives the same model;
         ``None`` when the weights came from elsewhere.
+    tokenizer_problem : str or None
+        Why the model's own tokenizer files could not be read ("tokenizer.json is not valid
+        JSON ..."), when it has such files and ``tokenizer`` is None: text is then refused
+        with this reason rather than as a model without a tokenizer.
     """
 
     module: nn.Module
@@ -71,6 +75,7 @@ class LoadedModel:
     default_target: str | None = None
     text_padding: str = "right"
     init_seed: int | None = None
+    tokenizer_problem: str | None = None
 
     @property
     def weights_label(self) -> str:

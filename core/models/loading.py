@@ -69,6 +69,7 @@ def load_model(
     trust: bool = False,
     progress: Callable[[int, int], None] | None = None,
     hf_class: str | None = None,
+    memory_budget: int | None = None,
 ) -> LoadedModel:
     """Build or load the model the user asked for, in eval mode.
 
@@ -105,6 +106,9 @@ def load_model(
         ``progress(done_bytes, total_bytes)`` while pretrained weights download.
     hf_class : str, optional
         For ``hf:`` models: the transformers class or task word to build.
+    memory_budget : int, optional
+        Bytes an ``hf:`` model's parameters may take, told from its config before it is
+        built (``--memory-budget``); by default half the free RAM.
 
     Returns
     -------
@@ -137,7 +141,7 @@ def load_model(
         _refuse_extras(text, weights=weights, arch=arch)
         from gradexplorer.models.hf_models import load_hf
 
-        return load_hf(text, hf_class=hf_class, trust=trust, progress=progress)
+        return load_hf(text, hf_class=hf_class, trust=trust, progress=progress, memory_budget=memory_budget)
     if hf_class is not None:
         raise ModelLoadError(f"--hf-class goes only with an hf: model, not '{text}'.",
                              "Give the model as hf:ORG/NAME or hf:PATH, or leave --hf-class out.")

@@ -2,11 +2,14 @@
 Hugging Face cache through timm's own loader, preprocessing from timm's data config.
 
 timm is optional (``pip install "gradexplorer[timm]"``); nothing here imports it until a
-``timm:`` model is asked for. Weights never run code: a cached ``model.safetensors`` is
-read as tensors, a ``pytorch_model.bin`` by timm with ``weights_only=True``. A model whose
-weights are cached loads with no network call at all, whatever ``HF_HUB_OFFLINE`` says;
-one that is not cached is downloaded into the cache (with progress) unless the hub is
-offline, then read from there.
+``timm:`` model is asked for. Weights never run code: the cached file is read here, as every
+weights file is (``gradexplorer.models.state_dicts.read_weights``: safetensors by its bytes
+as tensors, anything else with ``weights_only=True``, its tensors measured against the
+memory budget, a refusal named in words), and handed to timm's own loader as a state dict,
+so that timm still adapts it to the model (its ``filter_fn``, classifier and input
+channels). A model whose weights are cached loads with no network call at all, whatever
+``HF_HUB_OFFLINE`` says; one that is not cached is downloaded into the cache (with progress)
+unless the hub is offline, then read from there.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gradexplorer.base.errors import ModelLoadError, WeightsUnavailable
+from gradexplorer.base.errors import GradExplorerError, ModelLoadError, WeightsUnavailable
 from gradexplorer.models.hub import hub_cache_dir, hub_offline, progress_class
 from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
@@ -139,6 +142,7 @@ def load_timm(
         raise ModelLoadError(f"'{spec}' needs timm, which is not installed.", _INSTALL) from exc
     if not name or not timm.is_model(name):
         raise _unknown_name(spec, name, timm.list_models())
+    _check_tag(timm, spec, name)
 
     choice = (weights or "").strip()
     default_label = _default_label(timm, name)
@@ -211,14 +215,39 @@ def timm_catalog() -> list[ModelInfo]:
     return catalog
 
 
+def _check_tag(timm: Any, spec: str, name: str) -> None:
+    """Refuse ``NAME.TAG`` whose tag timm does not know, with the tags it does."""
+    try:
+        timm.models.get_pretrained_cfg(name)
+    except Exception:  # noqa: BLE001 - timm raises RuntimeError for a tag it does not know
+        arch, _, tag = name.partition(".")
+        tags = [t.partition(".")[2] for t in timm.list_pretrained(f"{arch}.*")]
+        raise ModelLoadError(
+            f"'{tag}' is not a pretrained tag of the timm model '{arch}'.",
+            (f"Give one of its tags ({', '.join(tags[:6])}{' ...' if len(tags) > 6 else ''}), e.g. "
+             f"{PREFIX}{arch}.{tags[0]}, or {PREFIX}{arch} for its default." if tags
+             else f"Give {PREFIX}{arch} without a tag."),
+        ) from None
+
+
 def _create(timm: Any, spec: str, name: str, **kwargs: Any) -> torch.nn.Module:
     try:
         return timm.create_model(name, **kwargs)
-    except (RuntimeError, ValueError, KeyError, TypeError, OSError) as exc:
+    except GradExplorerError:
+        raise
+    except Exception as exc:
         raise ModelLoadError(
             f"timm could not build '{spec}': {short_reason(exc)}",
             "Check the name with 'gradexplorer models --task timm', or choose other weights.",
         ) from exc
+
+
+def _from_file(timm: Any, spec: str, name: str, file: Path) -> torch.nn.Module:
+    """``name`` built by timm with the weights of ``file``, read here (never unpickled, its
+    tensors measured first) and handed to timm's loader, which adapts them to the model."""
+    state = read_weights(file)
+    overlay = {"state_dict": dict(state), "file": None, "source": "", "custom_load": False}
+    return _create(timm, spec, name, pretrained=True, pretrained_cfg_overlay=overlay)
 
 
 def _default_label(timm: Any, name: str) -> str:
@@ -237,10 +266,7 @@ def _pretrained(timm: Any, spec: str, name: str,
         )
     file = cached_weights_file(cfg)
     if file is not None:
-        # timm's loader reads the cached file itself: 'file' is its own override of the
-        # source, custom_load off since the cache holds a state dict (not, say, an .npz).
-        overlay = {"file": str(file), "source": "", "custom_load": False}
-        return _create(timm, spec, name, pretrained=True, pretrained_cfg_overlay=overlay), label
+        return _from_file(timm, spec, name, file), label
     if hub_offline():
         raise WeightsUnavailable(
             f"The weights of '{spec}' ({label}) are not in the Hugging Face cache "
@@ -252,9 +278,14 @@ def _pretrained(timm: Any, spec: str, name: str,
         if cfg.get("hf_hub_id"):
             # Into the cache, with progress, then read from there as a cached file is.
             file = _download(cfg, progress)
-            overlay = {"file": str(file), "source": "", "custom_load": False}
-            return _create(timm, spec, name, pretrained=True, pretrained_cfg_overlay=overlay), label
-        return timm.create_model(name, pretrained=True, cache_dir=str(hub_cache_dir())), label
+        else:
+            # Weights timm fetches from a URL land in torch's hub cache, where
+            # cached_weights_file finds them; they are read from there as any cached file.
+            from torch.hub import download_url_to_file
+
+            file = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(str(cfg["url"]))
+            file.parent.mkdir(parents=True, exist_ok=True)
+            download_url_to_file(str(cfg["url"]), str(file), progress=False)
     except ModelLoadError:
         raise
     except Exception as exc:  # network, hub and file errors come in many types
@@ -263,6 +294,7 @@ def _pretrained(timm: Any, spec: str, name: str,
             "Check the network connection (or copy the files into the Hugging Face cache), or "
             "leave --weights out for a random initialisation.",
         ) from exc
+    return _from_file(timm, spec, name, file), label
 
 
 def _download(cfg: dict[str, Any], progress: Callable[[int, int], None] | None) -> Path:

@@ -165,18 +165,41 @@ def _described(
         notes.append(f"preprocessing {verb} {weights_name(described)}")
     if not assumed:
         notes.extend(_task_notes(task, weights, prep.input_shape))
+    categories = list(weights.meta["categories"]) if weights is not None else None
+    if categories is None and described is not None and label is None:
+        # Random weights keep the default weights' classes when the head has as many
+        # outputs: "Greater Swiss Mountain dog", not "class 238" (a user's file of weights
+        # may hold any classes: it is left unnamed).
+        borrowed = described.meta.get("categories")
+        if borrowed and _head_outputs(module) == len(borrowed):
+            categories = list(borrowed)
+            notes.append(f"class names borrowed from {weights_name(described)}")
     return LoadedModel(
         module=module.eval(),
         spec=spec,
         name=name_shown,
         weights=label,
-        categories=list(weights.meta["categories"]) if weights is not None else None,
+        categories=categories,
         preprocess=prep.transform,
         preprocess_description=prep.description,
         input_shape=prep.input_shape,
         task=task,
         notes=notes,
     )
+
+
+def _head_outputs(module: nn.Module) -> int | None:
+    """How many outputs the model's last layer gives (its last Linear's features, or its last
+    convolution's channels for a segmentation head), when that tells the classes."""
+    last = None
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            last = m
+    if isinstance(last, nn.Linear):
+        return int(last.out_features)
+    if isinstance(last, nn.Conv2d):
+        return int(last.out_channels)
+    return None
 
 
 def _enum_for_file(enum_cls: type[WeightsEnum] | None, path: Path) -> WeightsEnum | None:

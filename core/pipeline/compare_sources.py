@@ -109,29 +109,40 @@ class Variant:
         return dataclasses.replace(base, **changes)
 
     def describe(self, base: CaptureOptions) -> str:
-        """B in a few words, as the comparison's label (``"autocast bf16"``)."""
-        words = []
-        for k, v in self.changes(base).items():
-            if k == "autocast":
-                words.append(f"autocast {v}" if v else "no autocast")
-            elif k == "train":
-                words.append("train mode" if v else "eval mode")
-            elif k == "batch":
-                words.append("input " + (", ".join(v.sources()) or "default"))
-            else:
-                words.append(f"{k} {v}")
-        return ", ".join(words)
+        """What B changes, in a few words (``"autocast bf16"``)."""
+        return _describe_fields(self.changes(base))
+
+    def report_names(self, base: CaptureOptions) -> tuple[str, str]:
+        """A and B named by what tells them apart, for the comparison's report: the model,
+        then A's and B's values of what B changes (``"resnet18, eval mode"`` against
+        ``"resnet18, train mode"``; A had been named "resnet18", B "train mode")."""
+        changes = self.changes(base)
+        mine = {k: getattr(base, k) for k in changes}
+        model_a = base.model
+        model_b = changes.pop("model", base.model)
+        mine.pop("model", None)
+        a = ", ".join(w for w in (model_a, _describe_fields(mine, base=True)) if w)
+        b = ", ".join(w for w in (model_b, _describe_fields(changes)) if w)
+        return a, b
 
 
-def describe_options(options: CaptureOptions) -> str:
-    """A in a few words: model, weights and what is not default."""
-    words = [options.model]
-    if options.weights:
-        words.append(f"weights {options.weights}")
-    if options.autocast:
-        words.append(f"autocast {options.autocast}")
-    if options.train:
-        words.append("train mode")
+def _describe_fields(fields: dict[str, Any], base: bool = False) -> str:
+    """Option fields in a few words; ``base``: the values of the capture B is compared with
+    (no weights: random init or the model's own; no autocast: its dtype)."""
+    words = []
+    for k, v in fields.items():
+        if k == "autocast":
+            words.append(f"autocast {v}" if v else "no autocast")
+        elif k == "train":
+            words.append("train mode" if v else "eval mode")
+        elif k == "batch":
+            words.append("input " + (", ".join(v.sources()) or "default"))
+        elif k == "weights" and v is None:
+            words.append("its own weights" if base else "no weights")
+        elif v is None:
+            words.append(f"default {k}")
+        else:
+            words.append(f"{k} {v}")
     return ", ".join(words)
 
 
@@ -214,8 +225,8 @@ def compare_variant(
     batch_b = None if (variant.new_batch or variant.new_model) else (job_a.batch or batch)
     job_b = CaptureJob(options_b, _staged(progress, "B"), cancel, loaded=loaded_b, batch=batch_b, lock=lock)
     b = job_b.run()
-    result = compare(a, b, tolerance=tolerance, label_a=describe_options(base),
-                     label_b=variant.describe(base))
+    label_a, label_b = variant.report_names(base)
+    result = compare(a, b, tolerance=tolerance, label_a=label_a, label_b=label_b)
     return ComparedRuns(a, b, result, base, options_b)
 
 

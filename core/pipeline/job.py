@@ -55,7 +55,7 @@ from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.selection import resolve_layers
 from gradexplorer.capturing.targets import output_keys, parse_target
 from gradexplorer.hooks.installed import hooks_installed
-from gradexplorer.model_graph.graph import graph_for_capture
+from gradexplorer.model_graph.graph import ModelGraph, extract_graph, graph_for_capture
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.provenance import build_meta
@@ -84,8 +84,11 @@ __all__ = [
     "OverBudget",
     "PreparedModel",
     "ProgressCallback",
+    "ProbeOverBudget",
     "default_batch_spec",
+    "probe_graph",
     "probe_model",
+    "probe_sample",
 ]
 
 
@@ -211,6 +214,106 @@ class PreparedModel:
     options: CaptureOptions | None = None
 
 
+def probe_sample(module: torch.nn.Module, input_shape: tuple[int | None, ...] | None,
+                 sample: torch.Tensor | ModelInputs | None = None, memory_budget: int | None = None,
+                 force: bool = False) -> torch.Tensor | ModelInputs | None:
+    """The one sample a probe forward runs on (the module tree's probe, the model graph).
+
+    The first sample of ``sample``: a view, so that an expanded batch (gigabytes declared in
+    a few bytes) stays expanded, never a dense copy. Without one, a random sample that
+    follows the model (the default batch's rule: its dtype, token ids for an ``Embedding``)
+    of ``input_shape``, refused before it is made when it alone is over the budget.
+
+    Parameters
+    ----------
+    module : nn.Module
+    input_shape : tuple or None
+        The shape of one sample (``LoadedModel.input_shape``); unknown sizes count as unknown.
+    sample : Tensor or ModelInputs, optional
+        A batch (``Batch.model_input``).
+    memory_budget : int, optional
+        Bytes (``--memory-budget``); by default half of the free RAM.
+    force : bool
+        Make the random sample even over the budget.
+
+    Returns
+    -------
+    Tensor, ModelInputs or None
+        None when there is no batch and the model's input shape is not known.
+
+    Raises
+    ------
+    ProbeOverBudget
+        The random sample alone is over the budget.
+    """
+    if sample is not None and sample.dim() > 0 and len(sample) > 0:
+        return sample[:1]
+    if input_shape is None or not all(isinstance(d, int) for d in input_shape):
+        return None
+    shape = batches.random_shape_for(module, input_shape, n=1)
+    if shape is None:
+        return None
+    recipe = batches.recipe_for(module)
+    dtype = torch.int64 if recipe.vocab is not None else recipe.dtype
+    size = torch.Size(shape).numel() * dtype.itemsize
+    limit = memory_budget if memory_budget is not None else budget_bytes("cpu")
+    if not force and limit is not None and size > limit:
+        source = "set by --memory-budget" if memory_budget is not None else "half of the free RAM"
+        raise ProbeOverBudget(
+            f"one random sample of the model's input shape ({'x'.join(map(str, shape[1:]))}) takes "
+            f"{format_bytes(size)} but the memory budget is {format_bytes(limit)} ({source});",
+            "load a smaller input batch (a smaller picture or fewer tokens), or a --memory-budget above that if "
+            "this machine has the memory.")
+    # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
+    # fail on an fp16 model or index an Embedding with floats.
+    made = batches.random_batch(shape, recipe=recipe)
+    return made.tensor
+
+
+def probe_graph(module: torch.nn.Module, sample: torch.Tensor | ModelInputs | None = None,
+                input_shape: tuple[int | None, ...] | None = None, lock: Any = None,
+                memory_budget: int | None = None, force: bool = False) -> ModelGraph:
+    """The model graph (``gradexplorer.model_graph.graph.extract_graph``) from one forward on the
+    sample the module tree's probe takes (:func:`probe_sample`: the first of ``sample``, a view,
+    else one random sample), held to the memory budget as that probe is (:func:`probe_fits`).
+
+    Parameters
+    ----------
+    module : nn.Module
+        Left as it was.
+    sample : Tensor or ModelInputs, optional
+        A batch (``Batch.model_input``); only its first sample runs.
+    input_shape : tuple, optional
+        The shape of one sample, for a random sample when there is no batch.
+    lock : context manager, optional
+        Held while the probe's hooks are on the model, so that a capture never sees them.
+    memory_budget : int, optional
+        Bytes the forward may hold; by default half of the free RAM.
+    force : bool
+        Run even over the budget.
+
+    Returns
+    -------
+    ModelGraph
+
+    Raises
+    ------
+    ProbeOverBudget
+        The forward (or the random sample) is over the budget; nothing of its size was made.
+    GradExplorerError
+        No batch and an unknown input shape; the forward failed (``CaptureError``).
+    """
+    x = probe_sample(module, input_shape, sample, memory_budget, force)
+    if x is None:
+        raise GradExplorerError("the graph needs one sample to run, and this model's input shape is not known;",
+                                "load an input batch (pictures, a .pt tensor, or a random batch of the shape it "
+                                "takes).")
+    with lock if lock is not None else nullcontext():
+        if not force:
+            probe_fits(module, x, memory_budget)
+        return extract_graph(module, x)
+
+
 def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None = None,
                 lock: Any = None, memory_budget: int | None = None, force: bool = False) -> PreparedModel:
     """Build the module tree of ``loaded`` and probe it with one forward (no gradients).
@@ -235,16 +338,12 @@ def probe_model(loaded: LoadedModel, sample: torch.Tensor | ModelInputs | None =
         :class:`ProbeOverBudget` when it was not run, being over the budget).
     """
     tree = ModuleTree.build(loaded.module)
-    x = None
-    if sample is not None and sample.dim() > 0 and len(sample) > 0:
-        x = sample[:1]
-    elif loaded.input_shape is not None and all(isinstance(d, int) for d in loaded.input_shape):
-        # The default batch's rule (dtype, token ids), one sample: zeros in float32 would
-        # fail on an fp16 model or index an Embedding with floats.
-        made = batches.random_batch_for(loaded.module, loaded.input_shape, n=1)
-        x = made.tensor if made is not None else None
     keys: list[str] = []
-    error = None
+    error: GradExplorerError | None = None
+    try:
+        x = probe_sample(loaded.module, loaded.input_shape, sample, memory_budget, force)
+    except ProbeOverBudget as exc:
+        x, error = None, exc
     if x is not None:
         seen: list[Any] = []
 
@@ -398,7 +497,16 @@ class CaptureJob:
             self.check_cancel()
             self._report(STAGE_LOAD_MODEL)
         self.loaded = load_model(o.model, weights=o.weights, arch=o.arch, trust=o.trust, hf_class=o.hf_class,
+                                 memory_budget=o.memory_budget,
                                  progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total))
+        if o.tokenizer is not None:
+            # Deferred, as load_model: it imports hf_models, which brings torchvision's weight tables.
+            from gradexplorer.models.tokenizer import load_tokenizer, with_tokenizer
+
+            self.check_cancel()
+            tok = load_tokenizer(o.tokenizer, trust=o.trust,
+                                 progress=lambda done, total: self._report(STAGE_DOWNLOAD, done, total))
+            self.loaded = with_tokenizer(self.loaded, tok)
         self.check_cancel()
         self._timed("load_model", start)
         return self.loaded

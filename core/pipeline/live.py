@@ -154,11 +154,8 @@ def live_batch(inputs: Any, *, labels: Any = None, names: Sequence[str] | None =
         No tensor among the inputs, a batch of no samples, labels of the wrong length.
     """
     model_input = _model_inputs(inputs)
-    try:
-        primary = model_input.primary if isinstance(model_input, ModelInputs) else model_input
-    except StopIteration:
-        raise GradExplorerError("the inputs hold no tensor;",
-                                "pass the batch as a tensor, or among the arguments the model takes.") from None
+    # ModelInputs.primary refuses inputs without a tensor, naming them.
+    primary = model_input.primary if isinstance(model_input, ModelInputs) else model_input
     if primary.dim() == 0:
         raise GradExplorerError(f"the input is a single number ({primary.item()!r}), not a batch;",
                                 "give a tensor whose first dimension is the batch, e.g. x.unsqueeze(0).")
@@ -227,7 +224,7 @@ def live_request(module: nn.Module, inputs: Any = None, *, layers: str | Sequenc
                 "for text, pass the model's tokenizer: gradexplorer.explore(model, texts, tokenizer=tokenizer); "
                 "otherwise pass a tensor, a tuple or a dict of tensors (pictures: load them first, or open them "
                 "in the window's Input batch panel).")
-        batch = load_text([inputs] if isinstance(inputs, str) else list(inputs), loaded)
+        batch = load_text([inputs] if isinstance(inputs, str) else list(inputs), loaded, memory_budget)
     elif inputs is not None:
         batch = live_batch(inputs, labels=labels if not isinstance(labels, str) else None)
         if tokenizer is not None:

@@ -155,6 +155,10 @@ class CaptureOptions:
         Run even when the estimate is over the budget.
     hf_class : str or None
         For an ``hf:`` model: the transformers class or task word to build (``--hf-class``).
+    tokenizer : str or None
+        A tokenizer for a model that came without one (``--tokenizer``): a folder that
+        ``tokenizer.save_pretrained`` wrote, or ``hf:ORG/NAME``
+        (``gradexplorer.models.tokenizer.load_tokenizer``).
     """
 
     model: str
@@ -173,6 +177,7 @@ class CaptureOptions:
     memory_budget: int | None = None
     force: bool = False
     hf_class: str | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise what front ends naturally hand over (lists, None) so that equal
@@ -184,7 +189,7 @@ class CaptureOptions:
                 "no model was given;",
                 "give --model: a torchvision name (resnet18), demo:shapes, a checkpoint file or module:function.",
             )
-        for name in ("weights", "arch", "labels", "hf_class"):
+        for name in ("weights", "arch", "labels", "hf_class", "tokenizer"):
             value = getattr(self, name)
             put(self, name, str(value).strip() or None if value is not None else None)
         if isinstance(self.layers, str):

@@ -18,6 +18,7 @@ in between, so a stale result arriving late never replaces a fresh one.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from gradexplorer.capturing.selection import resolve_layers
 from gradexplorer.capturing.targets import parse_target
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.job import CaptureJob, PreparedModel, probe_model
-from gradexplorer.pipeline.options import MODES, BatchSpec, CaptureOptions
+from gradexplorer.pipeline.options import MODES, TEXT_SOURCE, BatchSpec, CaptureOptions
 
 __all__ = ["MODES", "PreparedModel", "RunRequest", "Session", "prepare_model", "probe_failed_message",
            "tree_from_names"]
@@ -183,6 +184,13 @@ class RunRequest:
 # ---------------------------------------------------------------------------
 
 
+class _Keep(enum.Enum):
+    """``Session.set_model``'s default: the batch stays."""
+
+    BATCH = enum.auto()
+
+
+
 class Session:
     """What the user is looking at, and the settings of the next run.
 
@@ -242,10 +250,24 @@ class Session:
         self._run_lock = threading.Lock()
 
     # -- model and tree -------------------------------------------------------------
-    def set_model(self, prepared: PreparedModel | LoadedModel | None) -> None:
-        """Show a new model (or none). Keeps the layer selection when the same spec is
-        loaded again (names that still exist), else selects every leaf. Drops the
-        capture and invalidates a run in flight."""
+    def set_model(self, prepared: PreparedModel | LoadedModel | None,
+                  batch: Batch | _Keep | None = _Keep.BATCH, sources: list[str] | None = None) -> None:
+        """Show a new model (or none), with its batch when one is given. Keeps the layer
+        selection when the same spec is loaded again (names that still exist), else selects
+        every leaf. Drops the capture and invalidates a run in flight.
+
+        Parameters
+        ----------
+        prepared : PreparedModel, LoadedModel or None
+        batch : Batch or None, optional
+            The batch that comes with the model (``None``: no batch); by default the batch
+            stays. Both are in place before anything is announced: a listener of
+            ``model_changed`` never sees the new model with the old batch, nor without its
+            own (it would probe a model on a batch made for another, or make a sample of its
+            own).
+        sources : list of str, optional
+            Where ``batch`` came from (as for :meth:`set_batch`).
+        """
         if isinstance(prepared, LoadedModel):
             # No probe here: it runs the model, which the GUI thread must not do.
             prepared = PreparedModel(prepared, ModuleTree.build(prepared.module))
@@ -260,12 +282,18 @@ class Session:
             self.tree = prepared.tree
             self.output_keys = list(prepared.output_keys)
             self.probe_error = prepared.probe_error
+        new_batch = not isinstance(batch, _Keep)
+        if not isinstance(batch, _Keep):
+            self.batch = batch
+            self.batch_sources = list(sources) if sources is not None else []
         if self.output_key is not None and self.output_key not in self.output_keys:
             self.output_key = None
         self.capture = None
         self.capture_path = None
         self.model_changed.emit(self.model)
         self.tree_changed.emit(self.tree)
+        if new_batch:
+            self.batch_changed.emit(self.batch)
         self.capture_changed.emit(None)
         if self.tree is None:
             new_selection: frozenset[str] = frozenset()
@@ -473,21 +501,31 @@ class Session:
         if self.model is None:
             raise GradExplorerError("No model is loaded.", "Choose a model in the Model panel first.")
         source = self.model_options
-        hf_class = None
+        hf_class = tokenizer = None
         if source is not None and source.model == self.model.spec:
             weights, arch, trust, hf_class = source.weights, source.arch, source.trust, source.hf_class
+            tokenizer = source.tokenizer
         else:
             weights = self.model.weights
             if weights is not None and weights.startswith("file:"):
                 weights = weights[len("file:"):]
             arch, trust = None, False
         return CaptureOptions(
-            model=self.model.spec, weights=weights, arch=arch, trust=trust, hf_class=hf_class,
+            model=self.model.spec, weights=weights, arch=arch, trust=trust, hf_class=hf_class, tokenizer=tokenizer,
             batch=BatchSpec.from_sources(self.batch_sources), labels=self.labels_text or None,
-            layers=tuple(self.selected_in_order()), target=self.target_spec(), device=self.device,
+            layers=self._layers_option(), target=self.target_spec(), device=self.device,
             mode=self.mode, train=self.train, input_grad=self.input_grad, autocast=self.autocast,
             memory_budget=self.memory_budget, force=force,
         )
+
+    def _layers_option(self) -> tuple[str, ...]:
+        """The options' layers: none (the default selection, which also holds the modules
+        that own parameters themselves and those that compute without running their
+        children: ``gradexplorer.capturing.selection``) while every leaf is ticked, as the
+        command line does without ``--layers``; else the ticked modules."""
+        if self.tree is not None and self.selection and self.selection == frozenset(self.tree.leaves()):
+            return ()
+        return tuple(self.selected_in_order())
 
     def run_request(self, new_generation: bool = True) -> RunRequest:
         """Copy what the next run needs, starting a new generation (unless told not to).
@@ -592,9 +630,16 @@ class Session:
             for name, rec in cap.layers.items():
                 node = tree[name]
                 node.calls = len(rec.calls)
+                # The parameters the capture holds a gradient of: the model's are not here (the
+                # tree had said "0 parameters").
+                node.own_params = sum(int(s["numel"]) for s in rec.param_stats.values() if s)
                 # A dataset capture records no shape (nor dtype): unknown, not a scalar.
                 node.output_shapes = [tuple(c.shape) for c in rec.calls if c.shape or c.dtype]
                 node.output_dtype = rec.calls[0].dtype if rec.calls else ""
+            for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):  # sums, innermost first
+                node.total_params += node.own_params
+                if node.parent is not None:
+                    tree.nodes[node.parent].total_params += node.total_params
             self.model, self.tree, self.output_keys, self.probe_error = None, tree, [], None
             self.batch, self.batch_sources = None, []
             self.model_changed.emit(None)
@@ -611,13 +656,14 @@ class Session:
         return self._run_lock
 
     def files_read(self) -> list[str]:
-        """The files the session read: the model (a file, or a factory's file), its weights
-        and labels, the batch's sources (a folder stands for its pictures), the capture file
-        opened. An export written over one of them would destroy it: every export checks its
+        """The files the session read: the model (a file, or a factory's file), its weights,
+        labels and tokenizer, the batch's sources (a folder stands for its files), the capture
+        file opened. An export written over one of them would destroy it: every export checks its
         path against these (``gradexplorer.base.file_write.check_output_path``, by inode)."""
         o = self.model_options
-        read = [o.model, o.weights, o.labels] if o is not None else []
-        read += self.batch_sources
+        read = [o.model, o.weights, o.labels, o.tokenizer] if o is not None else []
+        # A text sample names a file only when it is one (a .txt of samples): the prefix goes.
+        read += [s[len(TEXT_SOURCE):] if s.startswith(TEXT_SOURCE) else s for s in self.batch_sources]
         if self.capture_path:
             read.append(self.capture_path)
         return [r for r in read if r]

@@ -35,7 +35,7 @@ from gradexplorer.base.forward_errors import forward_fix
 from gradexplorer.batches import load_batch
 from gradexplorer.batches.images import expand_image_paths
 from gradexplorer.capturing.capture import CancelFlag
-from gradexplorer.capturing.data import CallRecord, CallStats, Capture, LayerRecord
+from gradexplorer.capturing.data import CallRecord, CallStats, Capture, LayerRecord, param_name
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
@@ -175,7 +175,7 @@ def recorded_params(model: nn.Module, layers: LayerSpec, selected: Sequence[str]
     ``selected`` modules (and their children), every one when ``layers`` is ``None``."""
     params = _trainable(model)
     if layers is not None:
-        chosen = {n for n in params if any(n.startswith(layer + ".") for layer in selected)}
+        chosen = {n for n in params if any(not layer or n.startswith(layer + ".") for layer in selected)}
         params = {n: p for n, p in params.items() if n in chosen}
     return params
 
@@ -261,7 +261,10 @@ def capture_dataset(
     if device is not None:
         run_device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     stats = DatasetStats()
-    recorder = LayerRecorder(model, selected, cancel=cancel)
+    # The recorder's gradients are those of this capture's own backward only, not of one
+    # that the model's forward runs itself (a force field's forces).
+    own_backward = [False]
+    recorder = LayerRecorder(model, selected, cancel=cancel, when=lambda: own_backward[0])
     done = 0
     with model_state_preserved(model, False, run_device):
         dev = run_device or next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -280,8 +283,10 @@ def capture_dataset(
                 output = run_forward(model, x, primary, index)
                 scalar = target_scalar(output, tgt, labels)
                 wrt: list[torch.Tensor] = list(all_params.values()) or [primary]
+                own_backward[0] = True
                 grads = torch.autograd.grad(scalar, wrt, allow_unused=True)
             finally:
+                own_backward[0] = False
                 recorder.remove()
             grad_of = dict(zip(all_params, grads)) if all_params else {}
             param_grads = {n: grad_of[n].detach() for n in params if grad_of.get(n) is not None}
@@ -482,7 +487,7 @@ def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], met
             entry["grad_input"] = None
             rec.calls.append(CallRecord(stats=entry))
         for pname, _p in module.named_parameters(recurse=False):
-            s = stats.rows.get((f"{name}.{pname}", 0, "grad"))
+            s = stats.rows.get((param_name(name, pname), 0, "grad"))
             rec.param_stats[pname] = _stats_entry(s) if s is not None else None
             rec.param_grads[pname] = None
         out_layers[name] = rec

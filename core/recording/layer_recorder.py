@@ -12,6 +12,13 @@ hooks return nothing, so the values and gradients flowing through are not change
 hooks are those of one ``gradexplorer.hooks.hooks_installed`` block, opened by
 ``install()`` and closed by ``remove()``, which takes every handle off.
 
+Small float32 CPU tensors (``gradexplorer.stats.merge.TOGETHER_VALUES``) are not summarised in their hook:
+an activation is copied, a gradient (which autograd does not change while it is held)
+kept, and they are summarised together (``MergeStats.of_tensors``: one compiled call)
+when the hooks come off, or whenever ``SMALL_BATCH_BYTES`` of them are held. Alone, such a
+tensor costs microseconds of calls around nanoseconds of arithmetic; the numbers are the
+same either way.
+
 An output (or its gradient) that is a ``DTensor`` (tensor parallelism with
 ``use_local_output=False``) is summarised by the part this rank holds, as a plain local
 output would be; one whose reduction is still pending (``Partial``: each rank holds a
@@ -32,10 +39,13 @@ from gradexplorer.capturing import recomputation
 from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.capturing.sharded_params import is_dtensor
 from gradexplorer.hooks.installed import Hooks, hooks_installed
-from gradexplorer.stats.merge import MergeStats, per_sample_norms
+from gradexplorer.stats.merge import TOGETHER_VALUES, MergeStats, per_sample_norms
 
 #: Row key: (layer or parameter name, call index, kind).
 RowKey = tuple[str, int, str]
+
+#: Bytes of small tensors held before they are summarised: what bounds the memory they take.
+SMALL_BATCH_BYTES = 16 << 20
 
 
 class LayerRecorder:
@@ -53,15 +63,21 @@ class LayerRecorder:
         asked once per backward, the gradients are divided by it.
     cancel : object with ``is_set()``, optional
         Checked at every hooked call and gradient: raises ``CaptureCancelled``.
+    when : callable, optional
+        Gradients are recorded only in the backwards during which ``when()`` is true (the
+        recorder's own, not one that the model's forward runs itself:
+        ``gradexplorer.hooks.installed.Hooks.gradient``); ``None``: in every backward.
     """
 
     def __init__(self, model: nn.Module, layers: Iterable[str], *, grad_norms: bool = True,
-                 grad_scale: Callable[[], float] | None = None, cancel: Any = None) -> None:
+                 grad_scale: Callable[[], float] | None = None, cancel: Any = None,
+                 when: Callable[[], bool] | None = None) -> None:
         modules = dict(model.named_modules())
         self.modules = {name: modules[name] for name in layers}
         self.grad_norms = grad_norms
         self.grad_scale = grad_scale
         self.cancel = cancel
+        self.when = when
         self.rows: dict[RowKey, MergeStats] = {}
         self.calls: dict[str, int] = {}
         #: (module, what) whose output or output gradient could not be summarised, and why.
@@ -69,12 +85,17 @@ class LayerRecorder:
         self._scale: float | None = None
         self._installed = ExitStack()  # the open hooks_installed block, while installed
         self._hooks: Hooks | None = None
+        # Small tensors to summarise together: (row key, tensor, whether it stands for its
+        # per-sample norms), and their bytes.
+        self._held: list[tuple[RowKey, torch.Tensor, bool]] = []
+        self._held_bytes = 0
 
     def install(self) -> None:
         """Start a fresh recording: forward hooks on every selected module."""
         self.remove()
         self.rows = {}
         self.calls = {}
+        self._held, self._held_bytes = [], 0
         self.unrecorded = {}
         self._scale = None
         hooks = self._hooks = self._installed.enter_context(hooks_installed())
@@ -82,9 +103,35 @@ class LayerRecorder:
             hooks.forward(module, lambda m, a, o, _n=name: self._on_forward(_n, o))
 
     def remove(self) -> None:
-        """Take every hook off (forward and tensor hooks); the rows stay."""
+        """Take every hook off (forward and tensor hooks) and summarise what is held; the
+        rows stay."""
         self._hooks = None
         self._installed.close()
+        self.flush()
+
+    def flush(self) -> None:
+        """Summarise the small tensors held so far, together, into ``rows``."""
+        if not self._held:
+            return
+        held, self._held, self._held_bytes = self._held, [], 0
+        with torch.no_grad():
+            values = [per_sample_norms(t) if norms else t for _key, t, norms in held]
+            for (key, _t, _norms), stats in zip(held, MergeStats.of_tensors(values)):
+                self.rows[key] = stats
+
+    def _summarise(self, key: RowKey, t: torch.Tensor, copy: bool, norms: bool = False) -> None:
+        """``rows[key]`` of ``t`` (of its per-sample norms, with ``norms``): at once, or for
+        a small float32 CPU tensor when the hooks come off (copied now with ``copy``)."""
+        if t.dtype == torch.float32 and t.is_cpu and 0 < t.numel() <= TOGETHER_VALUES:
+            if copy:
+                t = t.detach().clone()
+            self._held.append((key, t, norms))
+            self._held_bytes += t.numel() * 4
+            if self._held_bytes >= SMALL_BATCH_BYTES:
+                self.flush()
+            return
+        with torch.no_grad():
+            self.rows[key] = MergeStats.of_tensor(per_sample_norms(t) if norms else t)
 
     def __enter__(self) -> LayerRecorder:
         self.install()
@@ -112,13 +159,14 @@ class LayerRecorder:
             return
         values = self._local(name, y, "activation")
         if values is not None:
-            with torch.no_grad():
-                self.rows[(name, call, "activation")] = MergeStats.of_tensor(values)
+            # A copy of a small one: a later in-place op (ReLU(inplace), +=) would change it.
+            self._summarise((name, call, "activation"), values, copy=True)
         if y.requires_grad and self._hooks is not None:
-            def on_grad(g: torch.Tensor, _n: str = name, _c: int = call) -> None:
-                self._on_grad(_n, _c, g)
+            def on_grad(g: torch.Tensor | None, _n: str = name, _c: int = call) -> None:
+                if g is not None:  # None: autograd gave none (an output the target does not use)
+                    self._on_grad(_n, _c, g)
 
-            self._hooks.gradient(y, on_grad)
+            self._hooks.gradient(y, on_grad, when=self.when)
 
     def _local(self, name: str, t: torch.Tensor, what: str) -> torch.Tensor | None:
         """``t``, or this rank's part of a DTensor; None for a pending reduction (noted)."""
@@ -144,7 +192,8 @@ class LayerRecorder:
             g = grad
             if self._scale not in (None, 1.0):
                 g = grad.float() / self._scale
-            self.rows[(name, call, "grad_output")] = MergeStats.of_tensor(g)
-            if self.grad_norms and g.dim() >= 1:
-                self.rows[(name, call, "grad_norm")] = MergeStats.of_tensor(per_sample_norms(g))
+        # Autograd does not change a gradient it handed to a hook while it is held: no copy.
+        self._summarise((name, call, "grad_output"), g, copy=False)
+        if self.grad_norms and g.dim() >= 1:
+            self._summarise((name, call, "grad_norm"), g, copy=False, norms=True)
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import os
 import sqlite3
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gradexplorer.files.capture_file import atomic_save
+from gradexplorer.recording.timeline_table import timeline_frame, timeline_html
 from gradexplorer.recording.watch_log import MODULE_KINDS, STAT_COLUMNS, decode_hist, open_log, read_meta
 
 #: Statistics a timeline can show (``stats`` table columns), and ``max_abs``.
@@ -71,6 +73,28 @@ class Timeline:
     kind: str
     stat: str
     meta: dict = field(default_factory=dict)
+
+    def row_type(self, row: str) -> str:
+        """The class of the module a row belongs to (``"Conv2d"``), or "" when the source
+        does not record it (a log written before it did). A parameter's row
+        (``features.0.weight``) is its module's."""
+        types = self.meta.get("layer_types")
+        if not isinstance(types, dict):
+            return ""
+        name = row.split("#", 1)[0]
+        if self.kind not in MODULE_KINDS:
+            name = name.rpartition(".")[0]
+        return str(types.get(name, ""))
+
+    def to_pandas(self) -> Any:
+        """The matrix as a pandas DataFrame: a row per layer, a column per step
+        (``gradexplorer.recording.timeline_table``)."""
+        return timeline_frame(self)
+
+    def _repr_html_(self) -> str:
+        """The compact table a notebook shows (``gradexplorer.recording.timeline_table``)."""
+        flags = gradient_flags(self) if self.kind == "grad_output" and self.stat == "l2" else []
+        return timeline_html(self, flags)
 
     def extend(self, other: Timeline) -> Timeline:
         """This timeline followed by ``other``'s later steps (rows united, new ones last)."""
@@ -142,7 +166,9 @@ def read_timeline(source: str | os.PathLike | sqlite3.Connection, kind: str = "g
     if isinstance(known, list):
         # Forward (registration) order, whatever order backward wrote the rows in.
         rank_of = {name: i for i, name in enumerate(known)}
-        labels = sorted(order, key=lambda lab: (rank_of.get(lab.split("#")[0], len(rank_of)), order[lab]))
+        # A layer's calls in their order (backward had written relu#1 before relu#0).
+        labels = sorted(order, key=lambda lab: (rank_of.get(lab.split("#")[0], len(rank_of)),
+                                                int(lab.partition("#")[2] or 0), order[lab]))
     else:
         labels = list(order)
     index = {lab: i for i, lab in enumerate(labels)}
@@ -181,7 +207,9 @@ def timeline_from_capture(cap: Any, kind: str = "grad_output", stat: str = "l2")
     idx = sorted(range(len(rows)), key=lambda i: (rank_of.get(rows[i].split("#")[0], len(rank_of)), rows[i]))
     steps = np.asarray(series["batch"], dtype=np.int64)
     mat = np.array([values[i] for i in idx]) if idx else np.zeros((0, steps.size))
-    return Timeline(steps, [rows[i] for i in idx], mat, np.full(steps.size, np.nan), kind, stat, {})
+    types = {name: rec.type for name, rec in cap.layers.items()} if hasattr(cap, "layers") else {}
+    return Timeline(steps, [rows[i] for i in idx], mat, np.full(steps.size, np.nan), kind, stat,
+                    {"layer_types": types})
 
 
 def layer_histograms(source: str | os.PathLike | sqlite3.Connection, layer: str, call: int = 0,
@@ -207,6 +235,33 @@ class Onset:
     step: int
     layer: str
     kind: str
+
+
+def histogram_rows(counts: np.ndarray, gap: int = 2) -> list[int | None]:
+    """The bins a picture of ``counts`` (steps × ``HIST_BINS``) shows, bottom to top: every
+    bin from the first used to the last, except that a run of more than ``2 * gap`` empty
+    bins keeps ``gap`` on each side and stands for the rest as one ``None`` row. A gradient
+    of both signs fills the octaves down to 2^-40 or so and leaves the fifty-odd bins
+    between -2^-40 and +2^-40 empty: shown whole, they had taken most of the strip.
+
+    Returns
+    -------
+    list of int or None
+        Bin indices in increasing order of value, ``None`` where empty bins were left out.
+    """
+    if not counts.size:
+        return []
+    used = np.flatnonzero(np.asarray(counts).reshape(-1, counts.shape[-1]).sum(axis=0))
+    if len(used) == 0:
+        return []
+    rows: list[int | None] = []
+    for a, b in itertools.pairwise(int(u) for u in used):
+        if b - a - 1 > 2 * gap:
+            rows += list(range(a, a + gap + 1)) + [None] + list(range(b - gap, b))
+        else:
+            rows += list(range(a, b))
+    rows.append(int(used[-1]))
+    return rows
 
 
 def nonfinite_onset(source: str | os.PathLike | sqlite3.Connection, rank: int | None = None) -> Onset | None:

@@ -40,6 +40,13 @@ What it does, and why it is built this way:
   activation, output-gradient and per-sample-norm rows are then each rank's own
   (``rank = r``), parameter rows still merged (``rank = -1``); the log's ``meta`` says so
   (``module_rows``, ``tensor_parallel``), and so do one report and one logged warning.
+* Trainers that own the loop (``gradexplorer.integrations``) use three more calls:
+  ``record_gradients()`` reads the parameter gradients when the optimizer is about to
+  step (after the trainer's unscaling and clipping, from an optimizer step pre-hook),
+  and ``step()`` logs those instead of reading ``.grad`` again; ``pause()`` and
+  ``resume()`` take the hooks off between training batches (validation, evaluation) and
+  put them back, the statistics recorded so far in the step kept and merged with what
+  follows (under gradient accumulation, every micro-batch of the optimizer step).
 * A rank that dies breaks the others' next collective. When that is the watch's gather,
   the watch raises its own message (the step, the process group's timeout); when it is
   the training's own (FSDP2's all-gather in the user's forward, DDP's all-reduce), torch's
@@ -52,17 +59,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import check_outside_model_caches
 from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.recording.collective_failure import collective_failed, group_timeout, is_collective_failure
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.recording.sharded import local_part, refuse_flat_sharding, tensor_parallelism
+from gradexplorer.recording.tensorboard import TensorBoardStream
 from gradexplorer.recording.watch_log import MODULE_KINDS, WatchLogWriter, stats_row
 from gradexplorer.stats.merge import MergeStats
 from gradexplorer.stats.merge_cpu import distance
@@ -96,16 +107,35 @@ def _loss_value(loss: Any) -> float | None:
     return float(loss)
 
 
+def check_watch_outputs(out: str | os.PathLike, tensorboard: str | os.PathLike | None = None) -> None:
+    """Refuse, as a watch is made, a log or a TensorBoard folder inside a model cache
+    (``gradexplorer.base.file_write.check_outside_model_caches``): a training would otherwise
+    run until its first watched step to be told. Only the paths are read, so the check holds
+    on every rank and before torch.distributed is set up (a trainer's callback is made before
+    its training starts); the log's other checks come when rank 0 opens it
+    (``gradexplorer.recording.watch_log.WatchLogWriter``).
+
+    Raises
+    ------
+    GradExplorerError
+        With the cache named and the fix.
+    """
+    check_outside_model_caches(out)
+    if tensorboard is not None:
+        check_outside_model_caches(tensorboard)
+
+
 class Watch:
     """A watch on one model; use :func:`watch` to make one (see the module docstring)."""
 
     def __init__(self, model: nn.Module, out: str, *, every: int = 10, layers: LayerSpec = None,
                  params: bool = True, per_rank: bool = False, scaler: Any = None,
-                 grad_norms: bool = True) -> None:
+                 grad_norms: bool = True, tensorboard: str | os.PathLike | None = None) -> None:
         if not isinstance(every, int) or every < 1:
             raise GradExplorerError(f"every={every!r} is not a positive whole number of steps.",
                                     "Pass every=1 to watch every step, every=10 for one step in ten.")
         refuse_flat_sharding(model)
+        check_watch_outputs(out, tensorboard)
         self.model = model
         self.out = out
         self.every = every
@@ -126,6 +156,15 @@ class Watch:
         self._started = 0.0
         self._writer: WatchLogWriter | None = None
         self._open = False
+        self.tensorboard = None if tensorboard is None else os.fspath(tensorboard)
+        self._board: TensorBoardStream | None = None
+        self._hooked = False  # the recorder's hooks are on
+        # What the step recorded before a pause (``pause``), merged with what follows.
+        self._kept: dict[RowKey, MergeStats] = {}
+        self._kept_called: set[str] = set()
+        self._kept_unrecorded: dict[tuple[str, str], str] = {}
+        # Parameter gradients read when the optimizer was about to step (``record_gradients``).
+        self._grads: dict[str, tuple[MergeStats | None, tuple[int, ...] | None, str | None]] = {}
 
     def _select_params(self, layers: LayerSpec) -> dict[str, nn.Parameter]:
         if layers is None:
@@ -140,8 +179,14 @@ class Watch:
     # -- lifetime -----------------------------------------------------------------------
     def __enter__(self) -> Watch:
         if self.rank == 0:
+            # The class of each watched module and of each module owning a watched parameter:
+            # the timeline names its rows with them ("3 Conv2d", not "3").
+            owners = {name.rpartition(".")[0] for name in self.params}
+            types = {name: type(self.modules[name]).__name__
+                     for name in (*self.layers, *sorted(owners)) if name in self.modules}
             meta = {
                 "every": self.every, "layers": self.layers, "params": list(self.params),
+                "layer_types": types,
                 "model": type(self.model).__name__, "world_size": self.world,
                 "per_rank": self.per_rank, "hist_bins": "signed log2 magnitude (gradexplorer.stats.merge)",
             }
@@ -151,6 +196,13 @@ class Watch:
             if self.tensor_parallel:
                 meta["tensor_parallel"] = json.dumps(self.tensor_parallel)
             self._writer = WatchLogWriter(self.out, meta=meta)
+            if self.tensorboard is not None:
+                try:
+                    self._board = TensorBoardStream(self.tensorboard)
+                except BaseException:
+                    self._writer.close()
+                    self._writer = None
+                    raise
         self._open = True
         if self.tensor_parallel and self.rank == 0:
             message = (f"tensor parallelism: {self.tensor_parallel}. Its ranks run the same samples, and a "
@@ -202,11 +254,16 @@ class Watch:
         if self._recorder is not None:
             self._recorder.remove()
             self._recorder.rows = {}
+        self._hooked = False
+        self._forget_step()
         self._weights_before.clear()
         self._weights_valid = False
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._board is not None:
+            self._board.close()
+            self._board = None
         self._open = False
 
     @property
@@ -230,6 +287,77 @@ class Watch:
                     buf.copy_(p.detach())
         self._weights_valid = True
         self._recorder.install()
+        self._hooked = True
+
+    def pause(self) -> None:
+        """Take the hooks off until :meth:`resume`; what they recorded in this step is kept.
+
+        For forwards that are not training (a validation or evaluation between training
+        batches), and between micro-batches: what the step's later micro-batches record is
+        merged exactly with what the earlier ones did, row by row (a module's call ``k`` in
+        every micro-batch is one row: the statistics over all their samples).
+        """
+        if not self._hooked or self._recorder is None:
+            return
+        self._recorder.remove()
+        self._hooked = False
+        recorder = self._recorder
+        for key, stats in recorder.rows.items():
+            kept = self._kept.get(key)
+            self._kept[key] = stats if kept is None else kept.merge(stats)
+        self._kept_called.update(n for n, calls in recorder.calls.items() if calls > 0)
+        self._kept_unrecorded.update(recorder.unrecorded)
+        recorder.rows = {}
+
+    def resume(self) -> None:
+        """Put the hooks back after :meth:`pause`, when the current step is watched."""
+        if not self._open:
+            raise GradExplorerError("w.resume() was called outside the watch's `with` block.",
+                                    "Call it inside `with watch(...) as w:`.")
+        if self.watching and not self._hooked and self._recorder is not None:
+            self._recorder.install()
+            self._hooked = True
+
+    def record_gradients(self, params: Iterable[torch.Tensor] | None = None) -> None:
+        """Read the parameter gradients now, as the optimizer is about to step with them.
+
+        Call it when the optimizer is about to update the parameters: from an optimizer step
+        pre-hook (``optimizer.register_step_pre_hook``), or, where ``step(closure)`` runs the
+        backward itself, when that closure returns (``gradexplorer.integrations.trainer_watch``).
+        Trainers unscale an AMP GradScaler's gradients and clip them before that moment and
+        clear them after it. The ``step()`` that ends this step logs the gradients read here
+        instead of reading ``.grad`` again (per parameter, the last reading counts).
+
+        Parameters
+        ----------
+        params : iterable of tensors, optional
+            The parameters one optimizer steps (its ``param_groups``); by default every
+            watched parameter. Parameters that are not watched are left out.
+        """
+        if not self.watching or not self._open:
+            return
+        wanted = None if params is None else {id(p) for p in params}
+        chosen = {n: p for n, p in self.params.items() if wanted is None or id(p) in wanted}
+        with torch.no_grad():
+            for name, p in chosen.items():
+                self._grads[name] = self._gradient_stats(p)
+
+    def _gradient_stats(self, p: torch.Tensor) -> tuple[MergeStats | None, tuple[int, ...] | None, str | None]:
+        """(statistics of this rank's part of ``p.grad``, its place on the mesh, why not recorded)."""
+        if p.grad is None:
+            return None, None, None
+        part = local_part(p.grad, self.rank)
+        if part.problem is not None:
+            return None, None, f"gradient not recorded: {part.problem}"
+        if part.tensor is None:
+            return None, None, None
+        return MergeStats.of_tensor(part.tensor), part.coordinate, None
+
+    def _forget_step(self) -> None:
+        self._kept = {}
+        self._kept_called = set()
+        self._kept_unrecorded = {}
+        self._grads = {}
 
     # -- the step -----------------------------------------------------------------------------
     def step(self, loss: Any = None) -> None:
@@ -245,6 +373,7 @@ class Watch:
         if self.watching:
             assert self._recorder is not None
             self._recorder.remove()
+            self._hooked = False
             self._finish_step(_loss_value(loss))
         self.step_index += 1
         self._begin_if_watched()
@@ -252,7 +381,14 @@ class Watch:
     def _finish_step(self, loss: float | None) -> None:
         step = self.step_index
         assert self._recorder is not None
-        rows = self._recorder.rows
+        recorder = self._recorder
+        rows = recorder.rows
+        called = self._kept_called | {n for n, calls in recorder.calls.items() if calls > 0}
+        unrecorded = {**self._kept_unrecorded, **recorder.unrecorded}
+        for key, stats in self._kept.items():  # what the step recorded before a pause
+            rows[key] = stats if key not in rows else stats.merge(rows[key])
+        grads, self._grads = self._grads, {}
+        self._kept, self._kept_called, self._kept_unrecorded = {}, set(), {}
         # Per parameter, this rank's share of the update ratio's two norms, squared: the
         # ratio is taken once they are summed over the ranks (sharded parameters).
         norms: dict[str, tuple[float, float]] = {}
@@ -260,16 +396,25 @@ class Watch:
         # copies of a smaller mesh are counted once (``LocalPart.coordinate``).
         coordinates: dict[str, tuple[int, ...]] = {}
         reports = []
+        # The tensors to summarise, summarised together (MergeStats.of_tensors: the small
+        # ones of a step in one compiled call), and the weights whose update ratio is taken.
+        keys: list[RowKey] = []
+        tensors: list[torch.Tensor] = []
+        updates: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             for pname, p in self.params.items():
-                if p.grad is not None:
-                    part = local_part(p.grad, self.rank)
-                    if part.problem is not None:
-                        reports.append((pname, f"gradient not recorded: {part.problem}"))
-                    elif part.tensor is not None:
-                        rows[(pname, 0, "grad")] = MergeStats.of_tensor(part.tensor)
-                        if part.coordinate is not None:
-                            coordinates[pname] = part.coordinate
+                # The gradients the optimizer stepped with, when read then; else ``.grad`` now
+                # (the user's own loop calls step() right after opt.step()).
+                if grads:
+                    grad, coordinate, problem = grads.get(pname, (None, None, None))
+                else:
+                    grad, coordinate, problem = self._gradient_stats(p)
+                if problem is not None:
+                    reports.append((pname, problem))
+                elif grad is not None:
+                    rows[(pname, 0, "grad")] = grad
+                    if coordinate is not None:
+                        coordinates[pname] = coordinate
                 before = self._weights_before.get(pname) if self._weights_valid else None
                 if before is None:
                     continue
@@ -278,9 +423,12 @@ class Watch:
                     continue
                 if now_part.coordinate is not None:
                     coordinates[pname] = now_part.coordinate
-                before_local, now_local = before_part.tensor, now_part.tensor
-                weight = MergeStats.of_tensor(before_local)
-                rows[(pname, 0, "weight")] = weight
+                keys.append((pname, 0, "weight"))
+                tensors.append(before_part.tensor)
+                updates.append((pname, before_part.tensor, now_part.tensor))
+            rows.update(zip(keys, MergeStats.of_tensors(tensors)))
+            for pname, before_local, now_local in updates:
+                weight = rows[(pname, 0, "weight")]
                 # Norms accumulated in float64. The difference of two nearby float32 weights
                 # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
                 if weight.count == weight.numel:  # all finite: the statistics hold the norm
@@ -292,10 +440,10 @@ class Watch:
                     d_norm = float(torch.linalg.vector_norm(now_local - before_local, dtype=torch.float64))
                 norms[pname] = (d_norm * d_norm, w_norm * w_norm)
         self._weights_valid = False
-        reports += [(n, "selected but not called during this step") for n in self._recorder.not_called()]
-        reports += [(n, message) for (n, _what), message in self._recorder.unrecorded.items()]
+        reports += [(n, "selected but not called during this step") for n in recorder.modules if n not in called]
+        reports += [(n, message) for (n, _what), message in unrecorded.items()]
         seconds = time.time() - self._started
-        self._recorder.rows = {}
+        recorder.rows = {}
         if self.world > 1:
             self._write_distributed(step, loss, seconds, rows, norms, reports, coordinates)
         else:
@@ -367,7 +515,16 @@ class Watch:
         assert self._writer is not None
         for layer, message in reports:
             self.reports.append((step, layer, message))
-        self._writer.write_step_ranks(step, entries, time.time(), table, reports)
+        wall_time = time.time()
+        self._writer.write_step_ranks(step, entries, wall_time, table, reports)
+        if self._board is not None:
+            self._board.write_step(step, entries, table, wall_time)
+
+    def report(self, layer: str, message: str) -> None:
+        """Note, for the current step, something that could not be watched and why (the
+        log's ``reports`` table and ``w.reports``); on rank 0 only under torch.distributed."""
+        if self.rank == 0:
+            self._report(self.step_index, layer, message)
 
     def _report(self, step: int | None, layer: str, message: str) -> None:
         self.reports.append((step, layer, message))
@@ -404,7 +561,8 @@ def _ratios(shares: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 
 
 def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: LayerSpec = None,
-          params: bool = True, per_rank: bool = False, scaler: Any = None, grad_norms: bool = True) -> Watch:
+          params: bool = True, per_rank: bool = False, scaler: Any = None, grad_norms: bool = True,
+          tensorboard: str | os.PathLike | None = None) -> Watch:
     """Watch ``model`` in a training loop; use as ``with watch(...) as w:`` and call
     ``w.step(loss=loss)`` once per training step.
 
@@ -429,6 +587,10 @@ def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: La
         Divide the output gradients seen in backward by its scale.
     grad_norms : bool
         Record the distribution of per-sample output-gradient norms.
+    tensorboard : path, optional
+        Also write every watched step to TensorBoard event files in this folder, as
+        ``gradexplorer export LOG --tensorboard DIR`` would (``gradexplorer.recording.tensorboard``;
+        needs the ``tensorboard`` package). Rank 0 writes.
 
     Raises
     ------
@@ -436,4 +598,4 @@ def watch(model: nn.Module, out: str = "run.gxw", *, every: int = 10, layers: La
         When ``every`` is not a positive integer or ``layers`` selects nothing.
     """
     return Watch(model, out, every=every, layers=layers, params=params, per_rank=per_rank,
-                 scaler=scaler, grad_norms=grad_norms)
+                 scaler=scaler, grad_norms=grad_norms, tensorboard=tensorboard)

@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.file_write import check_output_path
 from gradexplorer.base.units import format_bytes
 from gradexplorer.recording.watch_log_check import MAX_JSON_DEPTH, check_log, json_depth
 from gradexplorer.stats.merge import HIST_BINS, MergeStats
@@ -152,6 +153,9 @@ class WatchLogWriter:
 
     def __init__(self, path: str | os.PathLike, meta: dict | None = None) -> None:
         self.path = os.fspath(path)
+        # The checks of every output (gradexplorer.base.file_write): never inside a model cache,
+        # never a folder, a folder that exists and can be written; then the log's own.
+        check_output_path(self.path)
         _refuse_special_file(self.path)
         _refuse_foreign_file(self.path)
         self._lock_fd = _lock_for_writing(self.path)

@@ -185,7 +185,10 @@ META_TYPES = {"layers": (_names, "a list of layer names"), "params": (_names, "a
               "every": (_count, "a whole number"), "world_size": (_count, "a whole number"),
               "per_rank": (lambda v: isinstance(v, bool), "true or false"),
               "module_rows": (lambda v: v in ("merged", "per_rank"), '"merged" or "per_rank"'),
-              "tensor_parallel": (lambda v: isinstance(v, str), "text")}
+              "tensor_parallel": (lambda v: isinstance(v, str), "text"),
+              "layer_types": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(t, str)
+                                                                    for k, t in v.items()),
+                              "a mapping of layer names to class names")}
 
 
 def _check_meta_types(con: sqlite3.Connection, path: str) -> None:

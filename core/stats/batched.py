@@ -1,26 +1,34 @@
 """Statistics of many tensors at once, in a number of operations that does not grow with
-the number of tensors (so that a capture on a GPU launches no storm of small kernels).
+the number of tensors: on the CPU one compiled call per dtype, on a device about twenty torch
+operations (so that a capture on a GPU launches no storm of small kernels).
 
-On a GPU a capture's cost is per tensor: hook dispatch and two kernel launches each
+A capture's small tensors cost what the calls around them cost, not their values: on the
+CPU the numba call, its Python and its record per tensor (docs/benchmarks.md, "The cost of
+each hooked call"), on a GPU hook dispatch and two kernel launches each
 (``gradexplorer.stats.device``), against a forward + backward that is itself launch-bound.
-``batched_stats`` summarises a list of tensors (the gradients of a whole backward, say)
-with about twenty torch operations in all: the tensors are laid end to end in blocks of
-``BLOCK`` values (each padded with NaN to whole blocks, so that no block holds two
-tensors), every block's moments are taken in float64 by rows (count, mean, squared
-deviations from the block's mean, magnitudes, zeros, NaN, finite extremes), the blocks of
-each tensor are merged by Chan's formula in its shifted, vectorised form (deviations from
-the tensor's first block mean, so that a constant keeps m2 = 0), and the histogram samples
-of all tensors (``gradexplorer.stats.moments.histogram_sample``) are binned by one ``bincount``. Two
-transfers bring the results to the host. The numbers are those of ``gradexplorer.stats.summary.tensor_stats``
-(the same sample and torch.histc's bin arithmetic). float64, integer, bool and complex
-tensors (rare in a capture) go through ``tensor_stats`` one by one.
 
-Device-agnostic torch code: tested on CPU tensors against float64 NumPy; on a GPU,
-``scripts/gpu_check.py`` times it against the per-tensor kernels. Capture uses it when
-``GRADEXPLORER_BATCHED_STATS=1`` (``gradexplorer.stats.device.DeferredStats``): for the layers' and
-the parameters' gradients at the end of backward, and for the outputs that the model's
-last capture saw no in-place op change at the end of forward. Not yet by default: no GPU
-has measured it.
+``batched_stats`` takes CPU tensors to ``gradexplorer.stats.cpu.summarize_many``: the fused
+pass of ``tensor_stats`` over each tensor, read where it lies from a table of addresses, in
+one compiled call (the numbers are each tensor's own, the same pass over the same values).
+``device_batched_stats`` does it with torch operations on the tensors' own device: the
+tensors are laid end to end in blocks of ``BLOCK`` values (each padded with NaN to whole
+blocks, so that no block holds two tensors), every block's moments are taken in float64 by
+rows (count, mean, squared deviations from the block's mean, magnitudes, zeros, NaN, finite
+extremes), the blocks of each tensor are merged by Chan's formula in its shifted, vectorised
+form (deviations from the tensor's first block mean, so that a constant keeps m2 = 0), and
+the histogram samples of all tensors (``gradexplorer.stats.moments.histogram_sample``) are
+binned by one ``bincount``. Two transfers bring the results to the host. The numbers are
+those of ``gradexplorer.stats.summary.tensor_stats`` within the accuracy contract (the same
+sample and torch.histc's bin arithmetic). float64, integer, bool and complex tensors (rare
+in a capture) go through ``tensor_stats`` one by one.
+
+A capture (``gradexplorer.stats.device.DeferredStats``) batches its small CPU tensors by
+default, at the end of forward and of backward. The device path runs on a GPU when
+``GRADEXPLORER_BATCHED_STATS=1`` (the layers' and parameters' gradients at the end of
+backward, the outputs, from copies taken when their module returned, at the end of forward);
+not yet by default: no GPU has measured it (``scripts/gpu_check.py`` times it against the
+per-tensor kernels). Tested on CPU tensors against float64 NumPy
+(``GRADEXPLORER_BATCHED_STATS=all`` takes a capture's CPU tensors through it).
 """
 
 from __future__ import annotations
@@ -29,10 +37,12 @@ import math
 
 import torch
 
+from gradexplorer.stats import cpu as cpu_stats
 from gradexplorer.stats.moments import (
     HIST_BINS,
     HIST_EXACT_LIMIT,
     empty_stats,
+    fused_cpu_enabled,
     histogram_in_float64,
     histogram_range,
     histogram_sample,
@@ -50,7 +60,8 @@ _BATCHED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @torch.no_grad()
-def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT) -> list[TensorStats]:
+def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT,
+                  into: list[TensorStats] | None = None) -> list[TensorStats]:
     """``gradexplorer.stats.summary.tensor_stats`` of every tensor, computed together.
 
     Parameters
@@ -59,11 +70,49 @@ def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXA
         Any tensors; float32, float16 and bfloat16 ones are summarised together per device.
     hist_limit : int or None
         As ``tensor_stats``'s ``hist_exact_limit``.
+    into : list of TensorStats, optional
+        One empty record per tensor, to fill (and return) instead of new ones.
 
     Returns
     -------
     list of TensorStats
         One statistics record per tensor, in order.
+    """
+    if tensors and fused_cpu_enabled() and all(t.is_cpu for t in tensors):
+        # Every tensor on the CPU (a capture's small ones): one compiled call per dtype.
+        got = cpu_stats.summarize_many(tensors, hist_limit, into)
+        if got is not None:
+            return got
+    if into is not None:
+        for record, stats in zip(into, batched_stats(tensors, hist_limit)):
+            record.update(stats)
+        return into
+    out: list[TensorStats | None] = [None] * len(tensors)
+    groups: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel() == 0:
+            out[i] = empty_stats()
+        elif t.device.type == "cpu" or t.dtype in _BATCHED_DTYPES:
+            groups.setdefault(t.device, []).append(i)
+        else:
+            out[i] = tensor_stats(t, hist_limit)
+    for device, idx in groups.items():
+        group = [tensors[i] for i in idx]
+        got = cpu_stats.summarize_many(group, hist_limit) if device.type == "cpu" and fused_cpu_enabled() else None
+        if got is None:
+            got = device_batched_stats(group, hist_limit)
+        for i, stats in zip(idx, got):
+            out[i] = stats
+    return [s if s is not None else empty_stats() for s in out]
+
+
+@torch.no_grad()
+def device_batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT) -> list[TensorStats]:
+    """``batched_stats`` by torch operations on the tensors' own device (a GPU's path; on
+    the CPU where numba is missing, and in tests of this path): about twenty operations
+    for all the tensors of a device.
+
+    Parameters and returns as ``batched_stats``.
     """
     out: list[TensorStats | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}

@@ -5,29 +5,19 @@ conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than a
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of ``cpu_kernels.BLOCK`` elements.
 
-float32 data (most of a capture) take two loops per block, in float32 lanes. The first, as
-the block arrives from memory, takes the minimum, maximum and zero count, and an integer test
-of the exponent bits says whether the block held NaN or Inf. The second, from the L1 cache,
-sums the magnitudes, the deviations from the previous block's mean (neighbouring values are
-alike) and their squares, scaled by a power of two (exact) into float32's comfortable range,
-over runs of ``cpu_kernels.LANE_RUN`` values, each run added in float64. When that shift or
-scale does not fit the block (its mean is far from the previous one's, its spread far from
-it), the sums are taken again around its own mean with its own scale. Meanwhile the next
-block is prefetched, so that its read overlaps this block's arithmetic. That holds the
-accuracy contract (every statistic within 1e-6 relative of float64: ``docs/benchmarks.md``):
-no cancellation is left for float32's rounding to amplify, each lane sums at most
-``LANE_RUN`` / 8 terms, and runs and blocks merge in float64. float16 and bfloat16 blocks take float32
-lanes too (three loops: their sums, their extremes and zeros, their deviations from the
-block's mean). ``GRADEXPLORER_CPU_FLOAT32=0``
-turns the float32 lanes off; float64 and integer data always take float64.
-
-The float64 pass: a first loop over a block sums, in float64, the deviations from the
-block's first value and their squares, and the magnitudes. When those sums are finite,
-so is every value of the block, and a second loop over it, still in the L1 cache, takes
-the minimum and maximum and counts the zeros in the data's own float type, compiled
-without NaN semantics. A block holding NaN or Inf (in either pass), or one that the
-float32 lanes cannot take within the contract, is summed by these float64 loops; one
-holding NaN or Inf is summed again by a careful loop over its finite values (rare).
+Each block is summed in float64: a first loop sums the deviations from the block's first
+value and their squares, and the magnitudes (a value inside the block keeps the squares
+within a block's spread, so no cancellation is left for rounding to amplify). When those
+sums are finite, so is every value of the block, and a second loop over it, still in the
+L1 cache, takes the minimum and maximum and counts the zeros in the data's own float type
+(float32 lanes for float32 and half data), compiled without NaN semantics. A block holding
+NaN or Inf is summed again by a careful loop over its finite values (rare). Meanwhile the
+next block is prefetched, so that its read overlaps this block's arithmetic. The
+statistics are then within float64's roundings of float64 NumPy (about 1e-12 relative),
+far inside the accuracy contract's 1e-6 (``docs/benchmarks.md``). Sums in float32 lanes,
+over runs of 128 values added in float64, were measured against this inside captures of
+resnet50, vit_b_16 and efficientnet_b0: there, where the pass waits on memory, they were
+no faster (docs/benchmarks.md, "float32 lanes or float64"), so the one CPU pass is float64.
 
 Blocks are merged by ``gradexplorer.stats.moments.chan_merge`` (compiled by numba). Tensors of
 over a million values, on a machine with four or more numba threads, are cut into chunks
@@ -61,9 +51,11 @@ import threading
 import time
 from typing import Any, Literal, overload
 
+import numpy as np
 import torch
 
 from gradexplorer.stats.moments import (
+    HIST_BINS,
     empty_stats,
     fused_cpu_enabled,
     histogram_sample,
@@ -97,14 +89,6 @@ _NUMPY_DTYPES = {
 }
 _HALF = (torch.float16, torch.bfloat16)
 
-#: float32 and half tensors summed in float32 lanes where that holds the accuracy contract
-#: (``cpu_kernels.chunk``); ``GRADEXPLORER_CPU_FLOAT32=0`` sums them in float64 instead.
-#: On an AVX-512 Xeon the float32 lanes take 0.17 ns per value over a tensor in the L1
-#: cache against 0.20 for float64's; inside a capture, where the pass waits on memory, both
-#: take 0.40-0.42 on resnet50 at batch 8 (docs/benchmarks.md). The float64 pass keeps the
-#: CPU pass, the device kernels and the merges equal to 1e-9 rather than to the contract's 1e-6.
-float32_lanes = os.environ.get("GRADEXPLORER_CPU_FLOAT32", "1") != "0"
-
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
 _lock = threading.Lock()
 _parallel_lock = threading.Lock()
@@ -127,9 +111,11 @@ def _build() -> dict[str, Any]:
 
     from gradexplorer.stats import cpu_kernels as k  # deferred: numba compiles them on import (seconds)
 
-    return {"serial": k.serial, "parallel": k.parallel, "threads": numba.get_num_threads(),
-            "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64),
-            "float32": np.dtype(np.float32)}
+    return {"serial": k.serial, "parallel": k.parallel, "many": k.many, "result_cols": k.RESULT,
+            "float32_empty": np.empty(0, np.float32), "float64_empty": np.empty(0, np.float64),
+            "uint16": np.empty(0, np.uint16),
+            "threads": numba.get_num_threads(),
+            "no_table": np.zeros(1, np.int8), "float64": np.dtype(np.float64)}
 
 
 def available() -> bool:
@@ -256,7 +242,6 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
     t0 = time.perf_counter() if first else 0.0
     offset, step, count = histogram_sample(n, hist_limit)
     wide = dtype == k["float64"]
-    f32 = float32_lanes and (use_table or dtype == k["float32"])
     try:
         # The workqueue layer aborts the process on concurrent parallel launches (the
         # window's histogram while a capture runs): a busy pool means the serial kernel.
@@ -264,34 +249,163 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
                 and _parallel_lock.acquire(blocking=False)):
             try:
                 nchunks = max(1, min(k["threads"] * _CHUNKS_PER_THREAD, n // 2048))
-                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide, f32)
+                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide)
             finally:
                 _parallel_lock.release()
         else:
-            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide, f32)
+            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide)
     except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
         log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
         _state["kernels"] = False
         return None
     if first:
         compile_seconds[key] = time.perf_counter() - t0
-    got = _stats_of(row.tolist(), counts, n, step == 1)
+    got = _stats_of(row.tolist(), torch.from_numpy(counts), n, step == 1, wide)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
         got = torch_stats(t, hist_limit)
     return (got, dst) if copy else got
 
 
-def _stats_of(row: list, counts: Any, n: int, exact: bool) -> TensorStats | None:
-    # Python floats from here: for the hundreds of small tensors of a capture, NumPy calls
-    # on one-row arrays cost more than the kernel.
-    m, mean, m2, sumabs, lo, hi, nonzero, nan_count, inf_count, sampled, hlo, hhi = row
-    nan_count, inf_count = int(nan_count), int(inf_count)
+#: The dtypes ``summarize_many`` lays end to end and summarises in one compiled call.
+_MANY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
+                   into: list[TensorStats] | None = None) -> list[TensorStats] | None:
+    """``summarize`` of every tensor of ``tensors`` (CPU tensors), or ``None``
+    when numba is unavailable (then summarise them one by one).
+
+    The tensors of each floating dtype are laid end to end in one buffer (one copy, by one
+    ``torch.cat``) and summarised by one compiled call (``cpu_kernels.many``: the per-tensor
+    pass, ``serial``, over each); others take ``summarize`` one by one. Each tensor's
+    statistics are those ``summarize`` gives it alone: the same kernel over the same values.
+    Made for many small tensors, whose cost alone is the call, not the values (a capture of
+    a 200-layer MLP at batch 4: 256 values per tensor). ``into``: one empty record per tensor
+    to fill (and return) instead of new ones.
+    """
+    k = _state["kernels"]
+    if not k:
+        if k is False or not available():
+            return None
+        k = _state["kernels"]
+    out: list[TensorStats | None] = [None] * len(tensors)
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        dtype = t.dtype
+        if dtype in _MANY_DTYPES and t.numel():
+            idx = groups.get(dtype)
+            if idx is None:
+                groups[dtype] = [i]
+            else:
+                idx.append(i)
+        else:
+            got = summarize(t, hist_limit) or torch_stats(t, hist_limit)
+            if into is not None:
+                into[i].update(got)
+                got = into[i]
+            out[i] = got
+    for dtype, idx in groups.items():
+        whole = len(idx) == len(tensors)
+        group = tensors if whole else [tensors[i] for i in idx]
+        records = None if into is None else (into if whole else [into[i] for i in idx])
+        try:
+            done = _many_of_one_dtype(k, dtype, group, hist_limit, records)
+        except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
+            log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
+            _state["kernels"] = False
+            return None
+        if whole:
+            return done
+        for i, stats in zip(idx, done):
+            out[i] = stats
+    return out  # type: ignore[return-value]  # every slot filled above
+
+
+def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
+                       hist_limit: int | None, into: list[TensorStats] | None) -> list[TensorStats]:
+    count = len(tensors)
+    # A table of the tensors' addresses: the kernel reads each where it lies (laying them
+    # end to end first, even in one torch call for all, cost more than the kernel). A tensor
+    # that is not one dense run of memory is made one, and held until the call returns.
+    held = []
+    where = []
+    numels = []
+    for t in tensors:
+        if not t.is_contiguous() or t.is_neg():
+            t = t.detach().resolve_neg().contiguous()
+            held.append(t)
+        where.append(t.data_ptr())
+        numels.append(t.numel())
+    addresses = np.array(where, np.int64)
+    sizes = np.array(numels, np.int64)
+    half = dtype in _HALF
+    if half:
+        like = k["uint16"]
+        table = _table(dtype)
+    else:
+        like = k["float64_empty"] if dtype == torch.float64 else k["float32_empty"]
+        table = k["no_table"]
+    counts = sizes.copy()
+    # The histogram's sample of each (histogram_sample): every value of the small ones.
+    offsets = np.zeros(count, np.int64)
+    steps = np.ones(count, np.int64)
+    if hist_limit is not None:
+        for i in np.flatnonzero(counts > hist_limit).tolist():
+            offsets[i], steps[i], counts[i] = histogram_sample(int(sizes[i]), hist_limit)
+    rows = np.empty((count, k["result_cols"]), np.float64)
+    hists = np.empty((count, HIST_BINS), np.float32)
+    key = str(like.dtype) + ("/table" if half else "") + "/many"
+    first = key not in compile_seconds
+    t0 = time.perf_counter() if first else 0.0
+    k["many"](addresses, sizes, like, table, offsets, steps, counts, dtype == torch.float64, rows, hists)
+    del held  # (kept alive through the call above)
+    if first:
+        compile_seconds[key] = time.perf_counter() - t0
+    # One view per tensor of the one histogram table (unbind: one call for all).
+    views = torch.from_numpy(hists).unbind(0)
+    wide = dtype == torch.float64
+    out = []
+    exact = (steps == 1).tolist()
+    records = into if into is not None else [None] * count
+    for i, (row, hist, record) in enumerate(zip(rows.tolist(), views, records)):
+        m, mean, m2 = row[0], row[1], row[2]
+        if m and not wide:
+            # _stats_of's usual case, inline (a capture of small tensors builds hundreds of these)
+            out.append(stats_from_moments(numels[i], row[4], row[5], mean, m2, m2 + m * mean * mean, row[3],
+                                          int(row[6]), int(row[7]), int(row[8]), hist, (row[10], row[11]),
+                                          exact[i], 0, record))
+            continue
+        got = _stats_of(row, hist, numels[i], exact[i], wide, record)
+        if got is None:  # float64 values whose squares leave float64: the scaled torch path
+            got = torch_stats(tensors[i], hist_limit)
+            if record is not None:
+                record.update(got)
+                got = record
+        out.append(got)
+    return out
+
+
+def _stats_of(row: list, hist: torch.Tensor, n: int, exact: bool, wide: bool = True,
+              into: TensorStats | None = None) -> TensorStats | None:
+    """The record of one kernel result row (Python floats from here: for the hundreds of
+    small tensors of a capture, NumPy calls on one-row arrays cost more than the kernel);
+    ``None`` where float64 data (``wide``) left float64's range in its squares. ``into``:
+    the empty record to fill."""
+    m, mean, m2, sumabs, lo, hi, nonzero, nan_count, inf_count, _sampled, hlo, hhi = row
     if m == 0:
-        return no_finite_stats(n, nan_count, inf_count)
+        got = no_finite_stats(n, int(nan_count), int(inf_count))
+        if into is not None:
+            into.update(got)
+            return into
+        return got
     sumsq = m2 + m * mean * mean  # both terms >= 0: no cancellation
-    amax = max(abs(lo), abs(hi))
-    if not (math.isfinite(sumsq) and math.isfinite(m2) and math.isfinite(sumabs)) or (0 < amax < 1e-150):
-        return None  # only float64 data gets here: its squares overflow or underflow
-    hist = torch.from_numpy(counts)  # scaled to the finite count by the kernel when subsampled
-    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), nan_count,
-                              inf_count, hist, (hlo, hhi), exact)
+    # Squares that overflowed, or magnitudes below 1e-150 whose squares underflow: only
+    # float64 data can get here.
+    if wide and (not (sumsq < _INF and sumabs < _INF) or 0 < max(-lo, hi) < 1e-150):
+        return None
+    # hist: scaled to the finite count by the kernel when subsampled
+    return stats_from_moments(n, lo, hi, mean, m2, sumsq, sumabs, int(nonzero), int(nan_count),
+                              int(inf_count), hist, (hlo, hhi), exact, into=into)
+
+
+_INF = math.inf

@@ -6,11 +6,10 @@ Module-level definitions, so that ``cache=True`` finds them again in the next pr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from gradexplorer.stats.moments import HIST_BINS, chan_merge, histogram_in_float64, histogram_range
@@ -19,15 +18,6 @@ from gradexplorer.stats.moments import HIST_BINS, chan_merge, histogram_in_float
 #: L1 cache. Reading float32 from memory on one core of the build machine (an AMD EPYC),
 #: blocks of 2048 took 0.29 ns per value, of 4096 0.38 (1024 to 16384 measured: 0.29-0.38).
 BLOCK = 2048
-#: The float32 lanes sum runs of this many values, then add each run's sums in float64.
-#: Recursive summation in a lane of k terms can be off by k roundings of that lane's sum,
-#: and a block whose squares are dominated by one outlier (its lane's sum near the
-#: block's) rounds each later term of that lane the same way: with the whole block in the
-#: lanes (2,048 / 16 = 128 terms each) the variance of 1e4 + 1e-3 N(0,1) with one value in
-#: 2,048 at 1e4 + 1e3 came out 2.9e-6 relative off, beyond the contract. Runs of 128
-#: leave a lane at most 128 / 8 = 16 terms (AVX2's 8 lanes; 8 with AVX-512's 16): at most
-#: 16 roundings, 9.5e-7 of the variance, 4.8e-7 of the standard deviation.
-LANE_RUN = 128
 #: Columns of a chunk's row: finite count, mean, m2, sum of magnitudes, min, max,
 #: non-zero count, NaN count.
 COLS = 8
@@ -36,29 +26,6 @@ COLS = 8
 RESULT = 12
 
 _INF = np.inf
-#: The float32 lanes sum deviations scaled by a power of two (exact) so that a block's
-#: spread times the scale lies in [2^-_SCALED_RANGE, 2^_SCALED_RANGE] and no deviation
-#: times the scale exceeds 2^_SCALED_RANGE: then the squares that matter are far from
-#: float32's subnormals (whose rounding is absolute, 2^-150) and BLOCK of them far from its
-#: maximum, and the sums hold the accuracy contract (1e-6 relative of float64).
-_SCALED_RANGE = 40
-_SCALED_LO = 2.0 ** -_SCALED_RANGE
-_SCALED_HI = 2.0 ** _SCALED_RANGE
-#: Blocks of half-type values, summed around their own float32 mean without a scale, take
-#: the float32 lanes when their spread is at least this (else the float64 loop).
-_SPREAD_LO = 2.0 ** -40
-#: Half-type blocks whose magnitudes sum to less than this take the float32 lanes: every
-#: deviation from the block's mean is then below 2^58, so BLOCK of their squares stay below
-#: float32's maximum (2^11 * 2^116 < 2^128).
-_ABS32_MAX = np.float32(2.0 ** 57)
-#: The float32 exponent bits: a value whose bits hold all of them is NaN or Inf.
-_EXP32 = np.int32(0x7F800000)
-#: A block's deviations from the shift (the previous block's mean) are used as they are
-#: when the shift's share of their sum of squares is at most this (the shift then lies
-#: within a quarter of the block's standard deviation of its mean, and the rounding of
-#: m2 = sum(d^2) - sum(d)^2 / count is at most 1.7 times that of deviations from the mean
-#: itself); else they are taken again from the block's mean.
-_SHIFT_SHARE = 1.0 / 17.0
 #: Vectorised float64 sums; NaN and Inf semantics kept (no "nnan", "ninf").
 _FASTMATH = {"reassoc", "contract", "nsz"}
 
@@ -138,6 +105,19 @@ def _prefetch(typingctx: Any, arr: Any, i: Any) -> Any:
 prefetch: Any = intrinsic(_prefetch)
 
 
+def _pointer(typingctx: Any, address: Any, like: Any) -> Any:
+    """The memory at ``address`` (an int64) as a pointer to values of ``like``'s dtype."""
+    ptr_type = types.CPointer(like.dtype)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(ptr_type))
+
+    return ptr_type(address, like), codegen
+
+
+pointer: Any = intrinsic(_pointer)
+
+
 #: ``gradexplorer.stats.moments.chan_merge`` compiled: the kernels merge blocks and chunks with the same
 #: function as everything else. (numba's on-disk cache tracks the kernels' own source
 #: file only: after editing it in core/stats/summary.py, clear __pycache__ or touch this file.)
@@ -148,7 +128,7 @@ _hist_in_float64: Any = njit(inline="always")(histogram_in_float64)
 
 @njit(cache=True, fastmath=_FASTMATH)  # not inline="always": that stopped vectorisation
 def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: Any, row: int,
-          offset: int, step: int, sample: Any, f32: bool) -> None:
+          offset: int, step: int, sample: Any) -> None:
     """The moments of ``x[start:stop]`` into ``res[row]`` (see ``COLS``); the copy into
     ``out`` when ``copy``; the histogram's sample elements (``offset + k * step``) of this
     range into ``sample[k]``, read while their block is in the cache."""
@@ -161,9 +141,6 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     zeros = 0
     nnan = 0
     k = max(0, (start - offset + step - 1) // step)  # the first sample index at or after start
-    bits = bits32(x)
-    shift = np.float32(native(x, table, start)) if start < stop else np.float32(0.0)
-    scale = np.float32(1.0)
     for b in range(start, stop, BLOCK):
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
@@ -178,120 +155,33 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         size = e - b
         if copy:
             out[b:e] = xb  # from the L1 cache: the copy costs no second read
-        done = False
-        bc = 0.0
-        bmean = 0.0
-        bm2 = 0.0
+        # float64 sums of the deviations from the block's first value p (a value inside the
+        # block keeps sum((v - p)^2) within BLOCK times the block's m2, so
+        # m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings) and of
+        # the magnitudes. NaN or Inf anywhere in the block (or a float64 square beyond
+        # float64) leaves bq non-finite: then the careful loop.
+        p = load(xb, table, 0)
+        bs = 0.0
+        bq = 0.0
         ba = 0.0
-        bz = 0
-        flo = _INF
-        fhi = -_INF
-        if f32:
-            # float32 lanes (twice float64's). Rounding stays within the accuracy contract
-            # because the squares summed are of deviations from a value close to the
-            # block's mean (no cancellation left for the rounding to amplify), scaled by a
-            # power of two into float32's comfortable range, each lane sums only
-            # LANE_RUN / lanes of them, and runs and blocks merge in float64. Blocks
-            # holding NaN or Inf take the careful loop, and blocks these checks refuse the
-            # float64 loop.
-            if direct32(x, table):
-                # float32 data: the extremes, zeros and NaN/Inf test in one loop over the
-                # block as it arrives from memory; then, from the L1 cache, the sums of
-                # the deviations from the previous block's mean with the previous block's
-                # scale (neighbours are alike), checked against the extremes before they
-                # are taken. When they do not fit this block, the sums again around its
-                # own mean with its own scale.
-                blo, bhi, z32, emax = extremes32(xb, table, bits[b:e])
-                if emax < _EXP32:  # all finite
-                    flo = np.float64(blo)
-                    fhi = np.float64(bhi)
-                    spread = fhi - flo
-                    bc = float(size)
-                    bz = int(z32)
-                    if spread == 0.0:  # a constant block: exact
-                        bmean = flo
-                        bm2 = 0.0
-                        ba = abs(flo) * bc
-                        done = True
-                    else:
-                        sh = np.float64(shift)
-                        sc = np.float64(scale)
-                        guess = 0.5 * (flo + fhi)  # within half the spread of every value
-                        # Neither overflow nor subnormal squares: the sums are finite
-                        # and exact enough (checked on the extremes, not on the sums).
-                        if max(fhi - sh, sh - flo) * sc <= _SCALED_HI and spread * sc >= _SCALED_LO:
-                            es64, eq64, ba = deviation_sums32(xb, table, scale, shift * scale)
-                            guess = sh + es64 / (bc * sc)
-                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE and ba < _INF:
-                                bmean = guess
-                                bm2 = _m2(es64, eq64, bc) / (sc * sc)
-                                done = True
-                        if not done:
-                            own = scale_for(spread)
-                            sc = np.float64(own)
-                            mu = np.float32(min(max(guess, flo), fhi))
-                            es64, eq64, ba = deviation_sums32(xb, table, own, mu * own)
-                            if es64 * (es64 / bc) <= eq64 * _SHIFT_SHARE and ba < _INF:
-                                bmean = np.float64(mu) + es64 / (bc * sc)
-                                bm2 = _m2(es64, eq64, bc) / (sc * sc)
-                                done = True
-                    if done:  # the next block's shift and scale
-                        shift = np.float32(bmean)
-                        if spread > 0.0:
-                            scale = scale_for(spread)
-            else:
-                # half types, read through their table: the sums of the values and of
-                # their magnitudes (NaN and Inf kept: either sum is then not finite),
-                # then, over values now known to be finite, the extremes, the zeros and
-                # the deviations from the block's float32 mean.
-                s32, a32 = sums32(xb, table)
-                if a32 < _ABS32_MAX:
-                    mu = np.float32(s32 / np.float32(size))
-                    blo, bhi, z32 = finite_extremes_and_zeros(xb, table)
-                    flo = np.float64(blo)
-                    fhi = np.float64(bhi)
-                    spread = fhi - flo
-                    bc = float(size)
-                    bz = int(z32)
-                    if spread == 0.0:  # a constant block: exact
-                        bmean = flo
-                        bm2 = 0.0
-                        ba = abs(flo) * bc
-                        done = True
-                    elif spread >= _SPREAD_LO:
-                        es64, eq64, _a = deviation_sums32(xb, table, np.float32(1.0), mu)
-                        bmean = np.float64(mu) + es64 / bc
-                        bm2 = _m2(es64, eq64, bc)
-                        ba = a32
-                        done = True
-        if not done:
-            # float64 sums of the deviations from the block's first value p (a value inside
-            # the block keeps sum((v - p)^2) within BLOCK times the block's m2, so
-            # m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings) and
-            # of the magnitudes. NaN or Inf anywhere in the block (or a float64 square
-            # beyond float64) leaves bq non-finite: then the careful loop.
-            p = load(xb, table, 0)
-            bs = 0.0
-            bq = 0.0
-            ba = 0.0
-            for i in range(size):
-                v = load(xb, table, i)
-                d = v - p
-                bs += d
-                bq += d * d
-                ba += abs(v)
-            if bq < _INF:
-                bc = float(size)
-                # Extremes and zeros in a loop of their own (with the float64 sums in it,
-                # LLVM vectorised nothing), in the data's own type, compiled for finite values.
-                blo, bhi, bz = finite_extremes_and_zeros(xb, table)
-                flo = np.float64(blo)
-                fhi = np.float64(bhi)
-                bmean = p + bs / bc
-                bm2 = _m2(bs, bq, bc)
-            else:
-                bc, bmean, bm2, ba, bz, bn, flo, fhi = careful(xb, table)
-                nnan += bn
+        for i in range(size):
+            v = load(xb, table, i)
+            d = v - p
+            bs += d
+            bq += d * d
+            ba += abs(v)
+        if bq < _INF:
+            bc = float(size)
+            # Extremes and zeros in a loop of their own (with the float64 sums in it, LLVM
+            # vectorised nothing), in the data's own type, compiled for finite values.
+            blo, bhi, bz = finite_extremes_and_zeros(xb, table)
+            flo = np.float64(blo)
+            fhi = np.float64(bhi)
+            bmean = p + bs / bc
+            bm2 = _m2(bs, bq, bc)
+        else:
+            bc, bmean, bm2, ba, bz, bn, flo, fhi = careful(xb, table)
+            nnan += bn
         # The histogram's sample only now, from the L1 cache: read before the block's
         # loops, each element was a cache miss (75 ns apiece, 20% of a 6.4M-element pass).
         # A counted loop: a while loop that tested both bounds took 1.1 ns per element.
@@ -314,133 +204,6 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     res[row, 5] = hi
     res[row, 6] = cnt - zeros
     res[row, 7] = nnan
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def sums32(xb: Any, table: Any) -> Any:
-    """(sum of the values, sum of their magnitudes) of a block of half-type values, in
-    float32 lanes over runs of ``LANE_RUN`` (``deviation_sums32`` says why), the runs
-    added in float64; either is non-finite when a value is NaN or Inf."""
-    s = 0.0
-    a = 0.0
-    n = xb.size
-    full = n - n % LANE_RUN
-    for j in range(0, full, LANE_RUN):
-        run = xb[j:j + LANE_RUN]
-        s32 = np.float32(0.0)
-        a32 = np.float32(0.0)
-        for i in range(LANE_RUN):
-            v = np.float32(native(run, table, i))
-            s32 += v
-            a32 += abs(v)
-        s += np.float64(s32)
-        a += np.float64(a32)
-    for i in range(full, n):  # the last, short run: few values, in float64
-        v = np.float64(native(xb, table, i))
-        s += v
-        a += abs(v)
-    return s, a
-
-
-def bits32(x: Any) -> Any:  # pragma: no cover - replaced by the overload in compiled code
-    """``x``'s memory as int32 for float32 ``x`` (an empty array otherwise)."""
-    raise NotImplementedError
-
-
-@overload(bits32, inline="always")
-def _bits32(x):  # type: ignore[no-untyped-def]
-    if x.dtype == types.float32:
-        return lambda x: x.view(np.int32)
-    return lambda x: np.empty(0, np.int32)
-
-
-def direct32(x: Any, table: Any) -> bool:  # pragma: no cover - replaced by the overload in compiled code
-    """Whether ``x`` holds float32 values as they are (not 16-bit patterns of a half type)."""
-    raise NotImplementedError
-
-
-@overload(direct32, inline="always")
-def _direct32(x, table):  # type: ignore[no-untyped-def]
-    if x.dtype == types.float32 and table.dtype != types.float32:
-        return lambda x, table: True
-    return lambda x, table: False
-
-
-# nnan: the loop may meet NaN (its results are then not used: the integer test of the
-# exponent bits, which no float flag affects, says so). Without it, LLVM vectorised
-# neither minnum nor maxnum.
-@njit(cache=True, fastmath=_FASTMATH | {"nnan"})
-def extremes32(xb: Any, table: Any, bb: Any) -> Any:
-    """(min, max, zero count, largest exponent field) of a block of float32 values ``xb``
-    (``bb``: the same memory as int32), in float32 lanes, one loop over the block as it
-    arrives from memory. The exponent field is ``_EXP32`` when a value is NaN or Inf; the
-    other results are then meaningless. The zero count is a float32 (exact: a lane counts
-    at most BLOCK), so that every lane of the loop is 32 bits wide."""
-    # Read through native() so that this compiles for every dtype chunk() is compiled
-    # for (numba types both sides of its branch); only float32 data run it.
-    blo = np.float32(native(xb, table, 0))
-    bhi = blo
-    nz = np.float32(0.0)
-    emax = np.int32(0)
-    one = np.float32(1.0)
-    zero = np.float32(0.0)
-    for i in range(xb.size):
-        v = np.float32(native(xb, table, i))
-        emax = max(emax, np.int32(bb[i] & _EXP32))
-        blo = fmin(blo, v)
-        bhi = fmax(bhi, v)
-        nz += one if v == zero else zero
-    return blo, bhi, nz, emax
-
-
-@njit(cache=True, fastmath=_FASTMATH)
-def deviation_sums32(xb: Any, table: Any, scale: Any, scaled_mu: Any) -> Any:
-    """(sum of d, sum of d^2, sum of |v|) with d = (v - mu) * scale over a block of finite
-    float32 or half values (``scaled_mu`` = mu * scale, ``scale`` a power of two: both
-    exact, and one fused multiply-add rounds d once), in float32 lanes, each run of
-    ``LANE_RUN`` values added in float64: a lane sums at most LANE_RUN / 8 terms (8 float32
-    lanes or more on every AVX machine), the squares are of deviations from a value near
-    the block's mean (no cancellation left for the rounding to amplify), and the first sum
-    corrects the mean to float64 accuracy. The sum of magnitudes is Inf when it leaves
-    float32 within a run.
-
-    The inner loop runs a fixed ``LANE_RUN`` times over a slice: bounded by
-    ``min(j + LANE_RUN, n)`` instead, LLVM's code for it took 0.33 ns per value from the
-    L1 cache on an AVX-512 Xeon, against 0.09; with the sums and the extremes in one such
-    loop, the whole pass took 0.75 ns per value on a tensor in the cache, against 0.27 now."""
-    s = 0.0
-    q = 0.0
-    a = 0.0
-    n = xb.size
-    full = n - n % LANE_RUN
-    for j in range(0, full, LANE_RUN):
-        run = xb[j:j + LANE_RUN]
-        s32 = np.float32(0.0)
-        q32 = np.float32(0.0)
-        a32 = np.float32(0.0)
-        for i in range(LANE_RUN):
-            v = np.float32(native(run, table, i))
-            d = v * scale - scaled_mu
-            s32 += d
-            q32 += d * d
-            a32 += abs(v)
-        s += np.float64(s32)
-        q += np.float64(q32)
-        a += np.float64(a32)
-    for i in range(full, n):  # the last, short run: few values, in float64
-        v = np.float32(native(xb, table, i))
-        d = np.float64(v * scale - scaled_mu)
-        s += d
-        q += d * d
-        a += abs(np.float64(v))
-    return s, q, a
-
-
-@njit(cache=True, inline="always")
-def scale_for(spread: float) -> Any:
-    """The power of two (float32) that brings ``spread`` (> 0) into [0.5, 1)."""
-    e = min(max(math.frexp(spread)[1], -126), 126)
-    return np.float32(math.ldexp(1.0, -e))
 
 
 #: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
@@ -550,10 +313,11 @@ def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _tally(pos: Any) -> Any:
-    """Counts of the positions 0..HIST_BINS. Four interleaved tables: consecutive values
-    mostly fall in one bin, and one table would make every increment wait for the last."""
-    loc = np.zeros((4, HIST_BINS + 1), np.int64)
+def _tally(pos: Any, loc: Any) -> None:
+    """Counts of the positions 0..HIST_BINS into ``loc[0]`` (``loc``: (4, HIST_BINS + 1)
+    int64, overwritten). Four interleaved tables: consecutive values mostly fall in one
+    bin, and one table would make every increment wait for the last."""
+    loc[:] = 0
     n = pos.size
     m = n - n % 4
     for i in range(0, m, 4):
@@ -563,16 +327,20 @@ def _tally(pos: Any) -> Any:
         loc[3, pos[i + 3]] += 1
     for i in range(m, n):
         loc[0, pos[i]] += 1
-    return loc[0] + loc[1] + loc[2] + loc[3]
+    for b in range(HIST_BINS + 1):
+        loc[0, b] += loc[1, b] + loc[2, b] + loc[3, b]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
-    """The chunks' rows merged into one (the ``RESULT`` columns) and the histogram of the
-    sample's finite values over their range (``gradexplorer.stats.moments.histogram_range``), in
-    ``torch.histc``'s arithmetic (float32 unless the data are float64 or the range needs
-    float64), so that the bins agree with the torch path's."""
-    out = np.zeros(RESULT, np.float64)
+def finish_into(res: Any, n: int, sample: Any, wide: bool, out: Any, counts: Any, pos: Any, loc: Any) -> None:
+    """The chunks' rows merged into ``out`` (the ``RESULT`` columns) and the histogram of the
+    sample's finite values over their range (``gradexplorer.stats.moments.histogram_range``)
+    into ``counts``, in ``torch.histc``'s arithmetic (float32 unless the data are float64 or
+    the range needs float64), so that the bins agree with the torch path's. ``pos`` (int32,
+    at least the sample's size) and ``loc`` (``_tally``'s) are scratch space: a batch of
+    small tensors reuses them rather than allocating its own for each."""
+    out[:] = 0.0
+    counts[:] = 0.0
     cnt = 0.0
     mean = 0.0
     m2 = 0.0
@@ -591,9 +359,8 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     out[4] = lo
     out[5] = hi
     out[8] = n - cnt - out[7]
-    counts = np.zeros(HIST_BINS, np.float32)
     if cnt == 0.0:
-        return out, counts
+        return
     hlo, hhi = _hist_range(lo, hi)
     wide = wide or _hist_in_float64(hlo, hhi)
     lo32 = np.float32(hlo)
@@ -601,12 +368,13 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     width = hhi - hlo
     # Positions first (a loop of selects: a division per value), then the tally: in one
     # loop the two ran scalar. NaN and Inf go to an extra bin that is not returned.
-    pos = np.empty(sample.size, np.int32)
+    where = pos[:sample.size]
     if wide:
-        _positions(sample, hlo, width, pos)
+        _positions(sample, hlo, width, where)
     else:
-        _positions(sample, lo32, width32, pos)
-    tally = _tally(pos)
+        _positions(sample, lo32, width32, where)
+    _tally(where, loc)
+    tally = loc[0]
     sampled = float(sample.size - tally[HIST_BINS])
     if sample.size == n:  # every element counted
         for b in range(HIST_BINS):
@@ -620,6 +388,15 @@ def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
     out[9] = sampled
     out[10] = hlo
     out[11] = hhi
+
+
+@njit(cache=True, nogil=True)
+def finish(res: Any, n: int, sample: Any, wide: bool) -> Any:
+    """``finish_into`` new arrays: (result row, histogram counts)."""
+    out = np.empty(RESULT, np.float64)
+    counts = np.empty(HIST_BINS, np.float32)
+    finish_into(res, n, sample, wide, out, counts, np.empty(sample.size, np.int32),
+                np.empty((4, HIST_BINS + 1), np.int64))
     return out, counts
 
 
@@ -650,28 +427,52 @@ def _is_direct(x, table):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, count: int, wide: bool,
-           f32: bool) -> Any:
-    """``finish`` of one chunk over all of ``x``: (result row, histogram counts). ``f32``:
-    blocks in float32 lanes where that holds the accuracy contract (float32 and half data)."""
+def serial(x: Any, table: Any, copy: bool, out: Any, offset: int, step: int, count: int, wide: bool) -> Any:
+    """``finish`` of one chunk over all of ``x``: (result row, histogram counts)."""
     res = np.empty((1, COLS), np.float64)
     if step == 1 and count == x.size and is_direct(x, table):
         # Every element is counted: the histogram reads x itself (no gathered copy).
-        chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample_buffer(x, table, 0), f32)
+        chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample_buffer(x, table, 0))
         return finish(res, x.size, x, wide)
     sample = sample_buffer(x, table, count)
-    chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample, f32)
+    chunk(x, table, 0, x.size, copy, out, res, 0, offset, step, sample)
     return finish(res, x.size, sample, wide)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def parallel(x: Any, table: Any, copy: bool, out: Any, nchunks: int, offset: int, step: int, count: int,
-             wide: bool, f32: bool) -> Any:
+             wide: bool) -> Any:
     """``serial`` with ``nchunks`` chunks on numba's threads."""
     n = x.size
     size = (n + nchunks - 1) // nchunks
     res = np.empty((nchunks, COLS), np.float64)
     sample = sample_buffer(x, table, count)
     for c in prange(nchunks):
-        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample, f32)
+        chunk(x, table, min(c * size, n), min((c + 1) * size, n), copy, out, res, c, offset, step, sample)
     return finish(res, n, sample, wide)
+
+
+@njit(cache=True, nogil=True)
+def many(addresses: Any, sizes: Any, like: Any, table: Any, offsets: Any, steps: Any, counts: Any, wide: bool,
+         rows: Any, hists: Any) -> None:
+    """``serial`` of each tensor of a table of pointers: tensor ``i`` is ``sizes[i]`` values
+    (never none) of ``like``'s dtype at memory address ``addresses[i]`` (its histogram's
+    sample ``offsets[i]``, ``steps[i]``, ``counts[i]``); its result row into ``rows[i]`` and
+    its histogram into ``hists[i]``. One call for a whole batch of tensors, read where they
+    lie (no copy laying them end to end), whose scratch space serves them all: the
+    per-tensor cost is then nanoseconds of compiled code, not microseconds of Python and
+    dispatch. The caller keeps the tensors alive during the call."""
+    res = np.empty((1, COLS), np.float64)
+    pos = np.empty(max(counts.max(), 1), np.int32)
+    loc = np.empty((4, HIST_BINS + 1), np.int64)
+    sample = sample_buffer(like, table, max(counts.max(), 1))
+    for i in range(addresses.size):
+        seg = carray(pointer(addresses[i], like), (sizes[i],))
+        if steps[i] == 1 and counts[i] == seg.size and is_direct(like, table):
+            # Every element is counted: the histogram reads the tensor itself.
+            chunk(seg, table, 0, seg.size, False, seg[:0], res, 0, 0, 1, sample[:0])
+            finish_into(res, seg.size, seg, wide, rows[i], hists[i], pos, loc)
+        else:
+            part = sample[:counts[i]]
+            chunk(seg, table, 0, seg.size, False, seg[:0], res, 0, offsets[i], steps[i], part)
+            finish_into(res, seg.size, part, wide, rows[i], hists[i], pos, loc)

@@ -22,14 +22,20 @@ falls back to ``tensor_stats``. ``GRADEXPLORER_FUSED_STATS=0`` turns the kernels
 ``GRADEXPLORER_FUSED_STATS=all`` with ``TRITON_INTERPRET=1`` runs them on CPU tensors, in
 Triton's interpreter (slow: for tests).
 
-``GRADEXPLORER_BATCHED_STATS=1`` keeps the tensors handed to ``summarize_later`` (the
-layers' gradients, the parameters' gradients, and the activations that the last capture of
-the model saw no in-place op change) and summarises them together with
-``gradexplorer.stats.batched`` when ``flush`` is called (the capture calls it at the end of forward
-and in ``resolve``), or whenever ``BATCH_BYTES`` of them are held: a fixed number of
-launches instead of two per tensor. Off by default until ``scripts/gpu_check.py`` (which
-times both) has measured it on a GPU; CPU tensors only with ``GRADEXPLORER_BATCHED_STATS=all``
-(the numba pass per tensor is faster there).
+Small CPU tensors (at most ``SMALL_VALUES``) are held, a copy of an activation or a gradient
+as it is, and summarised together (``gradexplorer.stats.batched``, one compiled call) when
+``flush`` is called (the capture calls it at the end of forward and in ``resolve``) or
+whenever ``SMALL_BATCH_BYTES`` of them are held: alone, each cost microseconds of calls
+around nanoseconds of arithmetic. ``GRADEXPLORER_BATCHED_STATS=0`` summarises every tensor
+alone.
+
+``GRADEXPLORER_BATCHED_STATS=1`` also keeps the device tensors handed to ``summarize_later``
+(the layers' gradients, the parameters' gradients, and copies of the activations) and
+summarises them together with ``gradexplorer.stats.batched.device_batched_stats`` at
+``flush``, or whenever ``BATCH_BYTES`` of them are held: a fixed number of launches instead
+of two per tensor. Off by default until ``scripts/gpu_check.py`` (which times both) has
+measured it on a GPU; ``GRADEXPLORER_BATCHED_STATS=all`` takes CPU tensors through those torch
+operations too (how the tests run them without a GPU).
 """
 
 from __future__ import annotations
@@ -72,6 +78,15 @@ _kernels: tuple[Any, Any] | bool | None = None
 #: Bytes of gradients ``DeferredStats.summarize_later`` keeps before summarising them
 #: together (the memory that batching costs).
 BATCH_BYTES = 1 << 30
+#: CPU tensors of at most this many values are summarised together, many at a time
+#: (``gradexplorer.stats.batched``): alone, such a tensor costs microseconds of calls and
+#: Python around nanoseconds of arithmetic. Larger ones take the fused pass at once.
+SMALL_VALUES = 1 << 15
+#: Bytes of small CPU tensors held (copies of activations, gradients) before they are
+#: summarised: what bounds the memory the small batch takes.
+SMALL_BATCH_BYTES = 16 << 20
+#: dtypes of the small batch (``gradexplorer.stats.cpu.summarize_many``).
+_SMALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _build_kernels() -> tuple[Any, Any]:
@@ -287,6 +302,15 @@ class DeferredStats:
         self._batch_cpu = batched == "all"
         self._later: list[tuple[TensorStats, torch.Tensor]] = []
         self._later_bytes = 0
+        # Small CPU tensors, summarised together at flush (or per SMALL_BATCH_BYTES held).
+        # GRADEXPLORER_BATCHED_STATS=0: every tensor alone.
+        # GRADEXPLORER_BATCHED_STATS=all: the device path for every tensor, and fused=True the
+        # Triton kernels (tests of them on a CPU).
+        self._small_on = (batched not in ("0", "all") and self.fused is not True and fused_cpu_enabled()
+                          and cpu_stats.available())
+        self._small: list[TensorStats] = []
+        self._small_tensors: list[torch.Tensor] = []
+        self._small_bytes = 0
 
     def _use_fused(self, t: torch.Tensor) -> bool:
         if self.fused is False or t.dtype not in _DTYPES or t.numel() == 0:
@@ -297,10 +321,28 @@ class DeferredStats:
             return False
         return fused_available()
 
+    def _is_small(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` joins the small CPU batch."""
+        return (self._small_on and t.is_cpu and t.dtype in _SMALL_DTYPES and 0 < t.numel() <= SMALL_VALUES)
+
+    def _hold_small(self, t: torch.Tensor) -> TensorStats:
+        """``t`` (which nothing changes before the next flush) for the small batch."""
+        stats = _unfilled()
+        self._small.append(stats)
+        self._small_tensors.append(t)
+        self._small_bytes += t.numel() * t.element_size()
+        if self._small_bytes >= SMALL_BATCH_BYTES:
+            self._flush_small()
+        return stats
+
     def summarize(self, t: torch.Tensor, into: TensorStats | None = None) -> TensorStats:
-        """The statistics record of ``t``: filled now, or by ``resolve`` for a tensor the fused
-        GPU kernels summarise. ``into``: fill that (empty) record instead of a new one."""
+        """The statistics record of ``t``: filled now, or by ``flush`` or ``resolve`` for a
+        small CPU tensor (a copy of it, so that later changes to ``t`` do not matter) and a
+        tensor the fused GPU kernels summarise. ``into``: fill that (empty) record now instead
+        of a new one."""
         global _kernels
+        if into is None and self._is_small(t):
+            return self._hold_small(t.detach().clone())
         stats = _unfilled() if into is None else into
         if self._use_fused(t):
             try:
@@ -323,6 +365,10 @@ class DeferredStats:
         (``gradexplorer.stats.cpu``): the statistics of a kept tensor cost no second read. The
         copy is ``None`` where that path does not apply: copy it yourself."""
         if t.device.type == "cpu" and not self._use_fused(t):
+            if self._is_small(t):
+                # The copy kept is the copy summarised, with the other small tensors.
+                kept = t.detach().clone(memory_format=torch.contiguous_format)
+                return self._hold_small(kept), kept
             if fused_cpu_enabled():
                 got = cpu_stats.summarize(t, self.hist_limit, copy=True)
                 if got is not None:
@@ -335,14 +381,16 @@ class DeferredStats:
 
     def batches(self, t: torch.Tensor) -> bool:
         """Whether ``summarize_later(t)`` keeps ``t`` for a batch (else it summarises it now)."""
-        return self.batches_on(t.device)
+        return self.batched and (self._batch_cpu or not t.is_cpu)
 
     def summarize_later(self, t: torch.Tensor) -> TensorStats:
         """``summarize(t)`` for a tensor nothing will modify before the next ``flush`` (a
-        gradient handed to a hook, an output known to stay as it is): with batching on,
+        gradient handed to a hook, a copy of an output taken when its module returned): with batching on,
         kept and summarised with the others by ``gradexplorer.stats.batched`` at ``flush`` or once
         they hold ``BATCH_BYTES``, in a few operations for all."""
         if not self.batches(t):
+            if self._is_small(t):
+                return self._hold_small(t.detach() if t.requires_grad else t)
             return self.summarize(t)
         stats = _unfilled()
         self._later.append((stats, t.detach()))
@@ -351,12 +399,21 @@ class DeferredStats:
             self.flush()
         return stats
 
+    def _flush_small(self) -> None:
+        if self._small:
+            records, tensors = self._small, self._small_tensors
+            self._small, self._small_tensors, self._small_bytes = [], [], 0
+            # Filled in place: the records handed out. (Looked up when called: tests wrap it.)
+            batched.batched_stats(tensors, self.hist_limit, records)
+
     def flush(self) -> None:
-        """Summarise the tensors kept by ``summarize_later`` now, together, and let them go."""
+        """Summarise the tensors kept by ``summarize_later`` (and the small CPU tensors) now,
+        together, and let them go."""
+        self._flush_small()
         if self._later:
             try:
                 # looked up when called: tests wrap it
-                done = batched.batched_stats([t for _s, t in self._later], self.hist_limit)
+                done = batched.device_batched_stats([t for _s, t in self._later], self.hist_limit)
             except Exception as exc:  # noqa: BLE001 - its buffers can exhaust a full GPU: one at a time
                 log.warning("batched statistics failed (%s: %s): summarising one tensor at a time",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -381,4 +438,4 @@ class DeferredStats:
         self._pending.clear()
 
     def __len__(self) -> int:
-        return len(self._pending) + len(self._later)
+        return len(self._pending) + len(self._later) + len(self._small)

@@ -67,6 +67,9 @@ ZERO_BIN = _PER_SIGN
 #: Below this magnitude a value falls in the zero bin (float32's smallest normal number).
 ZERO_LIMIT = 2.0 ** -126
 
+#: ``MergeStats.of_tensors`` summarises tensors of at most this many values together.
+TOGETHER_VALUES = 1 << 15
+
 #: Summary keys, as in ``gradexplorer.stats.summary.tensor_stats`` where they share a name.
 SUMMARY_KEYS = ("numel", "count", "min", "max", "mean", "std", "mean_abs", "l2", "sum",
                 "zero_fraction", "nan_count", "inf_count")
@@ -321,12 +324,37 @@ class MergeStats:
         got = merge_cpu.moments_and_counts(x, _FOLD, HIST_BINS)
         if got is None:
             return None
-        (count, mean, m2, s_abs, lo, hi, _nz, nans, infs), counts = got
-        n, m = x.numel(), int(count)
+        return cls._of_row(x.numel(), *got)
+
+    @classmethod
+    def _of_row(cls, n: int, row: list[float], counts: np.ndarray) -> MergeStats:
+        """The statistics of ``n`` values from ``merge_cpu``'s row and bin counts."""
+        count, mean, m2, s_abs, lo, hi, _nz, nans, infs = row
+        m = int(count)
         if m == 0:
             return cls(numel=n, nan_count=int(nans), inf_count=int(infs))
         return cls(numel=n, count=m, nan_count=int(nans), inf_count=int(infs), zero_count=int(counts[ZERO_BIN]),
                    min=lo, max=hi, sum=mean * m, sum_abs=s_abs, mean=mean, m2=max(m2, 0.0), hist=counts)
+
+    @classmethod
+    @torch.no_grad()
+    def of_tensors(cls, tensors: list[torch.Tensor]) -> list[MergeStats]:
+        """``of_tensor`` of each of ``tensors``, equal to it number for number: the small
+        float32 CPU tensors (``TOGETHER_VALUES``) together in one compiled call (the same
+        pass over the same values), the others one by one. Made for the many small tensors of a watched step, whose
+        cost alone is the call, not the values.
+        """
+        out: list[MergeStats | None] = [None] * len(tensors)
+        # The small ones: laid end to end for the call (a copy), which a large tensor's pass
+        # alone does not need.
+        together = [i for i, t in enumerate(tensors)
+                    if t.dtype == torch.float32 and t.is_cpu and 0 < t.numel() <= TOGETHER_VALUES]
+        got = merge_cpu.moments_and_counts_many([tensors[i] for i in together], _FOLD, HIST_BINS)
+        if got is not None:
+            rows, counts = got
+            for j, i in enumerate(together):
+                out[i] = cls._of_row(tensors[i].numel(), rows[j], counts[j])
+        return [s if s is not None else cls.of_tensor(t) for s, t in zip(out, tensors)]
 
     @classmethod
     def of_values(cls, values: Iterable[float]) -> MergeStats:

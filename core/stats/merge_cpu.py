@@ -119,6 +119,41 @@ def moments_and_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> tuple[
     return [*row, x.numel() - row[0] - row[7]], out
 
 
+def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
+                            bins: int) -> tuple[list[list[float]], np.ndarray] | None:
+    """``moments_and_counts`` of each of ``tensors`` (float32 CPU tensors, none empty), in
+    one compiled call over the tensors laid end to end, or ``None`` when this path cannot
+    take them.
+
+    Returns
+    -------
+    (rows, counts) or None
+        ``rows[i]`` as ``moments_and_counts``'s row of tensor ``i``; ``counts[i]`` its bin counts.
+    """
+    if not tensors or not _kernels() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    from gradexplorer.stats.cpu_kernels import COLS  # deferred: imports numba (the kernels are built by now)
+
+    with torch.no_grad():
+        # One call lays them end to end (a resolved negation view is a copy: made first).
+        flat = torch._utils._flatten_dense_tensors([t.resolve_neg() for t in tensors])
+    values = flat.numpy()
+    sizes = [t.numel() for t in tensors]
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    res = np.empty((len(sizes), COLS), np.float64)
+    out = np.zeros((len(sizes), bins), np.int64)
+    try:
+        _state["kernels"].moments_and_counts_many(values, values.view(np.int32), starts, fold.numpy(), res, out)
+    except Exception:  # noqa: BLE001
+        _fail()
+        return None
+    rows = res.tolist()
+    for n, row in zip(sizes, rows):
+        row.append(n - row[0] - row[7])  # the Inf count: neither finite nor NaN
+    return rows, out
+
+
 def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:
     if not _kernels() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None

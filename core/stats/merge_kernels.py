@@ -47,8 +47,7 @@ def moments_and_counts(x: Any, bits: Any, fold: Any, res: Any, out: Any) -> None
     bin counts of its bits (``bits``: ``x`` viewed as int32) into ``out``."""
     # No histogram sample (the log2 bins count every value); made here, since numba
     # freezes a global array read-only and chunk writes its sample.
-    # float64 blocks (f32=False): the watch's merged moments as they were measured.
-    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0, 0, 1, np.empty(0, np.float64), False)
+    chunk(x, _NO_TABLE, 0, x.size, False, x[:0], res, 0, 0, 1, np.empty(0, np.float64))
     fold_counts(bits, fold, out)
 
 
@@ -73,3 +72,14 @@ def row_squares(x: Any, out: Any) -> None:
             v = np.float64(x[r, c])
             s += v * v
         out[r] = s
+
+
+@njit(cache=True, nogil=True)
+def moments_and_counts_many(x: Any, bits: Any, starts: Any, fold: Any, rows: Any, hists: Any) -> None:
+    """``moments_and_counts`` of each tensor laid end to end in ``x`` (tensor ``i`` is
+    ``x[starts[i]:starts[i + 1]]``, never empty) into ``rows[i]`` and ``hists[i]``: one
+    call for a batch of tensors."""
+    for i in range(starts.size - 1):
+        a = starts[i]
+        b = starts[i + 1]
+        moments_and_counts(x[a:b], bits[a:b], fold, rows[i:i + 1], hists[i])

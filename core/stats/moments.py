@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -148,7 +148,8 @@ def merge_moments(counts: Iterable[float], means: Iterable[float], m2s: Iterable
 
 def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sumsq: float, l1: float,
                        nonzero: int, nan_count: int, inf_count: int, hist: torch.Tensor,
-                       hist_range: tuple[float, float], exact: bool, exponent: int = 0) -> TensorStats:
+                       hist_range: tuple[float, float], exact: bool, exponent: int = 0,
+                       into: TensorStats | None = None) -> TensorStats:
     """The statistics record from the moments of the finite values of ``n`` elements (of
     which there is at least one); shared by the CPU paths and the GPU kernels' rows.
 
@@ -167,27 +168,39 @@ def stats_from_moments(n: int, lo: float, hi: float, mean: float, m2: float, sum
         0 unless the values were scaled by 2**-exponent to keep their squares in float64;
         undone after the square roots, so that only a statistic that is truly beyond
         float64 overflows, and is then named in ``overflow``.
+    into : TensorStats, optional
+        An empty record to fill and return (one handed out before the statistics existed)
+        instead of a new one.
     """
     m = n - nan_count - inf_count
-    l2 = _ldexp(math.sqrt(max(sumsq, 0.0)), exponent)
-    std = _ldexp(math.sqrt(max(m2, 0.0) / max(m - 1, 1)), exponent)
-    overflow = tuple(k for k, v in (("std", std), ("l2", l2)) if math.isinf(v))
-    return {
-        "numel": n,
-        "min": lo,
-        "max": hi,
-        "mean": _ldexp(mean, exponent),
-        "std": std,
-        "mean_abs": _ldexp(l1 / m, exponent),
-        "l2": l2,
-        "zero_fraction": (m - nonzero) / n,  # zeros among the finite values
-        "nan_count": nan_count,
-        "inf_count": inf_count,
-        "hist": hist,
-        "hist_range": hist_range,
-        "hist_exact": exact,
-        "overflow": overflow,
-    }
+    # Written for speed as much as for reading: a capture builds a record per tensor, and
+    # for small tensors the record costs more than the arithmetic that filled it.
+    # max(v, 0.0) as a comparison, NaN kept (as max() kept it)
+    l2 = math.sqrt(sumsq if not sumsq < 0.0 else 0.0)
+    std = math.sqrt((m2 if not m2 < 0.0 else 0.0) / (m - 1 if m > 1 else 1))
+    mean_abs = l1 / m
+    if exponent:
+        l2, std, mean, mean_abs = (_ldexp(l2, exponent), _ldexp(std, exponent), _ldexp(mean, exponent),
+                                   _ldexp(mean_abs, exponent))
+    overflow: tuple[str, ...] = ()
+    if l2 == math.inf or std == math.inf:
+        overflow = tuple(k for k, v in (("std", std), ("l2", l2)) if v == math.inf)
+    out = into if into is not None else cast(TensorStats, {})
+    out["numel"] = n
+    out["min"] = lo
+    out["max"] = hi
+    out["mean"] = mean
+    out["std"] = std
+    out["mean_abs"] = mean_abs
+    out["l2"] = l2
+    out["zero_fraction"] = (m - nonzero) / n  # zeros among the finite values
+    out["nan_count"] = nan_count
+    out["inf_count"] = inf_count
+    out["hist"] = hist
+    out["hist_range"] = hist_range
+    out["hist_exact"] = exact
+    out["overflow"] = overflow
+    return out
 
 
 def _ldexp(value: float, exponent: int) -> float:

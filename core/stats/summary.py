@@ -9,10 +9,8 @@ values gave std 80.6, true 0). Every path computes the sum of squared deviations
 around a value close to the block's mean, then merges the blocks in float64 with Chan's
 formula (``chan_merge``). The accuracy contract: every statistic within 1e-6 relative of
 float64 on the same tensor (the mean within 1e-6 times the mean |x|), counts, extremes and
-the zero fraction exact. The torch path and the GPU kernels accumulate in float64; the
-fused CPU pass sums float32 and half tensors in float32 lanes where that holds the
-contract (deviations scaled by a power of two, blocks of a few thousand values) and in
-float64 elsewhere (``gradexplorer.stats.cpu``). Squares of float32 values cannot overflow
+the zero fraction exact. Every path accumulates in float64 (the fused CPU pass of
+``gradexplorer.stats.cpu``, the torch path, the GPU kernels). Squares of float32 values cannot overflow
 float64, and float64 tensors whose squares would (|x| above about 1e150) or would
 underflow are scaled by a power of two first, which is exact. A statistic whose true value lies beyond float64
 (the L2 norm of many 1e308 values) is reported as ``inf`` and named in ``overflow``, so
