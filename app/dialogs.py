@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -53,15 +54,53 @@ def ask_save_file(parent: QWidget | None, caption: str, suggested: str, filter_:
     return path or None
 
 
+#: The widest a question's text runs before it wraps, in average characters.
+QUESTION_CHARS = 64
+
+
+def wrap_question(dialog: QDialog) -> QDialog:
+    """Wrap the labels of a question (a long message had made an input dialog 1,459 px
+    wide, its OK button off a 1280 px screen) and keep it inside its screen."""
+    width = QUESTION_CHARS * dialog.fontMetrics().averageCharWidth()
+    screen = (dialog.parentWidget() or dialog).screen() or QGuiApplication.primaryScreen()
+    if screen is not None:
+        width = min(width, screen.availableGeometry().width() - 80)
+    for label in dialog.findChildren(QLabel):
+        label.setWordWrap(True)
+        label.setMinimumWidth(min(width, max(label.minimumSizeHint().width(), 1)))
+        label.setMaximumWidth(width)
+    return dialog
+
+
+def input_dialog(parent: QWidget | None, title: str, label: str) -> QInputDialog:
+    """A ``QInputDialog`` whose label wraps (``wrap_question``)."""
+    dialog = QInputDialog(parent)
+    dialog.setWindowTitle(title)
+    dialog.setLabelText(label)
+    return dialog
+
+
 def ask_text(parent: QWidget | None, title: str, label: str, text: str = "") -> str | None:
-    value, ok = QInputDialog.getText(parent, title, label, text=text)
-    return value.strip() if ok and value.strip() else None
+    dialog = input_dialog(parent, title, label)
+    dialog.setTextValue(text)
+    wrap_question(dialog)
+    if dialog.exec() != QDialog.DialogCode.Accepted:
+        return None
+    value = dialog.textValue().strip()
+    return value or None
 
 
 def ask_item(parent: QWidget | None, title: str, label: str, items: list[str],
              editable: bool = True) -> str | None:
-    value, ok = QInputDialog.getItem(parent, title, label, items, 0, editable)
-    return value.strip() if ok else None
+    dialog = input_dialog(parent, title, label)
+    dialog.setComboBoxItems(items)
+    dialog.setComboBoxEditable(editable)
+    if items:
+        dialog.setTextValue(items[0])
+    wrap_question(dialog)
+    if dialog.exec() != QDialog.DialogCode.Accepted:
+        return None
+    return dialog.textValue().strip()
 
 
 def run_modal(dialog: QDialog) -> bool:

@@ -60,7 +60,7 @@ class _Job(QRunnable):
         signals = self.signals
 
         def progress(stage: str, done: int, total: int) -> None:
-            signals.progress.emit(gen, str(stage), int(done), int(total))
+            _emit(signals.progress, gen, str(stage), int(done), int(total))
 
         start = time.perf_counter()
         try:
@@ -68,11 +68,22 @@ class _Job(QRunnable):
                 raise CaptureCancelled()
             result = self.fn(progress, self.cancel)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported to the GUI
-            signals.error.emit(gen, exc)
+            _emit(signals.error, gen, exc)
         else:
-            signals.done.emit(gen, result, time.perf_counter() - start)
+            _emit(signals.done, gen, result, time.perf_counter() - start)
         finally:
             self.ended.set()
+
+
+def _emit(signal: Any, *args: object) -> None:
+    """Emit from the worker thread unless the receiving side is gone: a window closed (and
+    its runner deleted with the signals it owned) while this task still ran has nobody
+    left to tell, and the task's end must not print a traceback on the way out."""
+    try:
+        signal.emit(*args)
+    except RuntimeError as exc:  # "Signal source has been deleted"
+        if "deleted" not in str(exc):
+            raise
 
 
 class TaskRunner(QObject):

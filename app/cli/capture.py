@@ -157,7 +157,7 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
     if cap.meta.get("not_called"):
         lines.append(f"not run   {', '.join(cap.meta['not_called'][:5])}"
                      + (" ..." if len(cap.meta["not_called"]) > 5 else "")
-                     + " (selected but not called in forward)")
+                     + " (never called in forward)")
     lines += onset_lines(cap, flagged)
     from gradexplorer.capturing.targets import class_axis_note
 

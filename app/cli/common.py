@@ -38,12 +38,13 @@ __all__ = [
     "PROG", "SUBCOMMANDS", "EXIT_OK", "EXIT_USER", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_INTERRUPTED",
     "UsageError", "UI",
     "add_model_args", "add_input_args", "add_memory_budget", "add_common",
-    "job_options", "capture_options", "job_progress", "check_out_path", "check_screenshot_target", "onset_lines",
+    "job_options", "capture_options", "job_progress", "files_read", "check_out_path", "check_screenshot_target",
+    "onset_lines",
 ]
 
 PROG = "gradexplorer"
 #: The subcommands, in the order ``--help`` lists them; any other first word names a capture file.
-SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "devices", "diff", "graph")
+SUBCOMMANDS = ("capture", "models", "layers", "inspect", "timeline", "export", "devices", "diff", "graph")
 
 EXIT_OK = 0
 EXIT_USER = 1
@@ -105,6 +106,9 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
              "default: random initialisation",
     )
     p.add_argument("--arch", metavar="A", help="torchvision architecture of a weights-only checkpoint file")
+    p.add_argument("--tokenizer", metavar="FOLDER|hf:ORG/NAME",
+                   help="a tokenizer for --text, for a model that came without one (a factory that builds a "
+                        "transformers model): a folder tokenizer.save_pretrained wrote, or hf:ORG/NAME")
     p.add_argument(
         "--trust", action="store_true",
         help="allow running code from the model source (pickled modules, .pt2 archives, factories)",
@@ -160,7 +164,8 @@ def job_options(args: argparse.Namespace, **settings: Any) -> CaptureOptions:
                       demo=bool(getattr(args, "demo_input", False)), texts=tuple(getattr(args, "text", None) or ()),
                       skip_unreadable=bool(getattr(args, "skip_unreadable", False)))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
-                          batch=batch, hf_class=getattr(args, "hf_class", None), **settings)
+                          batch=batch, hf_class=getattr(args, "hf_class", None),
+                          tokenizer=getattr(args, "tokenizer", None), **settings)
 
 
 def capture_options(args: argparse.Namespace) -> CaptureOptions:
@@ -209,12 +214,22 @@ def job_progress(ui: UI) -> ProgressCallback:
     return on_progress
 
 
+def files_read(args: argparse.Namespace) -> list[str | None]:
+    """What a command's flags name that may be files it reads: the model (a file, a folder,
+    ``hf:FOLDER``, a factory's file), ``--weights``, ``--labels``, ``--tokenizer`` (a folder:
+    every file in it), ``--input`` and ``--text`` (a ``.txt`` file of samples); names that
+    are no file are passed over by the check."""
+    return [getattr(args, "model", None), getattr(args, "weights", None), getattr(args, "labels", None),
+            getattr(args, "tokenizer", None), *(getattr(args, "input", None) or ()),
+            *(getattr(args, "text", None) or ())]
+
+
 def check_out_path(args: argparse.Namespace) -> Path:
-    """``--out``, refused before anything runs when it cannot be written or is one of the
-    files the capture reads (gradexplorer.base.file_write.check_output_path)."""
+    """``--out``, refused before anything runs when it cannot be written, lies in a model
+    cache, or is one of the files the capture reads (gradexplorer.base.file_write.check_output_path)."""
     from gradexplorer.base.file_write import check_output_path
 
-    return check_output_path(args.out, [args.model, args.weights, args.labels, *(args.input or ())])
+    return check_output_path(args.out, files_read(args))
 
 
 def check_screenshot_target(path: str, inputs: Sequence[str | None]) -> Path:

@@ -203,6 +203,8 @@ def _norm_ratio(kd: KindDiff | None) -> str:
 
 def render(result: Comparison, label_a: str = "A", label_b: str = "B", sort: str = "forward") -> str:
     """The text ``gradexplorer diff`` prints: header, table, first divergent calls, verdict."""
+    from gradexplorer.capturing.data import layer_label
+
     tol = result.tolerance
     n_layers = len({c.layer for c in result.calls})
     by = "statistics (a capture holds statistics only)" if result.by_statistics else "tensors"
@@ -238,13 +240,19 @@ def render(result: Comparison, label_a: str = "A", label_b: str = "B", sort: str
     lines.append(table(headers, rows, "lrll" + "r" * 7 + "l"))
     bad_params = [p for p in result.params if not p.within]
     if bad_params:
-        shown = ", ".join(f"{p.layer}.{p.param}" for p in bad_params[:6])
+        shown = ", ".join(p.full_name for p in bad_params[:6])
         lines.append(f"\nparameter gradients outside the tolerance: {len(bad_params)} ({shown}"
                      f"{', ...' if len(bad_params) > 6 else ''})")
     for side, names in (("A", result.only_a), ("B", result.only_b)):
         if names:
             shown = ", ".join(names[:8]) + (f", ... ({len(names)})" if len(names) > 8 else "")
             lines.append(f"only in {side}: {shown}")
+    for side, names in (("A", result.not_called_a), ("B", result.not_called_b)):
+        if names:
+            # Never ran in that forward (a parent used their weights): no calls to compare,
+            # which is not a missing gradient.
+            shown = ", ".join(layer_label(n) for n in names[:8]) + (f", ... ({len(names)})" if len(names) > 8 else "")
+            lines.append(f"not called in {side}: {shown}")
     lines.append("")
     lines.append(_first_line("first divergent activation (forward order)", result.first_divergent_activation,
                              "activation"))

@@ -11,7 +11,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradexplorer.app.cli.common import UI, add_common, add_input_args, add_model_args, job_options, job_progress
+from gradexplorer.app.cli.common import (
+    UI,
+    add_common,
+    add_input_args,
+    add_model_args,
+    files_read,
+    job_options,
+    job_progress,
+)
 from gradexplorer.base.errors import GradExplorerError
 
 # Engine modules are imported inside the functions that use them (start-up time): main builds
@@ -136,7 +144,7 @@ def cmd_graph(args: argparse.Namespace, ui: UI) -> int:
     from gradexplorer.base.file_write import atomic_write_bytes, check_output_path
 
     suffix = _suffix(args.out)
-    out = check_output_path(args.out, [args.model, args.weights, args.capture, args.compare, *(args.input or ())])
+    out = check_output_path(args.out, [*files_read(args), args.capture, args.compare])
     if args.depth is not None and args.depth < 0:
         raise GradExplorerError(f"--depth {args.depth} is negative;", "give 0 (the model as one box) or more.")
     color_by = _color_by(args)

@@ -20,6 +20,7 @@ from gradexplorer.app.cli.common import (
     add_memory_budget,
     capture_options,
     check_screenshot_target,
+    files_read,
 )
 from gradexplorer.base.errors import GradExplorerError
 
@@ -34,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gui.add_argument("--trust", action="store_true", help="allow running code from the model source")
     gui.add_argument("--hf-class", metavar="CLASS",
                      help="for hf: models, the transformers class or a task word (causal-lm, base...)")
+    gui.add_argument("--tokenizer", metavar="FOLDER|hf:ORG/NAME",
+                     help="a tokenizer for --text, for a model that came without one (a factory or checkpoint "
+                          "that builds a transformers model): a folder tokenizer.save_pretrained wrote, or "
+                          "hf:ORG/NAME")
     gui.add_argument("--input", nargs="+", metavar="FILE", help="image files, a folder or a .pt tensor")
     gui.add_argument("--random", metavar="SHAPE", help="a random batch of SHAPE, e.g. 2x3x224x224")
     gui.add_argument("--text", action="append", metavar="TEXT",
@@ -59,10 +64,9 @@ def cmd_gui(args: argparse.Namespace, ui: UI) -> int:
     if sum(bool(v) for v in (args.input, args.random, getattr(args, "text", None))) > 1:
         raise UsageError("--input, --random and --text cannot be used together; see 'gradexplorer --help'.")
     if args.screenshot:
-        check_screenshot_target(args.screenshot, [args.open, args.model, args.weights, args.labels,
-                                                  *(args.input or ())])
+        check_screenshot_target(args.screenshot, [args.open, *files_read(args)])
     model_only = [f for f, v in (("--weights", args.weights), ("--arch", args.arch),
-                                 ("--hf-class", args.hf_class)) if v]
+                                 ("--hf-class", args.hf_class), ("--tokenizer", args.tokenizer)) if v]
     if model_only and not args.model:
         raise UsageError(f"{model_only[0]} needs --model; see 'gradexplorer --help'.")
     if args.open:

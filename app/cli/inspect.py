@@ -52,14 +52,17 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         check_csv_target(args.csv, path)
     if path.suffix == ".gxw" or is_watch_log(path):
         return cmd_inspect_log(path, getattr(args, "csv", None))
+    from gradexplorer.capturing.data import layer_label
+
     cap = load_capture(path)
     if getattr(args, "csv", None):
         _write_token_csv(cap, args.csv)
     names = list(cap.layers)
     if args.layer:
-        chosen = [n for n in names if n == args.layer or fnmatch.fnmatchcase(n, args.layer)]
+        # The root module's record (its own parameters) is named "" and shown as (model).
+        chosen = [n for n in names if args.layer in (n, layer_label(n)) or fnmatch.fnmatchcase(n, args.layer)]
         if not chosen:
-            near = difflib.get_close_matches(args.layer, names, n=3)
+            near = difflib.get_close_matches(args.layer, [layer_label(n) for n in names], n=3)
             hint = f"near names: {', '.join(near)}; " if near else ""
             raise GradExplorerError(f"the capture has no layer '{args.layer}';",
                                     f"{hint}run 'gradexplorer inspect {args.file}' to list its layers.")
@@ -79,7 +82,8 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         ("input", (f"{fmt_shape(tuple(cap.input.shape)) if cap.input is not None else '-'}"
                    f"  input grad {'yes' if cap.input_grad is not None else 'no'}"
                    + _all_inputs_text(cap.model_inputs))),
-        ("layers", f"{len(names)} ({counted(n_calls, 'call')})"),
+        ("layers", f"{len(names)} ({counted(n_calls, 'call')})" + _not_called_text(cap)),
+        ("params", _params_text(cap)),
     ]
     if meta.batch:
         header.insert(4, ("batch", meta.batch))
@@ -109,14 +113,14 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     for name in chosen:
         rec = cap.layers[name]
         if not rec.calls:
-            rows.append([name, "-", rec.type, "-", "-", "-", "-", "-", "-", "-", "not called"])
+            rows.append([layer_label(name), "-", rec.type, "-", "-", "-", "-", "-", "-", "-", "not called"])
         for i, call in enumerate(rec.calls):
             act: Mapping[str, Any] = call.stats.get("activation") or {}
             grad = call.stats.get("grad_output")
             flags = _flags(call.stats)
             g: Mapping[str, Any] = grad or {}
             rows.append([
-                name, str(i), rec.type, fmt_shape(call.shape),
+                layer_label(name), str(i), rec.type, fmt_shape(call.shape),
                 fmt_num(act.get("mean")), fmt_num(act.get("std")),
                 fmt_num(g.get("l2")), fmt_num(g.get("mean_abs")), fmt_num(_max_abs(g) if grad else None),
                 f"{g['zero_fraction'] * 100:.1f}" if grad else "-",
@@ -130,6 +134,29 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         for name in chosen:
             _print_layer_details(name, cap.layers[name])
     return EXIT_OK
+
+
+def _not_called_text(cap: Any) -> str:
+    """``"; 2 never called"`` when some layers never ran during forward."""
+    n = sum(1 for rec in cap.layers.values() if not rec.calls)
+    return f"; {n} never called" if n else ""
+
+
+def _params_text(cap: Any) -> str:
+    """The captured parameters: how many have a gradient, and why the others have none."""
+    from collections import Counter
+
+    stats = cap.param_stats
+    if not stats:
+        return "none captured"
+    have = sum(1 for s in stats.values() if s is not None)
+    why = Counter(cap.param_absent.values())
+    missing = len(stats) - have
+    text = f"{have} of {len(stats)} with gradients"
+    if missing:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in why.most_common())
+        text += f" ({reasons})" if reasons else f" ({missing} without)"
+    return text
 
 
 def _write_token_csv(cap: Any, out: str) -> None:
@@ -198,13 +225,25 @@ def _stat_row(label: str, s: Mapping[str, Any] | None) -> list[str]:
 
 
 def _print_layer_details(name: str, rec: LayerRecord) -> None:
+    from gradexplorer.capturing.data import layer_label
+
+    label = layer_label(name)
     headers = ["TENSOR", "NUMEL", "MIN", "MAX", "MEAN", "STD", "MEAN|X|", "L2", "ZERO%", "NaN", "Inf"]
+    if not rec.calls:
+        print(f"\n{label} ({rec.type}): never called during forward (the gradients of its parameters, if "
+              "any, come from another module using them, as nn.MultiheadAttention uses its out_proj's)")
     for i, call in enumerate(rec.calls):
-        print(f"\n{name} ({rec.type}), call {i}: output {fmt_shape(call.shape)} {call.dtype}"
+        print(f"\n{label} ({rec.type}), call {i}: output {fmt_shape(call.shape)} {call.dtype}"
               + (f", output element '{call.output_key}'" if call.output_key else ""))
-        rows = [_stat_row(kind, call.stats.get(kind)) for kind in ("activation", "grad_output", "grad_input")]
+        kinds = ("activation", "grad_output", "grad_input")
+        rows = [_stat_row(kind, call.stats.get(kind)) for kind in kinds]
         print(table(headers, rows, "lrrrrrrrrrr"))
+        for kind in kinds:
+            if call.stats.get(kind) is None and call.absent.get(kind):
+                print(f"  no {kind}: {call.absent[kind]}")
     if rec.param_stats:
-        print(f"\n{name} parameter gradients:")
+        print(f"\n{label} parameter gradients:")
         rows = [_stat_row(pname, s) for pname, s in rec.param_stats.items()]
         print(table(headers, rows, "lrrrrrrrrrr"))
+        for pname, why in rec.param_absent.items():
+            print(f"  no gradient for {pname}: {why}")

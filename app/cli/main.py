@@ -1,7 +1,7 @@
 """The ``gradexplorer`` command: the parser, the entry point :func:`main` and the dispatch.
 
 Each subcommand lives in a module named for it (``capture``, ``models``, ``layers``,
-``inspect``, ``timeline``, ``devices``, ``diff``, ``graph``), which registers its parser
+``inspect``, ``timeline``, ``export``, ``devices``, ``diff``, ``graph``), which registers its parser
 and runs it; without a subcommand the desktop app opens (``gui``). Subcommands call the
 same engine functions as the window and never import Qt. What the commands share, the
 exit codes among it, is ``gradexplorer.app.cli.common``.
@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from gradexplorer.app.cli import capture, devices, diff, graph, gui, inspect, layers, models, timeline
+from gradexplorer.app.cli import capture, devices, diff, export, graph, gui, inspect, layers, models, timeline
 from gradexplorer.app.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -33,7 +33,7 @@ from gradexplorer.app.cli.common import (
     UsageError,
     add_common,
 )
-from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.errors import GradExplorerError, plain_text
 
 __all__ = ["main", "build_parser"]
 
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     # In the order of SUBCOMMANDS, which --help lists.
-    for command in (capture, models, layers, inspect, timeline, devices, diff, graph):
+    for command in (capture, models, layers, inspect, timeline, export, devices, diff, graph):
         command.register(sub)
     return parser
 
@@ -130,7 +130,8 @@ def _open_shorthand(args: list[str]) -> list[str]:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    # Plain text: an exception may quote a file's bytes or a library's coloured advice.
+    return " ".join(plain_text(str(text)).split())
 
 
 def _error(ui: UI | None, message: str) -> None:

@@ -6,7 +6,7 @@ selects its layer). Only the visible tab draws; the others redraw when shown.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.app.views.export import png_bytes, write_export
+from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
+from gradexplorer.app.views.context_menus import install_plot_menu
+from gradexplorer.app.views.export import PLOT_FILTER, file_name, plot_bytes, write_export
 from gradexplorer.app.views.flow_view import GradientFlowView
 from gradexplorer.app.views.gradcam_view import GradCamView
 from gradexplorer.app.views.heatmap_view import HeatmapView
@@ -31,7 +34,7 @@ from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer.app.views.saliency_view import SaliencyView
 from gradexplorer.app.views.stats_table import StatsTableView
 from gradexplorer.app.views.view_context import CaptureView, ViewContext
-from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.data import Capture, layer_label as shown_name
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.pipeline.view_state import ViewState, calls_of, clamp
 
@@ -63,6 +66,8 @@ class CaptureViews(QWidget):
         self._capture: Capture | None = None
         self._batch: Batch | None = None
         self._fitting = False
+        #: ``(block, layer, call)``: the block the shown call stands for (``set_block``).
+        self._block: tuple[str, str, int] | None = None
 
         self.layer_label = wrap_label(QLabel("no capture"))
         self.layer_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -105,14 +110,22 @@ class CaptureViews(QWidget):
         v.addLayout(bar)
         v.addWidget(splitter, 1)
 
+        #: The files the window read (its owner sets it): an export never goes over one.
+        self.files_read: Callable[[], Iterable[str | os.PathLike | None]] = lambda: ()
+        # Right-click on a plot: copy its picture, or export it.
+        for view in self.views():
+            for widget in view.plot_widgets():
+                install_plot_menu(widget, self.export_title, lambda: self.ask_export())
+        install_plot_menu(self.flow_view.export_widget(), lambda: self.export_title("flow"),
+                          lambda: self.ask_export("flow"))
         self.flow_view.layer_clicked.connect(self._on_flow_layer_clicked)
         self.call_combo.currentIndexChanged.connect(self._on_call_combo_changed)
         self.sample_spin.valueChanged.connect(self._on_sample_spin_changed)
         self.tabs.currentChanged.connect(self._on_tab_changed)
         events = self.state.events
-        events.layer.connect(self._on_model_layer_changed)
-        events.call.connect(self._on_model_selection_changed)
-        events.sample.connect(self._on_model_selection_changed)
+        listen(events.layer, self._on_model_layer_changed)
+        listen(events.call, self._on_model_selection_changed)
+        listen(events.sample, self._on_model_selection_changed)
         self._sync_controls()
         self._push_context()
 
@@ -141,6 +154,12 @@ class CaptureViews(QWidget):
 
     def capture(self) -> Capture | None:
         return self._capture
+
+    def set_block(self, shown: tuple[str, str, int] | None) -> None:
+        """Name the block the selected call stands for in the header (a block the capture
+        holds no record of, shown through the last captured call inside it), or None."""
+        self._block = shown
+        self._sync_controls()
 
     def selection(self) -> tuple[str | None, int, int]:
         return self.state.layer, self.state.call, self.state.sample
@@ -173,8 +192,9 @@ class CaptureViews(QWidget):
 
     def export_png(self, path: str | os.PathLike, which: str | None = None,
                    inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
-        """Save the current tab's plot (or ``which="flow"``: the flow chart) as PNG, atomically;
-        never over one of ``inputs``, the files the window read."""
+        """Save the current tab's plot (or ``which="flow"``: the flow chart) atomically, as
+        PNG at twice the screen's resolution or as SVG (by the suffix), under a title line
+        (``export_title``); never over one of ``inputs``, the files the window read."""
         if which == "flow":
             widget = self.flow_view.export_widget()
         else:
@@ -182,7 +202,51 @@ class CaptureViews(QWidget):
             assert isinstance(view, CaptureView)  # every tab is a view of the capture
             view.ensure_drawn()
             widget = view.export_widget() if not view.message() else view
-        return write_export(png_bytes(widget), path, inputs)
+        return write_export(plot_bytes(widget, path, self.export_title(which)), path, inputs)
+
+    def ask_export(self, which: str | None = None) -> Path | None:
+        """Ask where to export the plot (named after the model, layer and view), then export it."""
+        path = dialogs.ask_save_file(self, "Export plot", self.export_file_name(which), PLOT_FILTER)
+        if not path:
+            return None
+        return self.export_png(path, which, inputs=self.files_read())
+
+    def _model_name(self) -> str:
+        cap = self._capture
+        return str(cap.meta.get("model_name") or cap.meta.get("model") or "") if cap is not None else ""
+
+    def export_title(self, which: str | None = None) -> str:
+        """The title line of an exported plot: the model, the view and what it shows, the
+        layer and its call, the sample, the target; "" without a capture."""
+        cap = self._capture
+        if cap is None:
+            return ""
+        view = self.tabs.currentWidget()
+        if which == "flow":
+            parts = [self._model_name(), f"gradient flow: {self.flow_view.export_detail()}"]
+        else:
+            assert isinstance(view, CaptureView)
+            detail = view.export_detail()
+            parts = [self._model_name(), view.title + (f": {detail}" if detail else "")]
+            st = self.state
+            if st.layer is not None:
+                n = calls_of(cap, st.layer)
+                parts.append(st.layer + (f", call {st.call + 1} of {n}" if n > 1 else ""))
+                ctx = self._context()
+                if not ctx.stats_only and view is not self.stats_view:
+                    name = ctx.sample_name()
+                    parts.append(f"sample {st.sample}" + (f" ({name})" if name != f"sample {st.sample}" else ""))
+        target = cap.meta.get("target")
+        if target:
+            parts.append(f"target {target}")
+        return " · ".join(p for p in parts if p)
+
+    def export_file_name(self, which: str | None = None, suffix: str = ".png") -> str:
+        """The file name an export suggests: model, layer and view
+        (``resnet18_layer4.1.relu_heatmap.png``; it had been ``plot.png``)."""
+        view = "flow" if which == "flow" else str(getattr(self.tabs.currentWidget(), "title", "plot")).lower()
+        layer = None if which == "flow" else self.state.layer
+        return file_name(self._model_name() or "capture", layer, view.replace(" ", "-"), suffix=suffix)
 
     def export_csv(self, path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
         """Save the statistics table of the selection as CSV, atomically; never over one of
@@ -240,8 +304,15 @@ class CaptureViews(QWidget):
         else:
             rec = ctx.record
             kind = f" <span style='color:gray'>({rec.type})</span>" if rec else " (not captured)"
+            if rec is not None and not rec.calls:
+                kind += " · <i>not called</i>"
             mode = " · <i>statistics only</i>" if ctx.stats_only else ""
-            self.layer_label.setText(f"<b>{st.layer}</b>{kind}{mode}")
+            block = self._block
+            inside = ""
+            if block is not None and block[1:] == (st.layer, st.call):
+                inside = (f" · the last captured call inside <b>{block[0] or 'the model'}</b>, "
+                          "which is not recorded itself")
+            self.layer_label.setText(f"<b>{shown_name(st.layer)}</b>{kind}{inside}{mode}")
 
     # -- state -> widgets ---------------------------------------------------------------
     def _on_model_layer_changed(self, name: str | None) -> None:

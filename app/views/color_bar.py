@@ -11,7 +11,7 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QLinearGradient, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from gradexplorer.model_graph.render import ColorScale, range_labels
+from gradexplorer.model_graph.render import ColorScale, constant_label, range_labels
 
 
 class ColorBarWidget(QWidget):
@@ -45,9 +45,18 @@ class ColorBarWidget(QWidget):
     def hi(self) -> float | None:
         return self.scale.hi if self.scale is not None else None
 
+    def constant(self) -> str | None:
+        """``"constant 1.0"`` when every value in view is one value, else None."""
+        if self.scale is None or self.scale.lo is None or self.scale.hi is None:
+            return None
+        return constant_label(self.scale.lo, self.scale.hi)
+
     def tick_labels(self) -> list[str]:
         """The labels drawn under the bar, left to right."""
-        return [label for _t, _v, label in self.scale.ticks()] if self.scale is not None else []
+        if self.scale is None:
+            return []
+        constant = self.constant()
+        return [constant] if constant is not None else [label for _t, _v, label in self.scale.ticks()]
 
     def bar_rect(self) -> QRectF:
         fm = QFontMetricsF(self.font_)
@@ -69,6 +78,17 @@ class ColorBarWidget(QWidget):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.setFont(self.font_)
         fm = QFontMetricsF(self.font_)
+        constant = self.constant()
+        if constant is not None:  # one colour, said in words (no two equal ends)
+            painter.setPen(QPen(QColor("#555555"), 0.6))
+            colour = self.scale.color(self.scale.lo)
+            bar = QRectF(2, 2, max(20.0, fm.horizontalAdvance(constant) * 0.6), self.BAR_HEIGHT)
+            painter.setBrush(QColor(colour))
+            painter.drawRect(bar)
+            painter.setPen(QPen(self.palette().windowText().color(), 1.0))
+            painter.drawText(QPointF(bar.right() + 6, bar.center().y() + fm.ascent() / 2 - 1), constant)
+            painter.end()
+            return
         bar = self.bar_rect()
         gradient = QLinearGradient(bar.topLeft(), bar.topRight())
         for t, color in self.scale.gradient():

@@ -1,5 +1,6 @@
-"""Where two captures diverge: a table sorted by divergence, A | B | A−B heatmaps on one
-symmetric colour scale, and the gradient flow of both with their ratio.
+"""Where two captures diverge: a table of the calls in model order (or largest difference
+first), A | B heatmaps on one symmetric colour scale beside A − B on its own, and the
+gradient flow of both with their ratio.
 
 Everything drawn here is computed in ``gradexplorer.comparison.compare`` (the comparison, the heatmap triple,
 the flow comparison); this view only lays it out.
@@ -31,7 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.analysis.heatmaps import Heatmap, layout_of
+from gradexplorer.analysis.heatmaps import Heatmap, grid_columns, layout_of
+from gradexplorer.app.views.context_menus import FULL_VALUE_ROLE, full_value, install_table_copy
 from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.app.views.plot_style import (
     FOREGROUND,
@@ -42,7 +44,6 @@ from gradexplorer.app.views.plot_style import (
     ScaleBar,
     image_plot,
     set_axis_title,
-    set_title,
     style_plot,
     style_plot_widget,
 )
@@ -53,6 +54,7 @@ from gradexplorer.comparison.compare import CallDiff, Comparison, HeatmapTriple,
 #: Table columns.
 COLUMNS = ("Layer", "Call", "Type", "Act rel L2", "Grad rel L2", "Grad ‖B‖/‖A‖", "Status")
 _TENSORS = (("activation", "activation"), ("grad_output", "gradient"))
+_ORDERS = (("model", "model order"), ("divergence", "largest difference first"))
 _DISPLAYS = (("topk", "top-k channels of A"), ("channel", "one channel"), ("reduce", "mean over channels"))
 _FLOW_KINDS = (("grad_output", "output gradient"), ("activation", "activation"))
 _A_COLOUR = "#4c8bd6"
@@ -111,6 +113,12 @@ class CompareView(QWidget):
         self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
         # -- table ------------------------------------------------------------------
+        self.order_combo = QComboBox()
+        for key, label in _ORDERS:
+            self.order_combo.addItem(label, key)
+        self.order_combo.setToolTip("The calls in the order the model runs them, or the ones that differ "
+                                    "most first (by the relative L2 difference of their gradient, else "
+                                    "activation)")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -121,6 +129,7 @@ class CompareView(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
         self.table.itemSelectionChanged.connect(self._on_row_selected)
+        install_table_copy(self.table)
 
         # -- heatmaps ---------------------------------------------------------------
         self.tensor_combo = QComboBox()
@@ -137,12 +146,14 @@ class CompareView(QWidget):
         self.k_spin.setPrefix("k = ")
         self.sample_spin = QSpinBox()
         self.sample_spin.setPrefix("sample ")
-        self.amplify_check = QCheckBox("amplify A − B")
-        self.amplify_check.setToolTip("Multiply the difference by a power of ten that fills the common scale "
-                                      "(the factor is shown above it); the scale itself stays the same.")
+        # A − B on its own symmetric scale by default: on A's scale a small difference (bf16
+        # against float32) was a flat grey until "amplify" was ticked.
+        self.same_scale_check = QCheckBox("A − B on A's scale")
+        self.same_scale_check.setToolTip("Draw the difference on the scale of A and B (its size beside theirs) "
+                                         "instead of its own scale (where it lies)")
         controls = QHBoxLayout()
         for w in (QLabel("Tensor"), self.tensor_combo, QLabel("Show"), self.display_combo, self.channel_spin,
-                  self.k_spin, self.sample_spin, self.amplify_check):
+                  self.k_spin, self.sample_spin, self.same_scale_check):
             controls.addWidget(w)
         controls.addStretch(1)
         self.heat_title = wrap_label(QLabel(" "))
@@ -159,17 +170,25 @@ class CompareView(QWidget):
                 plot.setYLink(self.plots[0])
         for plot in self.plots:
             plot.vb.sigResized.connect(self._frame_pictures)
-        # One colour bar for all three pictures: one symmetric scale. In a column of its own:
-        # inside A − B's plot it made that plot narrower than A's and B's, and the three
+        # One colour bar for A and B (one symmetric scale), one for A − B (its own). Each in a
+        # column of its own: inside a plot it made that plot narrower than the others, and the
         # linked, square-pixel views then framed every picture by the narrowest (small inside
         # axes from -300 to 500).
-        self.colorbar = ScaleBar("A, B and A − B (the tensor's unit)", width=14)
-        self.colorbar.setImageItem(self.images)
-        self.heat_widget.ci.addItem(self.colorbar, row=0, col=len(self.plots))
+        self.colorbar = ScaleBar("A and B (the tensor's unit)", width=12)
+        self.colorbar.setImageItem(self.images[:2])
+        self.diff_bar = ScaleBar("A − B", width=12)
+        self.diff_bar.setImageItem(self.images[2])
+        layout = self.heat_widget.ci
+        layout.removeItem(self.plots[2])  # A | B | their bar | A − B | its bar
+        layout.addItem(self.colorbar, row=0, col=2)
+        layout.addItem(self.plots[2], row=0, col=3)
+        layout.addItem(self.diff_bar, row=0, col=4)
+        for col in range(5):  # the three plots equally wide: their views are linked, pixels square
+            layout.layout.setColumnStretchFactor(col, 1 if col in (0, 1, 3) else 0)
         self.heat_note = QLabel()
         self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.heat_note.setWordWrap(True)
-        self.heat_note.setStyleSheet("QLabel { color: palette(mid); font-size: 13px; padding: 24px; }")
+        self.heat_note.setStyleSheet("QLabel { color: palette(placeholder-text); font-size: 13px; padding: 24px; }")
         self.heat_stack = QStackedWidget()
         self.heat_stack.addWidget(self.heat_widget)
         self.heat_stack.addWidget(self.heat_note)
@@ -230,8 +249,17 @@ class CompareView(QWidget):
         fv.addLayout(row)
         fv.addWidget(self.flow_widget, 1)
 
+        table_box = QWidget()
+        tv = QVBoxLayout(table_box)
+        tv.setContentsMargins(0, 0, 0, 0)
+        order_row = QHBoxLayout()
+        order_row.addWidget(QLabel("Rows in"))
+        order_row.addWidget(self.order_combo)
+        order_row.addStretch(1)
+        tv.addLayout(order_row)
+        tv.addWidget(self.table, 1)
         top = QSplitter(Qt.Orientation.Horizontal)
-        top.addWidget(self.table)
+        top.addWidget(table_box)
         top.addWidget(heat_box)
         top.setStretchFactor(0, 2)
         top.setStretchFactor(1, 3)
@@ -248,7 +276,8 @@ class CompareView(QWidget):
 
         for w in (self.tensor_combo, self.display_combo):
             w.currentIndexChanged.connect(self._draw_heatmaps)
-        self.amplify_check.toggled.connect(self._draw_heatmaps)
+        self.same_scale_check.toggled.connect(self._draw_heatmaps)
+        self.order_combo.currentIndexChanged.connect(self._on_order_changed)
         for s in (self.channel_spin, self.k_spin, self.sample_spin):
             s.valueChanged.connect(self._draw_heatmaps)
         self.flow_kind.currentIndexChanged.connect(self._draw_flow)
@@ -257,12 +286,22 @@ class CompareView(QWidget):
     # -- public API -------------------------------------------------------------------
     def set_comparison(self, a: Capture, b: Capture, result: Comparison,
                        mapping: dict[str, str] | None = None) -> None:
-        """Show ``result`` (``gradexplorer.comparison.compare.compare(a, b)``); selects the top row."""
+        """Show ``result`` (``gradexplorer.comparison.compare.compare(a, b)``); selects the first
+        divergent call (else the top row)."""
         self.a, self.b, self.result, self.mapping = a, b, result, dict(mapping or {})
         self.summary_label.setText(self._summary_html())
         self._fill_table()
         self._draw_flow()
-        if self._rows:
+        # The first place they differ, at first sight: the first divergent activation (else
+        # gradient, shown as such); the rows in model order had opened on an identical conv1.
+        first = result.first_divergent_activation
+        if first is None and result.first_divergent_gradient is not None:
+            first = result.first_divergent_gradient
+            self.tensor_combo.setCurrentIndex(self.tensor_combo.findData("grad_output"))
+        if first is not None and first in self._rows:
+            self.table.selectRow(self._rows.index(first))
+            self.table.scrollTo(self.table.model().index(self._rows.index(first), 0))
+        elif self._rows:
             self.table.selectRow(0)
         else:
             self._current = None
@@ -304,7 +343,8 @@ class CompareView(QWidget):
                    else "<b style='color:#c0392b'>diverged</b>")
         by = " (by statistics)" if r.by_statistics else ""
         parts = [
-            (f"<b>A</b> {r.label_a} &nbsp; <b>B</b> {r.label_b} &nbsp; rtol {r.tolerance.rtol:g}, "
+            (f"<b style='color:{_A_COLOUR}'>A</b>&nbsp;{_escape(r.label_a)} &nbsp;&nbsp; "
+             f"<b style='color:{_B_COLOUR}'>B</b>&nbsp;{_escape(r.label_b)} &nbsp;&nbsp; rtol {r.tolerance.rtol:g}, "
              f"atol {r.tolerance.atol:g}: {verdict}{by}"),
             "first divergent activation: " + (f"<b>{fa.label}</b> call {fa.call}" if fa else "none")
             + " &nbsp; first divergent gradient: " + (f"<b>{fg.label}</b> call {fg.call}" if fg else "none"),
@@ -314,10 +354,20 @@ class CompareView(QWidget):
             parts.append(f"unmatched: {', '.join((r.only_a + r.only_b)[:6])}{' …' if unmatched > 6 else ''}")
         return "<br>".join(parts)
 
+    def _on_order_changed(self, _index: int) -> None:
+        if self.result is None:
+            return
+        current = self._current
+        self._fill_table()
+        if current is not None and current in self._rows:
+            self.table.selectRow(self._rows.index(current))
+
     def _fill_table(self) -> None:
         r = self.result
         assert r is not None
-        self._rows = r.by_divergence()
+        # Model order by default: the calls as the model runs them (sorted by divergence,
+        # equal rows had come in a puzzling order: conv1, layer4.1.bn2, relu, maxpool, bn1).
+        self._rows = r.by_divergence() if self.order_combo.currentData() == "divergence" else list(r.calls)
         firsts = {id(r.first_divergent_activation): "first activation",
                   id(r.first_divergent_gradient): "first gradient"}
         self.table.blockSignals(True)
@@ -336,8 +386,12 @@ class CompareView(QWidget):
                 status = f"◀ {marks[0]}" if not c.note else f"{c.note}; {marks[0]}"
             cells = [c.label, str(c.call), c.type, _fmt(_rel(c, "activation")), _fmt(_rel(c, "grad_output")),
                      _fmt_ratio(ratio), status]
+            values = {3: _rel(c, "activation"), 4: _rel(c, "grad_output"), 5: ratio}
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
+                value = values.get(j)
+                if value is not None:  # Ctrl+C copies every digit
+                    item.setData(FULL_VALUE_ROLE, full_value(float(value)))
                 if j in (1, 3, 4, 5):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if marks:
@@ -407,21 +461,34 @@ class CompareView(QWidget):
         s = min(self.sample_spin.value(), ta.shape[0] - 1) if ta.dim() else 0
         sa, sb = (ta[s], tb[s]) if ta.dim() else (ta, tb)
         display = self.display_combo.currentData()
+        columns = None
+        if display == "topk" and sa.dim() >= 2 and layout_of(sa.shape).has_channels:
+            # The grid takes the plots' shape (a square grid in a tall plot had left most of it empty).
+            lay = layout_of(sa.shape)
+            vb = self.plots[0].vb
+            aspect = vb.width() / vb.height() if vb.height() > 0 else 0.0
+            columns = grid_columns(min(self.k_spin.value(), lay.channels), (lay.height, lay.width), aspect)
         try:
-            triple = heatmap_triple(sa, sb, display, channel=self.channel_spin.value(), k=self.k_spin.value())
+            triple = heatmap_triple(sa, sb, display, channel=self.channel_spin.value(), k=self.k_spin.value(),
+                                    columns=columns)
         except GradExplorerError as exc:
             self._show_note(f"{exc.problem} {exc.fix}")
             return
         self.triple = triple
         self.heat_stack.setCurrentWidget(self.heat_widget)
         lo, hi = triple.levels
-        gain = self.difference_gain()
         a, b, diff = _pictures(triple)
-        for image, arr in zip(self.images, (a.array, b.array, diff.array * gain)):
-            image.setImage(arr, autoLevels=False, levels=(lo, hi))
-        set_title(self.plots[2], "A − B" if gain == 1 else f"(A − B) × {gain:g}")
+        d_lo, d_hi = self.difference_levels()
+        for image, arr, levels in zip(self.images, (a.array, b.array, diff.array), ((lo, hi), (lo, hi), (d_lo, d_hi))):
+            image.setImage(arr, autoLevels=False, levels=levels)
+        own = not self.same_scale_check.isChecked()
+        what = dict(_TENSORS)[kind]
         self.colorbar.set_range(lo, hi)
-        self.colorbar.set_title(f"{dict(_TENSORS)[kind]}: A, B and A − B")
+        self.colorbar.set_title(f"{what}: A and B")
+        self.diff_bar.set_range(d_lo, d_hi)
+        # The plot's title stays short (a long one widens its plot beyond A's and B's): the
+        # bar says which scale.
+        self.diff_bar.set_title(f"{what}: A − B, " + ("its own scale" if own else "A's scale"))
         # The pictures' own extent, not autoRange: before the first layout (the window just
         # opened) autoRange framed them in a view of the default size, drawing them tiny.
         self._extent = a.array.shape[:2]
@@ -429,7 +496,8 @@ class CompareView(QWidget):
         kd = c.kinds.get(kind)
         rel = f"rel L2 {_fmt(kd.divergence)}" if kd is not None else ""
         what = dict(_TENSORS)[kind]
-        self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; one scale ±{_fmt(hi)}")
+        self.heat_title.setText(f"{c.label} call {c.call}: {what}, sample {s}; {rel}; A and B ±{_fmt(hi)}, "
+                                f"A − B ±{_fmt(d_hi)}")
 
     def _frame_pictures(self, *_: object) -> None:
         """Frame A, B and A − B on their own extent. Called again when the plots change
@@ -442,18 +510,23 @@ class CompareView(QWidget):
         for plot in self.plots:
             plot.vb.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
 
-    def difference_gain(self) -> float:
-        """The factor the A − B picture is multiplied by (1 unless "amplify" is on): the
-        largest power of ten that keeps it within the common scale."""
+    def difference_levels(self) -> tuple[float, float]:
+        """The levels A − B is drawn at: symmetric around 0 at its own largest |A − B| (so
+        that the difference shows at first sight, however small beside A and B), or A and
+        B's levels when "A − B on A's scale" is ticked."""
         t = self.triple
-        if t is None or not self.amplify_check.isChecked():
-            return 1.0
+        if t is None:
+            return -1.0, 1.0
+        if self.same_scale_check.isChecked():
+            return t.levels
         diff = _pictures(t)[2].array
         d = diff[np.isfinite(diff)]
         m = float(np.abs(d).max()) if d.size else 0.0
         if m == 0:
-            return 1.0
-        return float(10 ** max(0, math.floor(math.log10(t.levels[1] / m))))
+            return 0.0, 0.0  # identical: its bar says "constant 0"
+        if not math.isfinite(m):
+            return t.levels
+        return -m, m
 
     # -- flow -------------------------------------------------------------------------
     def _draw_flow(self, *_: object) -> None:
@@ -494,6 +567,10 @@ class CompareView(QWidget):
             self.marker.show()
         else:
             self.marker.hide()
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _pictures(triple: HeatmapTriple) -> tuple[Heatmap, Heatmap, Heatmap]:

@@ -16,11 +16,13 @@ from gradexplorer.analysis.gradient_flow import (
     FLAGS,
     METRIC_LABELS,
     NEIGHBOURS,
+    NOT_CALLED,
     VANISHING_RATIO,
+    flow_gaps,
     flow_series,
 )
 from gradexplorer.analysis.summary import summarize
-from gradexplorer.app.views.label_fit import ElidedLabel
+from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer.app.views.plot_style import (
     FLAG_COLOURS,
     MUTED,
@@ -32,7 +34,7 @@ from gradexplorer.app.views.plot_style import (
     style_plot,
     style_plot_widget,
 )
-from gradexplorer.capturing.data import Capture
+from gradexplorer.capturing.data import Capture, layer_label
 
 _KINDS = (("grad_output", "output gradient"), ("grad_input", "input gradient"),
           ("param", "parameter gradients"), ("activation", "activation"))
@@ -48,8 +50,9 @@ FLAG_RULE_SHORT = (f"vanishing / exploding: RMS gradient below {VANISHING_RATIO:
                    f"{EXPLODING_RATIO:g}× the median of the neighbouring layers ({NEIGHBOURS} on each side), "
                    "not an absolute size.")
 FLAG_RULE = (FLAG_RULE_SHORT + " A layer whose gradients are all small, among neighbours equally small, is ok; "
-             "zero: every gradient value is 0; no gradient: none reached the layer; nan/inf: a value is "
-             "not finite.")
+             "zero: every gradient value is 0; no gradient: the layer ran and none reached it; not called: "
+             "the layer never ran during forward (its parent used its weights directly), so it has no output "
+             "to take a gradient at; nan/inf: a value is not finite.")
 #: The line under the chart while no bar is under the mouse.
 RULE_LINE = FLAG_RULE_SHORT + " Scroll or drag to zoom along the layers; every name shows when zoomed in."
 
@@ -66,6 +69,9 @@ class GradientFlowView(QWidget):
         self._names: list[str] = []
         self._values = np.zeros(0)
         self._flags: dict[str, list[str]] = {}
+        self._notes: dict[str, str] = {}
+        #: Why a layer has no bar of this series (``flow_gaps``: not called, no gradient...).
+        self._gaps: dict[str, str] = {}
         self._selected: str | None = None
         self._heights = np.zeros(0)
         self._base = 0.0
@@ -83,6 +89,10 @@ class GradientFlowView(QWidget):
         self.hover_label = ElidedLabel(RULE_LINE)
         self.hover_label.setStyleSheet(f"QLabel {{ color: {MUTED}; }}")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.stop_label = wrap_label(QLabel())
+        self.stop_label.setStyleSheet(f"QLabel {{ color: {FLAG_COLOURS['exploding']}; }}")
+        self.stop_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.stop_label.hide()
 
         # Names may stand upright: a deep model's chart names a bar every text line or so.
         self.layer_axis = LayerAxis("bottom", upright=True)
@@ -114,6 +124,7 @@ class GradientFlowView(QWidget):
         v.addLayout(row)
         v.addWidget(self.plot_widget, 1)
         v.addWidget(self.legend_label)
+        v.addWidget(self.stop_label)
         v.addWidget(self.hover_label)
 
         self.metric_combo.currentIndexChanged.connect(self._rebuild)
@@ -123,8 +134,19 @@ class GradientFlowView(QWidget):
     # -- public API -------------------------------------------------------------------
     def set_capture(self, capture: Capture | None) -> None:
         self._capture = capture
-        self._flags = summarize(capture).flags if capture is not None else {}
+        summary = summarize(capture) if capture is not None else None
+        self._flags = summary.flags if summary is not None else {}
+        self._notes = dict(summary.notes) if summary is not None else {}
+        # Where the gradient stops (every layer before it zero), whole and wrapped under the
+        # chart: it is the first thing to know about such a capture.
+        stop = summary.stop if summary is not None else None
+        self.stop_label.setText(f"⚠ {stop.sentence()}" if stop is not None else "")
+        self.stop_label.setVisible(stop is not None)
         self._rebuild()
+
+    def stop_text(self) -> str:
+        """The warning under the chart where the gradient stops, or ""."""
+        return self.stop_label.text() if not self.stop_label.isHidden() else ""
 
     def set_selected(self, name: str | None) -> None:
         """Highlight a layer's bar (no signal)."""
@@ -139,6 +161,10 @@ class GradientFlowView(QWidget):
 
     def series(self) -> tuple[list[str], np.ndarray]:
         return list(self._names), self._values.copy()
+
+    def gaps(self) -> dict[str, str]:
+        """Why layers have no bar of the series shown (``flow_gaps``)."""
+        return dict(self._gaps)
 
     def flags(self) -> dict[str, list[str]]:
         return dict(self._flags)
@@ -161,23 +187,29 @@ class GradientFlowView(QWidget):
     def export_widget(self) -> QWidget:
         return self.plot_widget
 
+    def export_detail(self) -> str:
+        return f"{self.metric_combo.currentText()} of {self.kind_combo.currentText()}"
+
     # -- drawing ----------------------------------------------------------------------
     @staticmethod
     def _legend_html() -> str:
-        items = [("ok", "ok")] + [(f, f) for f in FLAGS] + [("selected", "selected")]
+        items = [("ok", "ok")] + [(f, f) for f in FLAGS] + [(NOT_CALLED, NOT_CALLED), ("selected", "selected")]
         spans = []
         for key, label in items:
             colour = SELECTED_COLOUR if key == "selected" else FLAG_COLOURS[key]
-            spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label}")
-        return "&nbsp;&nbsp;".join(spans)
+            # An entry never breaks inside ("not" and "called" on two lines): only between entries.
+            spans.append(f"<span style='color:{colour}'>■</span>&nbsp;{label.replace(' ', '&nbsp;')}")
+        return "&nbsp; ".join(spans)
 
     def _rebuild(self, *_: object) -> None:
         cap = self._capture
         if cap is None or len(cap) == 0:
             self._names, self._values = [], np.zeros(0)
+            self._gaps = {}
         else:
             names, values = flow_series(cap, self.metric_combo.currentData(), self.kind_combo.currentData())
             self._names, self._values = names, np.asarray(values, dtype=np.float64)
+            self._gaps = flow_gaps(cap, self.kind_combo.currentData())
         vals = self._values
         ok = np.isfinite(vals) & (vals > 0)
         logs = np.where(ok, np.log10(np.where(ok, vals, 1.0)), np.nan)
@@ -201,14 +233,17 @@ class GradientFlowView(QWidget):
         set_axis_title(self.plot, "left", self.metric_combo.currentText())
 
     def _set_ticks(self) -> None:
-        self.layer_axis.set_names(self._names, QFontMetrics(self.name_font))
+        # The model's own record (layer "") is named as tables name it: "(model)".
+        self.layer_axis.set_names([layer_label(n) for n in self._names], QFontMetrics(self.name_font))
 
     def tick_names(self) -> list[str]:
         """The layer names labelled on the axis at the present zoom (for tests)."""
-        return [self._names[i] for i in self.layer_axis.labelled_now()]
+        return [layer_label(self._names[i]) for i in self.layer_axis.labelled_now()]
 
     def _colour(self, i: int) -> str:
         name = self._names[i]
+        if self._gaps.get(name) == NOT_CALLED:
+            return FLAG_COLOURS[NOT_CALLED]
         for flag in FLAGS:
             if flag in self._flags.get(name, ()):
                 return FLAG_COLOURS[flag]
@@ -235,8 +270,16 @@ class GradientFlowView(QWidget):
         calls = f", {len(rec.calls)} calls" if len(rec.calls) > 1 else ""
         flags = self._flags.get(name, [])
         flag_text = f" · ⚠ {', '.join(flags)}" if flags else ""
-        return (f"{name} ({rec.type}{calls}) · {self.metric_combo.currentText()} of "
-                f"{self.kind_combo.currentText()} = {_fmt(self._values[i])}{flag_text}")
+        note = f" · {self._notes[name]}" if name in self._notes else ""
+        gap = self._gaps.get(name)
+        if gap == NOT_CALLED:
+            value = ("not called: it never ran during forward (its parent used its weights directly), so it has "
+                     "no output to take a gradient at")
+        elif gap is not None:
+            value = gap
+        else:
+            value = f"{self.metric_combo.currentText()} of {self.kind_combo.currentText()} = {_fmt(self._values[i])}"
+        return f"{layer_label(name)} ({rec.type}{calls}) · {value}{flag_text}{note}"
 
     # -- events -----------------------------------------------------------------------
     def _on_scene_clicked(self, event: Any) -> None:  # pyqtgraph's MouseClickEvent
@@ -263,7 +306,7 @@ class GradientFlowView(QWidget):
         self.plot_widget.setToolTip(text)
 
     #: The most of the chart's height that the upright names under it may take.
-    NAME_BAND_SHARE = 0.6
+    NAME_BAND_SHARE = 0.4
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

@@ -14,7 +14,6 @@ which the panel talks to through signals:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -57,13 +56,14 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.views.color_bar import ColorBarWidget
 from gradexplorer.app.views.export import write_export
 from gradexplorer.app.views.label_fit import wrap_label
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.nonfinite import NonfiniteOnset, onset_location
-from gradexplorer.model_graph.graph import GraphView, ModelGraph, extract_graph, first_sample
+from gradexplorer.model_graph.graph import GraphView, ModelGraph
 from gradexplorer.model_graph.layout import Layout, layout_view, node_label, preload_engines
 from gradexplorer.model_graph.render import (
     FLAG_COLORS,
@@ -77,6 +77,7 @@ from gradexplorer.model_graph.render import (
     to_svg,
 )
 from gradexplorer.model_graph.statistics import COLOR_BY, STATISTIC_LABELS
+from gradexplorer.pipeline.job import probe_graph
 
 #: Colour of selection, search hits and ticked layers.
 SELECT_COLOR = QColor("#e6550d")
@@ -314,6 +315,7 @@ class GraphPanel(QWidget):
         self._requested_at = 0.0
         self._view: GraphView | None = None
         self._pending: tuple | None = None
+        self._requested: tuple | None = None
         self.font_main = QFont()
         self.font_main.setPointSizeF(8.5)
         self.font_small = QFont()
@@ -379,26 +381,37 @@ class GraphPanel(QWidget):
         self.export_button.clicked.connect(lambda: self.export())
 
     # -- input ----------------------------------------------------------------------
-    def extract(self, model: Any, inputs: Any, lock: Any = None) -> int:
-        """Extract the graph of ``model`` on ``inputs`` in a worker (a forward), then draw it.
+    def extract(self, model: Any, inputs: Any = None, lock: Any = None, input_shape: tuple | None = None,
+                memory_budget: int | None = None) -> int:
+        """Extract the graph of ``model`` in a worker (one forward), then draw it.
 
-        ``lock`` (the session's run lock) is held while the probe's hooks are on the model,
-        so that a capture running at the same time never sees them."""
+        The forward runs on one sample (``gradexplorer.pipeline.job.probe_graph``): the first
+        of the batch ``inputs``, a view (an expanded batch is never copied), or without one a
+        random sample of ``input_shape``; over the memory budget the status says so and
+        nothing of the sample's size is made. ``lock`` (the session's run lock) is held while
+        the probe's hooks are on the model, so that a capture running at the same time never
+        sees them."""
         self.status.setText("Finding the graph (one forward)…")
 
         def task(progress: Progress, cancel: threading.Event) -> ModelGraph:
-            with lock if lock is not None else contextlib.nullcontext():
-                return extract_graph(model, inputs)
+            return probe_graph(model, inputs, input_shape, lock, memory_budget)
 
         self._pending = None
         return self.extractions.start(task)
 
-    def request_extract(self, model: Any, inputs: Any, lock: Any = None) -> None:
+    def request_extract(self, model: Any, inputs: Any = None, lock: Any = None, input_shape: tuple | None = None,
+                        memory_budget: int | None = None) -> None:
         """:meth:`extract` now when the panel is shown, else when it is first shown (a
-        forward costs time that a user who never opens the graph should not pay)."""
-        self._pending = (model, inputs, lock)
+        forward costs time that a user who never opens the graph should not pay). The same
+        model and batch asked for again (a model announced with its batch) run once."""
+        request = (model, inputs, lock, input_shape, memory_budget)
+        last = self._requested
+        if last is not None and last[0] is model and last[1] is inputs and last[2:] == request[2:]:
+            return
+        self._requested = request
+        self._pending = request
         if self.isVisible():
-            self.extract(model, inputs, lock)
+            self.extract(*request)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
@@ -413,7 +426,7 @@ class GraphPanel(QWidget):
         self.canvas.scene().clear()
         self.items = {}
         if graph is None:
-            self._pending = None
+            self._pending = self._requested = None
             self.status.setText("No graph.")
             return
         if capture is not None:
@@ -516,7 +529,8 @@ class GraphPanel(QWidget):
         self.set_graph(graph, self.capture)
 
     def _on_failed(self, _gen: int, exc: BaseException) -> None:
-        text = getattr(exc, "problem", None) or str(exc)
+        # The problem and its fix (over the memory budget: by how much, and what to do).
+        text = str(exc) if isinstance(exc, GradExplorerError) else (getattr(exc, "problem", None) or str(exc))
         self.status.setText(f"Graph: {text}")
         self.failed.emit(str(text))
 
@@ -783,44 +797,36 @@ def wire_graph_panel(panel: GraphPanel, session: Any, view_state: Any, controlle
         if cap is not None and name in cap.layers:
             view_state.select(name, min(call, max(len(cap[name].calls) - 1, 0)))
         else:
-            controller.select_layer(name)  # says "not captured" when there is a capture
+            # The tree's row first: the controller then shows a block through the last
+            # call inside it while the tree stays on the block's row.
             tree_view.select_layer(name)
+            controller.select_layer(name)  # that call, or "not captured"
 
     def follow_state(*_args: object) -> None:
         if view_state.layer:
             panel.select_layer(view_state.layer, view_state.call)
 
     def extract(*_args: object) -> None:
+        # Nothing of the input's size is made here, on the UI thread: the worker takes one
+        # sample of the batch (a view) or makes a random one, within the memory budget.
         model, batch = session.model, session.batch
         if model is None:
             panel.set_graph(None)
             return
-        # Imported on first use: reading inputs is not needed to start the window.
-        from gradexplorer.batches.random_batches import random_batch_for
-
-        # Every input of a several-input batch; without a batch, one sample that follows the
-        # model (its dtype, token ids for an Embedding), as the capture's default batch does.
-        made = None if batch is not None and len(batch) else random_batch_for(model.module, model.input_shape, n=1)
-        if batch is not None and len(batch):
-            sample = first_sample(batch.model_input)
-        elif made is not None:
-            sample = made.tensor
-        else:
-            panel.set_graph(None)
-            panel.status.setText("No graph yet: load an input batch.")
-            return
-        panel.request_extract(model.module, sample, lock=getattr(session, "_run_lock", None))
+        panel.request_extract(model.module, batch.model_input if batch is not None and len(batch) else None,
+                              lock=getattr(session, "_run_lock", None), input_shape=model.input_shape,
+                              memory_budget=getattr(session, "memory_budget", None))
 
     def on_capture(capture: Any, _batch: Any = None) -> None:
         panel.set_capture(capture, carried=capture is not None and session.model is None)
 
     panel.layer_selected.connect(on_layer_selected)
-    view_state.events.layer.connect(follow_state)
-    view_state.events.call.connect(follow_state)
+    listen(view_state.events.layer, follow_state)
+    listen(view_state.events.call, follow_state)
     panel.layer_check_requested.connect(session.set_checked)
-    session.selection_changed.connect(lambda names: panel.set_checked_layers(names))
-    session.model_changed.connect(extract)
-    session.batch_changed.connect(extract)
+    listen(session.selection_changed, lambda names: panel.set_checked_layers(names))
+    listen(session.model_changed, extract)
+    listen(session.batch_changed, extract)
     controller.capture_shown.connect(on_capture)
     panel.graph_changed.connect(lambda: panel.set_checked_layers(session.selection))
     panel.graph_changed.connect(follow_state)  # a graph drawn after a run shows the layer in view

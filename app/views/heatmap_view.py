@@ -23,11 +23,13 @@ from gradexplorer.analysis.heatmaps import (
     Heatmap,
     Layout,
     describe_layout,
+    grid_columns,
     heatmap,
     is_signed,
     layout_of,
     symmetric_levels,
 )
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer.app.views.plot_style import ScaleBar, image_plot, set_axis_title, style_plot_widget
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
@@ -82,6 +84,7 @@ class HeatmapView(CaptureView):
         super().__init__(parent)
         self.state = state if state is not None else ViewState()
         self._heatmap: Heatmap | None = None
+        self._grid: int | None = None  # the top-k grid's columns, fitted to the plot
         self._tokens: tuple[str, ...] | None = None  # the rows of a text sample
         self._signed = False
         self._applying = False
@@ -145,6 +148,7 @@ class HeatmapView(CaptureView):
         self._tile_size = (0, 0)
         self.plot.vb.sigTransformChanged.connect(self._show_labels_that_fit)
         self.plot.vb.sigResized.connect(self._show_labels_that_fit)
+        self.plot.vb.sigResized.connect(self._refit_grid)
 
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
@@ -155,7 +159,7 @@ class HeatmapView(CaptureView):
         self.plot_note = QLabel()
         self.plot_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.plot_note.setWordWrap(True)
-        self.plot_note.setStyleSheet("QLabel { color: palette(mid); font-size: 13px; padding: 24px; }")
+        self.plot_note.setStyleSheet("QLabel { color: palette(placeholder-text); font-size: 13px; padding: 24px; }")
         self.plot_note.hide()
         v.addWidget(self.plot_widget, 1)
         v.addWidget(self.plot_note, 1)
@@ -171,9 +175,9 @@ class HeatmapView(CaptureView):
         self.channel_slider.valueChanged.connect(self._on_channel_slider_changed)
         self.channel_spin.valueChanged.connect(self._on_channel_spin_changed)
         events = self.state.events
-        events.tensor.connect(self._on_model_tensor_changed)
-        events.reduction.connect(self._on_model_reduction_changed)
-        events.channel.connect(self._on_model_channel_changed)
+        listen(events.tensor, self._on_model_tensor_changed)
+        listen(events.reduction, self._on_model_reduction_changed)
+        listen(events.channel, self._on_model_channel_changed)
         self._on_model_tensor_changed(self.state.tensor)
         self._on_model_reduction_changed(self.state.reduction)
         self._on_model_channel_changed(self.state.channel)
@@ -218,6 +222,13 @@ class HeatmapView(CaptureView):
 
     def export_widget(self) -> QWidget:
         return self.plot_widget
+
+    def export_detail(self) -> str:
+        display = self.display_combo.currentData()
+        how = {"channel": f"channel {self.channel_spin.value()}", "topk": f"top {self.k_spin.value()} channels",
+               "reduce": f"{self.reduce_combo.currentText()} over channels"}.get(display, "")
+        tensor = self.tensor_combo.currentText()
+        return f"{tensor}, {how}" if self.display_combo.isEnabled() else tensor
 
     # -- drawing ----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -305,9 +316,11 @@ class HeatmapView(CaptureView):
         rank_by = ctx.sample_tensor("grad_output") if display == "topk" else None
         if rank_by is None:
             rank_by = t
+        k = min(self.k_spin.value(), max(lay.channels, 1))
+        self._grid = self._fitting_columns(k, lay) if display == "topk" else None
         hm = heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
                      k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index,
-                     input_shape=ctx.input_shape)
+                     input_shape=ctx.input_shape, columns=self._grid)
         self._heatmap = hm
 
         magnitude = hm.display == "reduce" and reduce in ("mean_abs", "l2")
@@ -372,6 +385,23 @@ class HeatmapView(CaptureView):
             self.plot.addItem(item)
             self.tile_labels.append(item)
         self._show_labels_that_fit()
+
+    def _fitting_columns(self, k: int, lay: Layout) -> int:
+        """The top-k grid's width that fills the plot's present shape (tiles had used ~40%
+        of a wide plot's width)."""
+        vb = self.plot.vb
+        aspect = vb.width() / vb.height() if vb.height() > 0 else 0.0
+        return grid_columns(k, (lay.height, lay.width), aspect)
+
+    def _refit_grid(self) -> None:
+        # The plot changed shape: another grid may fill it better (redrawn once it changes).
+        hm = self._heatmap
+        if hm is None or hm.display != "topk" or self._grid is None:
+            return
+        if self._fitting_columns(len(hm.channels), hm.layout) != self._grid:
+            self._dirty = True
+            if self.isVisible():
+                self.ensure_drawn()
 
     def tile_pixels(self) -> tuple[float, float] | None:
         """A top-k tile's width and height on screen, in pixels (None: not laid out yet)."""

@@ -170,6 +170,9 @@ class HistogramView(CaptureView):
     def export_widget(self) -> QWidget:
         return self.plot_widget
 
+    def export_detail(self) -> str:
+        return f"{self.tensor_combo.currentText()}, {self.scope_combo.currentText()}"
+
     # -- drawing ----------------------------------------------------------------------
     def _fill_tensor_combo(self) -> None:
         ctx = self.context

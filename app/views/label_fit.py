@@ -9,11 +9,38 @@ through one of the two functions here, or is an :class:`ElidedLabel`.
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
+from PySide6.QtGui import QFontMetrics, QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
 
 #: What a label that fits asks for at least: room for a few words.
 MIN_WIDTH = 60
+
+
+def elide_name(name: str, metrics: QFontMetrics, width: int) -> str:
+    """``name`` cut to ``width`` pixels keeping its distinguishing tail: the qualified name
+    ``encoder.layers.encoder_layer_11.mlp.0`` becomes ``enc…layer_11.mlp.0``, not
+    ``encoder.layers.enc…`` (which two dozen layers share). In a room of 16 characters or more a few characters of its
+    start stay (a quarter of the room at most); the tail takes the rest."""
+    if metrics.horizontalAdvance(name) <= width:
+        return name
+    ellipsis = "…"
+    room = width - metrics.horizontalAdvance(ellipsis)
+    if room <= 0:
+        return ellipsis if width >= metrics.horizontalAdvance(ellipsis) else ""
+    head = ""
+    # A few characters of the start where there is room for them (a quarter of it at most);
+    # in a short room the tail takes it all ("…1.0.conv1", not "la…0.conv1").
+    for ch in name if room >= 16 * metrics.averageCharWidth() else "":
+        if metrics.horizontalAdvance(head + ch) > room / 4:
+            break
+        head += ch
+    left = room - metrics.horizontalAdvance(head)
+    tail = ""
+    for ch in reversed(name[len(head):]):
+        if metrics.horizontalAdvance(ch + tail) > left:
+            break
+        tail = ch + tail
+    return f"{head}{ellipsis}{tail}"
 
 
 def wrap_label(label: QLabel) -> QLabel:

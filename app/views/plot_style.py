@@ -16,6 +16,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QFontMetrics
 
+from gradexplorer.app.views.label_fit import elide_name
+from gradexplorer.model_graph.render import constant_label
+
 #: Signed data (gradients): blue - white - red, symmetric levels around zero.
 DIVERGING = "CET-D1"
 #: Non-negative data (ReLU activations, magnitudes).
@@ -36,6 +39,9 @@ FLAG_COLOURS = {
     "nan/inf": "#ff2bd6",
     "zero": "#8a8a8a",
     "no gradient": "#555555",
+    # A layer that never ran during forward (its parent used its weights directly): not a flag,
+    # a fact, drawn pale so that it does not read as a gradient that was lost.
+    "not called": "#cfd4dc",
 }
 SELECTED_COLOUR = "#ff9800"
 #: The outline of the selected bar (dark on the light background).
@@ -166,6 +172,15 @@ class ScaleBar(pg.ColorBarItem):
         lo, hi = float(lo), float(hi)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             lo, hi = 0.0, 1.0
+        constant = None if self._log10 else constant_label(lo, hi)
+        if constant is not None:
+            # One value: the image's levels around it, so that it takes the map's middle colour
+            # (levels of one value would paint it the lowest), and the bar says it once.
+            v = (lo + hi) / 2
+            span = abs(v) or 1.0
+            self.setLevels((v - span, v + span))
+            self.axis.setTicks([[(v, constant)], []])
+            return
         self.setLevels((lo, hi))
         def label(v: float) -> str:
             if not self._log10:
@@ -227,7 +242,9 @@ class LayerAxis(pg.AxisItem):
     ending at the axis, where that names more bars: each takes one text line along the
     axis, so a chart of hundreds of bars names one every line or so. The band under the
     plot is as tall as the longest name, at most :meth:`set_band_limit`; upright, a name
-    longer than the band is left unlabelled until the zoom gives it room side by side.
+    longer than the band is cut in its middle, keeping its distinguishing tail
+    (``enc…layer_11.mlp.0``; ``label_fit.elide_name``), and shown whole where the zoom gives
+    it room side by side.
     """
 
     #: The room between two labels along the axis, in pixels: side by side, and stacked or upright.
@@ -241,6 +258,10 @@ class LayerAxis(pg.AxisItem):
         super().__init__(*args, **kwargs)
         self.names: list[str] = []
         self._widths: list[int] = []
+        #: The names as drawn upright (cut to the band), and their lengths.
+        self._upright: list[str] = []
+        self._upright_widths: list[int] = []
+        self._metrics: QFontMetrics | None = None
         self._line = 12
         self._offset = offset
         self._may_stand = upright and self.orientation == "bottom"
@@ -254,6 +275,7 @@ class LayerAxis(pg.AxisItem):
         self.names = list(names)
         self._widths = [metrics.horizontalAdvance(n) for n in self.names]
         self._line = metrics.height()
+        self._metrics = metrics
         self._fit_band()
 
     def set_band_limit(self, pixels: int) -> None:
@@ -268,6 +290,10 @@ class LayerAxis(pg.AxisItem):
     def _fit_band(self) -> None:
         if self._may_stand:
             self._band = min(max(self._widths, default=0), self._band_limit) if self.names else 0
+            metrics = self._metrics
+            self._upright = [n if w <= self._band or metrics is None else elide_name(n, metrics, self._band)
+                             for n, w in zip(self.names, self._widths)]
+            self._upright_widths = [min(w, self._band) for w in self._widths]
             ticks = max(0, self.style["tickLength"]) + self.style["tickTextOffset"][1]
             self.setHeight(max(self._band, self._line) + ticks + 4 if self.names else None)
         self.picture = None
@@ -310,11 +336,8 @@ class LayerAxis(pg.AxisItem):
         if last < first:
             return []
         px_per_bar = size / (maxVal - minVal)
-        upright = across and self._may_stand
         spans = {}
         for i in range(first, last + 1):
-            if upright and self._widths[i] > self._band:
-                continue  # longer than the band under the plot
             c = (i + off - minVal) * px_per_bar
             half = (self._line if across else self._widths[i]) / 2
             if c - half >= 0 and c + half <= size:
@@ -371,10 +394,10 @@ class LayerAxis(pg.AxisItem):
             text_specs = []
             for i in self._last[0]:
                 x = (i + self._offset - lo) * scale  # pyqtgraph's mapping of a tick
-                rect = QRectF(x - self._line / 2, top, self._line, self._widths[i])
+                rect = QRectF(x - self._line / 2, top, self._line, self._upright_widths[i])
                 if bounds.left() <= rect.left() and rect.right() <= bounds.right():
                     text_specs.append((rect, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
-                                       self.names[i]))
+                                       self._upright[i]))
         return axis_spec, tick_specs, text_specs
 
     def drawPicture(self, p: Any, axisSpec: Any, tickSpecs: Any, textSpecs: Any) -> None:  # pyqtgraph's

@@ -62,6 +62,9 @@ class SaliencyView(CaptureView):
     def export_widget(self) -> QWidget:
         return self.token_widget if self.token_widget.isVisibleTo(self) else self.plot_widget
 
+    def plot_widgets(self) -> list[QWidget]:
+        return [self.plot_widget, self.token_widget]
+
     def refresh(self) -> None:
         self._map = None
         ctx = self.context

@@ -13,8 +13,10 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
+from gradexplorer.app.views.context_menus import FULL_VALUE_ROLE, full_value, install_table_copy
 from gradexplorer.app.views.export import write_export
 from gradexplorer.app.views.view_context import TENSOR_LABELS, CaptureView
+from gradexplorer.capturing.data import layer_label
 
 #: (header, stats key) of the columns after the tensor's name.
 COLUMNS = (
@@ -73,6 +75,7 @@ class StatsTableView(CaptureView):
         v.addWidget(self.info_label)
         v.addWidget(self.table, 1)
         self.set_content(content)
+        install_table_copy(self.table)
 
     # -- public API -------------------------------------------------------------------
     def rows(self) -> list[tuple[str, Mapping[str, Any] | None]]:
@@ -108,6 +111,9 @@ class StatsTableView(CaptureView):
     def export_widget(self) -> QWidget:
         return self
 
+    def plot_widgets(self) -> list[QWidget]:
+        return []  # the table has a menu of its own (copy)
+
     # -- drawing ----------------------------------------------------------------------
     def _shape_text(self) -> str:
         call = self.context.call_record
@@ -132,15 +138,21 @@ class StatsTableView(CaptureView):
 
     def refresh(self) -> None:
         self._rows = []
+        ctx = self.context
         problem = self.common_problem()
-        if problem:
+        never_ran = ctx.record is not None and ctx.call_record is None and any(ctx.record.param_stats.values())
+        if problem and not never_ran:
             self.table.setColumnCount(0)
             self.show_message(problem)
             return
-        ctx = self.context
-        _cap, rec, call = ctx.selected()
-        rows: list[tuple[str, Mapping[str, Any] | None]] = [
-            (TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
+        rec = ctx.record
+        assert rec is not None  # common_problem found it, or it never ran with parameter gradients
+        call = ctx.call_record
+        rows: list[tuple[str, Mapping[str, Any] | None]] = []
+        if call is not None:
+            rows += [(TENSOR_LABELS[k], call.stats.get(k)) for k in ("activation", "grad_output", "grad_input")]
+        # A module that never ran still has its parameters' gradients (its parent used them):
+        # those columns alone.
         rows += [(f"gradient of {p}", s) for p, s in rec.param_stats.items()]
         self._rows = rows
         self.table.setColumnCount(len(rows))
@@ -153,14 +165,26 @@ class StatsTableView(CaptureView):
             for r, (_, key) in enumerate(COLUMNS):
                 text = "not captured" if s is None and r == 0 else ("" if s is None else _cell(key, s[key]))
                 item = QTableWidgetItem(text)
+                if s is not None:  # Ctrl+C copies every digit, not the five shown
+                    value = 100.0 * float(s[key]) if key == "zero_fraction" else s[key]
+                    item.setData(FULL_VALUE_ROLE, full_value(value))
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if s is not None and key in ("nan_count", "inf_count") and s[key]:
                     item.setForeground(Qt.GlobalColor.red)
                 self.table.setItem(r, c, item)
+        name = layer_label(ctx.layer or "")
+        if call is None:
+            self.info_label.setText(
+                f"<b>{name}</b> ({rec.type}) · <i>not called</i>: it never ran during the forward pass (its "
+                "parent used its weights directly), so it has no output nor output gradient; its parameters' "
+                f"gradients below · computed on <b>{self._device_text()}</b> · "
+                f"<span style='color:gray'>{self._scope_text()}</span>")
+            self.show_content()
+            return
         calls = f" · call {ctx.call + 1} of {len(rec.calls)}" if len(rec.calls) > 1 else ""
         key = f" · output element '{call.output_key}'" if call.output_key else ""
         self.info_label.setText(
-            f"<b>{ctx.layer}</b> ({rec.type}){calls}{key} · shape {self._shape_text()} · {call.dtype} · "
+            f"<b>{name}</b> ({rec.type}){calls}{key} · shape {self._shape_text()} · {call.dtype} · "
             f"computed on <b>{self._device_text()}</b> · "
             f"<span style='color:gray'>{self._scope_text()}</span>"
         )

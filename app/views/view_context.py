@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from gradexplorer.analysis.heatmaps import grad_x_activation
 from gradexplorer.analysis.summary import input_shape_of
-from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
+from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord, layer_label
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.files.meta import capture_meta
 from gradexplorer.pipeline.view_state import TENSOR_KINDS as TENSOR_LABELS  # noqa: F401 - the views' name for it
@@ -144,7 +144,7 @@ class CaptureView(QWidget):
         self._message.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._message.setWordWrap(True)
         self._message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self._message.setStyleSheet("QLabel { color: palette(mid); font-size: 13px; padding: 24px; }")
+        self._message.setStyleSheet("QLabel { color: palette(placeholder-text); font-size: 13px; padding: 24px; }")
         self._stack.addWidget(self._message)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -188,6 +188,14 @@ class CaptureView(QWidget):
         """The widget a PNG export grabs (each view names its plot)."""
         raise NotImplementedError
 
+    def plot_widgets(self) -> list[QWidget]:
+        """The widgets a right-click on offers to copy or export (by default the export's)."""
+        return [self.export_widget()]
+
+    def export_detail(self) -> str:
+        """What the plot shows, for an export's title line ("gradient, top-k channels")."""
+        return ""
+
     def common_problem(self, needs_tensors: str | None = None) -> str | None:
         """The message for a missing capture, layer or (when asked) tensors, else None."""
         ctx = self.context
@@ -195,10 +203,14 @@ class CaptureView(QWidget):
             return "No capture yet: choose a model and a batch, then Run (Ctrl+R)."
         if ctx.layer is None:
             return "Select a layer in the module tree or click a bar of the gradient-flow chart."
+        name = layer_label(ctx.layer)
         if ctx.record is None:
-            return f"Layer '{ctx.layer}' was not captured. Check it in the module tree and run again."
+            return f"Layer '{name}' was not captured. Check it in the module tree and run again."
         if ctx.call_record is None:
-            return f"Layer '{ctx.layer}' was never called during the forward pass."
+            params = ", ".join(p for p, s in ctx.record.param_stats.items() if s)
+            return (f"'{name}' never ran during the forward pass (its parent used its weights directly): it "
+                    "computed nothing, so it has no output nor output gradient — it is not a gradient that was "
+                    "lost." + (f" Its parameters' gradients ({params}) are in the Statistics tab." if params else ""))
         if needs_tensors and ctx.stats_only:
             return STATS_ONLY_NOTE.format(what=needs_tensors)
         return None

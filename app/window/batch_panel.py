@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from gradexplorer.analysis.class_names import class_name, top_classes
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
@@ -46,10 +47,31 @@ def pil_to_pixmap(image: Image.Image, size: int = THUMB) -> QPixmap:
     return _boxed(QPixmap.fromImage(qimage), size)
 
 
+#: A thumbnail's channel mean is taken over at most this many channels (every k-th).
+SAMPLED_CHANNELS = 64
+
+
+def _sampled(sample: torch.Tensor, size: int) -> torch.Tensor:
+    """A strided view of ``sample`` with at most ``4 * size`` rows and columns (and at most
+    :data:`SAMPLED_CHANNELS` channels of a 3-D sample): what a thumbnail needs, taken
+    without copying. A sample may be a view declaring gigabytes (``expand``), which any
+    arithmetic on the whole would make dense."""
+    t = sample.detach()
+    if t.dim() == 3 and t.shape[0] not in (1, 3):
+        t = t[:: max(1, -(-t.shape[0] // SAMPLED_CHANNELS))]
+    if t.dim() >= 2:
+        side = max(size * 4, 1)
+        t = t[..., :: max(1, -(-t.shape[-2] // side)), :: max(1, -(-t.shape[-1] // side))]
+    return t
+
+
 def tensor_to_pixmap(sample: torch.Tensor, size: int = THUMB) -> QPixmap:
     """A picture of one input sample: RGB when it has 3 channels, else the channel mean
-    in grey; anything that is not an image becomes a labelled tile."""
-    t = sample.detach().float()
+    in grey; anything that is not an image becomes a labelled tile. Drawn from a strided
+    view of the sample (:func:`_sampled`), never from a dense copy of all of it."""
+    if not (sample.dim() == 3 or (sample.dim() == 2 and min(sample.shape) > 1)):
+        return placeholder_pixmap("×".join(str(d) for d in sample.shape) or "scalar", size)
+    t = _sampled(sample, size).float()
     if t.dim() == 3 and t.shape[0] in (1, 3):
         img = t if t.shape[0] == 3 else t.expand(3, -1, -1)
     elif t.dim() == 3:
@@ -176,9 +198,9 @@ class BatchPanel(QWidget):
         layout.addWidget(self.preprocess_label)
 
         self._pixmaps: list[QPixmap] = []
-        session.batch_changed.connect(self._on_model_batch_changed)
-        session.capture_changed.connect(self._on_model_capture_changed)
-        session.model_changed.connect(self._on_model_model_changed)
+        listen(session.batch_changed, self._on_model_batch_changed)
+        listen(session.capture_changed, self._on_model_capture_changed)
+        listen(session.model_changed, self._on_model_model_changed)
         self._on_model_model_changed(session.model)
         self._on_model_batch_changed(session.batch)
 

@@ -147,7 +147,7 @@ class CompareWindow(QMainWindow):
 
         return self._start(task, "reading captures")
 
-    def compare_with_file(self, reference: Capture, path: str, label_a: str = "this run") -> int:
+    def compare_with_file(self, reference: Capture, path: str, label_a: str = "the window's capture") -> int:
         """Compare a capture in memory (A) with a capture file (B)."""
         self.files_read.append(path)
         def task(progress: Progress, cancel: threading.Event) -> Compared:
@@ -268,6 +268,24 @@ def compare_with(parent: QWidget | None, session: Session, devices: list[str] | 
                                loaded=request.loaded if reuse_model else None,
                                batch=request.batch, lock=request.lock)
     else:
-        window.compare_with_file(session.capture, source)
+        window.compare_with_file(session.capture, source, label_a=capture_name(session))
     window.show()
     return window
+
+
+def capture_name(session: Session) -> str:
+    """The window's capture named by its source, as A in a comparison: the file it was
+    opened from, else the model it was run on ("this run" had named neither)."""
+    if session.capture_path:
+        return Path(session.capture_path).name
+    cap = session.capture
+    model = session.model.spec if session.model is not None else (
+        str(cap.meta.get("model_name") or cap.meta.get("model") or "model") if cap is not None else "model")
+    mode = cap.meta.get("mode") if cap is not None else None
+    target = cap.meta.get("target") if cap is not None else None
+    words = [model, "the window's run"]
+    if target:
+        words.append(f"target {target}")
+    if mode == "stats":
+        words.append("statistics only")
+    return ", ".join(words)

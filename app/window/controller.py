@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -22,12 +22,14 @@ from PySide6.QtWidgets import QWidget
 
 from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.analysis.gradcam import cam_supported
-from gradexplorer.analysis.summary import input_shape_of, summarize
+from gradexplorer.analysis.summary import block_call, input_shape_of, summarize
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.run_worker import Progress, Task, TaskRunner
 from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base import devices
 from gradexplorer.base.errors import (
     CaptureCancelled,
     GradExplorerError,
@@ -43,9 +45,10 @@ from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.targets import class_axis_note
 from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.models.loaded_model import LoadedModel as Model
+from gradexplorer.models.tokenizer import takes_a_tokenizer
 from gradexplorer.pipeline.job import STAGE_PROBE, CaptureJob, default_batch_spec, probe_model
 from gradexplorer.pipeline.live import is_live
-from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
+from gradexplorer.pipeline.options import TEXT_SOURCE, BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import PreparedModel, Session, probe_failed_message
 from gradexplorer.pipeline.view_state import ViewState, clamp
 
@@ -90,7 +93,8 @@ def load_model_task(request: ModelRequest, sources: list[str] | None, reuse: lis
         from gradexplorer.batches import load_batch
 
         options = CaptureOptions(request.spec, weights=request.weights, arch=request.arch, trust=request.trust,
-                                 batch=BatchSpec.from_sources(sources), labels=labels, hf_class=request.hf_class)
+                                 batch=BatchSpec.from_sources(sources), labels=labels, hf_class=request.hf_class,
+                                 tokenizer=request.tokenizer)
         job = CaptureJob(options, progress, cancel)
         loaded = job.load_model()  # downloads (cancellable, with progress), then loads
         batch, used, error = None, [], None
@@ -156,6 +160,9 @@ class WindowController(QObject):
         The title of the view to bring to the front ("Grad-CAM").
     catalog_ready(object)
         The torchvision model catalog, read in a worker at start.
+    block_shown(object)
+        ``(block, layer, call)`` when a module that is not recorded itself is shown through
+        the last captured call inside it (``shown_for``); ``None`` when that ends.
     """
 
     model_loaded = Signal(str)
@@ -172,6 +179,7 @@ class WindowController(QObject):
     capture_shown = Signal(object, object)
     view_requested = Signal(str)
     catalog_ready = Signal(object)
+    block_shown = Signal(object)
 
     STATS_ONLY = "Switch to statistics only"
     RUN_ANYWAY = "Run anyway"
@@ -197,6 +205,9 @@ class WindowController(QObject):
         self._shown_first_capture = False
         self._catalog_asked = False
         self._last_inputs: tuple[list[str], str | None] = ([], None)
+        #: ``(block, layer, call)``: the block the user picked, which the capture holds no
+        #: record of, shown through the last captured call inside it; else None.
+        self.shown_for: tuple[str, str, int] | None = None
         # True when nobody is there to answer (``--screenshot``): no question is asked
         # (trust, memory budget); each error is also printed on stderr.
         self.unattended = False
@@ -217,8 +228,10 @@ class WindowController(QObject):
         self.catalog_runner.finished.connect(lambda g, catalog, _t: self.catalog_ready.emit(catalog))
         self.catalog_runner.failed.connect(lambda g, e: self.status.emit(
             f"The torchvision model list is not available: {error_dialog.one_line(e)}", 10000))
-        session.capture_changed.connect(self._on_model_capture_changed)
-        session.batch_changed.connect(self._on_model_batch_changed)
+        listen(session.capture_changed, self._on_model_capture_changed)
+        listen(session.batch_changed, self._on_model_batch_changed)
+        listen(view_state.events.layer, self._on_model_selection_moved)
+        listen(view_state.events.call, self._on_model_selection_moved)
 
     def start(self) -> None:
         """Read the model catalog in a worker (the model panel's list), once.
@@ -262,12 +275,13 @@ class WindowController(QObject):
     # -- models ------------------------------------------------------------------------------
     def load_model(self, spec: str, weights: str | None = None, arch: str | None = None, trust: bool = False,
                    inputs: list[str] | None = None, layers: list[str] | None = None, run: bool = False,
-                   labels: str | None = None, hf_class: str | None = None) -> int:
-        """Load a model in a worker (with ``inputs`` as its batch, else a fitting one);
-        select ``layers`` and run when asked. Returns the task's generation."""
+                   labels: str | None = None, hf_class: str | None = None, tokenizer: str | None = None) -> int:
+        """Load a model in a worker (with ``inputs`` as its batch, else a fitting one; with
+        ``tokenizer``, a tokenizer for a model that came without one); select ``layers`` and
+        run when asked. Returns the task's generation."""
         self._pending_layers = list(layers) if layers else None
         self._run_after_load = run
-        return self._start_model_load(ModelRequest(spec, weights, arch, trust, hf_class), inputs, labels)
+        return self._start_model_load(ModelRequest(spec, weights, arch, trust, hf_class, tokenizer), inputs, labels)
 
     def request_model(self, request: ModelRequest) -> int:
         """Load what the model panel asks for (no layer selection, no run)."""
@@ -313,8 +327,7 @@ class WindowController(QObject):
         self.model_busy.emit(False, "")
         self.run_runner.cancel()
         s = self.session
-        s.set_model(result.prepared)
-        s.set_batch(result.batch, result.sources)
+        s.set_model(result.prepared, result.batch, result.sources)  # both in place before either is announced
         spec = result.prepared.loaded.spec
         if not spec.startswith("demo:") and not is_live(spec):  # nothing on disk to open again
             options = result.prepared.options
@@ -332,8 +345,9 @@ class WindowController(QObject):
             self._pending_layers = None
         self.model_loaded.emit(spec)
         if result.batch_error is not None:
-            self._run_after_load = False
-            self.show_error("The inputs cannot be used", result.batch_error)
+            run, self._run_after_load = self._run_after_load, False
+            if not self._offer_tokenizer(result, run):
+                self.show_error("The inputs cannot be used", result.batch_error)
             self.run_done.emit("failed")
             return
         if self._run_after_load:
@@ -346,9 +360,7 @@ class WindowController(QObject):
         if isinstance(exc, TrustRequired) and request is not None and not request.trust and not self.unattended:
             subject = exc.subject or models.trust_subject(request.spec)
             if dialogs.confirm_trust(self.dialog_parent, subject, exc.problem):
-                self._start_model_load(ModelRequest(request.spec, request.weights, request.arch, True,
-                                                    request.hf_class),
-                                       self._pending_inputs)
+                self._start_model_load(replace(request, trust=True), self._pending_inputs)
                 return
         if isinstance(exc, WeightsUnavailable) and request is not None and not self.unattended:
             self._offer_other_weights(request, exc)
@@ -356,6 +368,33 @@ class WindowController(QObject):
         self._run_after_load = False
         self.show_error("The model cannot be loaded", exc)
         self.run_done.emit("failed")
+
+    CHOOSE_TOKENIZER = "Choose tokenizer folder…"
+
+    def _offer_tokenizer(self, result: LoadedModel, run: bool) -> bool:
+        """Text given to a model that came without a tokenizer (a factory, a checkpoint):
+        say so, and offer to choose the tokenizer's folder; the model is then loaded again
+        with it (``--tokenizer``), and the run asked for goes on. False when this is not
+        that case."""
+        request, inputs = self._last_model_request, self._pending_inputs
+        loaded = result.prepared.loaded
+        if (request is None or loaded.tokenizer is not None or not takes_a_tokenizer(request.spec)
+                or not inputs or not any(s.startswith(TEXT_SOURCE) for s in inputs)):
+            return False
+
+        def choose() -> None:
+            folder = dialogs.ask_folder(self.dialog_parent,
+                                        "Choose the tokenizer's folder (written by tokenizer.save_pretrained)")
+            if folder:
+                self._run_after_load = run
+                self._start_model_load(replace(request, tokenizer=folder), inputs)
+
+        words = (f"{loaded.name} came without a tokenizer, so the text cannot be turned into its input.",
+                 ("Choose the folder its tokenizer was saved in (tokenizer.save_pretrained), or give it a .pt "
+                  "file of token ids instead of text."))
+        self.show_error("The inputs cannot be used", result.batch_error or GradExplorerError(*words),
+                        actions=[(self.CHOOSE_TOKENIZER, choose)], words=words)
+        return True
 
     USE_RANDOM = "Use random weights"
     CHOOSE_WEIGHTS = "Choose file…"
@@ -368,8 +407,7 @@ class WindowController(QObject):
 
         def load(weights: str | None) -> None:
             self._run_after_load = run
-            self._start_model_load(ModelRequest(request.spec, weights, request.arch, request.trust, request.hf_class),
-                                   inputs)
+            self._start_model_load(replace(request, weights=weights), inputs)
 
         def choose() -> None:
             path = dialogs.ask_open_file(self.dialog_parent, "Choose the weights file", dialogs.WEIGHTS_FILTER)
@@ -487,19 +525,31 @@ class WindowController(QObject):
     def cancel_model_load(self) -> None:
         self.model_runner.cancel()
 
+    def release_memory(self) -> threading.Thread:
+        """Give the memory a run freed (its working memory, the capture it replaced) back to
+        the system, in a thread of its own (``gradexplorer.base.devices.release_host_memory``)."""
+        thread = threading.Thread(target=devices.release_host_memory, name="release-memory", daemon=True)
+        thread.start()
+        return thread
+
     def _on_run_finished(self, gen: int, capture: Capture, seconds: float) -> None:
         outcome = self.session.finish_run(gen, capture, seconds)
+        self.release_memory()  # the old capture is gone now, and the run's working memory
         self.run_busy.emit(False, f"done in {seconds:.2f} s" if outcome == "ok" else outcome)
         if outcome == "ok":
             # A class target on a 3-D output reads dim 1 as the classes: a guess, said in words.
             shape = tuple(capture.output.shape) if capture.output is not None else None
             note = class_axis_note(shape, capture.meta.get("target", ""), window=True)
+            stop = summarize(capture).stop
             self.status.emit(f"Captured {len(capture)} layers in {seconds:.2f} s."
-                             + (f" Note: {note[0].upper()}{note[1:]}" if note else ""), 30000 if note else 8000)
+                             + (f" Note: {note[0].upper()}{note[1:]}" if note else "")
+                             + (f" {stop.sentence()}" if stop is not None else ""),
+                             30000 if note or stop else 8000)
         self.run_done.emit(outcome)
 
     def _on_run_failed(self, gen: int, exc: BaseException) -> None:
         outcome = self.session.finish_run(gen, exc)
+        self.release_memory()
         self.run_busy.emit(False, "failed" if outcome == "failed" else outcome)
         if outcome == "failed":
             self.show_error("The run failed", exc)
@@ -507,6 +557,7 @@ class WindowController(QObject):
 
     def _on_run_cancelled(self, gen: int) -> None:
         outcome = self.session.finish_run(gen, CaptureCancelled())
+        self.release_memory()
         self.run_busy.emit(False, "cancelled")
         self.status.emit("Run cancelled; the model is unchanged.", 8000)
         self.run_done.emit(outcome)
@@ -519,7 +570,14 @@ class WindowController(QObject):
         if self.session.capture is None:
             self.capture_shown.emit(None, batch)
 
+    def _on_model_selection_moved(self, *_args: object) -> None:
+        # Another layer or call than the block's stand-in: the block is no longer shown.
+        shown = self.shown_for
+        if shown is not None and (self.view_state.layer, self.view_state.call) != shown[1:]:
+            self._set_shown_for(None)
+
     def _on_model_capture_changed(self, capture: Capture | None) -> None:
+        self._set_shown_for(None)
         # The views keep the selected layer when the new capture has it, else open on
         # core's default layer (ViewState.fit).
         kept = capture is not None and self.view_state.layer in capture
@@ -535,14 +593,41 @@ class WindowController(QObject):
         self._shown_first_capture = True
 
     def select_layer(self, name: str) -> None:
-        """The user picked a layer (a tree row, a bar of the flow chart)."""
+        """The user picked a layer (a tree row, a graph node, a bar of the flow chart).
+
+        A block that is not recorded itself but whose submodules are (``layer4`` ticked:
+        its leaves are) is shown through the last captured call inside it
+        (``gradexplorer.analysis.summary.block_call``), and the status bar says so."""
         cap = self.session.capture
-        if cap is not None and name in cap.layers:
+        if cap is None:
+            return
+        if name in cap.layers:
+            self._set_shown_for(None)
             if name != self.view_state.layer:
                 self.view_state.select(name, 0)
-            self.status.emit(f"{name}: {len(cap[name].calls)} call(s)", 4000)
-        elif cap is not None:
-            self.status.emit(f"{name} was not captured: tick it and run again.", 4000)
+            calls = len(cap[name].calls)
+            self.status.emit(f"{name or 'The model'}: {calls} call(s)" if calls else
+                             f"{name or 'The model'} was not called: it never ran during forward (its parent used "
+                             "its weights directly); its parameters' gradients are in the Statistics tab.", 6000)
+            return
+        stand_in = block_call(cap, name)
+        if stand_in is None:
+            self._set_shown_for(None)
+            self.status.emit(f"{name or 'The model'} was not captured: tick it and run again.", 4000)
+            return
+        layer, call = stand_in
+        self._set_shown_for((name, layer, call))
+        self.view_state.select(layer, call)
+        calls = len(cap[layer].calls)
+        self.status.emit(f"{name or 'The model'} is not recorded itself: showing its last captured call, {layer}"
+                         + (f" (call {call + 1} of {calls})" if calls > 1 else "")
+                         + ". To record its own output, right-click its row: Capture this module's own output.",
+                         12000)
+
+    def _set_shown_for(self, shown: tuple[str, str, int] | None) -> None:
+        if shown != self.shown_for:
+            self.shown_for = shown
+            self.block_shown.emit(shown)
 
     def select_sample(self, index: int) -> None:
         """The user picked a sample (a thumbnail of the batch)."""
@@ -590,6 +675,7 @@ class WindowController(QObject):
             assert isinstance(value, Capture)
             self.run_runner.cancel()
             self.session.open_capture(value, path)
+            self.release_memory()  # the capture it replaced
             self.settings.add_recent_capture(str(Path(path).resolve()))
             self.status.emit(f"Opened {path} ({len(value)} layers).", 8000)
         else:

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.window.controller import WindowController
 from gradexplorer.app.window.run_panel import RunPanel
@@ -146,8 +147,8 @@ class DatasetRun(QObject):
         s = window.session
         # A newer request wins: the run's hooks would otherwise hold the session's lock.
         s.run_started.connect(self._on_newer_request)
-        s.model_changed.connect(self._on_newer_request)
-        s.batch_changed.connect(self._on_newer_request)
+        listen(s.model_changed, self._on_newer_request)
+        listen(s.batch_changed, self._on_newer_request)
 
     # -- starting -----------------------------------------------------------------------
     def run_over_folder(self, folder: str | None = None, batch_size: int | None = None,

@@ -105,7 +105,7 @@ def start(window: MainWindow, options: CaptureOptions, run: bool = False) -> int
     window.run_panel.sync_from_session()
     return window.load_model(options.model, weights=options.weights, arch=options.arch, trust=options.trust,
                              inputs=options.batch.sources() or None, layers=list(options.layers) or None,
-                             run=run, labels=options.labels, hf_class=options.hf_class)
+                             run=run, labels=options.labels, hf_class=options.hf_class, tokenizer=options.tokenizer)
 
 
 def main() -> int:  # pragma: no cover - convenience for `python -m gradexplorer.app.window.launch`

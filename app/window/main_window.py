@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
+    QApplication,
     QGroupBox,
     QLabel,
     QMainWindow,
@@ -29,8 +30,12 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen, report_errors
 from gradexplorer.app.views.capture_views import CaptureViews
+from gradexplorer.app.views.export import PLOT_FILTER
 from gradexplorer.app.views.graph_view import GraphPanel, wire_graph_panel
+from gradexplorer.app.window import error_dialog
+from gradexplorer.app.window.application import THEME_KEY, apply_theme
 from gradexplorer.app.window.batch_panel import BatchPanel
 from gradexplorer.app.window.controller import WindowController
 from gradexplorer.app.window.dataset_run import DatasetRun
@@ -51,6 +56,33 @@ if TYPE_CHECKING:  # annotations only (both are imported on first use)
     from gradexplorer.app.window.timeline_window import TimelineWindow
 
 DEFAULT_SIZE = QSize(1500, 950)
+
+
+def _move_tabs(panels: tuple[QWidget, ...], source: QTabWidget, target: QTabWidget) -> None:
+    """Move ``panels`` from one tab widget to another, with their tab labels."""
+    for panel in panels:
+        index = source.indexOf(panel)
+        label = source.tabText(index)
+        source.removeTab(index)
+        target.addTab(panel, label)
+
+
+class _FoldingCentral(QWidget):
+    """The main window's central area. Its minimum width is what it needs with the side
+    panel folded into the Modules panel (``MainWindow.fit_panels``), so that the window can
+    be made that narrow (half a 1920 screen) even while the three panels stand side by side:
+    they fold as soon as it is narrower than they need."""
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self._window = window
+
+    def minimumSizeHint(self) -> QSize:  # Qt's name
+        hint = super().minimumSizeHint()
+        window = self._window
+        if window.folded or not window.can_fold():
+            return hint
+        return QSize(min(hint.width(), window.folded_width()), hint.height())
 
 
 def about_text() -> str:
@@ -92,6 +124,8 @@ class MainWindow(QMainWindow):
         self.timeline_windows: list[TimelineWindow] = []
         #: The width each closed side panel reopens at, by its index in the splitter.
         self._panel_widths: dict[int, int] = {}
+        #: Failures of listeners already shown in a dialog (``_on_listener_failed``).
+        self._listener_failures: set[str] = set()
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
@@ -103,6 +137,7 @@ class MainWindow(QMainWindow):
         # An explicit minimum: the views' own hint grows with long labels after a run,
         # which would squeeze the tree and panels of a 1500 px window.
         self.views.setMinimumWidth(520)
+        self.views.files_read = self.session.files_read  # a plot's export never goes over them
         self.model_panel = ModelPanel(s, self.settings, self)
         self.batch_panel = BatchPanel(s, self.settings, self)
         self.run_panel = RunPanel(s, devices, self)
@@ -125,18 +160,21 @@ class MainWindow(QMainWindow):
         self.module_tabs = QTabWidget(tree_box)
         self.module_tabs.addTab(self.tree_panel, "Tree")
         self.module_tabs.addTab(self.graph_panel, "Graph")
-        QVBoxLayout(tree_box).addWidget(self.module_tabs)
+        self.tree_box_layout = QVBoxLayout(tree_box)
+        self.tree_box_layout.addWidget(self.module_tabs, 1)
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.batch_panel, "Input batch")
         self.tabs.addTab(self.model_panel, "Model")
-        run_box = QGroupBox("Run", self)
+        run_box = self.run_box = QGroupBox("Run", self)
         QVBoxLayout(run_box).addWidget(self.run_panel)
         right = self.side_panel = QWidget(self)
-        right_layout = QVBoxLayout(right)
+        right_layout = self.side_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.setSpacing(8)
         right_layout.addWidget(self.tabs, 1)
         right_layout.addWidget(run_box, 0)
+        #: The side panel folded into the Modules panel (a narrow window: half a 1920 screen).
+        self.folded = False
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
         self.splitter.addWidget(tree_box)
@@ -147,7 +185,7 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(2, 0)
         self.splitter.setSizes([500, 640, 360])
         self.splitter.setChildrenCollapsible(False)
-        container = QWidget(self)
+        container = _FoldingCentral(self)
         outer = self.central_layout = QVBoxLayout(container)
         outer.setContentsMargins(8, 8, 8, 4)
         outer.addWidget(self.splitter)
@@ -203,7 +241,9 @@ class MainWindow(QMainWindow):
             "Save the captured gradients as .pt (torch.load(weights_only=True) opens it)")
         self.open_timeline_action = action("Open &timeline…", lambda: self.open_timeline(), "Ctrl+T",
                                            "Open a watch log (.gxw) or a dataset capture: layers x steps")
-        self.export_png_action = action("Export plot as &PNG…", lambda: self.export_png(), "Ctrl+Shift+P")
+        self.export_png_action = action("Export &plot (PNG, SVG)…", lambda: self.export_png(), "Ctrl+Shift+P",
+                                        "The plot shown, under a title line: PNG at twice the screen's "
+                                        "resolution, or SVG")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, "Ctrl+Q")
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
@@ -268,6 +308,18 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         for a in self.view_actions:
             menu.addAction(a)
+        menu.addSeparator()
+        self.theme_menu = menu.addMenu("&Theme")
+        self.theme_actions: dict[str, QAction] = {}
+        group = QActionGroup(self)
+        current = self.settings.value(THEME_KEY, str, "system")
+        for theme, text in (("system", "&System (follow the desktop)"), ("light", "&Light"), ("dark", "&Dark")):
+            a = self.theme_menu.addAction(text)
+            a.setCheckable(True)
+            a.setChecked(theme == current)
+            a.triggered.connect(lambda _checked=False, t=theme: self.set_theme(t))
+            group.addAction(a)
+            self.theme_actions[theme] = a
         menu = self.menuBar().addMenu("&Help")
         menu.addAction(self.shortcuts_action)
         menu.addAction("About gradexplorer", self._about)
@@ -288,8 +340,8 @@ class MainWindow(QMainWindow):
         self.tree_view.layer_activated.connect(c.select_layer)
         self.views.layer_clicked.connect(c.select_layer)
         # view state -> widgets that are not views
-        state.events.layer.connect(self._on_model_layer_changed)
-        state.events.sample.connect(self.batch_panel.show_sample)
+        listen(state.events.layer, self._on_model_layer_changed)
+        listen(state.events.sample, self.batch_panel.show_sample)
         # controller -> widgets
         c.status.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
         c.model_busy.connect(self.model_panel.set_busy)
@@ -300,16 +352,31 @@ class MainWindow(QMainWindow):
         c.catalog_ready.connect(self.model_panel.set_catalog)
         c.capture_shown.connect(self._on_capture_shown)
         c.view_requested.connect(self.views.show_view)
-        c.batch_loaded.connect(lambda: self.tabs.setCurrentWidget(self.batch_panel))
+        c.block_shown.connect(self.views.set_block)
+        c.batch_loaded.connect(lambda: self.show_panel(self.batch_panel))
         c.run_done.connect(lambda _outcome: self._update_status())
         c.file_done.connect(lambda _kind: self._update_status())
         # session -> status bar
-        s.batch_changed.connect(lambda _b: self._update_status())
-        s.model_changed.connect(lambda _m: self._update_status())
-        s.settings_changed.connect(lambda _n: self._update_status())
-        s.selection_changed.connect(lambda _n: self._update_actions())
+        listen(s.batch_changed, lambda _b: self._update_status())
+        listen(s.model_changed, lambda _m: self._update_status())
+        listen(s.settings_changed, lambda _n: self._update_status())
+        listen(s.selection_changed, lambda _n: self._update_actions())
         wire_graph_panel(self.graph_panel, s, state, c, self.tree_view)
         wire_onset_link(self.onset_link, self)
+        # A listener of the session or the view state that raises: a message, and the change
+        # that emitted completes (gradexplorer.app.listeners).
+        report_errors(s, self._on_listener_failed)
+        report_errors(state, self._on_listener_failed)
+
+    def _on_listener_failed(self, exc: BaseException) -> None:
+        # Said once in a dialog; the same failure again (it may recur at every change of
+        # layer) goes to the status bar only.
+        line = error_dialog.one_line(exc)
+        if line in self._listener_failures:
+            self.statusBar().showMessage(f"Part of the window was not updated: {line}", 15000)
+            return
+        self._listener_failures.add(line)
+        self.controller.show_error("Part of the window was not updated", exc)
 
     def _restore_geometry(self) -> None:
         geometry = self.settings.geometry()
@@ -345,7 +412,10 @@ class MainWindow(QMainWindow):
         if action.isChecked() != shown:
             action.setChecked(shown)  # comes back here through toggled
             return
+        if self.folded:
+            self.set_folded(False)  # the side panel's own place first; folded again below if need be
         if panel.isHidden() != shown:
+            self.fit_panels()
             return
         index = self.splitter.indexOf(panel)
         sizes = self.splitter.sizes()
@@ -358,15 +428,113 @@ class MainWindow(QMainWindow):
             sizes[index] = want
             sizes[1] = max(sizes[1] - want, self.views.minimumWidth())
             self.splitter.setSizes(sizes)
+        self._settle_layouts()
+        self.fit_panels()
+
+    def _settle_layouts(self) -> None:
         # The window's minimum follows now, not at the layouts' next turn: a resize right
-        # after closing a panel would still be held to the wider minimum.
+        # after closing a panel would still be held to the wider minimum. The layouts keep
+        # each widget's size hints until it says they changed.
+        for widget in (self.tree_box, self.side_panel, self.splitter, self.centralWidget()):
+            if widget is not None:
+                widget.updateGeometry()
         for layout in (self.central_layout, self.layout()):
             if layout is not None:
                 layout.invalidate()
                 layout.activate()
 
+    # -- folding the side panel into the Modules panel ------------------------------------------
+    #: Once folded, the side panel unfolds at this many pixels more than the three panels
+    #: need side by side (no flicker between the two at one width).
+    UNFOLD_MARGIN = 24
+
+    def can_fold(self) -> bool:
+        """Whether the side panel may fold: both it and the Modules panel are open."""
+        return self.tree_panel_action.isChecked() and self.side_panel_action.isChecked()
+
+    def side_by_side_width(self) -> int:
+        """The narrowest the central area can be with the three panels side by side."""
+        views = max(self.views.minimumWidth(), self.views.minimumSizeHint().width())
+        tree = max(self.tree_box.minimumWidth(), self.module_tabs.minimumSizeHint().width())
+        side = max(w.minimumSizeHint().width() for w in (self.batch_panel, self.model_panel, self.run_box))
+        margins = self.central_layout.contentsMargins()
+        return tree + views + side + 16 + 2 * self.splitter.handleWidth() + margins.left() + margins.right()
+
+    def folded_width(self) -> int:
+        """The narrowest the central area can be with the side panel folded."""
+        return self.side_by_side_width() - max(
+            w.minimumSizeHint().width() for w in (self.batch_panel, self.model_panel, self.run_box)) \
+            - 16 - self.splitter.handleWidth()
+
+    def fit_panels(self) -> None:
+        """Fold the side panel into the Modules panel when the window is too narrow for the
+        three side by side (Input batch and Model become tabs beside Tree and Graph, Run
+        sits under them), and unfold it when there is room again."""
+        central = self.centralWidget()
+        if central is None or not hasattr(self, "side_panel_action"):
+            return
+        width = central.width()
+        need = self.side_by_side_width()
+        fold = self.can_fold() and (width < need + (self.UNFOLD_MARGIN if self.folded else 0))
+        if fold != self.folded:
+            self.set_folded(fold)
+
+    def set_folded(self, folded: bool) -> None:
+        """Move Input batch, Model and Run into the Modules panel (True) or back beside the
+        views (False); the tab the user was on stays in front."""
+        if folded == self.folded:
+            return
+        self.folded = folded
+        # The Modules panel's tab stays in front: the tree (or graph) the user was on.
+        current = self.module_tabs.currentWidget()
+        size = self.size()
+        if folded:
+            sizes = self.splitter.sizes()
+            if self.side_panel.isVisible():
+                self._panel_widths[2] = sizes[2]
+            # Hidden first: while the panels move, the three side by side would otherwise
+            # set the window's minimum (and widen the window back).
+            self.side_panel.hide()
+            _move_tabs((self.batch_panel, self.model_panel), self.tabs, self.module_tabs)
+            self.tree_box_layout.addWidget(self.run_box, 0)
+            self.run_panel.set_compact(True)  # its settings behind one line: the tree keeps its height
+            self.tree_box.setTitle("")
+        else:
+            _move_tabs((self.batch_panel, self.model_panel), self.module_tabs, self.tabs)
+            self.side_layout.addWidget(self.run_box, 0)
+            self.run_panel.set_compact(False)
+            self.tree_box.setTitle("Modules")
+            if self.side_panel_action.isChecked():
+                self.side_panel.show()
+                sizes = self.splitter.sizes()
+                sizes[2] = max(self._panel_widths.get(2, 0), self.side_panel.minimumSizeHint().width())
+                self.splitter.setSizes(sizes)
+            if current in (self.batch_panel, self.model_panel):
+                self.tabs.setCurrentWidget(current)
+                current = self.tree_panel
+        if current is not None:
+            self.module_tabs.setCurrentWidget(current)
+        self._settle_layouts()
+        if self.size() != size and not self.isMaximized() and not self.isFullScreen():
+            self.resize(size.expandedTo(self.minimumSizeHint()))
+
+    def show_panel(self, panel: QWidget) -> None:
+        """Bring a panel's tab to the front, wherever it is (beside the views or folded)."""
+        for tabs in (self.tabs, self.module_tabs):
+            if tabs.indexOf(panel) >= 0:
+                tabs.setCurrentWidget(panel)
+                return
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.fit_panels()
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.fit_panels()
+
     def _splitter_sizes(self) -> list[int]:
-        """The splitter's sizes, a closed panel at the width it reopens at."""
+        """The splitter's sizes, a closed (or folded) panel at the width it reopens at."""
         sizes = self.splitter.sizes()
         for index, panel in ((0, self.tree_box), (2, self.side_panel)):
             if panel.isHidden():
@@ -380,8 +548,14 @@ class MainWindow(QMainWindow):
 
     def _on_model_layer_changed(self, name: str | None) -> None:
         # The tree's current row follows the views' layer. Selecting the row announces it
-        # (layer_activated); the controller finds the state already there and stops.
-        if name and name != self.tree_view.current_name():
+        # (layer_activated); the controller finds the state already there and stops. A
+        # block shown through the last call inside it keeps its own row (the keys then
+        # move on from the block, not from inside it).
+        current = self.tree_view.current_name()
+        shown = self.controller.shown_for
+        if shown is not None and shown[0] == current and shown[1] == name:
+            return
+        if name and name != current:
             self.tree_view.select_layer(name)
 
     # -- status --------------------------------------------------------------------------
@@ -420,6 +594,14 @@ class MainWindow(QMainWindow):
         self.dataset_timeline_action.setEnabled(self.dataset_run.result is not None)
         self.dataset_timeline_button.setVisible(self.dataset_run.result is not None)
 
+    def set_theme(self, theme: str) -> None:
+        """View ▸ Theme: the palette and style of every window now, and at the next start."""
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            apply_theme(app, theme)
+        self.settings.set_value(THEME_KEY, theme)
+        self.theme_actions[theme].setChecked(True)
+
     def compare_with(self) -> CompareWindow | None:
         """Compare with…: ask for B (another run or a file) and open a compare window."""
         # Imported on first use: the comparison's modules are not needed to start the window.
@@ -430,7 +612,9 @@ class MainWindow(QMainWindow):
 
     # -- exports of what the views show -------------------------------------------------------------
     def export_png(self, path: str | None = None) -> None:
-        path = path or dialogs.ask_save_file(self, "Export plot as PNG", "plot.png", "PNG images (*.png)")
+        """Export the plot shown (PNG or SVG, by the suffix), under a title line; the name
+        offered says the model, layer and view."""
+        path = path or dialogs.ask_save_file(self, "Export plot", self.views.export_file_name(), PLOT_FILTER)
         if path:
             try:
                 self.views.export_png(path, inputs=self.session.files_read())
@@ -449,7 +633,7 @@ class MainWindow(QMainWindow):
 
     # -- misc ------------------------------------------------------------------------------------------
     def _show_model_tab(self) -> None:
-        self.tabs.setCurrentWidget(self.model_panel)
+        self.show_panel(self.model_panel)
         self.model_panel.focus_search()
 
     def _show_tab(self, index: int) -> Callable[[], object]:
@@ -531,9 +715,10 @@ class MainWindow(QMainWindow):
             return
         self.settings.set_geometry(self.saveGeometry())
         self.settings.set_value("window/splitter", [str(v) for v in self._splitter_sizes()])
-        self.settings.set_value("window/hidden_panels", [name for name, panel in
-                                                         (("modules", self.tree_box), ("side", self.side_panel))
-                                                         if panel.isHidden()])
+        self.settings.set_value("window/hidden_panels", [name for name, action in
+                                                         (("modules", self.tree_panel_action),
+                                                          ("side", self.side_panel_action))
+                                                         if not action.isChecked()])
         self.settings.sync()
         self.shutdown()
         super().closeEvent(event)

@@ -24,10 +24,15 @@ from PySide6.QtWidgets import (
 
 from gradexplorer import models  # lazy: models.loading (torchvision) on first use
 from gradexplorer.app import dialogs
+from gradexplorer.app.listeners import listen
+from gradexplorer.app.window import error_dialog
 from gradexplorer.app.window.module_tree_view import format_count
 from gradexplorer.app.window.settings import AppSettings
+from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.units import format_bytes
+from gradexplorer.models.files import checkpoint_kind
 from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.models.tokenizer import takes_a_tokenizer
 from gradexplorer.pipeline.session import Session
 
 if TYPE_CHECKING:  # annotations only: torchvision, which weights.py imports, is not needed to start
@@ -44,6 +49,8 @@ TASK_TITLES = {
     "timm": "timm models (weights from the Hugging Face cache)",
 }
 SPEC_ROLE = Qt.ItemDataRole.UserRole + 1
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 2  # a group's title, without its count
+COUNTED_ROLE = Qt.ItemDataRole.UserRole + 3  # whether a group shows how many models it holds
 NO_WEIGHTS = "__none__"
 LOCAL_FILE = "__file__"
 
@@ -57,6 +64,8 @@ class ModelRequest:
     arch: str | None = None
     trust: bool = False
     hf_class: str | None = None
+    #: A tokenizer for a model that came without one (``--tokenizer``: a folder, ``hf:ORG/NAME``).
+    tokenizer: str | None = None
 
 
 class ModelPanel(QWidget):
@@ -110,6 +119,20 @@ class ModelPanel(QWidget):
         self.hint = QLabel(self)
         self.hint.setObjectName("hint")
         self.hint.setWordWrap(True)
+        # A factory or checkpoint comes without a tokenizer: the loaded model's row for one
+        # (``--tokenizer`` on the command line), so that it can be given text.
+        self.tokenizer_label = QLabel(self)
+        self.tokenizer_label.setWordWrap(True)
+        self.tokenizer_button = QPushButton("Tokenizer…", self)
+        self.tokenizer_button.setToolTip("A Hugging Face tokenizer for this model's text: the folder that "
+                                         "tokenizer.save_pretrained wrote. The model is loaded again with it.")
+        self.tokenizer_button.clicked.connect(self._on_tokenizer)
+        self.tokenizer_row = QWidget(self)
+        tokenizer_row = QHBoxLayout(self.tokenizer_row)
+        tokenizer_row.setContentsMargins(0, 0, 0, 0)
+        tokenizer_row.addWidget(self.tokenizer_label, 1)
+        tokenizer_row.addWidget(self.tokenizer_button)
+        self.tokenizer_row.setVisible(False)
 
         weights_row = QHBoxLayout()
         weights_row.addWidget(QLabel("Weights", self))
@@ -125,6 +148,7 @@ class ModelPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
         layout.addWidget(self.current_label)
+        layout.addWidget(self.tokenizer_row)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
         layout.addLayout(weights_row)
@@ -133,7 +157,7 @@ class ModelPanel(QWidget):
         layout.addWidget(self.hint)
 
         self._fill([])
-        session.model_changed.connect(self._on_model_model_changed)
+        listen(session.model_changed, self._on_model_model_changed)
         self._on_model_model_changed(session.model)
 
     def showEvent(self, event: QShowEvent) -> None:
@@ -161,6 +185,7 @@ class ModelPanel(QWidget):
 
         def group(title: str) -> QTreeWidgetItem:
             item = QTreeWidgetItem(self.list, [title])
+            item.setData(0, TITLE_ROLE, title)
             item.setFont(0, bold)
             item.setFlags(Qt.ItemFlag.ItemIsEnabled)
             item.setFirstColumnSpanned(True)
@@ -185,7 +210,8 @@ class ModelPanel(QWidget):
             infos = by_task.get(task)
             if not infos:
                 continue
-            g = group(f"{TASK_TITLES[task]}  ({len(infos)})")
+            g = group(TASK_TITLES[task])
+            g.setData(0, COUNTED_ROLE, True)
             for info in infos:
                 if info.cached:
                     state = "cached"
@@ -220,11 +246,16 @@ class ModelPanel(QWidget):
         text = text.strip().lower()
         for top in self._groups():
             visible = 0
-            for child in _children(top):
+            children = _children(top)
+            for child in children:
                 show = not text or text in child.text(0).lower()
                 child.setHidden(not show)
                 visible += show
             top.setHidden(visible == 0)
+            if top.data(0, COUNTED_ROLE):
+                # The count follows the search: "Classification (1 of 80)", not "(80)".
+                title = top.data(0, TITLE_ROLE)
+                top.setText(0, f"{title}  ({visible} of {len(children)})" if text else f"{title}  ({len(children)})")
             if text and visible:
                 top.setExpanded(True)
 
@@ -330,17 +361,27 @@ class ModelPanel(QWidget):
             self.load_requested.emit(request)
 
     def _on_checkpoint(self) -> None:
+        """Checkpoint…: the file first, checked before anything else is asked (a picture or
+        a TorchScript archive is refused at once); the architecture is asked only of a file
+        of weights alone (a state dict)."""
         path = dialogs.ask_open_file(self, "Open a checkpoint", dialogs.CHECKPOINT_FILTER)
         if not path:
             return
-        names = [""] + sorted(self._catalog)
-        arch = dialogs.ask_item(
-            self, "Architecture",
-            "torchvision architecture of a weights-only checkpoint\n(leave empty for a full module or .pt2):",
-            names, True)
-        if arch is None:
+        try:
+            kind = checkpoint_kind(Path(path))  # its first bytes and its pickle's globals: nothing loaded
+        except GradExplorerError as exc:
+            error_dialog.show_error(self.window(), "The checkpoint cannot be used", exc)
             return
-        self.load_requested.emit(ModelRequest(path, None, arch or None, False))
+        arch = None
+        if kind == "weights":
+            names = sorted(self._catalog)
+            arch = dialogs.ask_item(
+                self, "Architecture",
+                f"{Path(path).name} holds weights only (a state dict). Which torchvision architecture "
+                "are they for?", names, True)
+            if not arch:
+                return
+        self.load_requested.emit(ModelRequest(path, None, arch, False))
 
     def _on_factory(self) -> None:
         text = dialogs.ask_factory(self)
@@ -378,6 +419,7 @@ class ModelPanel(QWidget):
             self.progress.setFormat(stage)
 
     def _on_model_model_changed(self, model: LoadedModel | None) -> None:
+        self._show_tokenizer(model)
         if model is None:
             self.current_label.setText("<i>No model loaded</i>")
             return
@@ -391,6 +433,41 @@ class ModelPanel(QWidget):
         self.current_label.setToolTip("\n".join(model.notes) if model.notes else model.spec)
         if self.select_spec(model.spec):
             self.show_weights(model.weights)
+
+    def _show_tokenizer(self, model: LoadedModel | None) -> None:
+        """The tokenizer row, for a model that came without one (a factory, a checkpoint)."""
+        if model is None or not takes_a_tokenizer(model.spec):
+            self.tokenizer_row.setVisible(False)
+            return
+        options = self.session.model_options
+        chosen = options.tokenizer if options is not None and options.model == model.spec else None
+        if chosen and model.tokenizer is not None:
+            self.tokenizer_label.setText(f"Tokenizer: {Path(chosen).name or chosen}")
+            self.tokenizer_label.setToolTip(chosen)
+        else:
+            self.tokenizer_label.setText("No tokenizer: choose one to give this model text.")
+            self.tokenizer_label.setToolTip("")
+        self.tokenizer_row.setVisible(True)
+
+    def _on_tokenizer(self) -> None:
+        """Tokenizer…: a folder, then the loaded model again with it (its weights, trust and
+        class as it was loaded), as ``--tokenizer FOLDER`` would load it."""
+        model = self.session.model
+        if model is None:
+            return
+        folder = dialogs.ask_folder(self, "Choose the tokenizer's folder (written by tokenizer.save_pretrained)")
+        if not folder:
+            return
+        self.load_requested.emit(self.request_with_tokenizer(folder))
+
+    def request_with_tokenizer(self, tokenizer: str) -> ModelRequest:
+        """The loaded model, to be loaded again with ``tokenizer``."""
+        model = self.session.model
+        assert model is not None
+        o = self.session.model_options
+        if o is not None and o.model == model.spec:
+            return ModelRequest(model.spec, o.weights, o.arch, o.trust, o.hf_class, tokenizer)
+        return ModelRequest(model.spec, tokenizer=tokenizer)
 
     def show_weights(self, weights: str | None) -> None:
         """Set the Weights box to what is loaded (``LoadedModel.weights``), not to a default."""

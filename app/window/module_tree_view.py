@@ -37,6 +37,8 @@ from PySide6.QtGui import (
     QFont,
     QFontMetrics,
     QGuiApplication,
+    QKeyEvent,
+    QKeySequence,
     QPainter,
     QPalette,
     QResizeEvent,
@@ -59,6 +61,8 @@ from PySide6.QtWidgets import (
 )
 
 from gradexplorer.analysis.summary import summarize
+from gradexplorer.app.listeners import listen
+from gradexplorer.app.views.context_menus import full_value
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.module_tree import ModuleNode, ModuleTree
 from gradexplorer.capturing.nonfinite import onset_location
@@ -88,6 +92,10 @@ ONSET = QColor("#8e0000")
 _CHECKED = Qt.CheckState.Checked
 _UNCHECKED = Qt.CheckState.Unchecked
 _PARTIAL = Qt.CheckState.PartiallyChecked
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def format_count(n: int) -> str:
@@ -127,12 +135,15 @@ class ModuleTreeModel(QAbstractItemModel):
         self._norms: dict[str, float] = {}
         self._bar: dict[str, float] = {}
         self._flags: dict[str, str] = {}
+        self._notes: dict[str, str] = {}
+        #: Captured layers that never ran during forward (``CaptureSummary.not_called``).
+        self._not_called: frozenset[str] = frozenset()
         self._onset: dict[str, list[str]] = {}
         self._last_selection: frozenset[str] = frozenset()
-        session.tree_changed.connect(self._on_model_tree_changed)
-        session.selection_changed.connect(self._on_model_selection_changed)
-        session.capture_changed.connect(self._on_model_capture_changed)
-        session.tree_measured.connect(self._on_model_tree_measured)
+        listen(session.tree_changed, self._on_model_tree_changed)
+        listen(session.selection_changed, self._on_model_selection_changed)
+        listen(session.capture_changed, self._on_model_capture_changed)
+        listen(session.tree_measured, self._on_model_tree_measured)
         self._on_model_tree_changed(session.tree)
         self._on_model_capture_changed(session.capture)
 
@@ -233,6 +244,8 @@ class ModuleTreeModel(QAbstractItemModel):
         summary = summarize(capture) if capture is not None else None
         self._norms = summary.grad_norms if summary is not None else {}
         self._flags = summary.flagged() if summary is not None else {}
+        self._notes = dict(summary.notes) if summary is not None else {}
+        self._not_called = frozenset(summary.not_called) if summary is not None else frozenset()
         self._onset = {}
         for kind in ("forward", "backward"):
             where = onset_location(capture.nonfinite_onset if capture is not None else None, kind)
@@ -266,6 +279,10 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def flag_of(self, name: str) -> str | None:
         return self._flags.get(name)
+
+    def norm_of(self, name: str) -> float | None:
+        """The gradient norm of a layer's output (last run), at full precision."""
+        return self._norms.get(name)
 
     # -- QAbstractItemModel ------------------------------------------------------------
     def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:
@@ -408,6 +425,8 @@ class ModuleTreeModel(QAbstractItemModel):
             out.append((f"×{node.calls}", BLUE))
         if node.inplace:
             out.append(("in-place", ORANGE))
+        if node.name in self._not_called:
+            out.append(("not called", GREY))
         if node.children and node.name in self.session.selection:
             out.append(("output", PURPLE))
         onset = self._onset.get(node.name)
@@ -427,8 +446,19 @@ class ModuleTreeModel(QAbstractItemModel):
                          + ("" if node.trainable is None else ", trainable" if node.trainable else ", frozen"))
         if node.calls is not None:
             lines.append(f"calls per forward: {node.calls}")
-        if node.output_shapes:
-            lines.append("output (with batch): " + ", ".join(format_shape(s) for s in node.output_shapes[:4])
+        cap = self.session.capture
+        record = cap.layers.get(node.name) if cap is not None else None
+        captured = [tuple(c.shape) for c in record.calls if c.shape] if record is not None else []
+        if captured and record is not None:  # the batch that ran (the probe saw one sample)
+            shapes = list(dict.fromkeys(captured))
+            lines.append(f"output, the batch of the capture: {', '.join(format_shape(s) for s in shapes[:4])}"
+                         + (" ..." if len(shapes) > 4 else "")
+                         + (f" {record.calls[0].dtype}" if record.calls[0].dtype else ""))
+        elif node.output_shapes:
+            batch = self.session.batch
+            many = f" (the batch holds {len(batch)})" if batch is not None and len(batch) > 1 else ""
+            lines.append(f"output of one sample{many}: "
+                         + ", ".join(format_shape(s) for s in node.output_shapes[:4])
                          + (" ..." if len(node.output_shapes) > 4 else "")
                          + (f" {node.output_dtype}" if node.output_dtype else ""))
         if node.inplace:
@@ -439,8 +469,14 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append("its own output is captured too")
         if node.name in self._norms:
             lines.append(f"gradient norm at output: {self._norms[node.name]:.4g}")
+        if node.name in self._not_called:
+            lines.append("<span style='color:#6b7280'>not called: it never ran during forward (its parent used its "
+                         "weights directly), so it has no output nor output gradient; its parameters' gradients "
+                         "are in the Statistics tab</span>")
         if node.name in self._flags:
             lines.append(f"<span style='color:#c0392b'>flag: {self._flags[node.name]}</span>")
+        if node.name in self._notes:
+            lines.append(f"<i>{_escape(self._notes[node.name])}</i>")
         for kind in self._onset.get(node.name, []):
             lines.append(f"<span style='color:#8e0000'><b>NaN/Inf began here</b> ({kind}: "
                          + ("its output went non-finite while its inputs were finite)" if kind == "forward"
@@ -600,6 +636,9 @@ class ModuleTreeView(QTreeView):
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        # A cut name keeps its distinguishing tail: two dozen "encoder_l…" rows had looked
+        # alike where "enco…layer_11" tells them apart.
+        self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.customContextMenuRequested.connect(self._on_context_menu)
         self.setItemDelegateForColumn(COL_NAME, NameDelegate(self))
@@ -617,6 +656,7 @@ class ModuleTreeView(QTreeView):
         header.sectionResized.connect(self._on_section_resized)
         self.selectionModel().currentRowChanged.connect(self._on_current_changed)
         self.tree_model.modelReset.connect(self._on_reset)
+
 
     # -- the Module column takes the room there is --------------------------------------
     #: The Module column's width when the tree is narrow (it scrolls sideways then).
@@ -727,7 +767,7 @@ class ModuleTreeView(QTreeView):
 
     def _on_current_changed(self, current: QModelIndex, previous: QModelIndex) -> None:
         name = current.data(NAME_ROLE) if current.isValid() else None
-        if name:
+        if name is not None:  # the model's own row is "": it has a record too (its parameters)
             self.layer_activated.emit(name)
 
     # -- context menu -------------------------------------------------------------------
@@ -749,7 +789,12 @@ class ModuleTreeView(QTreeView):
                 own.toggled.connect(lambda on: s.select([name], on))
                 menu.addAction(own)
             menu.addSeparator()
-            menu.addAction("Copy name", lambda: QGuiApplication.clipboard().setText(name))
+            copy = menu.addAction("Copy name", lambda: QGuiApplication.clipboard().setText(name))
+            copy.setShortcut(QKeySequence(QKeySequence.StandardKey.Copy))
+            norm = self.tree_model.norm_of(name)
+            if norm is not None:
+                menu.addAction(f"Copy gradient norm ({norm:.6g})",
+                               lambda: QGuiApplication.clipboard().setText(full_value(norm)))
             menu.addSeparator()
         menu.addAction("Check all leaves", s.select_all_leaves)
         menu.addAction("Check none", s.select_none)
@@ -757,6 +802,17 @@ class ModuleTreeView(QTreeView):
         menu.addAction("Expand all", self.expandAll)
         menu.addAction("Collapse all", self.collapse_to_top)
         return menu
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        # Ctrl+C: the current row's qualified name (Qt's own copies the cell's text, the
+        # name's last part only).
+        if event.matches(QKeySequence.StandardKey.Copy):
+            name = self.current_name()
+            if name is not None:
+                QGuiApplication.clipboard().setText(name)
+            event.accept()
+            return
+        super().keyPressEvent(event)
 
     def collapse_to_top(self) -> None:
         """Collapse every row but the model's own."""
@@ -819,8 +875,9 @@ class ModuleTreePanel(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.view, 1)
         layout.addWidget(self.summary)
-        session.selection_changed.connect(self._update_summary)
-        session.tree_changed.connect(lambda _t: self._update_summary())
+        listen(session.selection_changed, self._update_summary)
+        listen(session.tree_changed, lambda _t: self._update_summary())
+        listen(session.capture_changed, lambda _c: self._update_summary())
         self._update_summary()
 
     def _update_summary(self, *_args: object) -> None:
@@ -831,8 +888,13 @@ class ModuleTreePanel(QWidget):
         n = len(self.session.selection)
         leaves = len(tree.leaves())
         params = tree.root.total_params if "" in tree.nodes else 0
-        self.summary.setText(
-            f"{n} of {len(tree) - 1} modules checked ({leaves} leaves) · {format_count(params)} parameters")
+        if self.session.model is None and self.session.capture is not None:
+            # A capture without its model knows only the parameters it holds a gradient of.
+            words = (f"{format_count(params)} parameters with a gradient in the capture" if params
+                     else "parameters not known (a capture without its model)")
+        else:
+            words = f"{format_count(params)} parameters"
+        self.summary.setText(f"{n} of {len(tree) - 1} modules checked ({leaves} leaves) · {words}")
 
     def _fill_type_menu(self) -> None:
         self.type_menu.clear()

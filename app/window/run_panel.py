@@ -18,20 +18,24 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QRadioButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from gradexplorer.app.listeners import listen
 from gradexplorer.app.run_worker import Progress, TaskRunner
-from gradexplorer.app.views.label_fit import wrap_label
+from gradexplorer.app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer.app.window.error_dialog import one_line
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.memory_estimate import (
+    Budget,
     MemoryEstimate,
     budget_message,
     budget_shortfall,
     estimate_capture_memory,
+    read_budget,
     stats_only_fits,
 )
 from gradexplorer.capturing.module_tree import ModuleTree
@@ -175,6 +179,8 @@ class RunPanel(QWidget):
         self.budget_message: str | None = None
         #: Over the budget, keeping statistics only would fit (the dialog offers the switch).
         self.stats_only_fits = False
+        #: The budget read with the last estimate, and the (device, budget option) it is for.
+        self._budget: tuple[tuple[str, int | None], Budget] | None = None
         # (model module, per-sample bytes, tree) probed in a worker
         self._probed_tree: tuple[torch.nn.Module, int, ModuleTree] | None = None
         self._probe_runner: TaskRunner | None = None
@@ -207,13 +213,38 @@ class RunPanel(QWidget):
         form.addRow("Keep", kinds)
         form.addRow("", self.input_grad_check)
         self._form = form
+        # The settings in a widget of their own: in a narrow window (the panel folded under
+        # the module tree) they fold behind a "Settings" button and a line that sums them up,
+        # so that the tree keeps its height.
+        self.settings_widget = QWidget(self)
+        form.setParent(None)
+        self.settings_widget.setLayout(form)
+        self.settings_button = QToolButton(self)
+        self.settings_button.setText("Settings")
+        self.settings_button.setCheckable(True)
+        self.settings_button.setArrowType(Qt.ArrowType.RightArrow)
+        self.settings_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.settings_button.setAutoRaise(True)
+        self.settings_button.setToolTip("Device, target, mode, what to keep, input gradient")
+        self.settings_button.toggled.connect(self._on_settings_toggled)
+        self.settings_summary = ElidedLabel("", self)
+        self.settings_summary.setObjectName("hint")
+        summary_row = QHBoxLayout()
+        summary_row.setContentsMargins(0, 0, 0, 0)
+        summary_row.addWidget(self.settings_button)
+        summary_row.addWidget(self.settings_summary, 1)
+        self.summary_box = QWidget(self)
+        self.summary_box.setLayout(summary_row)
+        self.summary_box.hide()
+        self.compact = False
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 2)
         buttons.addWidget(self.cancel_button, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
-        layout.addLayout(form)
+        layout.addWidget(self.summary_box)
+        layout.addWidget(self.settings_widget)
         layout.addLayout(buttons)
         layout.addWidget(self.memory_label)
         layout.addWidget(self.budget_label)
@@ -234,13 +265,15 @@ class RunPanel(QWidget):
         self.run_button.clicked.connect(self._on_run_clicked)
         self.cancel_button.clicked.connect(self.cancel_requested)
         # session -> widgets
-        session.settings_changed.connect(self._on_model_settings_changed)
-        session.model_changed.connect(self._on_model_model_changed)
-        session.selection_changed.connect(lambda _s: self._update_run_enabled())
-        session.tree_changed.connect(lambda _t: self._show_class_dim_row())
-        session.batch_changed.connect(lambda _b: self._reset_idle())
+        listen(session.settings_changed, self._on_model_settings_changed)
+        listen(session.settings_changed, lambda _n: self._update_summary())
+        listen(session.model_changed, self._on_model_model_changed)
+        listen(session.selection_changed, lambda _s: self._update_run_enabled())
+        listen(session.tree_changed, lambda _t: self._show_class_dim_row())
+        listen(session.batch_changed, lambda _b: self._reset_idle())
         for signal in (session.model_changed, session.tree_changed, session.tree_measured, session.batch_changed,
-                       session.selection_changed, session.settings_changed):
+                       session.selection_changed, session.settings_changed, session.capture_changed):
+            # A new capture too: the free memory the budget is read from changed with it.
             signal.connect(lambda *_a: self._estimate_timer.start())
 
         if session.device == "auto" and devices:
@@ -438,6 +471,26 @@ class RunPanel(QWidget):
         if self._idle_message is None:
             self.progress.setFormat(tip)
 
+    # -- compact ------------------------------------------------------------------------
+    def set_compact(self, compact: bool) -> None:
+        """Fold the settings behind "Settings" and a one-line summary (True), or show them."""
+        self.compact = compact
+        self.summary_box.setVisible(compact)
+        self._on_settings_toggled(self.settings_button.isChecked())
+        self._update_summary()
+
+    def _on_settings_toggled(self, shown: bool) -> None:
+        self.settings_button.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
+        self.settings_widget.setVisible(not self.compact or shown)
+
+    def _update_summary(self) -> None:
+        s = self.session
+        parts = [s.device, self.target_combo.currentText().split(" (")[0].lower(),
+                 "train" if s.train else "eval", "statistics only" if s.mode == "stats" else "full tensors"]
+        if s.input_grad:
+            parts.append("input gradient")
+        self.settings_summary.setText(" · ".join(p for p in parts if p))
+
     # -- running ------------------------------------------------------------------------
     def set_running(self, running: bool, message: str = "") -> None:
         """Switch between running (Cancel enabled, busy bar) and idle with ``message``."""
@@ -534,12 +587,16 @@ class RunPanel(QWidget):
 
     def budget_check(self) -> tuple[MemoryEstimate | None, str | None]:
         """The estimate for the current settings and, when it is over the memory budget,
-        the warning to show (``None`` when it fits or cannot be told)."""
-        self.update_estimate()
+        the warning to show (``None`` when it fits or cannot be told). The budget is the
+        one the panel shows (read with its last estimate), so that the question and the
+        panel name the same figure."""
+        self.update_estimate(read_free_memory=False)
         return self.estimate, self.budget_message
 
-    def update_estimate(self) -> MemoryEstimate | None:
-        """Recompute the estimate and the budget warning now (also the debounced slot)."""
+    def update_estimate(self, read_free_memory: bool = True) -> MemoryEstimate | None:
+        """Recompute the estimate and the budget warning now (also the debounced slot);
+        the free memory is read again unless told not to (the check before a run keeps the
+        budget the panel shows)."""
         self._estimate_timer.stop()
         try:
             estimate = self.compute_estimate()
@@ -549,10 +606,15 @@ class RunPanel(QWidget):
         if estimate is None:
             if self._probe_runner is None or not self._probe_runner.is_busy():
                 self._show_estimate(None, "")
+            else:  # a probe is under way: no warning from an estimate of other settings
+                self.estimate, self.budget_message = None, None
             return None
         device = self.session.device if self.session.device != "auto" else "cpu"
         try:
-            short = budget_shortfall(estimate, device, budget=self.session.memory_budget)
+            key = (device, self.session.memory_budget)
+            if read_free_memory or self._budget is None or self._budget[0] != key:
+                self._budget = (key, read_budget(device, self.session.memory_budget))
+            short = budget_shortfall(estimate, device, budget=self._budget[1])
         except (RuntimeError, ValueError):  # a device torch cannot name: no budget to check
             short = None
         message = budget_message(estimate, short) if short is not None else None
