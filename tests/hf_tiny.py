@@ -99,3 +99,16 @@ def save_in_cache(kind: str, hf_home: Path, repo: str = "tiny-org/tiny-gpt2", re
 def copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def offline_home(monkeypatch, home: Path) -> Path:
+    """Make ``home`` the Hugging Face home (``HF_HOME``), offline, for the rest of the test
+    (``monkeypatch``: pytest's); huggingface_hub's constants, read once at its import, too."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return home

@@ -605,6 +605,8 @@ def test_the_window_offers_the_class_axis_for_per_token_logits(qtbot, tmp_path, 
     qtbot.addWidget(w)
     w.show()
     panel = w.run_panel
+    # On a small screen (the offscreen one) the run settings are folded: open them, as a user would.
+    panel.settings_button.setChecked(True)
     try:
         two_d = KINDS["two_inputs"]
         with qtbot.waitSignal(w.run_done, timeout=TIMEOUT):

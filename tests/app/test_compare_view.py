@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from gradexplorer.app import dialogs
 from gradexplorer.app.views.compare_view import CompareView
+from gradexplorer.app.views.plot_style import scale_number
 from gradexplorer.app.window import compare_window, error_dialog
 from gradexplorer.app.window.compare_window import CHOICES, CompareWindow, compare_with
 from gradexplorer.capturing.capture import capture
@@ -41,7 +42,10 @@ def pair():
     return a, b, compare(a, b)
 
 
-def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qtbot, pair):
+def test_table_lists_the_calls_in_model_order_and_draws_the_difference_on_its_own_scale(qtbot, pair):
+    """Rows as the model runs them, the first divergent ones marked (largest difference first
+    on request); A and B on one symmetric scale, A − B on its own (it had been a flat grey on
+    A's scale until "amplify" was ticked)."""
     a, b, result = pair
     view = CompareView()
     qtbot.addWidget(view)
@@ -49,16 +53,22 @@ def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qt
     view.show()
     view.set_comparison(a, b, result)
     rows = view.row_calls()
-    assert rows[0] is result.first_divergent_activation and rows[0].layer == "conv2"
-    assert view.table.item(0, 0).text() == "conv2"
-    assert "first activation" in view.table.item(0, 6).text()
+    assert [(c.layer, c.call) for c in rows] == [(c.layer, c.call) for c in result.calls]
+    assert [c.layer for c in rows] == [n for n in a.layer_order for _ in a[n].calls]  # the model's order
+    first = result.first_divergent_activation
+    assert first.layer == "conv2"
+    row = rows.index(first)
+    assert view.table.item(row, 0).text() == "conv2" and "first activation" in view.table.item(row, 6).text()
     assert view.table.rowCount() == len(result.calls)
-    # the rest by divergence, largest first
-    rest = [c.divergence for c in rows[2:]]
-    assert rest == sorted(rest, reverse=True)
     assert "first divergent activation: <b>conv2</b>" in view.summary_label.text()
-    # the top row is selected and its A | B | A-B pictures are core's heatmap triple
-    assert view.current() is rows[0]
+    # largest difference first, on request; the selection stays on its call
+    view.select("conv2", 0)
+    view.order_combo.setCurrentIndex(view.order_combo.findData("divergence"))
+    by = view.row_calls()
+    assert by[0] is first and [c.divergence for c in by[2:]] == sorted((c.divergence for c in by[2:]), reverse=True)
+    assert view.current() is first and view.table.currentRow() == 0
+    view.order_combo.setCurrentIndex(view.order_combo.findData("model"))
+    # A | B are core's heatmap triple on their one scale; A − B on its own symmetric scale
     view.display_combo.setCurrentIndex(view.display_combo.findData("channel"))
     view.channel_spin.setValue(2)
     view.sample_spin.setValue(1)
@@ -66,17 +76,18 @@ def test_table_puts_the_first_divergent_layer_on_top_and_draws_its_difference(qt
                               channel=2)
     for image, hm in zip(view.images, (expected.a, expected.b, expected.diff)):
         np.testing.assert_array_equal(image.image, hm.array)
-        assert tuple(image.levels) == expected.levels
     lo, hi = expected.levels
+    for image in view.images[:2]:
+        assert tuple(image.levels) == expected.levels
     assert lo == -hi and tuple(view.colorbar.levels()) == (lo, hi)
-    # amplified: the difference times a power of ten that still fits the one scale
-    view.amplify_check.setChecked(True)
-    gain = view.difference_gain()
-    m = np.nanmax(np.abs(expected.diff.array))
-    assert gain >= 1 and m * gain <= hi < m * gain * 10
-    np.testing.assert_allclose(view.images[2].image, expected.diff.array * gain)
-    assert tuple(view.images[2].levels) == expected.levels
-    assert view.plots[2].titleLabel.text.endswith(f"× {gain:g}") or gain == 1
+    m = float(np.nanmax(np.abs(expected.diff.array)))
+    assert 0 < m < hi  # a difference smaller than A and B: on their scale it is paler
+    assert tuple(view.images[2].levels) == (-m, m) and tuple(view.diff_bar.levels()) == (-m, m)
+    assert view.diff_bar.tick_labels()[-1] == scale_number(m)
+    # on A's scale, when asked
+    view.same_scale_check.setChecked(True)
+    assert tuple(view.images[2].levels) == expected.levels and tuple(view.diff_bar.levels()) == (lo, hi)
+    assert "A's scale" in view.diff_bar.title()
 
 
 def test_selecting_rows_and_switching_to_gradients(qtbot, pair):
@@ -85,12 +96,16 @@ def test_selecting_rows_and_switching_to_gradients(qtbot, pair):
     qtbot.addWidget(view)
     view.show()
     view.set_comparison(a, b, result)
+    assert view.select("fc", 0)
     with qtbot.waitSignal(view.call_selected) as sig:
         assert view.select("conv1", 0)
     assert sig.args == ["conv1", 0]
     # conv1's activation is identical in both: A - B is all zero
     view.display_combo.setCurrentIndex(view.display_combo.findData("channel"))
     assert np.all(view.images[2].image == 0)
+    assert view.diff_bar.tick_labels() == ["constant 0"]  # not A's ±max on a flat picture
+    lo, hi = view.images[2].levels
+    assert lo == -hi < 0  # zero takes the map's middle colour (levels of one value had painted it blue)
     view.tensor_combo.setCurrentIndex(view.tensor_combo.findData("grad_output"))
     # but its gradient differs (conv2's weights scaled)
     assert np.nanmax(np.abs(view.images[2].image)) > 0
@@ -133,7 +148,7 @@ def test_window_compares_two_files_in_a_worker_and_exports_csv(qtbot, pair, tmp_
     qtbot.addWidget(win)
     with qtbot.waitSignal(win.runner.finished, timeout=30000):
         win.compare_files(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
-    assert win.view.result is not None and win.view.row_calls()[0].layer == "conv2"
+    assert win.view.result is not None and win.view.row_calls()[0].layer == "conv1"  # model order
     assert win.export_action.isEnabled()
     path = win.export_csv(str(tmp_path / "c.csv"))
     assert path.read_text().startswith("layer,call,type")
@@ -165,8 +180,32 @@ def test_compare_with_autocast_from_the_main_window(qtbot, demo, monkeypatch):
     assert not shown
     r = win.view.result
     assert r.meta_b["autocast"] == "bf16" and r.input.max_abs == 0.0
-    assert r.label_b == "autocast bf16"
+    assert (r.label_a, r.label_b) == ("demo:shapes, no autocast", "demo:shapes, autocast bf16")
     assert not r.within and win.view.row_calls()[0] is r.first_divergent_activation
+    win.close()
+
+
+def test_compare_with_a_file_names_a_and_b_by_their_sources(qtbot, demo, monkeypatch, tmp_path):
+    """A is the window's run (its model and target) or the file the window opened, B the file
+    chosen; the header names both (A had been "this run")."""
+    window = demo
+    path = tmp_path / "other.pt"
+    save_capture(window.session.capture, path)
+    monkeypatch.setattr(compare_window, "ask_source", lambda parent, devices=None: str(path))
+    win = window.compare_with()
+    qtbot.addWidget(win)
+    qtbot.waitUntil(lambda: win.view.result is not None, timeout=60000)
+    r = win.view.result
+    assert r.label_a.startswith("demo:shapes, the window's run, target top1") and r.label_b == "other.pt"
+    assert "demo:shapes, the window's run" in win.view.summary_label.text() and "other.pt" in \
+        win.view.summary_label.text()
+    win.close()
+    with qtbot.waitSignal(window.file_done, timeout=60000):
+        window.open_capture(str(path))
+    win = window.compare_with()
+    qtbot.addWidget(win)
+    qtbot.waitUntil(lambda: win.view.result is not None, timeout=60000)
+    assert (win.view.result.label_a, win.view.result.label_b) == ("other.pt", "other.pt")
     win.close()
 
 
@@ -202,7 +241,7 @@ def test_sequence_and_dict_output_models_draw(qtbot):
             sb = b[layer].calls[0].tensor(kind)[0]
             expected = heatmap_triple(sa, sb, view.display_combo.currentData(), k=view.k_spin.value(),
                                       channel=view.channel_spin.value())
-            np.testing.assert_array_equal(view.images[2].image, expected.diff.array * view.difference_gain())
+            np.testing.assert_array_equal(view.images[2].image, expected.diff.array)
 
 
 def test_window_graph_tab_colours_nodes_by_divergence_and_follows_the_table(qtbot, pair):
@@ -298,3 +337,16 @@ def test_the_first_view_frames_a_b_and_a_minus_b_and_marks_rows_legibly(qtbot, p
         assert _contrast(fg, item.background().color()) >= 4.5
     selected = table.palette().highlight().color(), table.palette().highlightedText().color()
     assert _contrast(selected[1], selected[0]) >= 4.5
+
+
+def test_the_comparison_opens_on_the_first_place_they_differ(qtbot, pair):
+    """The rows in model order begin with identical layers (conv1, act): the view opens on the
+    first divergent call, its A − B drawn on its own scale (not a flat first row)."""
+    a, b, result = pair
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.show()
+    view.set_comparison(a, b, result)
+    first = result.first_divergent_activation
+    assert view.row_calls()[0].layer == "conv1" and view.current() is first
+    assert view.diff_bar.tick_labels() != ["constant 0"]

@@ -478,3 +478,49 @@ def test_the_command_line_refuses_by_name_or_skips_with_a_warning(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 0, err
     assert "warning: broken.png cannot be read: left out of the batch." in err
+
+
+def test_checkpoint_checks_the_file_before_asking_for_the_architecture(qtbot, window, shown_errors, monkeypatch,
+                                                                       tmp_path):
+    """Checkpoint…: a text file is refused at once, nothing asked; a whole pickled model
+    asks no architecture; only a file of weights alone (a state dict) asks which one."""
+    asked = []
+    monkeypatch.setattr(dialogs, "ask_item", lambda parent, title, label, items, editable=True:
+                        asked.append(label) or "resnet18")
+    notes = tmp_path / "notes.pt"
+    notes.write_text("hello world\n")
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: str(notes))
+    window.model_panel.checkpoint_button.click()
+    assert asked == [] and "is a text file that begins 'hello world'" in shown_errors[-1][1].problem
+    torch.save(torch.nn.Sequential(torch.nn.Linear(4, 2)), tmp_path / "whole.pt")
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: str(tmp_path / "whole.pt"))
+    monkeypatch.setattr(dialogs, "confirm_trust", lambda *a: False)
+    with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT):
+        window.model_panel.checkpoint_button.click()
+    assert asked == []  # a whole model: its architecture is in it
+    import torchvision
+
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "weights.pth")
+    monkeypatch.setattr(dialogs, "ask_open_file", lambda *a: str(tmp_path / "weights.pth"))
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.model_panel.checkpoint_button.click()
+    assert len(asked) == 1 and "weights.pth holds weights only" in asked[0]
+    assert window.session.model.module.__class__.__name__ == "ResNet"
+
+
+def test_the_model_lists_counts_follow_the_search(qtbot, window):
+    """"Classification (80)" reads "Classification (1 of 80)" while "resnet18" is searched:
+    the count says what the list shows."""
+    from gradexplorer.models.weights import model_catalog
+
+    panel = window.model_panel
+    catalog = model_catalog()
+    panel.set_catalog(catalog)
+    n = sum(1 for info in catalog if info.task == "classification")
+    group = next(g for g in panel._groups() if g.text(0).startswith("Classification"))
+    assert group.text(0) == f"Classification  ({n})"
+    panel.search.setText("resnet18")
+    shown = sum(1 for i in range(group.childCount()) if not group.child(i).isHidden())
+    assert shown == 1 and group.text(0) == f"Classification  (1 of {n})"
+    panel.search.setText("")
+    assert group.text(0) == f"Classification  ({n})"

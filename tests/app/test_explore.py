@@ -22,6 +22,7 @@ from torch import nn
 import gradexplorer as gx
 from gradexplorer.app import explore as explore_module
 from tests.ground_truth import compare, reference
+from tests.memory_watch import LargestResult, RowReader, peak_rss_rise
 
 TIMEOUT = 60_000
 
@@ -302,37 +303,36 @@ KERNEL_CELLS = [
      "x = torch.randn(4, 8)"),
     "w = gx.explore(m, x)",  # no %gui qt first: explore turns it on, as napari does
 ]
+#: The longest wait for the window's run, polled from the notebook (a bound, not a check).
+KERNEL_RUN_LIMIT_S = 600
 
 
-def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(tmp_path):
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """One Jupyter kernel for this module, driven as a notebook drives it
+    (``tests/notebook_kernel.py`` says why not ``execute_interactive``)."""
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("jupyter_client")
+    from tests.notebook_kernel import NotebookKernel, kernel_env
+
+    folder = tmp_path_factory.mktemp("kernel")
+    k = NotebookKernel(kernel_env(folder / "s.ini"), folder)
+    yield k
+    k.close()
+
+
+def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(kernel):
     """A real ipykernel: the cell with ``gx.explore`` returns, the next cells run while
     the window is open, and the kernel's Qt loop drives the window's run to its end."""
-    pytest.importorskip("ipykernel")
-    manager = pytest.importorskip("jupyter_client.manager")
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini")}
-    km, kc = manager.start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
-    out: list[str] = []
-
-    def run(code: str) -> str:
-        out.clear()
-        reply = kc.execute_interactive(code, timeout=300, output_hook=lambda m: out.append(
-            m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(out)
-
-    try:
-        for cell in KERNEL_CELLS:
-            run(cell)
-        assert run("print(1 + 1)").strip() == "2"  # the notebook is usable with the window open
-        for _ in range(240):
-            if run("print(w.session.capture is not None)").strip() == "True":
-                break
-            time.sleep(0.25)
-        assert run("print(len(w.session.capture), w.isVisible())").split() == ["3", "True"]
-        assert run("w.close(); import gradexplorer.app.explore as e; print(len(e._open_windows))").strip() == "0"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    for cell in KERNEL_CELLS:
+        kernel.run(cell)
+    assert kernel.run("print(1 + 1)").strip() == "2"  # the notebook is usable with the window open
+    # Between cells the kernel runs the Qt loop, which carries the run through its workers.
+    end = time.monotonic() + KERNEL_RUN_LIMIT_S
+    while kernel.run("print(w.session.capture is not None)").strip() != "True" and time.monotonic() < end:
+        time.sleep(0.25)
+    assert kernel.run("print(len(w.session.capture), w.isVisible())").split() == ["3", "True"]
+    assert kernel.run("w.close(); import gradexplorer.app.explore as e; print(len(e._open_windows))").strip() == "0"
 
 
 def test_screenshot_never_replaces_the_capture_it_shows(live, tmp_path):
@@ -369,3 +369,110 @@ def test_explore_a_hugging_face_model_on_text_names_the_saliency_bars_by_their_t
     bars = views.saliency_view.current_map()[0]
     np.testing.assert_allclose(bars, want[0].double().norm(dim=-1).numpy(), rtol=1e-5, atol=1e-9)
     assert_same_state(before, model_state(model))
+
+
+EXPANDED_SHAPE = (64, 16384, 16384)  # 64 GiB declared, 4 bytes stored; one sample declares 1 GiB
+MiB = 2**20
+
+
+def _graph_settled(panel) -> bool:
+    return not panel.extractions.is_busy() and not panel.layouts.is_busy() and (
+        bool(panel.items) or panel.status.text().startswith("Graph:"))
+
+
+def test_explore_on_an_expanded_batch_copies_none_of_it_on_the_ui_thread_nor_for_the_graph(qtbot, shown_errors):
+    """The graph view had made a random sample of the input's shape on the UI thread (1 GiB)
+    when the model was announced before its batch; the graph now runs in a worker on a view
+    of the batch's first sample."""
+    x = torch.zeros(1).expand(*EXPANDED_SHAPE)
+    model = RowReader()
+    with LargestResult() as seen, peak_rss_rise() as rise:
+        window = gx.explore(model, x, run=False, block=False)
+        qtbot.addWidget(window)
+        qtbot.waitUntil(lambda: window.session.batch is not None and window.session.tree is not None, timeout=TIMEOUT)
+        panel = window.graph_panel
+        window.module_tabs.setCurrentWidget(panel)
+        qtbot.waitUntil(lambda: _graph_settled(panel), timeout=TIMEOUT)
+    assert panel.graph is not None, panel.status.text()
+    assert any(n.kind == "module" and n.name == "fc" for n in panel.graph)
+    assert seen.largest <= 64 * MiB, seen.largest  # the UI thread: thumbnails at most
+    assert rise.bytes < 512 * MiB, rise.bytes  # every thread: nothing of a sample's 1 GiB
+    assert window.session.batch.tensor.untyped_storage().nbytes() == 4  # the caller's batch, not a copy
+    assert not shown_errors
+
+
+def test_the_graph_over_the_memory_budget_is_refused_in_words(qtbot, shown_errors):
+    """A model that copies its sample (1 GiB) under a 256 MiB budget: the graph panel says
+    what it would need and what to do; nothing of that size is made."""
+    x = torch.zeros(1).expand(*EXPANDED_SHAPE)
+    with peak_rss_rise() as rise:
+        window = gx.explore(RowReader(dense=True), x, run=False, block=False, memory_budget=256 * MiB)
+        qtbot.addWidget(window)
+        qtbot.waitUntil(lambda: window.session.batch is not None, timeout=TIMEOUT)
+        panel = window.graph_panel
+        window.module_tabs.setCurrentWidget(panel)
+        qtbot.waitUntil(lambda: _graph_settled(panel), timeout=TIMEOUT)
+    text = panel.status.text()
+    assert panel.graph is None and "needs about 1.0 GiB" in text and "memory budget is 256 MiB" in text, text
+    assert "smaller samples" in text
+    assert rise.bytes < 512 * MiB, rise.bytes
+
+
+@pytest.mark.qt_no_exception_capture  # the listener's traceback goes to sys.excepthook, on purpose
+def test_a_listener_that_raises_is_a_message_and_the_run_goes_on(qtbot, live, shown_errors, monkeypatch):
+    """A view that fails while the session announces a model (here the graph, out of
+    memory) had stopped the controller half way: the batch was never set, the run never
+    started, and explore waited for ever. Now the window says so and the rest goes on."""
+    from gradexplorer.app.views.graph_view import GraphPanel
+
+    def out_of_memory(*_a, **_k):
+        raise MemoryError("cannot allocate 1073741824 bytes")
+
+    monkeypatch.setattr(GraphPanel, "request_extract", out_of_memory)
+    model, x = live
+    window = gx.explore(model, x, layers="fc", block=False)
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
+    assert [title for title, _exc in shown_errors] == ["Part of the window was not updated"]
+    assert isinstance(shown_errors[0][1], MemoryError)
+    assert window.session.batch is not None and window.batch_panel.list.count() == 3  # later listeners ran
+    worst = compare(window.session.capture, reference(model, x, ["fc"], target="top1"), ["fc"])
+    assert worst < 1e-6
+
+
+CAPPED_SCRIPT = textwrap.dedent("""
+    import resource
+    import sys
+    import torch
+    import gradexplorer as gx
+    from gradexplorer.app.window.application import setup_application
+    import gradexplorer.app.window.main_window  # everything imported before the cap
+    from tests.memory_watch import RowReader
+
+    setup_application()
+    model = RowReader()
+    size = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize"))
+    cap = size + 768 * 2**20  # far less than one sample's 1 GiB
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    x = torch.zeros(1).expand(64, 16384, 16384)
+    window = gx.explore(model, x, run=False, screenshot=sys.argv[1])
+    print("shown", window.session.model is not None, window.session.batch is not None, flush=True)
+""")
+
+
+def test_explore_of_an_expanded_batch_under_a_memory_cap_returns(tmp_path):
+    """The address space capped at 768 MiB above what the window needs: the window opens
+    on the model and its batch and the screenshot is saved (it had raised inside a psygnal
+    listener and explore waited for the run until its 300 s limit)."""
+    script = tmp_path / "capped.py"
+    script.write_text(CAPPED_SCRIPT)
+    shot = tmp_path / "w.png"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini"),
+           "PYTHONPATH": str(root)}
+    result = subprocess.run([sys.executable, str(script), str(shot)], capture_output=True, text=True,
+                            timeout=200, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "shown True True" in result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -276,3 +276,32 @@ def test_the_status_line_says_what_is_shown_and_the_layout_time_is_in_its_toolti
     assert "layout" not in text.lower() and " ms" not in text and "igraph" not in text
     tip = panel.status.toolTip()
     assert tip.startswith("laid out by ") and tip.endswith(" ms")
+
+
+def test_a_graph_of_one_gradient_norm_says_constant(qtbot, tmp_path):
+    """Every layer's gradient norm one value up to float rounding (identity layers, target
+    sum): one colour for every node, and the bar says "constant 2.0" in the window and in
+    the exported SVG (it had read "1.0000001 … 1.0000001")."""
+    from gradexplorer.capturing.capture import capture
+
+    layers = [torch.nn.Linear(4, 4) for _ in range(3)]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            layer.weight.copy_(torch.eye(4) * (1 + i * 1e-8))  # 1 up to float32 rounding
+            layer.bias.zero_()
+    model = torch.nn.Sequential(*layers)
+    x = torch.randn(1, 4)
+    cap = capture(model, x, target="sum", mode="stats")
+    norms = [cap[n].calls[0].stats["grad_output"]["l2"] for n in cap.layer_order]
+    assert norms == pytest.approx([2.0] * 3, rel=1e-6)
+    cap.graph = extract_graph(model, x).to_dict()
+    p = GraphPanel()
+    qtbot.addWidget(p)
+    with qtbot.waitSignal(p.layout_done, timeout=TIMEOUT):
+        p.set_capture(cap)
+    assert p.color_bar.tick_labels() == ["constant 2.0"]
+    fills = {p.items[n].fill.name() for n in p.items if p.graph.nodes[n].kind == "module"}
+    assert len(fills) == 1
+    path = p.export(str(tmp_path / "g.svg"))
+    assert "constant 2.0" in (tmp_path / "g.svg").read_text() and path
+    p.shutdown()

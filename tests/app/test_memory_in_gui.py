@@ -92,6 +92,7 @@ def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
 
 def test_over_budget_run_can_be_declined_before_anything_runs(qtbot, demo, monkeypatch):
     monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
+    demo.run_panel.update_estimate()  # the panel reads the free memory, and shows the budget
     monkeypatch.setattr(dialogs, "ask_item", lambda *a, **k: None)
     started = []
     demo.run_runner.started.connect(started.append)
@@ -113,3 +114,80 @@ def test_a_stage_of_unknown_length_is_named_on_the_bar(demo):
     assert bar.maximum() == 0 and bar.format() == f"{STAGE_KERNELS}…"
     demo.run_panel.set_progress("forward", 3, 10)
     assert bar.maximum() == 2000 and bar.format() == "forward 3/10"
+
+
+def test_the_budget_question_names_the_budget_the_panel_shows(qtbot, demo, monkeypatch):
+    """The free memory moves between a look at the Run panel and a click on Run: the
+    question names the budget the panel showed (9.8 GiB had faced the panel's 9.2 GiB)."""
+    memory = gradexplorer.capturing.memory_estimate
+    panel = demo.run_panel
+    monkeypatch.setattr(memory, "budget_bytes", lambda device="cpu": 1000)
+    panel.update_estimate()
+    shown = panel.budget_message
+    assert "the budget is 1000 B" in shown and "1000 B" in panel.budget_label.text()
+    monkeypatch.setattr(memory, "budget_bytes", lambda device="cpu": 1500)  # more free memory now
+    asked = []
+    monkeypatch.setattr(dialogs, "ask_item", lambda parent, title, label, items, editable=True:
+                        asked.append(label))
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    assert len(asked) == 1 and shown in asked[0] and "1500 B" not in asked[0]
+    assert panel.budget_message == shown and "1000 B" in panel.budget_label.text()
+
+
+def test_a_long_question_wraps_inside_the_screen(qtbot):
+    """The over-budget question (one long line had made it 1,459 px wide, its OK button off
+    a 1280 px screen) wraps, and the dialog fits the screen it opens on."""
+    from PySide6.QtWidgets import QLabel
+
+    message = ("This capture needs 9.8 GiB of memory (≈ 4.1 MiB kept, plus 9.8 GiB while forward and "
+               "backward run) but the budget is 9.2 GiB (half of the free RAM). Switch to statistics-only "
+               "capture (about 4.1 MiB), or tick fewer layers.\n\nWhat would you like to do? (Cancel: don't run)")
+    dialog = dialogs.wrap_question(dialogs.input_dialog(None, "gradexplorer: over the memory budget", message))
+    dialog.setComboBoxItems([MainWindow.STATS_ONLY, MainWindow.RUN_ANYWAY])
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    room = dialog.screen().availableGeometry()
+    assert dialog.width() <= min(room.width(), 720), dialog.width()
+    assert room.contains(dialog.frameGeometry())
+    label = next(w for w in dialog.findChildren(QLabel) if "budget" in w.text())
+    assert label.wordWrap() and label.height() > 2 * label.fontMetrics().height()  # several lines
+    dialog.close()
+
+
+def test_the_memory_a_run_freed_is_given_back(qtbot, demo, monkeypatch, tmp_path):
+    """After each run (and after a capture file replaces the capture shown), once the capture
+    it replaced is gone, the window gives the freed memory back to the system, off the UI
+    thread."""
+    import gc
+    import threading
+    import weakref
+
+    from gradexplorer.base import devices
+
+    calls = []
+    watched = {"old": lambda: None}
+
+    def release() -> None:
+        gc.collect()
+        calls.append((threading.current_thread() is threading.main_thread(), watched["old"]() is None))
+
+    monkeypatch.setattr(devices, "release_host_memory", release)
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    qtbot.waitUntil(lambda: len(calls) == 1, timeout=5000)
+    first = demo.session.capture
+    watched["old"] = weakref.ref(first)
+    del first
+    with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
+        demo.run()
+    qtbot.waitUntil(lambda: len(calls) == 2, timeout=5000)
+    assert calls[-1] == (False, True)  # in a thread of its own, the first capture gone
+    path = tmp_path / "c.pt"
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.export_capture(str(path))
+    n = len(calls)
+    with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
+        demo.open_capture(str(path))
+    qtbot.waitUntil(lambda: len(calls) > n, timeout=5000)

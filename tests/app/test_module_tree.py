@@ -234,3 +234,39 @@ def test_a_tree_of_thousands_of_modules_appears_fast(qtbot):
     assert panel.view.proxy.rowCount(panel.view.proxy.index(0, 0)) == 1000
     session.select_type("ReLU", False)
     assert session.selection and not any(tree[n].type == "ReLU" for n in session.selection)
+
+
+def test_the_tooltip_gives_the_shape_of_the_batch_that_ran(qtbot, demo):
+    """The demo's 12 pictures: after a run the tooltip gives 12×… (it had given 1×…, the
+    probe's one sample); before a run it says the shape is one sample's."""
+    model = demo.tree_view.tree_model
+    tip = model.data(model.index_of("features.0.conv"), Qt.ItemDataRole.ToolTipRole)
+    assert "output, the batch of the capture: 12×16×64×64" in tip
+    with qtbot.waitSignal(demo.model_loaded, timeout=60_000):
+        demo.load_model("demo:shapes")
+    tip = model.data(model.index_of("features.0.conv"), Qt.ItemDataRole.ToolTipRole)
+    assert "output of one sample (the batch holds 12): 1×16×64×64" in tip
+
+
+def test_a_capture_without_its_model_counts_the_parameters_it_holds(qtbot, demo, tmp_path):
+    path = tmp_path / "c.pt"
+    with qtbot.waitSignal(demo.file_done, timeout=60_000):
+        demo.export_capture(str(path))
+    params = demo.session.model.module
+    total = sum(p.numel() for p in params.parameters())
+    from gradexplorer.app.window.main_window import MainWindow
+    from tests.app.conftest import CPU
+
+    other = MainWindow(devices=CPU, restore_geometry=False)
+    qtbot.addWidget(other)
+    try:
+        with qtbot.waitSignal(other.file_done, timeout=60_000):
+            other.open_capture(str(path))
+        text = other.tree_panel.summary.text()
+        assert "0 parameters" not in text
+        assert f"{total / 1000:.1f}k parameters with a gradient in the capture" in text
+        tree = other.session.tree
+        assert tree["features.0.conv"].own_params == sum(p.numel() for p in params.features[0].conv.parameters())
+        assert tree["features"].total_params == sum(p.numel() for p in params.features.parameters())
+    finally:
+        other.shutdown()

@@ -255,3 +255,142 @@ def test_the_run_panel_follows_a_causal_lm_loaded_after_another_model(qtbot, dem
     assert panel.position_combo.isVisibleTo(panel) and panel.position_combo.currentData() == -1
     assert "next token at the last position" in panel.target_combo.toolTip()
     assert panel.effective_target() == parse_target(s.capture.meta["target"])
+
+
+FACTORY = '''
+from tests import hf_tiny
+
+
+def gpt2():
+    return hf_tiny.gpt2()
+'''
+
+
+@pytest.fixture
+def factory_and_tokenizer(tmp_path, monkeypatch):
+    """A factory that builds a transformers language model (it brings no tokenizer), and a
+    tokenizer saved to a folder of its own, as ``tokenizer.save_pretrained`` writes it."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # the factory imports tests.hf_tiny
+    (tmp_path / "mymodels.py").write_text(FACTORY)
+    tok = tmp_path / "tok"
+    hf_tiny.tokenizer().save_pretrained(tok)
+    return f"{tmp_path / 'mymodels.py'}:gpt2", tok
+
+
+def _same_capture(a, b) -> None:
+    """Two captures of one model and batch: the same layers, calls and tensors, bit for bit."""
+    assert list(a.layers) == list(b.layers)
+    for name, layer in a.layers.items():
+        other = b.layers[name]
+        assert len(layer.calls) == len(other.calls), name
+        for x, y in zip(layer.calls, other.calls):
+            for kind in ("activation", "grad_output"):
+                u, v = getattr(x, kind), getattr(y, kind)
+                assert (u is None) == (v is None) and (u is None or torch.equal(u, v)), (name, kind)
+        assert set(layer.param_grads) == set(other.param_grads), name
+        for p, g in layer.param_grads.items():
+            assert torch.equal(g, other.param_grads[p]), (name, p)
+    assert torch.equal(a.output, b.output) and torch.equal(a.input_grad, b.input_grad)
+    for key in ("tokens", "target", "predicted_tokens", "model"):
+        assert a.meta[key] == b.meta[key], key
+
+
+def test_a_factory_model_with_tokenizer_runs_in_the_window_as_on_the_command_line(
+        qtbot, window, factory_and_tokenizer, tmp_path, monkeypatch):
+    """``gradexplorer --model mymodels.py:gpt2 --trust --tokenizer FOLDER --text ... --run``:
+    the window takes --tokenizer, runs the capture ``gradexplorer capture`` writes from the
+    same words, and its next run would too; the capture equals autograd."""
+    import gradexplorer.app.window.launch
+    from gradexplorer.app.cli import common, main as cli
+    from gradexplorer.app.window.launch import start
+    from gradexplorer.files.capture_file import load_capture
+    from tests.app.conftest import TIMEOUT
+
+    spec, tok = factory_and_tokenizer
+    calls = []
+    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+                        lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
+    words = ["--model", spec, "--trust", "--tokenizer", str(tok), "--text", "the cat sat", "--text", "a dog",
+             "--input-grad"]
+    assert cli.main([*words, "--run"]) == 0
+    ((options, run),) = calls
+    out = tmp_path / "cli.pt"
+    assert options == common.capture_options(cli.build_parser().parse_args(["capture", *words, "--out", str(out)]))
+    assert options.tokenizer == str(tok) and run
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, run)
+    assert done.args == ["ok"]
+    s = window.session
+    assert s.capture_options(force=options.force).tokenizer == str(tok)  # a second run loads it too
+    assert cli.main(["-q", "capture", *words, "--out", str(out)]) == 0
+    _same_capture(s.capture, load_capture(out))
+    assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    # Against autograd: the gradient at the embeddings, on the same model and inputs.
+    model = s.model.module
+    seen = {}
+    handle = model.transformer.wte.register_forward_hook(lambda m, a, o: seen.setdefault("e", o))
+    logits = model(**s.batch.inputs.kwargs).logits
+    handle.remove()
+    want = torch.autograd.grad(logits[:, -1].max(-1).values.sum(), seen["e"])[0]
+    torch.testing.assert_close(s.capture.input_grad, want, rtol=1e-5, atol=1e-6)
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+    panel = window.model_panel
+    assert panel.tokenizer_row.isVisibleTo(panel) and panel.tokenizer_label.text() == "Tokenizer: tok"
+    assert str(tok) in s.files_read()  # no export goes over the tokenizer's files
+
+
+def test_text_for_a_factory_model_without_tokenizer_offers_to_choose_one(
+        qtbot, window, factory_and_tokenizer, shown_errors, monkeypatch):
+    """The window's message says what is missing in its own words, offers the tokenizer's
+    folder, and the run that was asked for goes on with it."""
+    from gradexplorer.app import dialogs
+    from gradexplorer.app.window.launch import start
+    from gradexplorer.pipeline.options import BatchSpec
+    from tests.app.conftest import TIMEOUT
+
+    spec, tok = factory_and_tokenizer
+    options = CaptureOptions(model=spec, trust=True, batch=BatchSpec(texts=("the cat sat", "a dog")))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        start(window, options, True)
+    assert done.args == ["failed"] and window.session.capture is None
+    title, _exc = shown_errors[-1]
+    offered = shown_errors.offered[-1]
+    message, fix = offered["words"]
+    assert title == "The inputs cannot be used"
+    assert "came without a tokenizer" in message and "--tokenizer" not in message + fix
+    asked = []
+    monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: asked.append(caption) or str(tok))
+    with qtbot.waitSignal(window.run_done, timeout=TIMEOUT) as done:
+        dict(offered["actions"])["Choose tokenizer folder…"]()
+    assert done.args == ["ok"] and asked
+    s = window.session
+    assert s.capture.meta["tokens"] == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]
+    assert s.capture_options().tokenizer == str(tok)
+
+
+def test_the_model_panel_gives_a_factory_model_a_tokenizer(qtbot, window, factory_and_tokenizer, monkeypatch):
+    """A factory model loaded without text: the Model panel's tokenizer row offers one; the
+    model is loaded again with it, and the batch panel then takes text."""
+    from gradexplorer.app import dialogs
+    from tests.app.conftest import TIMEOUT
+
+    spec, tok = factory_and_tokenizer
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model(spec, trust=True)
+    panel = window.model_panel
+    assert panel.tokenizer_row.isVisibleTo(panel) and "No tokenizer" in panel.tokenizer_label.text()
+    assert not window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+    monkeypatch.setattr(dialogs, "ask_folder", lambda parent, caption: str(tok))
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        panel.tokenizer_button.click()
+    s = window.session
+    assert s.model.tokenizer is not None and s.model.spec == spec
+    assert s.model_options.tokenizer == str(tok) and s.model_options.trust
+    assert panel.tokenizer_label.text() == "Tokenizer: tok"
+    assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
+    # A torchvision model, a demo, an hf: model never show the row.
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.load_model("demo:shapes")
+    assert not panel.tokenizer_row.isVisibleTo(panel)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, Qt
 
-from gradexplorer.recording.timeline import log_colour, read_timeline
+from gradexplorer.recording.timeline import histogram_rows, log_colour, read_timeline
 from tests.core.test_timeline import grad_of, write_log, write_tensor_parallel_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,11 +66,20 @@ def test_click_a_cell_for_histograms_and_lines(qtbot, view, tmp_path):
     qtbot.waitUntil(lambda: view.hist_image.image is not None, timeout=TIMEOUT)
     from gradexplorer.stats.merge import MergeStats
 
-    img = view.hist_image.image  # bins used x steps
+    img = view.hist_image.image  # bins shown x steps
     assert img.shape[1] == 10
     counts = np.array([MergeStats.of_tensor(grad_of("b", s)).hist for s in range(10)])
     used = np.flatnonzero(counts.sum(axis=0))
-    np.testing.assert_allclose(img, np.log10(1 + counts[:, used[0]:used[-1] + 1].T))
+    # Every used bin, in order of value, long empty runs between them left out.
+    rows = histogram_rows(counts)
+    assert [b for b in rows if b is not None] == [b for b in range(used[0], used[-1] + 1)
+                                                  if b in rows]
+    assert set(used) <= set(rows) and len(rows) < used[-1] - used[0] + 1
+    expected = np.zeros((len(rows), 10))
+    for i, b in enumerate(rows):
+        if b is not None:
+            expected[i] = np.log10(1 + counts[:, b])
+    np.testing.assert_allclose(img, expected)
     # ctrl-click adds a second line
     view.select_layer("d", add=True)
     assert view.selected == ["b", "d"]
@@ -315,3 +324,58 @@ def test_timeline_screenshot_of_an_unreadable_capture_says_why(tmp_path):
     assert done.returncode == 1, done.stderr
     said = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
     assert len(said) == 1 and "data.pt" in said[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def _training_log(path: Path, losses: list[float]) -> None:
+    """A watched training of a small model, the loss of each step given to ``w.step``."""
+    import torch
+    from torch import nn
+
+    import gradexplorer as gx
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    x = torch.randn(4, 3, 8, 8)
+    with gx.watch(model, str(path), every=1) as w:
+        for loss_value in losses:
+            model.zero_grad()
+            model(x).sum().backward()
+            w.step(loss=loss_value)
+
+
+def test_the_loss_given_to_step_is_plotted_over_the_heatmaps_columns(qtbot, view, tmp_path):
+    """A training dashboard: the loss of each step stands over that step's column of the
+    heatmap (same x, same width), a NaN loss is marked, and each row is named with its
+    module's class ("0  Conv2d"; rows had read "0…3")."""
+    losses = [2.0, 1.5, 1.2, float("nan"), 0.9, 0.8]
+    path = tmp_path / "train.gxw"
+    _training_log(path, losses)
+    open_and_wait(qtbot, view, path)
+    t = view.timeline
+    assert list(t.steps) == list(range(6)) and t.rows == ["0", "1", "2", "3"]
+    x, y = view.loss_curve.getData()
+    finite = [i for i, v in enumerate(losses) if v == v]
+    np.testing.assert_allclose(x, [i + 0.5 for i in finite])  # over the columns' centres
+    np.testing.assert_allclose(y, [losses[i] for i in finite])
+    bad_x, _ = view.loss_nonfinite.getData()
+    assert list(bad_x) == [3.5]
+    assert "NaN/Inf at 1 steps from step 3" in view.loss_plot.titleLabel.text
+    # the two plots share their x range and their left edge: a step's loss over its column
+    assert view.loss_plot.vb.viewRange()[0] == pytest.approx(view.heat_plot.vb.viewRange()[0])
+    loss_box, heat_box = view.loss_plot.vb.sceneBoundingRect(), view.heat_plot.vb.sceneBoundingRect()
+    assert loss_box.left() == pytest.approx(heat_box.left(), abs=1) and \
+        loss_box.right() == pytest.approx(heat_box.right(), abs=1)
+    assert loss_box.bottom() <= heat_box.top()  # above the layers
+    names = ["0  Conv2d", "1  ReLU", "2  Flatten", "3  Linear"]
+    assert [view.layer_list.item(i).text() for i in range(view.layer_list.count())] == names
+    assert view.row_axis.names == names
+    view.layer_list.item(3).setSelected(True)
+    assert "3" in view.selected  # the list selects rows by their name, not their words
+
+
+def test_a_log_without_a_loss_says_so(qtbot, view, tmp_path):
+    path = tmp_path / "t.gxw"
+    _training_log(path, [None, None, None])
+    open_and_wait(qtbot, view, path)
+    assert "no loss was given to w.step(loss=...)" in view.loss_plot.titleLabel.text
+    assert view.loss_curve.getData()[0] is None or len(view.loss_curve.getData()[0]) == 0

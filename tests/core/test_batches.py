@@ -558,3 +558,17 @@ def test_describe(tmp_path):
     assert describe(random_batch("2x3x8x8")) == "2 random samples (3×8×8) from N(0, 1), seed 0, preprocessing: none"
     odd = Batch(tensor=torch.zeros(5, 10), labels=torch.zeros(5, dtype=torch.long), names=[], source="somewhere")
     assert describe(odd) == "5 samples (10) from somewhere, with labels, preprocessing: none"
+
+
+def test_text_for_a_picture_model_says_it_takes_pictures():
+    """resnet18 given text: it takes pictures, said so with what to give instead; not the
+    advice for a model without a tokenizer, a .pt file of token ids, which it cannot take."""
+    from gradexplorer.base.errors import BatchError
+    from gradexplorer.batches import load_batch
+    from gradexplorer.models import load_model
+
+    model = load_model("resnet18")
+    with pytest.raises(BatchError) as info:
+        load_batch(["text:the cat sat"], model)
+    assert info.value.problem == "'resnet18' takes pictures (3×224×224), not text;"
+    assert "token ids" not in str(info.value) and "pictures" in info.value.fix

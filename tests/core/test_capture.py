@@ -512,6 +512,15 @@ def test_a_gradient_handed_to_two_hooks_is_summarised_once(mode, monkeypatch):
         return real(t, *args, **kwargs)
 
     monkeypatch.setattr(device_stats, "tensor_stats", counting)
+    import gradexplorer.stats.batched as batched_module
+
+    real_batch = batched_module.batched_stats
+
+    def counting_batch(tensors, *args, **kwargs):  # small tensors: summarised together
+        summarised.extend(tensors)
+        return real_batch(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(batched_module, "batched_stats", counting_batch)
     before = snapshot(model)
     cap = capture(model, x, mode=mode)
     assert_unchanged(model, before)

@@ -137,3 +137,45 @@ def test_a_capture_larger_than_the_free_space_is_refused_before_writing(tmp_path
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(gradexplorer.base.file_write, "_free_bytes", lambda folder: 10 << 30)
     assert save_capture(cap, tmp_path / "c.pt").is_file()
+
+
+def test_the_root_module_and_the_reasons_for_absent_gradients_round_trip(tmp_path):
+    """A default capture of a ViT holds the root module (layer ""), the containers that own
+    parameters and a never-called out_proj; the file keeps them, every parameter gradient by
+    its full name, and why a gradient is absent. A file written before those fields existed
+    still opens, without reasons."""
+    from gradexplorer.files.schema import check_capture_data
+    from tests.core.test_capture_exactness import LastState, tiny_vit
+
+    torch.manual_seed(0)
+    vit = tiny_vit()
+    cap = capture(vit, torch.randn(2, 3, 32, 32))
+    path = save_capture(cap, tmp_path / "vit.pt")
+    back = load_capture(path)
+    assert back.layer_order == cap.layer_order and back.layer_order[0] == ""
+    assert set(back.param_grads) == {n for n, _ in vit.named_parameters()}
+    for name, g in cap.param_grads.items():
+        assert torch.equal(back.param_grads[name], g), name
+    out_proj = "encoder.layers.encoder_layer_0.self_attention.out_proj"
+    assert not back[out_proj].called and back.meta["not_called"] == cap.meta["not_called"]
+    assert back[""].calls[0].absent == cap[""].calls[0].absent == {"grad_input": "it does not require a gradient"}
+
+    lstm = capture(LastState(batch_first=True).eval(), torch.randint(0, 10, (2, 4)), mode="stats")
+    path = save_capture(lstm, tmp_path / "lstm.pt")
+    assert load_capture(path)["rnn"].calls[0].absent == lstm["rnn"].calls[0].absent
+    assert "grad_output" in lstm["rnn"].calls[0].absent
+
+    data = torch.load(path, weights_only=True)
+    for layer in data["layers"].values():
+        layer.pop("param_absent")
+        for call in layer["calls"]:
+            call.pop("absent")
+    check_capture_data(data)
+    torch.save(data, tmp_path / "older.pt")
+    older = load_capture(tmp_path / "older.pt")
+    assert older["rnn"].calls[0].absent == {} and older["rnn"].calls[0].stats["grad_output"] is None
+
+    data["layers"]["rnn"]["calls"][0]["absent"] = {"grad_output": 3}
+    torch.save(data, tmp_path / "bad.pt")
+    with pytest.raises(CaptureFileError, match=r"absent\['grad_output'\] is an int, expected a string"):
+        load_capture(tmp_path / "bad.pt")

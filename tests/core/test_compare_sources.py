@@ -25,7 +25,8 @@ def test_autocast_variant_runs_the_same_batch_under_bf16(base):
     assert runs.b.meta["autocast"] == "bf16"
     assert runs.result.input.max_abs == 0.0  # the very same batch
     assert not runs.result.within and runs.result.first_divergent_activation is not None
-    assert runs.result.label_b == "autocast bf16"
+    # A and B named by what tells them apart
+    assert (runs.result.label_a, runs.result.label_b) == ("demo:seed-mlp, no autocast", "demo:seed-mlp, autocast bf16")
     # the same figures as comparing the two captures directly
     direct = compare(runs.a, runs.b)
     assert [c.divergence for c in direct.calls] == [c.divergence for c in runs.result.calls]
@@ -101,3 +102,11 @@ def test_capture_autocast_matches_a_manual_autocast_context():
     option = capture(model, x, target="sum", autocast="bf16")
     r = compare(manual, option)
     assert r.within and all(c.kinds["activation"].tensor.max_abs == 0.0 for c in r.calls)
+
+
+def test_a_and_b_are_named_by_what_tells_them_apart(base):
+    assert Variant(train=True).report_names(base) == ("demo:seed-mlp, eval mode", "demo:seed-mlp, train mode")
+    assert Variant(weights="w.pth").report_names(base) == ("demo:seed-mlp, its own weights",
+                                                           "demo:seed-mlp, weights w.pth")
+    assert Variant(model="other.pt").report_names(base) == ("demo:seed-mlp", "other.pt")
+    assert Variant(device="cuda:0").report_names(base) == ("demo:seed-mlp, device cpu", "demo:seed-mlp, device cuda:0")

@@ -187,3 +187,26 @@ def test_eta_text():
     assert eta_text(0, 10, 0.0, 5.0) == "0/10 batches"
     assert eta_text(2, 10, 0.0, 30.0) == "2/10 batches, ETA 2m00s"
     assert eta_text(5, 10, 0.0, 5.0) == "5/10 batches, ETA 5s"
+
+
+def test_a_force_field_and_an_lstm_on_h_n_over_a_dataset():
+    """A model that takes forces = -dE/dpos in its forward: each batch's output gradients are
+    those of the target's own backward (autograd through gradient edges), not the model's
+    inner one's; an LSTM whose sequence output is unused gets no output gradient, and the
+    capture runs."""
+    from tests.core.test_capture_exactness import ForceField, LastState
+    from tests.ground_truth import reference_by_edges
+
+    torch.manual_seed(0)
+    model, pos = ForceField().eval(), torch.randn(6, 3)
+    stats = capture_dataset(model, iter_tensor_batches(pos, None, 6, range(1)), layers=["embed", "energy"])
+    ref = reference_by_edges(model, (pos,), ["embed", "energy"], target="top1")
+    want = ref["calls"]["embed"][0]["grad_output"]
+    assert stats.rows[("embed", 0, "grad_output")].summary()["l2"] == pytest.approx(float(want.double().norm()),
+                                                                                    rel=1e-5)
+    assert ref["calls"]["energy"][0]["grad_output"] is None and ("energy", 0, "grad_output") not in stats.rows
+
+    ids = torch.randint(0, 10, (8, 5))
+    stats = capture_dataset(LastState(batch_first=False).eval(), iter_tensor_batches(ids, None, 4, range(2)))
+    assert ("rnn", 0, "activation") in stats.rows and ("rnn", 0, "grad_output") not in stats.rows
+    assert ("head", 0, "grad_output") in stats.rows

@@ -79,14 +79,24 @@ def test_the_sample_count_is_what_slicing_takes():
         assert count <= 1 << 14 or step == 1
 
 
-def test_cpu_tensors_are_summarised_at_once_and_resolve_is_a_no_op():
+def test_large_cpu_tensors_are_summarised_at_once_and_small_ones_together_at_resolve():
+    """A CPU tensor over ``SMALL_VALUES`` is summarised at once; a small one is copied and
+    summarised with the others at ``resolve`` (or ``flush``), as it was when handed over,
+    whatever is done to it afterwards."""
     summaries = DeferredStats(1 << 14)
-    t = torch.randn(4, 500)
-    stats = summaries.summarize(t)
+    big = torch.randn(4, device_stats.SMALL_VALUES)
+    stats = summaries.summarize(big)
     assert len(summaries) == 0
-    assert_stats_close(stats, tensor_stats(t), t.numel())
+    assert_stats_close(stats, tensor_stats(big), big.numel())
+    small = torch.randn(4, 500)
+    before = small.clone()
+    held = summaries.summarize(small)
+    assert len(summaries) == 1 and held == {}
+    small.mul_(-3)  # an in-place op after the module returned it
     summaries.resolve()
-    assert_stats_close(stats, tensor_stats(t), t.numel())
+    assert len(summaries) == 0
+    assert_stats_close(held, tensor_stats(before), before.numel())
+    assert_stats_close(stats, tensor_stats(big), big.numel())
 
 
 def test_a_kernel_failure_falls_back_to_torch_operations_for_good(monkeypatch, caplog):

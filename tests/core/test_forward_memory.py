@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from gradexplorer.app.cli.main import main
+from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.forward_memory import forward_peak
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree
-from gradexplorer.pipeline.job import SAMPLE_WORK_FACTOR, ProbeOverBudget, probe_fits
+from gradexplorer.pipeline.job import SAMPLE_WORK_FACTOR, ProbeOverBudget, probe_fits, probe_graph, probe_sample
+from tests.memory_watch import LargestResult, RowReader
 
 F32 = 4
 
@@ -108,3 +110,37 @@ def test_force_runs_the_probe_anyway(tmp_path, capsys, no_real_probe):
                  "--stats-only", "--out", str(out), "-q"])
     assert code == 0, capsys.readouterr().err
     assert no_real_probe and out.exists()
+
+
+GiB = 2**30
+EXPANDED = torch.zeros(1).expand(64, 16384, 16384)  # 64 GiB declared, 4 bytes stored
+
+
+def test_the_graph_runs_on_a_view_of_the_first_sample_never_a_copy():
+    with LargestResult() as seen:
+        graph = probe_graph(RowReader(), EXPANDED)
+    assert seen.largest < 4 * 2**20, seen.largest
+    assert any(n.kind == "module" and n.name == "fc" for n in graph)
+
+
+def test_the_graph_is_refused_over_the_budget_before_anything_of_its_size_is_made():
+    model = RowReader(dense=True)
+    with LargestResult() as seen, pytest.raises(ProbeOverBudget, match=r"needs about 1\.0 GiB at its peak") as info:
+        probe_graph(model, EXPANDED, memory_budget=GiB // 4)
+    assert "budget is 256 MiB" in info.value.problem and "smaller samples" in info.value.fix
+    assert seen.largest < 4 * 2**20, seen.largest
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_random_sample_over_the_budget_is_refused_before_it_is_made():
+    """No batch: the sample would be made from the model's input shape (1 GiB here)."""
+    model = RowReader()
+    with LargestResult() as seen, pytest.raises(ProbeOverBudget, match=r"16384x16384\) takes 1\.0 GiB"):
+        probe_sample(model, (16384, 16384), None, memory_budget=GiB // 4)
+    assert seen.largest == 0
+    with pytest.raises(ProbeOverBudget, match=r"takes 1\.0 GiB"):
+        probe_graph(RowReader(), None, (16384, 16384), memory_budget=GiB // 4)
+    small = probe_sample(RowReader(), (4, 8), None)
+    assert small is not None and tuple(small.shape) == (1, 4, 8)
+    with pytest.raises(GradExplorerError, match="input shape is not known"):
+        probe_graph(nn.Sequential(nn.ReLU()), None, None)

@@ -230,3 +230,39 @@ def test_a_capture_puts_gradients_and_flags_on_ops_that_feed_a_module():
     assert op.stats["flags"] == ["exploding"]
     assert not any(f in ("vanishing", "exploding") for n in g if n.kind == "module"
                    for f in (n.stats or {}).get("flags", []))
+
+
+def test_a_force_field_gets_the_gradients_of_the_target_only_and_an_lstm_on_h_n_runs():
+    """The forward takes forces = -dE/dpos itself: the edges carry the gradients of the
+    target's own backward (autograd through gradient edges taken at call time), not those
+    of the model's inner one; an LSTM whose sequence output is unused (autograd gives None
+    for it) does not stop the graph."""
+    from torch.autograd.graph import get_gradient_edge
+
+    from tests.core.test_capture_exactness import ForceField, LastState
+
+    torch.manual_seed(0)
+    m, pos = ForceField().eval(), torch.randn(5, 3)
+    g = graph_gradients(m, pos, target="sum")
+    edges = {}
+
+    def keep_edge(name):
+        def hook(module, args, output):
+            edges[name] = get_gradient_edge(output)
+        return hook
+
+    handles = [getattr(m, n).register_forward_hook(keep_edge(n)) for n in ("embed", "act", "energy")]
+    try:
+        out = m(pos)
+    finally:
+        for h in handles:
+            h.remove()
+    g_embed, g_act, g_energy = torch.autograd.grad(out.sum(), [edges[n] for n in ("embed", "act", "energy")],
+                                                   allow_unused=True)
+    assert _close(_edge(g, "m:embed:0", "m:act:0").grad_l2, g_embed)
+    assert _close(_edge(g, "m:act:0", "m:energy:0").grad_l2, g_act)
+    assert g_energy is None and g.nodes["m:energy:0"].stats["grad_l2"] is None
+
+    ids = torch.randint(0, 10, (4, 5))
+    g = graph_gradients(LastState(batch_first=True).eval(), ids, target="top1")
+    assert _edge(g, "m:head:0", "out:output").grad_l2 == pytest.approx(2.0)

@@ -248,3 +248,17 @@ def test_saliency_map(cnn_capture):
     np.testing.assert_array_equal(sal, g[1].abs().amax(0).numpy())
     assert saliency_map(torch.tensor([-1.0, 2.0, -3.0])).reshape(-1)[:3].tolist() == [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(saliency_map(-torch.ones(4, 6)), np.ones((4, 6), np.float32))
+
+
+def test_the_top_k_grid_fits_the_plots_shape():
+    """16 tiles of 32×32 cells: a square grid (4 × 4) in a square plot, 8 × 2 in a plot four
+    times as wide as tall (the square grid would cover a quarter of it), one column in a
+    tall one; and the grid ``heatmap`` draws has that many columns."""
+    from gradexplorer.analysis.heatmaps import grid_columns, heatmap
+
+    assert grid_columns(16, (32, 32), 1.0) == 4
+    assert grid_columns(16, (32, 32), 4.0) == 8
+    assert grid_columns(16, (32, 32), 0.05) == 1
+    assert grid_columns(16, (32, 32), float("nan")) == 4
+    hm = heatmap(torch.randn(20, 32, 32), "topk", k=16, columns=8)
+    assert (hm.tile_rows, hm.tile_cols) == (2, 8) and hm.array.shape == (2 * 33 - 1, 8 * 33 - 1)

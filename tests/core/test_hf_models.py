@@ -32,16 +32,7 @@ def saved(tmp_path_factory):
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
-    home = tmp_path / "hf_home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import huggingface_hub.constants as constants
-
-    # huggingface_hub reads these once at import: point them at the temporary home.
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return home
+    return hf_tiny.offline_home(monkeypatch, tmp_path / "hf_home")
 
 
 def _truth(model, kwargs, target, embedding):
@@ -321,10 +312,12 @@ def test_the_files_asked_for_follow_trust(tmp_path, monkeypatch, trust):
     from gradexplorer.models.hf_models import resolve_folder
 
     asked: list[list[str]] = []
+    snapshot = tmp_path / "hf_home" / "hub" / "models--tiny-org--tiny-gpt2" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
 
     def snapshot_download(name, *, allow_patterns, **kwargs):
         asked.append(list(allow_patterns))
-        return str(tmp_path)
+        return str(snapshot)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
@@ -363,9 +356,8 @@ def test_a_causal_lms_text_is_its_own_per_token_labels(saved, offline, tmp_path,
     assert_param_grads_equal(cap, param_grads_by_autograd(model, loss), rtol=1e-4, atol=1e-6)
 
 
-def _param_grads_equal(cap, model, scalar, outside: tuple[str, ...] = ()) -> int:
-    return assert_param_grads_equal(cap, param_grads_by_autograd(model, scalar), rtol=1e-5, atol=1e-7,
-                                    outside=outside)
+def _param_grads_equal(cap, model, scalar) -> int:
+    return assert_param_grads_equal(cap, param_grads_by_autograd(model, scalar), rtol=1e-5, atol=1e-7)
 
 
 def test_an_encoder_decoder_reads_the_text_and_predicts_its_first_output_token(tmp_path):
@@ -405,6 +397,81 @@ def test_a_vision_models_pictures_go_through_its_own_image_processor(tmp_path):
     model = loaded.module
     cap = capture(model, batch.model_input, target="top1")
     # The class token and position embeddings belong to ViTEmbeddings itself, not to a leaf
-    # layer, so a default capture (every leaf) holds no gradient of theirs.
-    outside = ("vit.embeddings.cls_token", "vit.embeddings.position_embeddings")
-    assert _param_grads_equal(cap, model, model(pixel_values=want).logits.max(-1).values.sum(), outside) >= 10
+    # layer: a default capture holds them under it, as it holds every trainable parameter.
+    scalar = model(pixel_values=want).logits.max(-1).values.sum()
+    assert _param_grads_equal(cap, model, scalar) == sum(1 for p in model.parameters() if p.requires_grad)
+    assert set(cap["vit.embeddings"].param_grads) == {"cls_token", "position_embeddings"}
+
+
+FACTORY = '''
+from tests import hf_tiny
+
+
+def gpt2():
+    return hf_tiny.gpt2()
+'''
+
+
+def test_a_factory_built_language_model_takes_text_with_tokenizer(saved, offline, tmp_path, capsys, monkeypatch):
+    """A factory that builds a transformers model brings no tokenizer: --text is refused in
+    words until --tokenizer names one (a saved folder, or hf:FOLDER of a model); the model
+    is then read as an hf: one (padded on the left, its top1 the next token) and the capture
+    equals autograd."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    (tmp_path / "lm.py").write_text(FACTORY)
+    spec = f"{tmp_path / 'lm.py'}:gpt2"
+    out = tmp_path / "lm.pt"
+    code = main(["-q", "capture", "--model", spec, "--trust", "--text", "the cat sat", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and "came without a tokenizer" in err and "--tokenizer FOLDER" in err and "Traceback" not in err
+    tok_folder = tmp_path / "tok"
+    hf_tiny.tokenizer().save_pretrained(tok_folder)
+    for tokenizer in (str(tok_folder), f"hf:{saved['gpt2']}"):
+        code = main(["-q", "capture", "--model", spec, "--trust", "--text", "the cat sat", "--text", "a dog",
+                     "--tokenizer", tokenizer, "--input-grad", "--out", str(out)])
+        printed = capsys.readouterr().out
+        assert code == 0, printed
+        assert "padded on the left" in printed and "predicted next token" in printed
+        cap = load_capture(out)
+        meta = capture_meta(cap)
+        assert meta.target == "top1,dim=-1,pos=-1" and meta.tokens[1] == ("[pad]", "a", "dog")
+        model = hf_tiny.gpt2()
+        _check_against_autograd(cap, model, dict(cap.model_inputs["kwargs"]), meta.target, model.transformer.wte)
+    # A folder without a tokenizer (the out written above is in it: an input's folder, so a new name).
+    code = main(["-q", "capture", "--model", spec, "--trust", "--text", "the cat", "--tokenizer",
+                 str(tmp_path), "--out", str(tmp_path / "other.pt")])
+    err = capsys.readouterr().err
+    assert code != 0 and "holds no tokenizer" in err and "Traceback" not in err
+    # The tokenizer is an input: an --out over one of its files is refused before anything runs.
+    before = (tok_folder / "tokenizer.json").read_bytes()
+    code = main(["-q", "capture", "--model", spec, "--trust", "--text", "the cat", "--tokenizer",
+                 str(tok_folder), "--out", str(tok_folder / "tokenizer.json")])
+    err = capsys.readouterr().err
+    assert code != 0 and "is the same file as the input" in err
+    assert (tok_folder / "tokenizer.json").read_bytes() == before
+
+
+def test_a_one_token_text_gets_no_labels_and_targets_the_logits(saved, offline, tmp_path, capsys):
+    """One token has no next token to score: its loss would be NaN. The model gets no labels
+    (the preprocessing says why), the target reads the logits, and every value is finite."""
+    out = tmp_path / "one.pt"
+    code = main(["-q", "capture", "--model", f"hf:{saved['gpt2']}", "--text", "cat", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "1 token, no padding; no labels: one token has no next token to score" in printed
+    assert "NaN" not in printed
+    cap = load_capture(out)
+    kwargs = dict(cap.model_inputs["kwargs"])
+    assert "labels" not in kwargs and cap.nonfinite_onset is None
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"]).eval()
+    scalar = model(**kwargs).logits[:, -1].max(-1).values.sum()
+    # Every parameter, by each of its names (lm_head.weight is tied to transformer.wte.weight).
+    assert _param_grads_equal(cap, model, scalar) == len(dict(model.named_parameters(remove_duplicate=False)))
+    # Two tokens or more: labels, and the model's own loss.
+    code = main(["-q", "capture", "--model", f"hf:{saved['gpt2']}", "--text", "cat", "--text", "a dog",
+                 "--target", "sum@loss", "--out", str(out)])
+    assert code == 0 and "labels" in load_capture(out).model_inputs["kwargs"]

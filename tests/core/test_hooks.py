@@ -217,7 +217,7 @@ def test_gradient_of_a_view_rebased_by_an_in_place_op_comes_from_its_base():
 
 INSTALLERS = ("capturing/capture.py", "capturing/module_tree.py", "recording/layer_recorder.py",
               "model_graph/graph.py", "model_graph/grads.py", "pipeline/job.py", "recording/dataset.py",
-              "recording/sharded_dataset.py")
+              "recording/sharded_dataset.py", "integrations/trainer_watch.py", "integrations/transformers.py")
 #: The ``.remove()`` calls that are LayerRecorder.remove, which closes its hooks_installed
 #: block: (file, receiver).
 RECORDER_REMOVES = {("core/recording/dataset.py", "recorder"), ("core/recording/sharded_dataset.py", "recorder"),

@@ -58,7 +58,10 @@ def test_random_resnet18():
     assert isinstance(loaded.module, torchvision.models.ResNet)
     assert not any(m.training for m in loaded.module.modules())
     assert loaded.spec == loaded.name == "resnet18"
-    assert loaded.weights is None and loaded.categories is None
+    assert loaded.weights is None
+    # Random weights, ImageNet's class names: "Greater Swiss Mountain dog", not "class 238".
+    assert len(loaded.categories) == 1000 and loaded.categories[238] == "Greater Swiss Mountain dog"
+    assert "class names borrowed from ResNet18_Weights.IMAGENET1K_V1" in loaded.notes
     assert loaded.task == "classification"
     assert loaded.input_shape == (3, 224, 224)
     assert "crop_size=[224]" in loaded.preprocess_description

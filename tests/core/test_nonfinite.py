@@ -193,16 +193,20 @@ def test_inputs_no_module_produced_are_checked_when_the_output_broke(make, expec
     assert (f["layer"], f["own_code"]) == (expected, own_code)
 
 
-def test_a_finite_capture_checks_no_input_that_no_module_produced(monkeypatch):
-    """The finiteness checks of the tracker are spent only where an output broke."""
+def test_a_finite_capture_checks_no_large_input_that_no_module_produced(monkeypatch):
+    """The finiteness checks of the tracker are spent only where an output broke, or where
+    the output's statistics are not known yet (a small output, summarised later with the
+    others: then its small input is checked, which costs what its summary costs)."""
     import gradexplorer.capturing.nonfinite as nonfinite
+    from gradexplorer.stats.device import SMALL_VALUES
 
     calls = []
     real = nonfinite.all_finite
     monkeypatch.setattr(nonfinite, "all_finite", lambda t: calls.append(tuple(t.shape)) or real(t))
-    cap = capture(Scaled(2.0, nn.Tanh()).eval(), torch.rand(3, 4) + 0.5, mode="stats", target="sum")
+    rows = SMALL_VALUES // 4 + 1  # every tensor of the model over SMALL_VALUES: summarised at once
+    cap = capture(Scaled(2.0, nn.Tanh()).eval(), torch.rand(rows, 4) + 0.5, mode="stats", target="sum")
     assert cap.nonfinite_onset is None
-    assert calls == [(3, 4)]  # the batch only (the root's input), not fc(x) * 2 entering the child
+    assert calls == [(rows, 4)]  # the batch only (the root's input), not fc(x) * 2 entering the child
 
 
 def test_the_finiteness_check_reads_a_sum_and_confirms_an_overflowed_one():

@@ -78,6 +78,26 @@ def test_default_selection_is_every_leaf_and_signals_fire():
     assert seen[-1] == s.selection
 
 
+def test_a_model_given_with_its_batch_is_never_announced_without_it():
+    """Every listener of every signal set_model emits sees the new model with its own batch
+    (a graph view had probed the new model on no batch, making a sample of its own)."""
+    s = session_with_model()
+    old_batch, new_batch = s.batch, batch(4)
+    seen = []
+    for name in ("model_changed", "tree_changed", "batch_changed", "capture_changed", "selection_changed"):
+        getattr(s, name).connect(lambda *_a, name=name: seen.append((name, s.model.spec, s.batch)))
+    s.set_model(prepare_model(loaded("other")), new_batch, ["random:4x4"])
+    assert [n for n, *_ in seen] == ["model_changed", "tree_changed", "batch_changed", "capture_changed",
+                                     "selection_changed"]
+    assert all(spec == "other" and b is new_batch for _n, spec, b in seen)
+    assert s.batch_sources == ["random:4x4"]
+    seen.clear()
+    s.set_model(prepare_model(loaded("third")))  # no batch given: the batch stays, unannounced
+    assert s.batch is new_batch and "batch_changed" not in [n for n, *_ in seen]
+    s.set_model(prepare_model(loaded("fourth")), None)  # none: no batch
+    assert s.batch is None and s.batch_sources == [] and old_batch is not None
+
+
 def test_set_checked_on_containers_and_leaves():
     s = session_with_model()
     s.select_none()

@@ -165,3 +165,57 @@ def test_the_estimate_counts_every_input_while_forward_runs():
     assert two.transient - one.transient == f2.numel() * f2.element_size()
     cap = capture(model, both)
     assert cap.input.shape == f1.shape
+
+
+class Nested(nn.Module):
+    """One argument holding several tensors: a pair of frames, and a dict of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, pair, extra=None):
+        first, second = pair
+        y = self.a(first) + self.b(second)
+        if extra is not None:
+            y = y * extra["gain"]
+        return self.head(torch.relu(y).mean((2, 3)))
+
+
+@pytest.mark.parametrize("form", ["tuple", "list_and_dict"])
+def test_an_argument_holding_several_tensors(form):
+    from gradexplorer.capturing.inputs import ModelInputs
+    from tests.ground_truth import assert_param_grads_equal, param_grads_by_autograd
+
+    torch.manual_seed(0)
+    model = Nested().eval()
+    f1, f2 = _frames()
+    gain = torch.rand(2, 1, 1, 1)
+    inputs = (ModelInputs(((f1, f2),)) if form == "tuple"
+              else ModelInputs(([f1, f2],), {"extra": {"gain": gain}}))
+    assert inputs.primary is f1 and len(inputs) == 2
+    cap = capture(model, inputs, target="top1", input_grad=True)
+    x = f1.clone().requires_grad_(True)
+    out = model((x, f2), extra={"gain": gain} if form != "tuple" else None)
+    scalar = out.max(1).values.sum()
+    want = param_grads_by_autograd(model, scalar, retain_graph=True)
+    assert_param_grads_equal(cap, want, rtol=1e-6, atol=1e-8)
+    (gx,) = torch.autograd.grad(scalar, x)
+    torch.testing.assert_close(cap.input_grad, gx)
+    torch.testing.assert_close(cap["a"].calls[0].grad_input, gx)
+    # The capture keeps every argument, nested as given: they run the model again.
+    again = cap.model_inputs
+    torch.testing.assert_close(model(*again["args"], **again["kwargs"]), out)
+    # Slicing a batch takes the same samples of every tensor inside the containers.
+    half = inputs[:1]
+    assert torch.equal(half.primary, f1[:1]) and torch.equal(half.args[0][1], f2[:1])
+
+
+def test_inputs_without_any_tensor_are_refused_by_name():
+    from gradexplorer.base.errors import GradExplorerError
+    from gradexplorer.capturing.inputs import ModelInputs
+
+    with pytest.raises(GradExplorerError, match=r"#1 tuple, scale=float"):
+        capture(Nested(), ModelInputs(((1, 2),), {"scale": 2.0}))

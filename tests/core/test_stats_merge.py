@@ -216,3 +216,44 @@ def test_gradient_moments_match_numpy_and_merge():
     one.add(grads[0])
     assert math.isnan(one.summary()["snr"])
     assert GradientMoments.from_dict(merged.to_dict()).summary() == s
+
+
+def test_statistics_of_many_tensors_together_equal_each_tensors_own(monkeypatch):
+    """``MergeStats.of_tensors`` (the watch's small tensors of a step, in one compiled call)
+    gives each tensor exactly what ``of_tensor`` gives it alone, and holds against float64
+    NumPy: the adversarial set side by side, strided and negated views, other dtypes, and
+    empty tensors among them."""
+    from gradexplorer.stats import merge_cpu
+
+    batches = []
+    real = merge_cpu.moments_and_counts_many
+
+    def counted(tensors, *args):
+        got = real(tensors, *args)
+        batches.append((len(tensors), got is not None))
+        return got
+
+    monkeypatch.setattr(merge_cpu, "moments_and_counts_many", counted)
+    cases = dict(adversarial(1))
+    cases["strided"] = torch.randn(64, 30)[:, ::3]
+    cases["negated_view"] = torch.randn(500).neg()._neg_view()
+    cases["float64"] = torch.randn(300, dtype=torch.float64) * 1e200
+    cases["half"] = torch.randn(300).half()
+    cases["empty"] = torch.empty(0, 3)
+    names, tensors = list(cases), list(cases.values())
+    together = MergeStats.of_tensors(tensors)
+    assert len(together) == len(tensors)
+    for name, t, got in zip(names, tensors, together):
+        alone = MergeStats.of_tensor(t)
+        assert got.to_dict().keys() == alone.to_dict().keys()
+        for key, value in alone.to_dict().items():
+            other = got.to_dict()[key]
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(other, value, err_msg=f"{name} {key}")
+            else:
+                assert other == value or (value != value and other != other), (name, key, other, value)
+        if t.numel() and t.dtype != torch.float64:
+            check(got, reference(t.detach().double().numpy()), 1e-5)
+    if merge_cpu._kernels():
+        # every non-empty float32 tensor in one call (all of them small here)
+        assert batches == [(sum(t.dtype == torch.float32 and t.numel() > 0 for t in tensors), True)]

@@ -190,3 +190,28 @@ def test_module_rows_kept_per_rank_are_read_as_rank_0s(tmp_path):
     assert onset is not None and (onset.step, onset.layer, onset.kind) == (2, "b", "activation")
     steps, counts = layer_histograms(path, "a", kind="activation")
     assert list(steps) == [0, 1, 2] and counts.sum() == 18  # rank 0's six values a step
+
+
+def test_a_layers_calls_are_rows_in_their_order(tmp_path):
+    """A module called twice is watched as two rows, its first call first (backward writes
+    the second call's gradient first)."""
+    import torch
+    from torch import nn
+
+    import gradexplorer as gx
+    from gradexplorer.recording.timeline import read_timeline
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.act, self.b = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.b(self.act(self.a(self.act(x))))
+
+    model = Twice()
+    with gx.watch(model, str(tmp_path / "t.gxw"), every=1) as w:
+        model(torch.randn(3, 4, requires_grad=True)).sum().backward()  # the first call has a gradient too
+        w.step()
+    rows = read_timeline(tmp_path / "t.gxw").rows
+    assert rows.index("act#0") < rows.index("act#1")

@@ -333,3 +333,39 @@ def test_merge_stats_from_rows_round_trip(tmp_path):
     r = rows(tmp_path / "run.gxw", kind="activation")
     merged = MergeStats.merge_all(row_stats(x) for x in r)
     assert merged.numel == sum(x["numel"] for x in r)
+
+
+def test_pause_merges_the_micro_batches_of_a_step_and_record_gradients_keeps_what_the_optimizer_used(tmp_path):
+    """Two micro-batches per step with ``w.pause(); w.resume()`` between them: one row per
+    layer and call, the statistics of both micro-batches' tensors together (float64 NumPy);
+    a forward while paused (an evaluation) is not recorded; the gradients read by
+    ``record_gradients()`` are logged, not the ``.grad`` that is cleared before ``step()``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    micro = [(torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(4)]
+    path = tmp_path / "acc.gxw"
+    acts: list[torch.Tensor] = []
+    used: list[torch.Tensor] = []
+    with watch(model, out=str(path), every=1) as w:
+        for i, (x, y) in enumerate(micro):
+            w.resume()
+            h = model[0](x)
+            acts.append(h.detach().clone())
+            F.cross_entropy(model[2](model[1](h)), y).backward()
+            w.pause()
+            model(torch.randn(7, 4))  # an evaluation between batches: not recorded
+            if i % 2 == 1:
+                w.record_gradients()
+                used.append(model[0].weight.grad.detach().clone())
+                opt.step()
+                opt.zero_grad(set_to_none=True)  # .grad is gone when step() comes
+                w.step()
+    for step in (0, 1):
+        (act,) = rows(path, step=step, layer="0", kind="activation")
+        assert act["call"] == 0
+        assert_row_matches(act, torch.cat(acts[2 * step: 2 * step + 2]))
+        (grad,) = rows(path, step=step, layer="0.weight", kind="grad")
+        assert_row_matches(grad, used[step])
+    assert no_hooks(model)

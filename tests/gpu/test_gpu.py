@@ -178,6 +178,7 @@ class _FakeCudaTensor:
     """Stands in for a CUDA tensor where there is none: records how it was copied."""
 
     is_cuda = True
+    is_cpu = False
     device = torch.device("cuda", 0)
 
     def __init__(self, nbytes):
@@ -291,9 +292,9 @@ def test_batched_statistics_on_the_gpu_equal_float64_numpy():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["stats", "full"])
 def test_batched_capture_on_the_gpu_equals_the_cpu_capture(monkeypatch, mode):
-    """GRADEXPLORER_BATCHED_STATS=1 on a GPU: the second capture leaves the outputs the first
-    saw unchanged (the convolutions', not the BatchNorm's that ReLU(inplace) changes) for one
-    batch at the end of forward; every statistic still equals the CPU capture's."""
+    """GRADEXPLORER_BATCHED_STATS=1 on a GPU: a capture summarises the outputs in one batch at
+    the end of forward, from copies taken when each module returned (the BatchNorm outputs
+    that ReLU(inplace) changes later included); every statistic still equals the CPU capture's."""
     import gradexplorer.stats.batched as module
 
     gc = _gpu_check()
@@ -303,8 +304,8 @@ def test_batched_capture_on_the_gpu_equals_the_cpu_capture(monkeypatch, mode):
     x = torch.randn(4, 3, 16, 16)
     ref = capture(cpu_model, x, input_grad=True)
     sizes = []
-    real = module.batched_stats
-    monkeypatch.setattr(module, "batched_stats", lambda ts, limit: sizes.append(len(ts)) or real(ts, limit))
+    real = module.device_batched_stats
+    monkeypatch.setattr(module, "device_batched_stats", lambda ts, limit: sizes.append(len(ts)) or real(ts, limit))
     monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
     capture(gpu_model, x.cuda(), mode=mode, input_grad=True)
     sizes.clear()
