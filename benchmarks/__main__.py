@@ -4,7 +4,9 @@
 
 Rows: capture overhead per mode and model (ratio to a bare forward + backward, median of
 repeats, beside its peers in the same run, with the peak resident memory of each in a fresh
-process, and the statistics kernel's first-use compile time), the UI thread's longest stall during a run (when
+process, and the statistics kernel's first-use compile time), the cost of each hooked module
+call (``benchmarks/call_overhead.py``: microseconds above a bare pass, beside a bare hook
+pair), the UI thread's longest stall during a run (when
 ``benchmarks/ui_stall.py`` exists), module tree build time for the largest torchvision
 net (and its Qt model, offscreen), memory estimate vs actual, cancel latency, the redraw
 time when the user switches layer, channel or sample (``benchmarks/redraw.py``), the soak's
@@ -75,6 +77,25 @@ def overhead(table: Table, quick: bool) -> None:
                       f"<= {TARGETS[k]}x" if k in TARGETS else "peer")
         for k in r["missing"]:
             table.add(f"capture overhead: {k}", case, "not installed (pip install gradexplorer[bench])")
+
+
+def call_overhead(table: Table, quick: bool) -> None:
+    from benchmarks.call_overhead import KINDS, TARGETS, measure
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the figure is one thread's (the statistics' small batches are serial)
+    try:
+        for spec in ("mlp:4", "resnet50:1"):
+            r = measure(spec, 10 if quick else 30, KINDS)
+            floor = r["per_call_us"]["hook_pair"]
+            case = f"{'200-leaf MLP, batch 4' if spec == 'mlp:4' else 'resnet50, batch 1'}, one thread, CPU time"
+            for k in KINDS:
+                us = r["per_call_us"][k]
+                ratio = f" ({us / floor:.1f}x the hook pair)" if floor > 0 and k != "hook_pair" else ""
+                table.add(f"per hooked call: {k}", case, f"{us:.1f} us above the bare pass{ratio}",
+                          f"<= {TARGETS[k]:.0f}x hook pair" if k in TARGETS else "")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def ui_stall(table: Table, quick: bool) -> None:
@@ -179,9 +200,10 @@ def watch_overhead_fsdp(table: Table, quick: bool) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller inputs, shorter soak")
-    ap.add_argument("--only", default="", help="comma-separated: overhead,ui,tree,memory,cancel,redraw,soak,watch")
+    ap.add_argument("--only", default="",
+                    help="comma-separated: overhead,calls,ui,tree,memory,cancel,redraw,soak,watch")
     args = ap.parse_args(argv)
-    parts = {"overhead": overhead, "ui": ui_stall, "tree": tree_build, "memory": memory,
+    parts = {"overhead": overhead, "calls": call_overhead, "ui": ui_stall, "tree": tree_build, "memory": memory,
              "cancel": cancel, "redraw": redraw, "soak": soak, "watch": watch_overhead}
     chosen = [p for p in args.only.split(",") if p] or list(parts)
     t0 = time.perf_counter()

@@ -11,9 +11,6 @@ load hits them alike; then the peak resident memory of each kind, measured in a 
 process (the model, one warm-up and one run). Kinds:
 
 - ``stats``, ``full``: gradexplorer statistics-only and full capture of every leaf layer;
-- ``stats64``: ``stats`` with the CPU pass summing in float64 throughout
-  (``GRADEXPLORER_CPU_FLOAT32=0``; by default float32 and half tensors are summed in float32
-  lanes where that holds the accuracy contract): what the float32 lanes save;
 - ``read``: a forward hook per leaf that only reads the output once, and the gradient
   through a tensor hook (``torch.sum`` in float32, torch's multithreaded reduction): no
   statistic of those tensors can cost less, so this is the floor beneath ``stats``, and
@@ -53,7 +50,7 @@ from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.selection import leaf_names
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("bare", "stats", "full", "read", "clone", "stats64", "naive", "wandb", "torchlens", "captum")
+KINDS = ("bare", "stats", "full", "read", "clone", "naive", "wandb", "torchlens", "captum")
 TARGETS = {"stats": 1.2, "full": 1.4}
 #: Targets beside the floors of the same run: statistics-only at most this much above
 #: ``read``, full capture at most this much above ``clone`` (in units of the bare pass).
@@ -181,17 +178,6 @@ def _captum(model):
     return run
 
 
-def _stats_float64(model, x):
-    from gradexplorer.stats import cpu as cpu_stats
-
-    saved = cpu_stats.float32_lanes
-    cpu_stats.float32_lanes = False
-    try:
-        return capture(model, x, mode="stats")
-    finally:
-        cpu_stats.float32_lanes = saved
-
-
 def markdown_table(rows: list[dict], kinds) -> str:
     """The figures of ``main`` as the Markdown table of docs/benchmarks.md."""
     shown = [k for k in kinds if k != "bare"]
@@ -206,7 +192,7 @@ def make_kind(kind: str, model):
     """The callable ``fn(model, x)`` of a kind, or ``None`` when its package is missing."""
     simple = {"bare": bare, "read": read, "clone": clone, "naive": naive, "wandb": wandb_style,
               "stats": lambda m, x: capture(m, x, mode="stats"),
-              "full": lambda m, x: capture(m, x, mode="full"), "stats64": _stats_float64}
+              "full": lambda m, x: capture(m, x, mode="full")}
     if kind in simple:
         return simple[kind]
     try:

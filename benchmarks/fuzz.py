@@ -1,14 +1,17 @@
-"""Mutated capture files, dataset captures and watch logs through every reader: the counts of
-what went wrong.
+"""Mutated capture files, dataset captures, watch logs and Hugging Face caches through every
+reader: the counts of what went wrong.
 
-    python -m benchmarks.fuzz [--n 2000] [--datasets 500] [--logs 100] [--seed 0] [--workers 2]
-                              [--budget SECONDS] [--in-process] [--readers inspect,diff,...]
+    python -m benchmarks.fuzz [--n 2000] [--datasets 500] [--logs 100] [--hub 0] [--seed 0]
+                              [--workers 2] [--budget SECONDS] [--in-process] [--readers inspect,diff,...]
 
 Capture mutations (dict-level edits, pickle bytes flipped, zip damage, and the hostile files
 that once crashed a reader; the generator is ``tests/capture_mutations.py``'s ``fuzz_cases``),
 the same of a dataset capture (each record's exact merge, the log2 histogram edges, the
 per-batch series), and watch-log mutations (SQL-level and byte-level edits of a valid log:
-``tests/log_mutations.py``).
+``tests/log_mutations.py``), and Hugging Face cache mutations (``--hub N``: ``config.json``,
+``tokenizer.json``, ``tokenizer_config.json``, the safetensors header, ``refs/main`` and what
+a file is, ``tests/hub_mutations.py``), each through the loaders of ``hf:`` models:
+``capture --model hf:... --text`` and ``layers --model hf:... --probe --text``, offline.
 
 By default each run is a fresh process, as a user starts it: each capture mutation goes
 through one reader in turn (``inspect``, ``inspect --layer``, ``graph --capture``, ``diff``
@@ -60,6 +63,7 @@ BLOW_UP = 2 << 30
 GRADEXPLORER = [sys.executable, "-c", "import sys; from gradexplorer.app.cli.main import main; sys.exit(main())"]
 READERS = ("inspect", "inspect --layer", "graph --capture", "diff", "window")
 LOG_READERS = ("inspect", "inspect --csv", "timeline")
+HUB_READERS = ("capture --text", "layers --probe")
 #: Words of an allocation that the address-space limit stopped (a bomb that was not refused).
 ALLOCATION_FAILED = ("can't allocate memory", "cannot allocate memory", "memoryerror", "out of memory",
                      "std::bad_alloc")
@@ -107,6 +111,11 @@ def _command(reader: str, path: Path, base: Path, out: Path) -> list[str]:
         return [*exe, "inspect", str(path), "--csv", str(out.with_suffix(".csv"))]
     if reader == "timeline":
         return [*exe, "timeline", str(path), "--screenshot", str(out.with_suffix(".png"))]
+    if reader == "capture --text":  # path: a Hugging Face home, which the caller makes HF_HOME
+        return [*exe, "-q", "capture", "--model", "hf:acme/fuzz", "--text", "the cat", "--out",
+                str(out.with_suffix(".pt"))]
+    if reader == "layers --probe":
+        return [*exe, "-q", "layers", "--model", "hf:acme/fuzz", "--probe", "--text", "the cat"]
     raise ValueError(reader)
 
 
@@ -172,16 +181,21 @@ def report(title: str, runs: list[Run], wanted: int, wall: float) -> None:
     sys.stdout.flush()
 
 
-def _pool(jobs: list[tuple[str, str, list[str]]], workers: int, budget: float, env: dict) -> tuple[list[Run], float]:
+#: One run in a fresh process: its name, reader, command, and what it adds to the environment.
+Job = tuple[str, str, list[str], dict[str, str]]
+
+
+def _pool(jobs: list[Job], workers: int, budget: float, env: dict) -> tuple[list[Run], float]:
     deadline = time.monotonic() + budget
     runs: list[Run] = []
     lock = threading.Lock()
     start = time.monotonic()
 
-    def work(job: tuple[str, str, list[str]]) -> None:
+    def work(job: Job) -> None:
         if time.monotonic() > deadline:
             return
-        result = run_one(*job, env)
+        name, reader, cmd, extra = job
+        result = run_one(name, reader, cmd, {**env, **extra})
         with lock:
             runs.append(result)
             if len(runs) % 100 == 0:
@@ -314,6 +328,44 @@ class _Timeline:
         return (0, "", "") if drawn else (124, "no answer", "")
 
 
+def _hub_section(args: argparse.Namespace, folder: Path, env: dict) -> None:
+    """Each mutated Hugging Face cache through the ``hf:`` loaders: both in this process, or
+    in turn in fresh processes (each with its own copy of the cache)."""
+    from tests.hub_mutations import mutated, mutations, valid_cache
+
+    base = folder / "hub-base"
+    valid_cache(base)
+    cases = mutations(args.seed, args.hub)
+    start = time.monotonic()
+    if args.in_process:
+        import huggingface_hub.constants as constants
+
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ.pop("HF_HUB_CACHE", None)
+        runs: list[Run] = []
+        for i, mutation in enumerate(cases):
+            home = mutated(base, mutation, folder / "hub-home")
+            os.environ["HF_HOME"] = str(home)
+            constants.HF_HUB_CACHE = str(home / "hub")
+            label = f"#{i} {mutation.name}"
+            for reader in HUB_READERS:
+                cmd = _command(reader, home, base, folder / "hub-out")[len(GRADEXPLORER):]
+                runs.append(_in_process(label, reader, lambda cmd=cmd: _cli(*cmd)))
+            if i % 100 == 99:
+                print(f"  ... {i + 1} caches, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        report(f"hub mutations, in process (seed {args.seed})", runs, len(cases) * len(HUB_READERS),
+               time.monotonic() - start)
+        return
+    jobs = []
+    for i, mutation in enumerate(cases):
+        home = mutated(base, mutation, folder / f"hub{i:04d}" / "home")
+        reader = HUB_READERS[i % len(HUB_READERS)]
+        jobs.append((f"#{i} {mutation.name}", reader, _command(reader, home, base, folder / f"hub{i:04d}" / "out"),
+                     {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(home / "hub")}))
+    runs, wall = _pool(jobs, args.workers, args.budget, env)
+    report(f"hub mutations, fresh processes (seed {args.seed})", runs, len(jobs), wall)
+
+
 def _log_reads(path: Path, csv: Path) -> tuple[int, str, str]:
     """``inspect --csv``, then what the timeline view reads of a log that passed."""
     code, err, out = _cli("inspect", path, "--csv", csv)
@@ -363,7 +415,7 @@ def _capture_section(title: str, cases: list[tuple[str, bytes]], readers: list[s
         path = folder / f"{title[:1]}{i:05d}.pt"
         path.write_bytes(blob)
         reader = readers[i % len(readers)]
-        jobs.append((f"#{i} {name}", reader, _command(reader, path, base, folder / f"out{title[:1]}{i:05d}")))
+        jobs.append((f"#{i} {name}", reader, _command(reader, path, base, folder / f"out{title[:1]}{i:05d}"), {}))
     runs, wall = _pool(jobs, args.workers, args.budget, env)
     report(f"{title}, fresh processes (seed {args.seed})", runs, len(jobs), wall)
 
@@ -373,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000, help="capture mutations (default 2000)")
     parser.add_argument("--datasets", type=int, default=500, help="dataset-capture mutations (default 500)")
     parser.add_argument("--logs", type=int, default=100, help="watch-log mutations (default 100)")
+    parser.add_argument("--hub", type=int, default=0, help="Hugging Face cache mutations (default 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--budget", type=float, default=4 * 3600.0, help="wall-clock seconds for each section")
@@ -396,12 +449,15 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         env["GRADEXPLORER_SETTINGS"] = str(folder / "settings.ini")
         os.environ["GRADEXPLORER_SETTINGS"] = env["GRADEXPLORER_SETTINGS"]
-        window = _Window() if args.in_process and "window" in readers else None
+        if args.hub:
+            _hub_section(args, folder, env)
+        window = _Window() if args.in_process and "window" in readers and args.n + args.datasets else None
         timeline_view = _Timeline() if args.in_process and window is not None else None
         data = valid_capture_dict()
         base = save(data, folder / "base.pt")
-        _capture_section("capture mutations", list(fuzz_cases(data, args.seed, args.n)), readers, base, folder,
-                         args, env, window, timeline_view)
+        if args.n:
+            _capture_section("capture mutations", list(fuzz_cases(data, args.seed, args.n)), readers, base, folder,
+                             args, env, window, timeline_view)
         if args.datasets:
             data = valid_dataset_capture_dict()
             base = save(data, folder / "dataset.pt")
@@ -430,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, mutation in enumerate(logs):
             path = mutated(base_log, mutation, folder / f"l{i:04d}.gxw")
             for reader in LOG_READERS:
-                jobs.append((f"#{i} {mutation.name}", reader, _command(reader, path, base, folder / f"lo{i:04d}")))
+                jobs.append((f"#{i} {mutation.name}", reader, _command(reader, path, base, folder / f"lo{i:04d}"), {}))
         runs, wall = _pool(jobs, args.workers, args.budget, env)
         report(f"log mutations, fresh processes (seed {args.seed})", runs, len(jobs), wall)
     return 0

@@ -1,6 +1,7 @@
 """Watch overhead: a training step watched by ``gradexplorer.recording.watch`` vs the same step unwatched.
 
     python -m benchmarks.watch_overhead [--size 224] [--batch 16] [--device cpu]
+                                        [--threads 1 --clock cpu]
 
 resnet18 (random init) training with SGD + momentum on a fixed random batch. Every row is
 the total time of n training steps under one configuration over the total time of n
@@ -18,7 +19,10 @@ alike. n is a multiple of N for "every N" (10, 30 and 100 steps). Configurations
   (written here: to NumPy, ``np.histogram`` on TensorBoard's default exponential bucket
   edges, min/max/sum/sum of squares, appended to a file).
 
-Figures only: nothing here asserts a time.
+``--threads 1 --clock cpu`` times the process's CPU time on one thread (what other jobs on a
+shared machine do not inflate); the watch's cost per hooked call on a 200-layer MLP is in
+``python -m benchmarks.call_overhead`` (kind ``watch``). Figures only: nothing here asserts a
+time.
 """
 
 from __future__ import annotations
@@ -129,8 +133,10 @@ def resnet18_training(size: int, batch: int, device: str = "cpu") -> tuple[torch
     return model, step
 
 
-def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False) -> list[dict]:
-    """Ratios of each configuration to the unwatched step (see the module docstring)."""
+def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool = False,
+            clock: str = "wall") -> list[dict]:
+    """Ratios of each configuration to the unwatched step (see the module docstring).
+    ``clock="cpu"``: the process's CPU time instead of the wall clock."""
     from gradexplorer.recording.watch import watch
 
     dev = torch.device(device)
@@ -145,12 +151,14 @@ def measure(size: int = 224, batch: int = 16, device: str = "cpu", quick: bool =
         step()
     results: list[dict] = []
 
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+
     def timed(fn) -> float:
         sync()
-        start = time.perf_counter()
+        start = timer()
         fn()
         sync()
-        return time.perf_counter() - start
+        return timer() - start
 
     def run_interleaved(label: str, n: int, make) -> dict:
         """n unwatched steps interleaved with n steps under the configuration: a step of
@@ -220,9 +228,16 @@ def main() -> None:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch and numba threads (default: torch's default)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: the process's CPU time (meaningful with --threads 1 while other jobs run)")
     args = p.parse_args()
-    print(f"resnet18 batch {args.batch} at {args.size} px on {args.device}, torch threads {torch.get_num_threads()}")
-    measure(args.size, args.batch, args.device)
+    if args.threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
+        torch.set_num_threads(args.threads)
+    print(f"resnet18 batch {args.batch} at {args.size} px on {args.device}, torch threads {torch.get_num_threads()}, "
+          f"{args.clock} clock")
+    measure(args.size, args.batch, args.device, clock=args.clock)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Regenerate docs/images/ (a screenshot of every view and window at 1280×800) and the
-window's screenshots that the other pages show (docs/screenshot-*.png).
+"""Regenerate docs/images/ (a screenshot of every view and window at 1280×800, and of the
+main window at 960×720, half a 1920 screen) and the window's screenshots that the other
+pages show (docs/screenshot-*.png).
 
 Run it in a real window (an X server; Xvfb is enough)::
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (1280, 800)
+HALF = (960, 720)
 
 
 def _wait(signal, start: Callable[[], object]) -> tuple:
@@ -80,6 +82,22 @@ def _resnet_files(folder: Path) -> tuple[Path, Path, Path]:
             opt.step()
             w.step(loss=loss)
     return folder / "resnet18_a.pt", folder / "resnet18_b.pt", folder / "run.gxw"
+
+
+def _vit_capture(path: Path) -> None:
+    """A small torchvision ViT with random weights (its heads.head starts at zero), statistics
+    only, saved at ``path``."""
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    import gradexplorer as gx
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=64, patch_size=16, num_layers=4, num_heads=4, hidden_dim=64,
+                            mlp_dim=128).eval()
+    cap = gx.capture(vit, torch.randn(2, 3, 64, 64), mode="stats",
+                     meta={"model": "vit (random weights)", "model_name": "vit (random weights)"})
+    gx.save_capture(cap, path)
 
 
 def _tiny_lm(folder: Path) -> Path | None:
@@ -167,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     assert compare is not None
     compare.resize(*SIZE)
     _wait(compare.runner.finished, lambda: None)
-    compare.view.amplify_check.setChecked(True)  # bf16's differences are small beside A and B
     _settle(app, 1500)
     _save(compare, docs / "screenshot-compare.png")
     compare.close()
@@ -185,6 +202,24 @@ def main(argv: list[str] | None = None) -> int:
         _settle(app, 3000)
         _save(window, out / "graph.png")
         window.module_tabs.setCurrentIndex(0)
+        # Half a 1920 screen: Input batch, Model and Run fold into the Modules panel.
+        window.resize(*HALF)
+        _settle(app, 1500)
+        _save(window, out / "window_960x720.png")
+        window.module_tabs.setCurrentIndex(1)
+        views.tabs.setCurrentWidget(views.histogram_view)
+        _settle(app, 3000)
+        _save(window, out / "window_960x720_graph.png")
+        window.module_tabs.setCurrentIndex(0)
+        views.tabs.setCurrentWidget(heat)
+        window.resize(*SIZE)
+        _settle(app, 1500)
+        # An export: the heatmap drawn again at twice the resolution, under its title line.
+        views.set_layer("layer4.1.relu")
+        views.set_call(1)
+        _settle(app, 800)
+        views.export_png(out / "export_heatmap.png")
+        print(f"{out / 'export_heatmap.png'}: exported")
 
         compare = CompareWindow()
         compare.resize(*SIZE)
@@ -227,6 +262,33 @@ def main(argv: list[str] | None = None) -> int:
         views.tabs.setCurrentWidget(views.gradcam_view)
         _settle(app, 1500)
         _save(window, docs / "screenshot-resnet18-gradcam.png")
+        # layer4 ticked in the tree (its leaves), and its block layer4.0 clicked in the graph:
+        # the last captured call inside it, said so.
+        window.session.select_none()
+        window.session.set_checked("layer4", True)
+        _wait(window.run_done, window.run)
+        window.module_tabs.setCurrentIndex(1)
+        panel = window.graph_panel
+        _settle(app, 3000)
+        node = panel.graph.module_node("layer4.0") if panel.graph is not None else None
+        if node is not None:
+            if node.id not in panel.items:
+                _wait(panel.layout_done, lambda: panel.toggle(panel.graph.representative(node.id, panel.expanded)))
+            panel.on_node_clicked(node.id)
+            views.tabs.setCurrentWidget(heat)
+            _settle(app, 1500)
+            _save(window, out / "block_click.png")
+        window.module_tabs.setCurrentIndex(0)
+
+        # A torchvision ViT with random weights: heads.head starts at zero, and the window
+        # says that the gradient stops there.
+        vit = folder / "vit.pt"
+        _vit_capture(vit)
+        _wait(window.file_done, lambda: window.open_capture(str(vit)))
+        views.tabs.setCurrentWidget(views.histogram_view)
+        views.set_layer("encoder.ln")
+        _settle(app, 1500)
+        _save(window, out / "alarm_zero_head.png")
 
         # The saliency of a text, by token: a tiny GPT-2 saved here.
         lm = _tiny_lm(folder)

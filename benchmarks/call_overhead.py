@@ -1,0 +1,259 @@
+"""The fixed cost of each hooked module call: microseconds per leaf call above a bare pass.
+
+    python -m benchmarks.call_overhead [--repeats 30] [--models mlp:4,resnet50:1]
+                                       [--kinds hook_pair,naive,stats,full] [--clock cpu]
+
+Tensors so small that their arithmetic vanishes leave what a hook-based tool pays per call:
+Python in the hooks, dispatch, bookkeeping. The model of record is a 200-leaf MLP
+(100 × [Linear(64, 64), GELU]) at batch 4, whose 256-value tensors take nanoseconds to
+read; resnet50 at batch 1 is the same question on a real network. One thread (torch and
+numba), every kind timed interleaved with the bare pass in one run, median of repeats.
+Per kind, the microseconds per leaf call above the bare forward + backward (the same
+``torch.autograd.grad`` over the trainable parameters that a capture runs), and that
+figure over the bare hook pair's:
+
+- ``hook_pair``: a forward hook on every leaf that registers a no-op tensor hook on the
+  output (the floor of any tool built on hooks);
+- ``naive``: a forward hook on every leaf that takes ``torch.var_mean`` and
+  ``torch.aminmax`` of the output, and the same of its gradient through a tensor hook;
+- ``stats``, ``full``: gradexplorer's statistics-only and full capture of every leaf;
+- ``watch``: a training step (forward, ``loss.backward()``, ``w.step()``) watched at every
+  step by ``gradexplorer.watch`` (every leaf and parameter, its log written), against the
+  same step unwatched (``bare train``, timed in the same run).
+
+Targets: statistics-only within 3× and full capture within 4× the bare hook pair.
+``--clock cpu`` (the default) times the process's CPU time, which other jobs on a shared
+machine do not inflate as they do the wall clock (they still slow its caches and memory: the
+minimum of the repeats, printed beside the median, is the pass least disturbed). Figures only:
+nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.selection import leaf_names
+
+KINDS = ("hook_pair", "naive", "stats", "full", "watch")
+#: Each kind's per-call cost at most this many times the bare hook pair's.
+TARGETS = {"stats": 3.0, "full": 4.0}
+
+
+def mlp(depth: int = 100, width: int = 64) -> nn.Module:
+    """``depth`` × [Linear(width, width), GELU]: 2 × ``depth`` leaves."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*layers).eval()
+
+
+def model_and_input(spec: str) -> tuple[nn.Module, torch.Tensor]:
+    """``mlp:B`` or a torchvision classifier ``NAME:B`` at 224 px, random init, eval mode."""
+    name, _, b = spec.partition(":")
+    batch = int(b or 1)
+    torch.manual_seed(0)
+    if name == "mlp":
+        return mlp(), torch.randn(batch, 64)
+    import torchvision
+
+    return torchvision.models.get_model(name).eval(), torch.randn(batch, 3, 224, 224)
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def bare(model: nn.Module, x: torch.Tensor) -> None:
+    out = model(x)
+    torch.autograd.grad(out.max(dim=1).values.sum(), _params(model))
+
+
+def _with_leaf_hooks(hook: Callable) -> Callable[[nn.Module, torch.Tensor], None]:
+    def run(model: nn.Module, x: torch.Tensor) -> None:
+        names = set(leaf_names(model))
+        handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n in names]
+        try:
+            bare(model, x)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return run
+
+
+def _nothing(grad: torch.Tensor) -> None:
+    return None
+
+
+def _pair_hook(module: nn.Module, args: tuple, output: object) -> None:
+    if isinstance(output, torch.Tensor) and output.requires_grad:
+        output.register_hook(_nothing)
+
+
+_kept: list = []
+
+
+def _summary(t: torch.Tensor) -> None:
+    t = t.detach()
+    _kept.append((torch.var_mean(t), torch.aminmax(t)))
+
+
+def _naive_grad(grad: torch.Tensor) -> None:
+    _summary(grad)
+
+
+def _naive_hook(module: nn.Module, args: tuple, output: object) -> None:
+    if isinstance(output, torch.Tensor):
+        _summary(output)
+        if output.requires_grad:
+            output.register_hook(_naive_grad)
+
+
+def leaf_calls(model: nn.Module, x: torch.Tensor) -> int:
+    """Leaf module calls in one forward (a module called twice counts twice)."""
+    count = [0]
+
+    def hook(module: nn.Module, args: tuple, output: object) -> None:
+        count[0] += 1
+
+    _with_leaf_hooks(hook)(model, x)
+    return count[0]
+
+
+def bare_train(model: nn.Module, x: torch.Tensor) -> None:
+    """A training step's forward and backward (gradients into ``.grad``, cleared after)."""
+    model(x).max(dim=1).values.sum().backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+class _Watched:
+    """A watched training step; one watch for the whole run, as around a training loop.
+
+    The watch watches every other step (``every=2``) and each pass ends the unwatched step
+    between (``w.step()``, which puts the hooks on and copies the weights, as before every
+    watched step) before it runs the watched one: so that no hook is on the model while the
+    other kinds run."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.w = None
+
+    def __call__(self, model: nn.Module, x: torch.Tensor) -> None:
+        if self.w is None:
+            from gradexplorer.recording.watch import watch
+
+            self.w = watch(model, out=os.path.join(self.folder, "run.gxw"), every=2).__enter__()
+            self.w.step()  # step 0 (watched, empty): from here on each pass starts on an odd step
+        self.w.step()  # the unwatched step ends: the hooks go on for this pass's watched step
+        loss = model(x).max(dim=1).values.sum()
+        loss.backward()
+        self.w.step(loss=loss)  # the watched step ends: its rows are written, the hooks come off
+        for p in model.parameters():
+            p.grad = None
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+
+
+def kinds_of(asked: tuple[str, ...], watched: _Watched) -> dict[str, Callable[[nn.Module, torch.Tensor], object]]:
+    fns: dict[str, Callable[[nn.Module, torch.Tensor], object]] = {
+        "hook_pair": _with_leaf_hooks(_pair_hook),
+        "naive": _with_leaf_hooks(_naive_hook),
+        "stats": lambda m, x: capture(m, x, mode="stats"),
+        "full": lambda m, x: capture(m, x, mode="full"),
+        "watch": watched,
+    }
+    bares = {"bare": bare, **({"bare_train": bare_train} if "watch" in asked else {})}
+    return {**bares, **{k: fns[k] for k in asked}}
+
+
+def _timed(fns: dict, model: nn.Module, x: torch.Tensor, repeats: int, timer: Callable[[], float]) -> dict:
+    """Seconds per pass of each kind, ``repeats`` times, the kinds interleaved."""
+    for fn in fns.values():  # warm-up: the statistics kernels compile or load once
+        fn(model, x)
+        fn(model, x)
+    # Several passes per timing where one is short (the MLP's takes milliseconds).
+    t0 = timer()
+    bare(model, x)
+    inner = max(1, int(0.05 / max(timer() - t0, 1e-4)))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            _kept.clear()
+            t0 = timer()
+            for _ in range(inner):
+                result = fn(model, x)
+                del result
+            times[k].append((timer() - t0) / inner)
+    _kept.clear()
+    return times
+
+
+def measure(spec: str, repeats: int, kinds: tuple[str, ...], clock: str = "cpu") -> dict:
+    """Median seconds per pass of each kind, interleaved with the bare pass; the leaf calls."""
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    model, x = model_and_input(spec)
+    calls = leaf_calls(model, x)
+    with tempfile.TemporaryDirectory(prefix="gx-call-overhead-") as folder:
+        watched = _Watched(folder)
+        try:
+            times = _timed(kinds_of(kinds, watched), model, x, repeats, timer)
+        finally:
+            watched.close()
+    out: dict = {"model": spec, "calls": calls}
+    for stat, label in ((statistics.median, "per_call_us"), (min, "per_call_us_min")):
+        best = {k: stat(v) for k, v in times.items()}
+        out[label] = {k: (best[k] - best["bare_train" if k == "watch" else "bare"]) / calls * 1e6
+                      for k in times if not k.startswith("bare")}
+    out["bare_s"] = statistics.median(times["bare"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp:4,resnet50:1")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: " + ", ".join(KINDS))
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch and numba threads (default 1)")
+    args = ap.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        ap.error(f"unknown kind(s) {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
+    os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # read when numba starts its threads
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU, {args.clock} clock, "
+          f"median of {args.repeats}, interleaved", flush=True)
+    rows = []
+    for spec in args.models.split(","):
+        r = measure(spec.strip(), args.repeats, kinds, args.clock)
+        rows.append(r)
+        print(f"\n{r['model']}: {r['calls']} leaf calls, bare forward+backward {r['bare_s'] * 1e3:.2f} ms (median)")
+        print(f"  {'kind':<10} {'us/call':>8} {'x hook pair':>12}   {'min us/call':>11} {'x hook pair':>12}")
+        floors = [r[label].get("hook_pair") for label in ("per_call_us", "per_call_us_min")]
+        for k in kinds:
+            cells = []
+            for label, floor in zip(("per_call_us", "per_call_us_min"), floors):
+                us = r[label][k]
+                ratio = f"{us / floor:.1f}x" if floor and floor > 0 else "-"
+                cells.append(f"{us:>8.1f} {ratio:>12}")
+            target = f"  (target <= {TARGETS[k]:.0f}x)" if k in TARGETS else ""
+            print(f"  {k:<10} {cells[0]}   {cells[1]:>24}{target}", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
