@@ -153,10 +153,11 @@ class WatchLogWriter:
 
     def __init__(self, path: str | os.PathLike, meta: dict | None = None) -> None:
         self.path = os.fspath(path)
-        # The checks of every output (gradexplorer.base.file_write): never inside a model cache,
-        # never a folder, a folder that exists and can be written; then the log's own.
-        check_output_path(self.path)
+        # The log's own check first (a folder, FIFO, device or link is "not a regular file", in
+        # words about the watch log), then those of every output (gradexplorer.base.file_write):
+        # never inside a model cache, a folder that exists and can be written.
         _refuse_special_file(self.path)
+        check_output_path(self.path)
         _refuse_foreign_file(self.path)
         self._lock_fd = _lock_for_writing(self.path)
         try:
