@@ -224,14 +224,21 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
         outcome.done, outcome.ok = True, ok
 
         def grab() -> None:
-            app.processEvents()
+            # The loop is left whatever happens here: an exception in a timer's callback is
+            # only printed by Qt, and a loop nobody quits waits forever.
             try:
+                app.processEvents()
                 assert shot is not None
                 _save_png(window, shot, read)
             except GradExplorerError as exc:
                 outcome.error = exc
-            window.close()
-            loop.quit()
+            except Exception as exc:  # noqa: BLE001 - a bug, but the caller gets it, not a hang
+                outcome.error = GradExplorerError(f"the window could not be saved to {shot}: {exc!r};",
+                                                  "report this with the message; gradexplorer.capture(model, x) "
+                                                  "gives the capture without the window.")
+            finally:
+                window.close()
+                loop.quit()
 
         QTimer.singleShot(600, grab)  # let the plots finish drawing
 

@@ -21,6 +21,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QImage, QPaintDevice, QPa
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QWidget
 
+from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.base.file_write import atomic_write_bytes, check_output_path
 
 #: The resolution of an exported PNG, in pixels per pixel on the screen.
@@ -44,12 +45,20 @@ def png_bytes(widget: QWidget) -> bytes:
 
 
 def _encode(image: QImage) -> bytes:
+    # Qt reports a picture it could not allocate (memory short, an address-space cap) as a
+    # null image and a failed save, not as an exception: said here in the user's terms.
+    size = f"{image.width()}×{image.height()} pixels"
+    if image.isNull():
+        raise GradExplorerError(f"the picture could not be made ({size}): the memory for it could not be had;",
+                                "free memory (close other windows or programs) or make the window smaller, "
+                                "then export again.")
     array = QByteArray()
     buffer = QBuffer(array)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     # PySide6 6.11's stubs want bytes for the format; the binding itself refuses bytes and takes str.
     if not image.save(buffer, "PNG"):  # type: ignore[call-overload]
-        raise OSError("the plot could not be encoded as PNG")
+        raise GradExplorerError(f"the picture ({size}) could not be encoded as PNG;",
+                                "free memory, or export as SVG (a .svg file name) instead.")
     buffer.close()
     return bytes(array.data())
 

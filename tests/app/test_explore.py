@@ -463,16 +463,40 @@ CAPPED_SCRIPT = textwrap.dedent("""
 def test_explore_of_an_expanded_batch_under_a_memory_cap_returns(tmp_path):
     """The address space capped at 768 MiB above what the window needs: the window opens
     on the model and its batch and the screenshot is saved (it had raised inside a psygnal
-    listener and explore waited for the run until its 300 s limit)."""
+    listener and explore waited for the run until its 300 s limit).
+
+    The threads are pinned: every thread takes address space (its stack, a malloc arena of
+    up to 64 MiB), so with one OpenMP thread per core the same cap ran out on a many-core
+    machine before the window could be drawn, whatever the batch."""
     script = tmp_path / "capped.py"
     script.write_text(CAPPED_SCRIPT)
     shot = tmp_path / "w.png"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "GRADEXPLORER_SETTINGS": str(tmp_path / "s.ini"),
-           "PYTHONPATH": str(root)}
+           "PYTHONPATH": str(root), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "NUMBA_NUM_THREADS": "2",
+           "MALLOC_ARENA_MAX": "2"}
     result = subprocess.run([sys.executable, str(script), str(shot)], capture_output=True, text=True,
                             timeout=200, env=env, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "shown True True" in result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_window_that_cannot_be_drawn_into_a_picture_is_an_error_and_explore_returns(live, tmp_path,
+                                                                                         monkeypatch):
+    """Out of memory for the picture (Qt gives a null pixmap, no exception): explore says so
+    and returns, nothing is written, the model is as it was (the error had been printed from
+    a timer's callback and explore waited forever on a loop nobody quit)."""
+    from PySide6.QtGui import QPixmap
+    from PySide6.QtWidgets import QWidget
+
+    model, x = live
+    before = model_state(model)
+    monkeypatch.setattr(QWidget, "grab", lambda self, *a: QPixmap())
+    shot = tmp_path / "w.png"
+    with pytest.raises(gx.GradExplorerError, match="picture could not be made") as raised:
+        gx.explore(model, x, run=False, screenshot=shot)
+    assert "free memory" in raised.value.fix
+    assert not shot.exists() and [p.name for p in tmp_path.iterdir() if p.suffix != ".ini"] == []
+    assert_same_state(before, model_state(model))

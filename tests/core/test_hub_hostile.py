@@ -364,7 +364,10 @@ _CAPPED = textwrap.dedent("""
 
 
 def _capped(code: str, home: Path) -> dict:
-    env = dict(os.environ, HF_HOME=str(home), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    # Threads pinned: each takes address space (a stack, a malloc arena), so the cap must
+    # not depend on how many cores the machine has.
+    env = dict(os.environ, HF_HOME=str(home), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="2",
+               MKL_NUM_THREADS="2", NUMBA_NUM_THREADS="2", MALLOC_ARENA_MAX="2")
     env.pop("HF_HUB_CACHE", None)
     done = subprocess.run([sys.executable, "-c", _CAPPED, code], capture_output=True, text=True, env=env,
                           timeout=900)
