@@ -220,6 +220,9 @@ class _Recorder:
                  computing: set[str] | None = None, structure: ModelStructure | None = None):
         self.model = model
         self.selected = set(selected)
+        # id(module) -> name, for the hooks that every module shares (_module_hooks).
+        self.names: dict[int, str] = structure.name_by_id if structure is not None else {
+            id(m): n for n, m in model.named_modules()}
         # Modules recorded for each call in which they ran no other module (the default
         # selection's containers that compute by themselves: ``selection``'s docstring).
         self.computing = computing or set()
@@ -329,9 +332,10 @@ class _Recorder:
     # Every hooked call runs these two hooks: they only take note (records, references,
     # versions, call order) and hand the tensors to the statistics, which summarise small
     # ones together later (gradexplorer.stats.device.DeferredStats). Written for speed.
-    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if _graph_task_id() != -1:  # recomputation.recomputing(), without a call
             return None  # activation checkpointing re-running forward in backward
+        name = self.names[id(module)]
         if not _grad_enabled() and recomputation.reentrant_checkpoint():
             raise recomputation.reentrant_refusal(name)
         self.call_count += 1
@@ -383,9 +387,10 @@ class _Recorder:
                 return ran_other
         return True
 
-    def forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> torch.Tensor | None:
+    def forward_hook(self, module: nn.Module, args: tuple, output: Any) -> torch.Tensor | None:
         if _graph_task_id() != -1:  # recomputation.recomputing()
             return None
+        name = self.names[id(module)]
         ran_other = self._leave(name)
         if name in self.selected:
             call = self.open_calls[name].pop()
@@ -596,13 +601,11 @@ def _module_hooks(structure: ModelStructure, recorder: _Recorder, hooks: Hooks) 
     the selected ones, all through ``hooks``, which removes them; the recorder forgets the
     tensors it saw on exit, also when forward or backward raised."""
     recorder.hooks = hooks
-    pre, post = recorder.pre_hook, recorder.forward_hook
     try:
-        for name, module in structure.named_modules():
-            # partial, not a lambda: one Python frame less in every hooked call
-            hooks.forward_pre(module, functools.partial(pre, name), with_kwargs=True)
-            # (without kwargs: the pre-hook took what the call was given; cheaper to register)
-            hooks.forward(module, functools.partial(post, name))
+        # Two hooks shared by every module, which look the module's name up
+        # (recorder.names): no closure nor handle per module. The forward hook without
+        # kwargs: the pre-hook took what the call was given.
+        hooks.call_hooks(structure.modules, recorder.forward_hook, pre=recorder.pre_hook)
         yield
     finally:
         recorder.grad_sinks.clear()
