@@ -143,6 +143,41 @@ def test_training_flags_are_restored_per_module(train):
     assert {n: m.training for n, m in model.named_modules()} == flags
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_the_mode_is_set_only_where_it_would_change_or_a_module_has_its_own_train(train, monkeypatch):
+    calls: list[bool] = []
+    model = Net().train(train)
+    original = model.train
+
+    def counted(mode=True):
+        calls.append(mode)
+        return original(mode)
+
+    monkeypatch.setattr(model, "train", counted)  # the model's train(), which sets every module's
+    with hooks_installed(model, train=train):  # every flag agrees already: nothing to set
+        assert all(m.training == train for m in model.modules())
+    assert calls == []
+    model.bn.train(not train)
+    calls.clear()
+    with hooks_installed(model, train=train):  # one flag differs
+        assert all(m.training == train for m in model.modules())
+    assert calls[0] is train
+    assert model.bn.training is (not train)
+
+    class OwnTrain(nn.Linear):
+        """Does more than set its flag when its mode is set (and ran only if asked)."""
+
+        def train(self, mode=True):
+            self.asked = mode
+            return super().train(mode)
+
+    model.fc = OwnTrain(4, 3).train(train)
+    model.bn.train(train)
+    with hooks_installed(model, train=train):
+        pass
+    assert model.fc.asked is train  # the flags agreed, and its own train() still ran
+
+
 def test_batchnorm_statistics_are_restored_after_a_train_mode_run():
     model = Net().eval()
     model.bn.running_mean.fill_(0.25)
