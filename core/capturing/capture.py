@@ -96,7 +96,7 @@ from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.structure import ModelStructure, structure_of
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
-from gradexplorer.stats.device import DeferredStats
+from gradexplorer.stats.device import SMALL_DTYPES, SMALL_VALUES, DeferredStats
 from gradexplorer.stats.moments import HIST_EXACT_LIMIT
 from gradexplorer.stats.record import TensorStats
 
@@ -485,6 +485,14 @@ class _Recorder:
         if (seen is not None and seen[0]() is seen_as and seen[2] is not None
                 and seen[2].is_cpu and y.is_cpu and _same_values(seen[2], y.detach())):
             stats, kept = seen[1], seen[2]
+        elif (self.summaries.small_on and y.is_cpu and y.dtype in SMALL_DTYPES
+              and 0 < y.numel() <= SMALL_VALUES):
+            # A small CPU tensor (most of a small model's): a copy, summarised with the
+            # others at the end of forward (DeferredStats.summarize and summarize_copy, inline).
+            kept = y.detach().clone(memory_format=torch.contiguous_format)
+            stats = self.summaries.hold_small(kept)
+            if not self.full:
+                kept = None
         elif self.summaries.batches(y):
             # Batched statistics: summarised with the others at the end of forward, from
             # a copy taken now (the one a full capture keeps, when it stays on y's device).
@@ -563,7 +571,12 @@ class _Recorder:
             stats, kept = seen[2], seen[3]
         else:
             # (No torch.no_grad(): the statistics and keep detach the gradient.)
-            stats = self.summaries.summarize_later(grad)
+            summaries = self.summaries
+            if (summaries.small_on and grad.is_cpu and grad.dtype in SMALL_DTYPES
+                    and 0 < grad.numel() <= SMALL_VALUES):  # summarize_later, inline
+                stats = summaries.hold_small(grad.detach() if grad.requires_grad else grad)
+            else:
+                stats = summaries.summarize_later(grad)
             # Autograd does not modify a gradient it has handed to a hook while we hold
             # it, so on the CPU it is kept as it is (the tests compare after backward).
             kept = self.keep(grad, copy=False) if self.full else None
