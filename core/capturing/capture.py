@@ -90,13 +90,13 @@ from gradexplorer.capturing.data import (
     LayerRecord,
 )
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
-from gradexplorer.capturing.nonfinite import OnsetTracker
+from gradexplorer.capturing.nonfinite import Note, OnsetTracker
 from gradexplorer.capturing.selection import LayerSpec
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.structure import ModelStructure, structure_of
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
-from gradexplorer.stats.device import DeferredStats
+from gradexplorer.stats.device import SMALL_DTYPES, SMALL_VALUES, DeferredStats
 from gradexplorer.stats.moments import HIST_EXACT_LIMIT
 from gradexplorer.stats.record import TensorStats
 
@@ -220,6 +220,9 @@ class _Recorder:
                  computing: set[str] | None = None, structure: ModelStructure | None = None):
         self.model = model
         self.selected = set(selected)
+        # id(module) -> name, for the hooks that every module shares (_module_hooks).
+        self.names: dict[int, str] = structure.name_by_id if structure is not None else {
+            id(m): n for n, m in model.named_modules()}
         # Modules recorded for each call in which they ran no other module (the default
         # selection's containers that compute by themselves: ``selection``'s docstring).
         self.computing = computing or set()
@@ -242,12 +245,13 @@ class _Recorder:
             self.device_left = int(free * KEEP_SHARE) if free is not None else None
         self.records: dict[str, LayerRecord] = {}
         self.first_call: dict[str, int] = {}
-        self.open_calls: dict[str, list[CallRecord]] = {}
-        self.open_inputs: dict[str, list[list]] = {}
-        # The calls running now, outermost first: [name, whether it ran another module].
+        # The calls running now, outermost first, each with what its forward hook needs:
+        # [name, whether it ran another module, the onset's note (OnsetTracker.enter),
+        #  its CallRecord (a selected module's call) or None,
+        #  its tensor inputs with their versions (a selected module's call), or
+        #  (call count at start, those inputs, first input with its version) (a call of a
+        #  ``computing`` module), or None].
         self.running: list[list] = []
-        # Calls of ``computing`` modules running now: (call count at start, inputs, first input).
-        self.open_candidates: dict[str, list[tuple[int, list, tuple[torch.Tensor, int] | None]]] = {}
         self.call_count = 0
         self.expected_calls = max(expected_calls, 1)
         # (id, version) of a hooked tensor -> (weak reference to it, [(record, attr)]): one
@@ -329,9 +333,10 @@ class _Recorder:
     # Every hooked call runs these two hooks: they only take note (records, references,
     # versions, call order) and hand the tensors to the statistics, which summarise small
     # ones together later (gradexplorer.stats.device.DeferredStats). Written for speed.
-    def pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if _graph_task_id() != -1:  # recomputation.recomputing(), without a call
             return None  # activation checkpointing re-running forward in backward
+        name = self.names[id(module)]
         if not _grad_enabled() and recomputation.reentrant_checkpoint():
             raise recomputation.reentrant_refusal(name)
         self.call_count += 1
@@ -340,8 +345,7 @@ class _Recorder:
         running = self.running
         if running:
             running[-1][1] = True  # the module running now ran another one
-        running.append([name, False])
-        self.onset.enter(name, args, kwargs)
+        note = self.onset.enter(name, args, kwargs)
         if name in self.selected:
             rec = self.records.get(name)
             if rec is None:
@@ -349,19 +353,15 @@ class _Recorder:
                 self.first_call[name] = self.call_count
             call = CallRecord()
             rec.calls.append(call)
-            opened = self.open_calls.get(name)
-            if opened is None:
-                self.open_calls[name] = [call]
-                self.open_inputs[name] = [[(a, a._version) for a in args if isinstance(a, torch.Tensor)]]
-            else:
-                opened.append(call)
-                self.open_inputs[name].append([(a, a._version) for a in args if isinstance(a, torch.Tensor)])
+            running.append([name, False, note, call, [(a, a._version) for a in args if isinstance(a, torch.Tensor)]])
             self._watch_input(first_tensor_input(args, kwargs), call)
         elif name in self.computing:
             x = first_tensor_input(args, kwargs)
-            self.open_candidates.setdefault(name, []).append(
-                (self.call_count, [(a, a._version) for a in args if isinstance(a, torch.Tensor)],
-                 x if x is None else (x, x._version)))
+            running.append([name, False, note, None,
+                            (self.call_count, [(a, a._version) for a in args if isinstance(a, torch.Tensor)],
+                             x if x is None else (x, x._version))])
+        else:
+            running.append([name, False, note, None, None])
         return None
 
     def _watch_input(self, x: torch.Tensor | None, call: CallRecord) -> None:
@@ -372,38 +372,43 @@ class _Recorder:
         else:
             self._watch_grad(x, call, "grad_input")
 
-    def _leave(self, name: str) -> bool:
-        """Take the call of ``name`` off the running calls; whether it ran another module."""
-        for i in range(len(self.running) - 1, -1, -1):
-            if self.running[i][0] == name:
-                ran_other = bool(self.running[i][1])
+    def _leave(self, name: str) -> list | None:
+        """Take the call of ``name`` off the running calls: its entry (``running``), or
+        ``None`` when no call of it is running."""
+        running = self.running
+        if running and running[-1][0] == name:  # (the usual case: the innermost call returns)
+            return running.pop()
+        for i in range(len(running) - 2, -1, -1):
+            if running[i][0] == name:
+                entry = running[i]
                 # Calls above it that never returned (a child whose exception the module
                 # caught) end with it.
-                del self.running[i:]
-                return ran_other
-        return True
+                del running[i:]
+                return entry
+        return None
 
-    def forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> torch.Tensor | None:
+    def forward_hook(self, module: nn.Module, args: tuple, output: Any) -> torch.Tensor | None:
         if _graph_task_id() != -1:  # recomputation.recomputing()
             return None
-        ran_other = self._leave(name)
-        if name in self.selected:
-            call = self.open_calls[name].pop()
-            inputs = self.open_inputs[name].pop()
-        elif name in self.computing and self.open_candidates.get(name):
-            start, inputs, first = self.open_candidates[name].pop()
-            if ran_other:  # its children computed: they are recorded, not it
-                self._not_recorded(name, module, output)
-                return None
-            call = self._computing_call(name, module, start, first)
-        else:
-            self._not_recorded(name, module, output)
+        name = self.names[id(module)]
+        entry = self._leave(name)
+        if entry is None:
             return None
-        return self._record_output(name, module, output, call, inputs)
+        call = entry[3]
+        if call is not None:  # a selected module's call
+            return self._record_output(name, module, output, call, entry[4], entry[2])
+        if entry[4] is not None and not entry[1]:
+            # A ``computing`` module's call that ran no other module (when it did, its
+            # children computed: they are recorded, not it).
+            start, inputs, first = entry[4]
+            call = self._computing_call(name, module, start, first)
+            return self._record_output(name, module, output, call, inputs, entry[2])
+        self._not_recorded(module, output, entry[2])
+        return None
 
-    def _not_recorded(self, name: str, module: nn.Module, output: Any) -> None:
+    def _not_recorded(self, module: nn.Module, output: Any, note: Note) -> None:
         _, y = primary_tensor(output)
-        self.onset.leave(name, module, y)
+        self.onset.leave(note, module, y)
         if self.cancel is not None:
             # Backward reaches selected layers only near its end when they sit near the
             # input: a check at every module's output keeps cancel prompt.
@@ -428,12 +433,12 @@ class _Recorder:
         return call
 
     def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord,
-                       inputs: list) -> torch.Tensor | None:
+                       inputs: list, note: Note) -> torch.Tensor | None:
         key, y = primary_tensor(output)
         call.output_key = key
         if y is None:
             call.absent.update(activation=NO_TENSOR_OUTPUT, grad_output=NO_TENSOR_OUTPUT)
-            self.onset.leave(name, module, None)
+            self.onset.leave(note, module, None)
             return None
         replaced = None
         seen_as = y
@@ -451,7 +456,7 @@ class _Recorder:
         known = ((id(y), y._version), weakref.ref(y))
         stats, call.activation = self._activation(y, seen_as, known)
         call.stats["activation"] = stats
-        self.onset.leave(name, module, y, stats, known)
+        self.onset.leave(note, module, y, stats, known)
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output", known)
         else:
@@ -480,6 +485,14 @@ class _Recorder:
         if (seen is not None and seen[0]() is seen_as and seen[2] is not None
                 and seen[2].is_cpu and y.is_cpu and _same_values(seen[2], y.detach())):
             stats, kept = seen[1], seen[2]
+        elif (self.summaries.small_on and y.is_cpu and y.dtype in SMALL_DTYPES
+              and 0 < y.numel() <= SMALL_VALUES):
+            # A small CPU tensor (most of a small model's): a copy, summarised with the
+            # others at the end of forward (DeferredStats.summarize and summarize_copy, inline).
+            kept = y.detach().clone(memory_format=torch.contiguous_format)
+            stats = self.summaries.hold_small(kept)
+            if not self.full:
+                kept = None
         elif self.summaries.batches(y):
             # Batched statistics: summarised with the others at the end of forward, from
             # a copy taken now (the one a full capture keeps, when it stays on y's device).
@@ -558,7 +571,12 @@ class _Recorder:
             stats, kept = seen[2], seen[3]
         else:
             # (No torch.no_grad(): the statistics and keep detach the gradient.)
-            stats = self.summaries.summarize_later(grad)
+            summaries = self.summaries
+            if (summaries.small_on and grad.is_cpu and grad.dtype in SMALL_DTYPES
+                    and 0 < grad.numel() <= SMALL_VALUES):  # summarize_later, inline
+                stats = summaries.hold_small(grad.detach() if grad.requires_grad else grad)
+            else:
+                stats = summaries.summarize_later(grad)
             # Autograd does not modify a gradient it has handed to a hook while we hold
             # it, so on the CPU it is kept as it is (the tests compare after backward).
             kept = self.keep(grad, copy=False) if self.full else None
@@ -596,13 +614,11 @@ def _module_hooks(structure: ModelStructure, recorder: _Recorder, hooks: Hooks) 
     the selected ones, all through ``hooks``, which removes them; the recorder forgets the
     tensors it saw on exit, also when forward or backward raised."""
     recorder.hooks = hooks
-    pre, post = recorder.pre_hook, recorder.forward_hook
     try:
-        for name, module in structure.named_modules():
-            # partial, not a lambda: one Python frame less in every hooked call
-            hooks.forward_pre(module, functools.partial(pre, name), with_kwargs=True)
-            # (without kwargs: the pre-hook took what the call was given; cheaper to register)
-            hooks.forward(module, functools.partial(post, name))
+        # Two hooks shared by every module, which look the module's name up
+        # (recorder.names): no closure nor handle per module. The forward hook without
+        # kwargs: the pre-hook took what the call was given.
+        hooks.call_hooks(structure.modules, recorder.forward_hook, pre=recorder.pre_hook)
         yield
     finally:
         recorder.grad_sinks.clear()

@@ -110,6 +110,10 @@ class NonfiniteOnset(TypedDict, total=False):
     backward: BackwardOnset | None
 
 
+#: What ``OnsetTracker.enter`` notes of a call for ``leave``: (module name, call index,
+#: the inputs' sources, whether any of them is checked only if the output is not finite).
+Note: TypeAlias = "tuple[str, int, list, bool]"
+
 #: A source: True (finite), False (not), a statistics record (empty until the capture
 #: fills it), or a 0-d bool device tensor (True when non-finite), resolved by ``_bad``;
 #: None for no tensor.
@@ -177,7 +181,6 @@ class OnsetTracker:
         self._has_children = has_children
         self._device_flags = False  # whether a source is a flag left on a device (result)
         self._known: dict[tuple[int, int], tuple[Any, Any]] = {}
-        self._open: dict[str, list[tuple[int, list, bool]]] = {}  # (index, inputs, any undecided)
         self._calls: dict[str, int] = {}
         # Completed calls, innermost first: (name, call index, module, inputs, output).
         self.events: list[tuple[str, int, torch.nn.Module, list, Any]] = []
@@ -212,8 +215,10 @@ class OnsetTracker:
         self._known[key] = (weakref.ref(t), source)
         return source
 
-    def enter(self, name: str, args: tuple, kwargs: dict) -> None:
-        """A module call starts: note the finiteness of its tensor inputs."""
+    def enter(self, name: str, args: tuple, kwargs: dict) -> Note:
+        """A module call starts: note the finiteness of its tensor inputs. Returns the note
+        that :meth:`leave` takes when the call ends (the caller keeps it with the call, as
+        it keeps the call's other state: no lookup of the open calls per call)."""
         index = self._calls.get(name, 0)
         self._calls[name] = index + 1
         inputs = []
@@ -237,21 +242,18 @@ class OnsetTracker:
                             source = self._source(v, later=later)
                             undecided = undecided or type(source) is _Later
                             inputs.append(source)
-        opened = self._open.get(name)
-        if opened is None:
-            self._open[name] = [(index, inputs, undecided)]
-        else:
-            opened.append((index, inputs, undecided))
+        return name, index, inputs, undecided
 
-    def leave(self, name: str, module: torch.nn.Module, output: torch.Tensor | None,
+    def leave(self, note: Note | None, module: torch.nn.Module, output: torch.Tensor | None,
               stats: TensorStats | None = None, known: tuple[tuple[int, int], weakref.ref] | None = None) -> None:
         """A module call ends with ``output`` (its primary tensor), summarised by ``stats``
-        when the capture recorded it. ``known``: the output's (id, version) key and a weak
-        reference to it, when the caller has them already (one of each per output)."""
-        stack = self._open.get(name)
-        if not stack:
+        when the capture recorded it. ``note``: what :meth:`enter` returned for the call
+        (``None``: a call it did not see start, which is not noted). ``known``: the output's
+        (id, version) key and a weak reference to it, when the caller has them already (one
+        of each per output)."""
+        if note is None:
             return
-        index, inputs, undecided_inputs = stack.pop()
+        name, index, inputs, undecided_inputs = note
         if output is None:
             source = None
         elif known is not None and stats is not None:
@@ -321,10 +323,10 @@ class OnsetTracker:
                 forward = {"layer": None, "call": None, "type": "input batch", "own_code": False,
                            "nan_count": None, "inf_count": None}
         backward: BackwardOnset | None = None
-        where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
-        for _order, stats, sinks in sorted(self.grads, key=lambda g: -g[0]):  # stable: hooks' order kept
-            if not has_nonfinite(stats):
-                continue
+        bad_grads = [g for g in self.grads if has_nonfinite(g[1])]
+        where = ({id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
+                 if bad_grads else {})
+        for _order, stats, sinks in sorted(bad_grads, key=lambda g: -g[0]):  # stable: hooks' order kept
             # The module whose backward produced it: the one it is the input gradient of.
             call, attr = next(((c, a) for c, a in sinks if a == "grad_input"), sinks[0])
             name, index = where.get(id(call), ("", 0))

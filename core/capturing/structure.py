@@ -59,6 +59,8 @@ class ModelStructure:
         Qualified names in ``named_modules`` order (``""``: the model itself).
     has_children : tuple of bool
         Per name, whether the module has children (is not a leaf).
+    name_by_id : dict of int to str
+        ``id(module)`` to its name, for every module of ``names``.
 
     The modules are held by weak references, so that a kept structure keeps no module alive
     (a module that refers to its model would otherwise keep the whole model).
@@ -71,6 +73,10 @@ class ModelStructure:
         self._refs = tuple(weakref.ref(m) for _, m in named)
         self.has_children = tuple(not is_leaf(m) for _, m in named)
         self._index = {n: i for i, n in enumerate(self.names)}
+        # id(module) -> its name: what hooks shared by every module look a call's module up
+        # in (``gradexplorer.hooks.installed.Hooks.call_hooks``). The ids are those of living
+        # modules (``alive``), which no other object can share.
+        self.name_by_id = {id(m): n for n, m in named}
         self._selections: dict[Any, list[str]] = {}
 
     def __len__(self) -> int:

@@ -86,7 +86,7 @@ SMALL_VALUES = 1 << 15
 #: summarised: what bounds the memory the small batch takes.
 SMALL_BATCH_BYTES = 16 << 20
 #: dtypes of the small batch (``gradexplorer.stats.cpu.summarize_many``).
-_SMALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SMALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _build_kernels() -> tuple[Any, Any]:
@@ -306,7 +306,8 @@ class DeferredStats:
         # GRADEXPLORER_BATCHED_STATS=0: every tensor alone.
         # GRADEXPLORER_BATCHED_STATS=all: the device path for every tensor, and fused=True the
         # Triton kernels (tests of them on a CPU).
-        self._small_on = (batched not in ("0", "all") and self.fused is not True and fused_cpu_enabled()
+        # Public: a capture's hooks test it and call hold_small themselves.
+        self.small_on = (batched not in ("0", "all") and self.fused is not True and fused_cpu_enabled()
                           and cpu_stats.available())
         self._small: list[TensorStats] = []
         self._small_tensors: list[torch.Tensor] = []
@@ -323,11 +324,15 @@ class DeferredStats:
 
     def _is_small(self, t: torch.Tensor) -> bool:
         """Whether ``t`` joins the small CPU batch."""
-        return (self._small_on and t.is_cpu and t.dtype in _SMALL_DTYPES and 0 < t.numel() <= SMALL_VALUES)
+        return (self.small_on and t.is_cpu and t.dtype in SMALL_DTYPES and 0 < t.numel() <= SMALL_VALUES)
 
-    def _hold_small(self, t: torch.Tensor) -> TensorStats:
-        """``t`` (which nothing changes before the next flush) for the small batch."""
-        stats = _unfilled()
+    def hold_small(self, t: torch.Tensor) -> TensorStats:
+        """``t`` (which nothing changes before the next flush) for the small batch: a record,
+        filled at the flush. For a caller that has checked, as ``summarize`` does, that ``t``
+        joins the batch (``small_on``, a CPU tensor of ``SMALL_DTYPES`` with 1 to
+        ``SMALL_VALUES`` values): a capture's hooks check it themselves, two calls fewer per
+        tensor."""
+        stats: TensorStats = {}  # type: ignore[typeddict-item]  # (_unfilled, without the call)
         self._small.append(stats)
         self._small_tensors.append(t)
         self._small_bytes += t.numel() * t.element_size()
@@ -342,7 +347,7 @@ class DeferredStats:
         of a new one."""
         global _kernels
         if into is None and self._is_small(t):
-            return self._hold_small(t.detach().clone())
+            return self.hold_small(t.detach().clone())
         stats = _unfilled() if into is None else into
         if self._use_fused(t):
             try:
@@ -368,7 +373,7 @@ class DeferredStats:
             if self._is_small(t):
                 # The copy kept is the copy summarised, with the other small tensors.
                 kept = t.detach().clone(memory_format=torch.contiguous_format)
-                return self._hold_small(kept), kept
+                return self.hold_small(kept), kept
             if fused_cpu_enabled():
                 got = cpu_stats.summarize(t, self.hist_limit, copy=True)
                 if got is not None:
@@ -390,7 +395,7 @@ class DeferredStats:
         they hold ``BATCH_BYTES``, in a few operations for all."""
         if not self.batches(t):
             if self._is_small(t):
-                return self._hold_small(t.detach() if t.requires_grad else t)
+                return self.hold_small(t.detach() if t.requires_grad else t)
             return self.summarize(t)
         stats = _unfilled()
         self._later.append((stats, t.detach()))

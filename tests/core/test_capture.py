@@ -258,6 +258,47 @@ def test_forward_error_names_the_module_and_removes_hooks():
     assert_unchanged(model, before)
 
 
+def _hook_dicts(model: nn.Module) -> dict:
+    return {(n, attr): list(getattr(m, attr).items()) for n, m in model.named_modules()
+            for attr in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+                         "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")}
+
+
+@pytest.mark.parametrize("mode", ["full", "stats"])
+def test_the_users_own_hooks_run_beside_the_captures_and_the_hook_dicts_come_back_as_they_were(mode):
+    # The capture's hooks share one function per kind across every module: a module the
+    # user hooked keeps its hooks, in their order, and every module's hook dictionaries are
+    # as they were after the capture, and after one whose forward raised.
+    model = torchvision.models.resnet18().eval()
+    fired: list[str] = []
+    model.layer1[0].register_forward_pre_hook(lambda m, a: fired.append("pre"))
+    model.layer1[0].relu.register_forward_hook(lambda m, a, k, o: fired.append("post"), with_kwargs=True,
+                                               always_call=True)
+    before = _hook_dicts(model)
+    x = torch.randn(2, 3, 64, 64)
+    names = leaf_names(model)
+    cap = capture(model, x, layers=names, mode=mode, input_grad=True)
+    assert _hook_dicts(model) == before
+    runs = 1
+    if mode == "full":  # (the statistics of every path are checked by test_stats_match_independent_computation)
+        assert compare(cap, reference(model, x, names, input_grad=True), names) < TOL
+        runs = 2
+    assert fired.count("pre") == runs and fired.count("post") == 2 * runs  # the block's relu runs twice
+    assert len(cap["layer1.0.relu"].calls) == 2
+
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    model.layer2[0].relu = Fails()
+    with pytest.raises(CaptureError):
+        capture(model, x, mode=mode)
+    after = _hook_dicts(model)
+    assert {k: v for k, v in after.items() if not k[0].startswith("layer2.0.relu")} == {
+        k: v for k, v in before.items() if not k[0].startswith("layer2.0.relu")}
+    assert_no_hooks(model.layer2[0].relu)
+
+
 def test_bad_target_and_layers_leave_model_untouched():
     model = SeedMLP()
     before = snapshot(model)

@@ -143,6 +143,41 @@ def test_training_flags_are_restored_per_module(train):
     assert {n: m.training for n, m in model.named_modules()} == flags
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_the_mode_is_set_only_where_it_would_change_or_a_module_has_its_own_train(train, monkeypatch):
+    calls: list[bool] = []
+    model = Net().train(train)
+    original = model.train
+
+    def counted(mode=True):
+        calls.append(mode)
+        return original(mode)
+
+    monkeypatch.setattr(model, "train", counted)  # the model's train(), which sets every module's
+    with hooks_installed(model, train=train):  # every flag agrees already: nothing to set
+        assert all(m.training == train for m in model.modules())
+    assert calls == []
+    model.bn.train(not train)
+    calls.clear()
+    with hooks_installed(model, train=train):  # one flag differs
+        assert all(m.training == train for m in model.modules())
+    assert calls[0] is train
+    assert model.bn.training is (not train)
+
+    class OwnTrain(nn.Linear):
+        """Does more than set its flag when its mode is set (and ran only if asked)."""
+
+        def train(self, mode=True):
+            self.asked = mode
+            return super().train(mode)
+
+    model.fc = OwnTrain(4, 3).train(train)
+    model.bn.train(train)
+    with hooks_installed(model, train=train):
+        pass
+    assert model.fc.asked is train  # the flags agreed, and its own train() still ran
+
+
 def test_batchnorm_statistics_are_restored_after_a_train_mode_run():
     model = Net().eval()
     model.bn.running_mean.fill_(0.25)
@@ -176,6 +211,78 @@ def test_nested_blocks_remove_only_their_own_hooks_and_restore_the_state_they_fo
         model(torch.randn(2, 3, 5, 5))
         assert outer_calls == ["outer", "outer"] and inner_calls == ["inner"]
     assert_unchanged(model, before)
+
+
+def _hook_dicts(model: nn.Module) -> dict:
+    """Every module's forward hook dictionaries, as (key, hook) lists."""
+    return {(n, attr): list(getattr(m, attr).items()) for n, m in model.named_modules()
+            for attr in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+                         "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")}
+
+
+def _shared_hooks(hooks: Hooks, model: nn.Module, seen: list) -> None:
+    names = {id(m): n for n, m in model.named_modules()}
+    hooks.call_hooks(model.modules(),
+                     lambda m, a, o: seen.append(("post", names[id(m)], isinstance(o, torch.Tensor))),
+                     pre=lambda m, a, k: seen.append(("pre", names[id(m)], isinstance(k, dict))))
+
+
+def test_call_hooks_fire_on_every_module_as_registered_hooks_and_leave_the_dicts_as_they_were():
+    model = Net()
+    user: list[str] = []
+    # The user's own hooks stay, before and after ours, in their order.
+    model.bn.register_forward_pre_hook(lambda m, a: user.append("user pre"))
+    model.fc.register_forward_hook(lambda m, a, k, o: user.append("user post"), with_kwargs=True,
+                                   always_call=True)
+    before = _hook_dicts(model)
+    seen: list = []
+    with hooks_installed(model) as hooks:
+        _shared_hooks(hooks, model, seen)
+        assert len(hooks) == 2 * len(list(model.modules()))
+        model(torch.randn(2, 3, 5, 5)).sum().backward()
+    expected_names = ["", "conv", "bn", "relu", "boom", "fc"]
+    assert [n for kind, n, _ in seen if kind == "pre"] == expected_names
+    assert [n for kind, n, _ in seen if kind == "post"] == ["conv", "bn", "relu", "boom", "fc", ""]
+    assert all(flag for _, _, flag in seen)  # kwargs a dict; every output a tensor
+    assert user == ["user pre", "user post"]
+    assert _hook_dicts(model) == before
+    assert len(hooks) == 0
+
+
+def test_call_hooks_are_taken_off_when_forward_raises_and_on_keyboard_interrupt():
+    for error in (ValueError("forward broke"), KeyboardInterrupt()):
+        model = Net()
+        before = _hook_dicts(model)
+        model.boom.error = error
+        with pytest.raises(type(error)), hooks_installed(model) as hooks:
+            _shared_hooks(hooks, model, [])
+            model(torch.randn(2, 3, 5, 5))
+        assert _hook_dicts(model) == before
+        assert_no_hooks(model)
+
+
+def test_call_hooks_of_nested_blocks_come_off_with_their_own_block():
+    model = Net()
+    outer_seen: list = []
+    inner_seen: list = []
+    with hooks_installed(model) as outer:
+        _shared_hooks(outer, model, outer_seen)
+        after_outer = _hook_dicts(model)
+        with hooks_installed() as inner:
+            _shared_hooks(inner, model, inner_seen)
+            model(torch.randn(2, 3, 5, 5))
+        assert _hook_dicts(model) == after_outer
+        model(torch.randn(2, 3, 5, 5))
+    assert len(outer_seen) == 2 * len(inner_seen) == 4 * len(list(model.modules()))
+    assert_no_hooks(model)
+
+
+def test_call_hooks_on_a_scripted_module_are_refused_as_registration_refuses_them():
+    scripted = torch.jit.script(nn.Linear(3, 2))
+    with pytest.raises(Exception) as direct:
+        scripted.register_forward_hook(lambda m, a, o: None)
+    with pytest.raises(type(direct.value)), hooks_installed() as hooks:
+        hooks.call_hooks([scripted], lambda m, a, o: None, pre=lambda m, a, k: None)
 
 
 def test_hooks_without_a_model_manage_hooks_only():
