@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/python scripts/check_code.py
 
 test: lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -37,5 +37,7 @@ PACKAGES = [name for package, folder in FOLDERS.items()
 setup(
     packages=PACKAGES,
     package_dir=FOLDERS,
-    package_data={name: ["*"] for name in PACKAGES if name.startswith("gradexplorer.resources")},
+    # py.typed: the package's annotations are its types for a user's mypy or pyright (PEP 561).
+    package_data={"gradexplorer": ["py.typed"],
+                  **{name: ["*"] for name in PACKAGES if name.startswith("gradexplorer.resources")}},
 )

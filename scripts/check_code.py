@@ -4,7 +4,9 @@
 - mypy: the types of the package, core/ and app/ ([tool.mypy]);
 - import-linter: the architecture's import rules ([tool.importlinter]): the engine imports
   neither gradexplorer.app nor Qt, pyqtgraph, superqt or qtpy; the command line imports no
-  Qt; the subpackages are layered.
+  Qt; the subpackages are layered;
+- test timing: no test asserts on the wall clock or sleeps then asserts
+  (scripts/check_test_timing.py); timings live in the benchmarks.
 
 mypy and import-linter read the package through build/package (scripts/package_view.py).
 
@@ -50,6 +52,13 @@ CHECKS = [
          "gradexplorer.app or any Qt/plot package, the command line (gradexplorer.app.cli) imports no Qt, "
          "and a subpackage imports only from the layers below it (the list is in pyproject.toml). Move the "
          "code to the layer where it belongs; contracts: [tool.importlinter] in pyproject.toml."),
+    ),
+    (
+        "test timing",
+        [PY, "scripts/check_test_timing.py"],
+        ("A test above asserts on the wall clock or sleeps and then asserts: on a loaded machine it fails. "
+         "Assert the behaviour (the run had ended when close returned; the flag was set at this call), let "
+         "pytest-timeout catch a hang, and print the time or move it to a benchmark (benchmarks/)."),
     ),
 ]
 

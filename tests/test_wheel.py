@@ -62,6 +62,7 @@ def wheel_venv(tmp_path_factory) -> Path:
     assert "gradexplorer/resources/demo_shapes/shapes_cnn.pt" in names, names
     assert "gradexplorer/resources/demo_shapes/samples/labels.json" in names, names
     assert "gradexplorer/app/cli/main.py" in names and "gradexplorer/capturing/capture.py" in names
+    assert "gradexplorer/py.typed" in names, "the PEP 561 marker: a user's type checker reads the annotations"
 
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])

@@ -67,7 +67,7 @@ def _said(code: int, err: str, what: str, verdict: str = "") -> None:
 def test_fuzzed_captures_through_the_readers(tmp_path, valid):
     base = save(valid, tmp_path / "base.pt")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.monotonic()
+    slowest = (0.0, "")
     for i, (name, blob) in enumerate(fuzz_cases(valid, seed=1, n=N_IN_PROCESS)):
         path = tmp_path / "m.pt"
         path.write_bytes(blob)
@@ -79,10 +79,11 @@ def test_fuzzed_captures_through_the_readers(tmp_path, valid):
         out: list[str] = []
         code, err = run_cli(*argv, stdout=out)
         _said(code, err, f"#{i} {name} through {reader}", out[0] if reader == "diff" else "")
-        assert time.monotonic() - t < 60, f"#{i} {name} through {reader} took {time.monotonic() - t:.0f} s"
+        slowest = max(slowest, (time.monotonic() - t, f"#{i} {name} through {reader}"))
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown < 2 * 1024 * 1024, f"peak memory grew by {grown / 1024:.0f} MiB"  # KiB on Linux
-    assert time.monotonic() - start < 1800
+    # A hang is pytest-timeout's to catch; the time is a figure, not a verdict.
+    print(f"slowest case: {slowest[1]}, {slowest[0]:.1f} s")
 
 
 def test_fuzzed_captures_through_the_cli_processes(tmp_path, valid):

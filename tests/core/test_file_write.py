@@ -157,13 +157,12 @@ def test_a_fifo_with_a_reader_gets_the_bytes(tmp_path):
 
     reader = threading.Thread(target=read)
     reader.start()
-    deadline = time.monotonic() + 10
-    while True:  # the reader must have the FIFO open before the write starts
+    while True:  # the reader must have the FIFO open before the write starts (pytest-timeout ends a hang)
         try:
             atomic_write_bytes(fifo, b"through the pipe")
             break
         except FileWriteError:
-            assert time.monotonic() < deadline
+            assert reader.is_alive()
             time.sleep(0.01)
     reader.join(10)
     assert received == [b"through the pipe"]
@@ -423,10 +422,8 @@ def _start_slow_capture(out: Path) -> subprocess.Popen:
 
 
 def _wait_for_temp(proc: subprocess.Popen, folder: Path) -> list[str]:
-    deadline = time.monotonic() + 300
-    while not _temps(folder):
+    while not _temps(folder):  # the process ends (or pytest-timeout does) if the save never starts
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the save never started"
         time.sleep(0.005)
     return _temps(folder)
 

@@ -6,7 +6,6 @@ leaves the model, its hooks and its ``.grad`` as they were."""
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -298,28 +297,57 @@ def test_cancel_in_backward_stops_before_the_next_gradient(layers):
     assert_unchanged(model, before)
 
 
+def _set_when_asked(asked: threading.Event, flag: threading.Event) -> None:
+    asked.wait()
+    flag.set()
+
+
 @pytest.mark.slow
-def test_cancel_from_another_thread_at_random_times_leaves_the_model_as_it_was():
+def test_cancel_from_another_thread_at_points_through_the_pass_leaves_the_model_as_it_was():
+    """The cancel flag is set by another thread at chosen points of the pass: before it, at the
+    first, a fifth, half and four fifths of the forward's module calls, and at its last (the
+    capture then stops in its backward). A global forward hook (outside the model's own hook
+    dicts) hands each point to the other thread and waits until the flag is set, so the point
+    is exact, whatever the machine's load."""
     model = torchvision.models.resnet18().eval()
     model.fc.weight.grad = torch.ones_like(model.fc.weight)
     before = snapshot(model)
     x = torch.randn(2, 3, 64, 64)
-    t0 = time.perf_counter()
-    capture(model, x)
-    whole = time.perf_counter() - t0
-    outcomes = []
-    for fraction in (0.0, 0.2, 0.5, 0.8):
-        flag = threading.Event()
-        timer = threading.Timer(whole * fraction, flag.set)
-        timer.start()
+    calls = 0
+
+    def count(module, args, output):
+        nonlocal calls
+        calls += 1
+
+    handle = nn.modules.module.register_module_forward_hook(count)
+    try:
+        capture(model, x)
+    finally:
+        handle.remove()
+    whole = calls  # module calls of one forward as a capture runs it
+    for point in (None, 1, whole // 5, whole // 2, 4 * whole // 5, whole):
+        flag, asked = threading.Event(), threading.Event()
+        setter = threading.Thread(target=_set_when_asked, args=(asked, flag))
+        setter.start()
+        seen = 0
+
+        def at_point(module, args, output, point=point, flag=flag, asked=asked):
+            nonlocal seen
+            seen += 1
+            if seen == point:
+                asked.set()
+                assert flag.wait(60), "the other thread never set the flag"
+
+        if point is None:
+            asked.set()
+            assert flag.wait(60)
+        handle = nn.modules.module.register_module_forward_hook(at_point)
         try:
-            capture(model, x, cancel=flag)
-            outcomes.append("done")
-        except CaptureCancelled:
-            outcomes.append("cancelled")
+            with pytest.raises(CaptureCancelled):
+                capture(model, x, cancel=flag)
         finally:
-            timer.cancel()
-            timer.join()
+            handle.remove()
+            asked.set()
+            setter.join()
         assert_unchanged(model, before)
-    assert outcomes[0] == "cancelled"
-    assert_no_hooks(model)
+        assert_no_hooks(model)

@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -180,13 +179,12 @@ def test_a_dead_rank_ends_the_other_with_a_message(tmp_path):
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p))
-    start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.core.sharded_dataset_dead_rank_worker",
                                str(tmp_path / "store"), str(r)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]
     outs = [p.communicate(timeout=TIMEOUT_S + 120) for p in procs]
-    elapsed = time.monotonic() - start
+    # communicate's timeout is the guard against a hang: no wall-clock assert on a loaded machine.
     assert procs[1].returncode == 3
     assert procs[0].returncode == 1, outs[0]
     lines = [ln for ln in outs[0][0].splitlines() if ln.startswith("error:")]
@@ -194,4 +192,3 @@ def test_a_dead_rank_ends_the_other_with_a_message(tmp_path):
     said = lines[0]
     assert "Rank 0's forward on batch 2 failed in FSDP2's all-gather" in said, said
     assert f"here {TIMEOUT_S} s" in said and "init_process_group(timeout=...)" in said, said
-    assert elapsed < TIMEOUT_S + 90  # the timeout, plus start-up on a loaded machine; never a hang

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,17 @@ from tests.core.watch_dead_rank_worker import TIMEOUT_S
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def two_ranks(tmp_path: Path, mode: str) -> tuple[list[subprocess.Popen], list[tuple[str, str]], float]:
+def two_ranks(tmp_path: Path, mode: str) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
     log, store = tmp_path / "run.gxw", tmp_path / "store"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p))
-    start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.core.watch_dead_rank_worker", str(log), str(store),
                                str(r), mode],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]
+    # communicate's timeout is the guard against a hang: no wall-clock assert on a loaded machine.
     outs = [p.communicate(timeout=TIMEOUT_S + 120) for p in procs]
-    return procs, outs, time.monotonic() - start
+    return procs, outs
 
 
 def logged_steps(log: Path) -> list[int]:
@@ -45,25 +44,23 @@ def logged_steps(log: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_a_dead_rank_ends_the_other_with_a_message(tmp_path):
-    procs, outs, elapsed = two_ranks(tmp_path, "plain")
+    procs, outs = two_ranks(tmp_path, "plain")
     assert procs[1].returncode == 3
     assert procs[0].returncode == 1, outs[0]
     message = outs[0][0]
     assert "could not gather watched step 1" in message and f"{TIMEOUT_S} s" in message, message
     assert "every step before step 1" in message
-    assert elapsed < TIMEOUT_S + 90  # the timeout, plus start-up on a loaded machine; never a hang
     assert logged_steps(tmp_path / "run.gxw") == [0]
 
 
 @pytest.mark.slow
 def test_a_dead_rank_under_fsdp2_ends_the_other_in_its_forward(tmp_path):
-    procs, outs, elapsed = two_ranks(tmp_path, "fsdp")
+    procs, outs = two_ranks(tmp_path, "fsdp")
     assert procs[1].returncode == 3
     assert procs[0].returncode == 2, outs[0]  # torch's own error from the user's forward
     said = outs[0][0]
     assert "gradexplorer watch: rank 0 stopped in a collective of step 1" in said, said
     assert f"here {TIMEOUT_S} s" in said and "every watched step before step 1" in said, said
-    assert elapsed < TIMEOUT_S + 90
     assert logged_steps(tmp_path / "run.gxw") == [0]
 
 
