@@ -10,7 +10,10 @@ hook summarises the output at once (a later in-place op would change it) and reg
 *tensor* hook on it (module backward hooks break on in-place ReLUs and dict outputs); the
 hooks return nothing, so the values and gradients flowing through are not changed. The
 hooks are those of one ``gradexplorer.hooks.hooks_installed`` block, opened by
-``install()`` and closed by ``remove()``, which takes every handle off.
+``install()`` and closed by ``remove()``, which takes every handle off. One forward hook
+serves every selected module, as the capture's do (``Hooks.call_hooks``): it looks the
+module's name up by ``id(module)``, with no closure nor handle per module to make at every
+watched step.
 
 Small float32 CPU tensors (``gradexplorer.stats.merge.TOGETHER_VALUES``) are not summarised in their hook:
 an activation is copied, a gradient (which autograd does not change while it is held)
@@ -39,7 +42,7 @@ from gradexplorer.capturing import recomputation
 from gradexplorer.capturing.capture import primary_tensor
 from gradexplorer.capturing.sharded_params import is_dtensor
 from gradexplorer.hooks.installed import Hooks, hooks_installed
-from gradexplorer.stats.merge import TOGETHER_VALUES, MergeStats, per_sample_norms
+from gradexplorer.stats.merge import TOGETHER_VALUES, MergeStats, per_sample_norms, per_sample_norms_many
 
 #: Row key: (layer or parameter name, call index, kind).
 RowKey = tuple[str, int, str]
@@ -74,6 +77,8 @@ class LayerRecorder:
                  when: Callable[[], bool] | None = None) -> None:
         modules = dict(model.named_modules())
         self.modules = {name: modules[name] for name in layers}
+        # What the shared forward hook looks a call's module up in (ids of living modules).
+        self._name_by_id = {id(m): name for name, m in self.modules.items()}
         self.grad_norms = grad_norms
         self.grad_scale = grad_scale
         self.cancel = cancel
@@ -99,8 +104,18 @@ class LayerRecorder:
         self.unrecorded = {}
         self._scale = None
         hooks = self._hooks = self._installed.enter_context(hooks_installed())
-        for name, module in self.modules.items():
-            hooks.forward(module, lambda m, a, o, _n=name: self._on_forward(_n, o))
+        name_by_id, on_forward = self._name_by_id, self._on_forward
+
+        # A function, not a bound method: ``copy.deepcopy`` of the model during a step (an
+        # EMA or teacher copy) copies the hook dictionaries, and a function is copied as
+        # itself where a bound method would deep-copy this recorder. The copy's modules are
+        # not the selected ones: its calls are not recorded.
+        def forward_hook(module: nn.Module, args: tuple, output: Any) -> None:
+            name = name_by_id.get(id(module))
+            if name is not None:
+                on_forward(name, output)
+
+        hooks.call_hooks(self.modules.values(), forward_hook)
 
     def remove(self) -> None:
         """Take every hook off (forward and tensor hooks) and summarise what is held; the
@@ -115,18 +130,22 @@ class LayerRecorder:
             return
         held, self._held, self._held_bytes = self._held, [], 0
         with torch.no_grad():
-            values = [per_sample_norms(t) if norms else t for _key, t, norms in held]
+            values = [t for _key, t, _norms in held]
+            at = [i for i, (_key, _t, norms) in enumerate(held) if norms]
+            for i, n in zip(at, per_sample_norms_many([values[i] for i in at])):
+                values[i] = n
             for (key, _t, _norms), stats in zip(held, MergeStats.of_tensors(values)):
                 self.rows[key] = stats
 
     def _summarise(self, key: RowKey, t: torch.Tensor, copy: bool, norms: bool = False) -> None:
         """``rows[key]`` of ``t`` (of its per-sample norms, with ``norms``): at once, or for
         a small float32 CPU tensor when the hooks come off (copied now with ``copy``)."""
-        if t.dtype == torch.float32 and t.is_cpu and 0 < t.numel() <= TOGETHER_VALUES:
+        n = t.numel()
+        if t.dtype == torch.float32 and t.is_cpu and 0 < n <= TOGETHER_VALUES:
             if copy:
                 t = t.detach().clone()
             self._held.append((key, t, norms))
-            self._held_bytes += t.numel() * 4
+            self._held_bytes += n * 4
             if self._held_bytes >= SMALL_BATCH_BYTES:
                 self.flush()
             return
@@ -185,13 +204,13 @@ class LayerRecorder:
         local = self._local(name, grad, "output gradient")
         if local is None:
             return
-        grad = local
-        with torch.no_grad():
-            if self.grad_scale is not None and self._scale is None:
-                self._scale = float(self.grad_scale())
-            g = grad
-            if self._scale not in (None, 1.0):
-                g = grad.float() / self._scale
+        g = local
+        if self.grad_scale is not None:  # (no grad-mode switch per gradient without a scaler)
+            with torch.no_grad():
+                if self._scale is None:
+                    self._scale = float(self.grad_scale())
+                if self._scale != 1.0:
+                    g = local.float() / self._scale
         # Autograd does not change a gradient it handed to a hook while it is held: no copy.
         self._summarise((name, call, "grad_output"), g, copy=False)
         if self.grad_norms and g.dim() >= 1:

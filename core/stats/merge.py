@@ -556,6 +556,29 @@ class MomentSums:
 
 
 @torch.no_grad()
+def per_sample_norms_many(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``per_sample_norms`` of each of ``grads``, equal to it value for value: the float32
+    CPU ones whose samples have the same number of values in one compiled call over their
+    rows stacked (each row summed as alone), the others one by one. Made for the small
+    gradients of a watched step, whose cost alone is the call."""
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g.dtype == torch.float32 and g.is_cpu and g.dim() >= 1 and g.numel() > 0:
+            groups.setdefault(g.numel() // g.shape[0], []).append(i)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        rows = [grads[i].detach().reshape(grads[i].shape[0], -1) for i in members]
+        norms = merge_cpu.row_norms(torch.cat(rows))
+        if norms is None:
+            break
+        for i, part in zip(members, norms.split([r.shape[0] for r in rows])):
+            out[i] = part
+    return [n if n is not None else per_sample_norms(g) for n, g in zip(out, grads)]
+
+
+@torch.no_grad()
 def per_sample_norms(grad: torch.Tensor) -> torch.Tensor:
     """L2 norm of each sample's slice of a batch-first tensor (one value per row of dim 0).
 

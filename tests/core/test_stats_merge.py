@@ -18,6 +18,7 @@ from gradexplorer.stats.merge import (
     hist_edges,
     log2_histogram,
     per_sample_norms,
+    per_sample_norms_many,
 )
 
 
@@ -194,6 +195,48 @@ def test_per_sample_norms_match_numpy():
     parts = [MergeStats.of_tensor(per_sample_norms(b)) for b in g.split(2)]
     merged = MergeStats.merge_all(parts)
     check(merged, reference(per_sample_norms(g).double().numpy()), rtol=1e-6)
+
+
+def test_per_sample_norms_of_many_gradients_together_equal_each_ones_own(monkeypatch):
+    """``per_sample_norms_many`` (the watch's small gradients of a step) gives each gradient
+    exactly what ``per_sample_norms`` gives it alone, bit for bit, and float64 NumPy's norms
+    rounded to float32: adversarial values as batches of several widths, strided, 3-D, half
+    and float64 among them; the gradients of one width in one compiled call."""
+    from gradexplorer.stats import merge_cpu
+
+    calls = []
+    real = merge_cpu.row_norms
+
+    def counted(x):
+        calls.append(tuple(x.shape))
+        return real(x)
+
+    monkeypatch.setattr(merge_cpu, "row_norms", counted)
+    grads = []
+    for i, t in enumerate(adversarial(2).values()):
+        width = (7, 64, 7, 3)[i % 4]
+        rows = max(1, min(t.numel() // width, 5))
+        grads.append(t[:rows * width].reshape(rows, width) if t.numel() >= width else t.reshape(-1, 1))
+    grads.append(torch.randn(21, 64)[::3].t())  # strided, 7 values a sample
+    grads.append(torch.randn(4, 2, 32) * 1e-30)  # 64 values a sample, 3-D
+    grads.append(torch.randn(3, 7).half())
+    grads.append(torch.randn(3, 7, dtype=torch.float64) * 1e200)
+    got = per_sample_norms_many(grads)
+    together = list(calls)
+    for g, norms in zip(grads, got):
+        alone = per_sample_norms(g)
+        assert norms.dtype == alone.dtype and norms.shape == alone.shape
+        assert torch.equal(norms.view(torch.int32), alone.view(torch.int32)) if norms.dtype == torch.float32 \
+            else torch.equal(norms, alone)
+        if g.dtype == torch.float32:
+            values = g.double().numpy().reshape(g.shape[0], -1)
+            with np.errstate(over="ignore"):  # float32 overflows to inf, as the norms do
+                ref = np.sqrt((values * values).sum(axis=1)).astype(np.float32)
+            np.testing.assert_allclose(norms.numpy(), ref, rtol=1e-6, equal_nan=True)
+    if merge_cpu._kernels():  # float32: one call per number of values a sample; the others alone
+        widths = {g.numel() // g.shape[0] for g in grads if g.dtype == torch.float32}
+        alone = [g.numel() // g.shape[0] for g in grads if g.dtype != torch.float32]
+        assert sorted(c[1] for c in together) == sorted([*widths, *alone])
 
 
 def test_gradient_moments_match_numpy_and_merge():

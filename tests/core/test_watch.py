@@ -102,6 +102,32 @@ def test_watching_changes_nothing_bit_for_bit(tmp_path):
     assert no_hooks(b)
 
 
+def test_a_copy_of_the_model_made_in_a_watched_step_is_not_recorded(tmp_path):
+    """``copy.deepcopy`` of the model during a watched step (an EMA or teacher copy) copies
+    the watch's hook with it: the copy's calls are not the watched model's, and the log is
+    the log of the same training without the copy."""
+    logs = []
+    for copies in (False, True):
+        torch.manual_seed(0)
+        model = Net().eval()
+        batches = data(3, seed=5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"run{copies}.gxw"
+        with watch(model, out=str(path), every=1) as w:
+            for x, y in batches:
+                if copies:
+                    twin = copy.deepcopy(model)
+                    F.cross_entropy(twin(x), y).backward()  # its calls and gradients: not the model's
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                w.step(loss=loss)
+        logs.append([{k: v for k, v in r.items() if k != "wall_time"} for r in rows(path)])
+        assert no_hooks(model)
+    assert len(logs[0]) > 0 and logs[1] == logs[0]
+
+
 def test_adam_and_every_three(tmp_path):
     torch.manual_seed(1)
     a = Net()
