@@ -61,7 +61,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -79,6 +79,9 @@ from gradexplorer.stats.merge import MergeStats
 from gradexplorer.stats.merge_cpu import distance
 
 log = logging.getLogger(__name__)
+
+#: A parameter's gradient as read: its statistics, where its part sits on the mesh, why not recorded.
+_GradientRow = tuple[MergeStats | None, tuple[int, ...] | None, str | None]
 
 
 def _compiled_modules(model: nn.Module) -> list[str]:
@@ -164,7 +167,7 @@ class Watch:
         self._kept_called: set[str] = set()
         self._kept_unrecorded: dict[tuple[str, str], str] = {}
         # Parameter gradients read when the optimizer was about to step (``record_gradients``).
-        self._grads: dict[str, tuple[MergeStats | None, tuple[int, ...] | None, str | None]] = {}
+        self._grads: dict[str, _GradientRow] = {}
 
     def _select_params(self, layers: LayerSpec) -> dict[str, nn.Parameter]:
         if layers is None:
@@ -338,20 +341,31 @@ class Watch:
             return
         wanted = None if params is None else {id(p) for p in params}
         chosen = {n: p for n, p in self.params.items() if wanted is None or id(p) in wanted}
-        with torch.no_grad():
-            for name, p in chosen.items():
-                self._grads[name] = self._gradient_stats(p)
+        self._grads.update(self._gradient_stats(chosen))
 
-    def _gradient_stats(self, p: torch.Tensor) -> tuple[MergeStats | None, tuple[int, ...] | None, str | None]:
-        """(statistics of this rank's part of ``p.grad``, its place on the mesh, why not recorded)."""
-        if p.grad is None:
-            return None, None, None
-        part = local_part(p.grad, self.rank)
-        if part.problem is not None:
-            return None, None, f"gradient not recorded: {part.problem}"
-        if part.tensor is None:
-            return None, None, None
-        return MergeStats.of_tensor(part.tensor), part.coordinate, None
+    def _gradient_stats(self, params: Mapping[str, torch.Tensor]) -> dict[str, _GradientRow]:
+        """Per parameter: (statistics of this rank's part of its ``.grad``, its place on the
+        mesh, why not recorded). The small float32 CPU ones are summarised together
+        (``MergeStats.of_tensors``, the numbers of ``of_tensor``): one call per parameter
+        was the largest part of a watched step's cost on a model of small layers."""
+        out: dict[str, _GradientRow] = {}
+        names: list[str] = []
+        parts: list[torch.Tensor] = []
+        with torch.no_grad():
+            for name, p in params.items():
+                out[name] = (None, None, None)
+                if p.grad is None:
+                    continue
+                part = local_part(p.grad, self.rank)
+                if part.problem is not None:
+                    out[name] = (None, None, f"gradient not recorded: {part.problem}")
+                elif part.tensor is not None:
+                    names.append(name)
+                    parts.append(part.tensor)
+                    out[name] = (None, part.coordinate, None)
+            for name, stats in zip(names, MergeStats.of_tensors(parts)):
+                out[name] = (stats, out[name][1], None)
+        return out
 
     def _forget_step(self) -> None:
         self._kept = {}
@@ -401,14 +415,12 @@ class Watch:
         keys: list[RowKey] = []
         tensors: list[torch.Tensor] = []
         updates: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        # The gradients the optimizer stepped with, when read then; else ``.grad`` now (the
+        # user's own loop calls step() right after opt.step()).
+        read = grads if grads else self._gradient_stats(self.params)
         with torch.no_grad():
             for pname, p in self.params.items():
-                # The gradients the optimizer stepped with, when read then; else ``.grad`` now
-                # (the user's own loop calls step() right after opt.step()).
-                if grads:
-                    grad, coordinate, problem = grads.get(pname, (None, None, None))
-                else:
-                    grad, coordinate, problem = self._gradient_stats(p)
+                grad, coordinate, problem = read.get(pname, (None, None, None))
                 if problem is not None:
                     reports.append((pname, problem))
                 elif grad is not None:

@@ -69,6 +69,8 @@ ZERO_LIMIT = 2.0 ** -126
 
 #: ``MergeStats.of_tensors`` summarises tensors of at most this many values together.
 TOGETHER_VALUES = 1 << 15
+#: ... and lays at most this many bytes of them end to end at a time.
+TOGETHER_BYTES = 16 << 20
 
 #: Summary keys, as in ``gradexplorer.stats.summary.tensor_stats`` where they share a name.
 SUMMARY_KEYS = ("numel", "count", "min", "max", "mean", "std", "mean_abs", "l2", "sum",
@@ -346,13 +348,23 @@ class MergeStats:
         """
         out: list[MergeStats | None] = [None] * len(tensors)
         # The small ones: laid end to end for the call (a copy), which a large tensor's pass
-        # alone does not need.
+        # alone does not need; TOGETHER_BYTES at most per call, which bounds that copy.
         together = [i for i, t in enumerate(tensors)
                     if t.dtype == torch.float32 and t.is_cpu and 0 < t.numel() <= TOGETHER_VALUES]
-        got = merge_cpu.moments_and_counts_many([tensors[i] for i in together], _FOLD, HIST_BINS)
-        if got is not None:
+        limit = TOGETHER_BYTES // 4
+        start = 0
+        while start < len(together):
+            end, values = start, 0
+            while end < len(together) and (end == start or values + tensors[together[end]].numel() <= limit):
+                values += tensors[together[end]].numel()
+                end += 1
+            chunk = together[start:end]
+            start = end
+            got = merge_cpu.moments_and_counts_many([tensors[i] for i in chunk], _FOLD, HIST_BINS)
+            if got is None:
+                break
             rows, counts = got
-            for j, i in enumerate(together):
+            for j, i in enumerate(chunk):
                 out[i] = cls._of_row(tensors[i].numel(), rows[j], counts[j])
         return [s if s is not None else cls.of_tensor(t) for s, t in zip(out, tensors)]
 

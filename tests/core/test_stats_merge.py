@@ -266,7 +266,7 @@ def test_statistics_of_many_tensors_together_equal_each_tensors_own(monkeypatch)
     gives each tensor exactly what ``of_tensor`` gives it alone, and holds against float64
     NumPy: the adversarial set side by side, strided and negated views, other dtypes, and
     empty tensors among them."""
-    from gradexplorer.stats import merge_cpu
+    from gradexplorer.stats import merge, merge_cpu
 
     batches = []
     real = merge_cpu.moments_and_counts_many
@@ -300,3 +300,14 @@ def test_statistics_of_many_tensors_together_equal_each_tensors_own(monkeypatch)
     if merge_cpu._kernels():
         # every non-empty float32 tensor in one call (all of them small here)
         assert batches == [(sum(t.dtype == torch.float32 and t.numel() > 0 for t in tensors), True)]
+    # At most TOGETHER_BYTES laid end to end at a time: the same numbers, in more calls.
+    monkeypatch.setattr(merge, "TOGETHER_BYTES", 20_000 * 4)
+    batches.clear()
+    for got, few in zip(together, MergeStats.of_tensors(tensors)):
+        assert few.to_dict().keys() == got.to_dict().keys()
+        for key, value in got.to_dict().items():
+            other = few.to_dict()[key]
+            assert np.array_equal(other, value) if isinstance(value, np.ndarray) else \
+                (other == value or (value != value and other != other)), key
+    if merge_cpu._kernels():
+        assert len(batches) > 1 and all(n >= 1 for n, _ in batches)
