@@ -99,6 +99,16 @@ def test_hist_encoding_round_trip():
     assert lo == 3 and len(blob) == 8 * 198
     np.testing.assert_array_equal(decode_hist(lo, blob), h)
     assert decode_hist(*encode_hist(np.zeros(HIST_BINS, dtype=np.int64))).sum() == 0
+    # Counts whose low or high bytes are zero (256, 2**40, 2**63 - 1) in the first and the
+    # last non-zero bins: the blob runs from the first to the last non-zero bin, whole bins.
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        h = np.zeros(HIST_BINS, dtype=np.int64)
+        at = rng.integers(0, HIST_BINS, rng.integers(1, 5))
+        h[at] = rng.choice([1, 255, 256, 2**40, 2**56, 2**63 - 1], at.size)
+        nz = np.flatnonzero(h)
+        lo, blob = encode_hist(h)
+        assert lo == nz[0] and blob == h[nz[0]:nz[-1] + 1].astype("<i8").tobytes()
 
 
 def test_writer_refuses_other_files(tmp_path):
