@@ -6,9 +6,13 @@ own device, and rank 0 merges (a collective) and writes the file. With ``--shard
 the model is sharded over the ranks with FSDP2 (``gradexplorer.recording.shard_blocks``,
 ``gradexplorer.recording.sharded_dataset``) instead of replicated on each.
 
+The steps the window's Run over folder… shares (the samples, the memory check, the batches
+replicated in a process, the capture's metadata) are ``gradexplorer.pipeline.dataset_job.DatasetJob``'s;
+what only torchrun has (each rank's share, the model sharded, the merge on rank 0) is here.
 Before the batches run, one sample through the model tells the memory the capture will
 hold and need while it runs, per rank and with the shard when sharded
-(``gradexplorer.recording.dataset_memory``), checked against ``--memory-budget``.
+(``gradexplorer.recording.dataset_memory``), checked against ``--memory-budget`` and refused
+in the command line's words (``--batch-size``, ``--layers``, ``--memory-budget``, ``--force``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,8 @@ from gradexplorer.base.units import counted
 
 if TYPE_CHECKING:
     from gradexplorer.capturing.data import Capture
-    from gradexplorer.capturing.memory_estimate import MemoryEstimate
-    from gradexplorer.models.loaded_model import LoadedModel
-    from gradexplorer.pipeline.job import CaptureJob
-    from gradexplorer.recording.dataset import DatasetSource, DatasetStats
-    from gradexplorer.recording.shard_blocks import ShardPlan
+    from gradexplorer.pipeline.dataset_job import DatasetJob
+    from gradexplorer.recording.dataset import DatasetStats
 
 
 def _dist_env() -> tuple[int, int, int]:
@@ -86,7 +87,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
     """Run the dataset capture the arguments describe (see the module docstring)."""
-    from gradexplorer.capturing.selection import resolve_layers
+    from gradexplorer.pipeline.dataset_job import DatasetJob
     from gradexplorer.pipeline.job import CaptureJob
 
     _check_args(args)
@@ -99,6 +100,7 @@ def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
     if (world > 1 or sharded) and device.type == "cuda":
         device = torch.device("cuda", local_rank)  # one GPU per rank
         torch.cuda.set_device(device)
+    dataset = DatasetJob(job, args.batch_size, args.max_samples, device=device)
     if rank != 0:
         ui.quiet = True
         ui.bar.enabled = False
@@ -107,28 +109,20 @@ def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
     import torch.distributed as dist
 
     own_group = False
-    loaded: LoadedModel | None = None
     if (world > 1 or sharded) and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         own_group = True
     finished = False
     try:
-        loaded = job.load_model()
-        selected = resolve_layers(loaded.module, args.layers or None)
+        job.load_model()
+        dataset.selected_layers()
         ui.bar.update("reading inputs")
-        from gradexplorer.recording.dataset import DatasetSource
-
-        source = DatasetSource(list(args.input), loaded, args.batch_size, args.max_samples)
-        merged, shard_meta = _run(args, ui, job, loaded, selected, source, device, rank, world, sharded)
+        dataset.source()
+        merged, shard_meta = _run(args, ui, dataset, rank, world, sharded)
         if rank != 0 or merged is None:
             finished = True
             return EXIT_OK
-        from gradexplorer.recording.dataset import dataset_meta, to_capture
-
-        meta = dataset_meta(loaded, options, source, selected, device, world, time.perf_counter() - t_start)
-        if shard_meta is not None:
-            meta["shard"] = shard_meta
-        cap = to_capture(merged, loaded.module, selected, meta)
+        cap = dataset.to_capture(merged, world=world, seconds=time.perf_counter() - t_start, shard=shard_meta)
         from gradexplorer.files.capture_file import save_capture
 
         ui.bar.update("saving")
@@ -148,18 +142,20 @@ def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
                 dist.barrier()
             # A sharded model holds the process group (its device mesh): dropped first.
             job.loaded = None
-            loaded = None
+            del dataset  # its samples hold the model too
             gc.collect()
             dist.destroy_process_group()
 
 
-def _run(args: argparse.Namespace, ui: UI, job: CaptureJob, loaded: LoadedModel, selected: list[str],
-         source: DatasetSource, device: torch.device, rank: int, world: int, sharded: bool
+def _run(args: argparse.Namespace, ui: UI, dataset: DatasetJob, rank: int, world: int, sharded: bool
          ) -> tuple[DatasetStats | None, dict | None]:
     """The batches of this rank, merged on rank 0: (totals on rank 0 else None, the
-    capture's ``meta["shard"]`` when sharded)."""
-    from gradexplorer.recording.dataset import capture_dataset, eta_text, gather_to_rank0, shard
+    capture's ``meta["shard"]`` when sharded). The memory check is the dataset job's
+    (``DatasetJob.estimate``), with the shard plan when sharded."""
+    from gradexplorer.recording.dataset import eta_text, gather_to_rank0, shard
 
+    job, device = dataset.job, dataset.device
+    loaded, selected, source = job.load_model(), dataset.selected_layers(), dataset.source()
     n, total = source.samples, source.total
     mine = shard(range(total), rank, world)
     passes = -(-total // world) if sharded else len(mine)
@@ -168,7 +164,7 @@ def _run(args: argparse.Namespace, ui: UI, job: CaptureJob, loaded: LoadedModel,
         from gradexplorer.recording.shard_blocks import ShardPlan, choose_blocks
 
         plan = ShardPlan.of(loaded.module, choose_blocks(loaded.module, args.shard_blocks), world)
-    estimate = _estimate(job, loaded, selected, source, device, args, plan)
+    estimate = dataset.estimate(plan)
     what = (f"sharded over {counted(world, 'process', 'processes')} in {counted(len(plan.blocks), 'block')} "
             "and the root" if plan is not None
             else f"{world} processes" if world > 1 else "")
@@ -195,48 +191,14 @@ def _run(args: argparse.Namespace, ui: UI, job: CaptureJob, loaded: LoadedModel,
         dist.all_gather_object(held, local_param_bytes(loaded.module))
         shard_meta = {"kind": "fsdp", "blocks": list(plan.blocks), "world_size": world,
                       "param_bytes": whole, "rank_param_bytes": [int(h) for h in held]}
-        stats = capture_dataset_sharded(loaded.module, source.batch, total, layers=args.layers or None,
+        stats = capture_dataset_sharded(loaded.module, source.batch, total, layers=job.options.layer_spec(),
                                         target=job.options.target, device=device, progress=on_progress)
     else:
-        stats = capture_dataset(loaded.module, source.batches(mine), layers=args.layers or None,
-                                target=job.options.target, device=device, total_batches=len(mine),
-                                progress=on_progress)
+        stats = dataset.capture(mine, on_progress)
     if world == 1:
         return stats, shard_meta
     ui.bar.update("merging ranks")
     return gather_to_rank0(stats), shard_meta
-
-
-def _estimate(job: CaptureJob, loaded: LoadedModel, selected: list[str], source: DatasetSource,
-              device: torch.device, args: argparse.Namespace, plan: ShardPlan | None) -> MemoryEstimate:
-    """One sample through the whole model (before any sharding): the memory estimate,
-    checked against the budget (``--memory-budget``, else half the free memory)."""
-    from gradexplorer.capturing.memory_estimate import budget_shortfall
-    from gradexplorer.pipeline.job import probe_model
-    from gradexplorer.recording.dataset import recorded_params
-    from gradexplorer.recording.dataset_memory import estimate_dataset_memory
-
-    first, _labels = source.batch(0)
-    prepared = probe_model(loaded, first)
-    if prepared.probe_error is not None:
-        raise prepared.probe_error
-    params = recorded_params(loaded.module, args.layers or None, selected)
-    estimate = estimate_dataset_memory(prepared.tree, selected, first, loaded.module, params,
-                                       batches=source.total, plan=plan, device=device)
-    short = budget_shortfall(estimate, device, budget=job.options.memory_budget)
-    if short is not None and not job.options.force:
-        from gradexplorer.base.units import format_bytes
-
-        where = "of memory" if short.device.type == "cpu" else f"on {short.device}"
-        source_of = "set by --memory-budget" if short.set_by_user else "half of the free memory"
-        fix = ("shard the model over more processes, " if plan is not None else
-               "shard the model with --shard fsdp under torchrun, " if short.device.type != "cpu" else "")
-        raise GradExplorerError(
-            f"this capture needs about {format_bytes(short.need)} {where} per process ({estimate.describe()}) "
-            f"but the budget is {format_bytes(short.budget)} ({source_of});",
-            f"{fix}use a smaller --batch-size or fewer --layers, a --memory-budget above "
-            f"{format_bytes(short.need)}, or --force to run anyway.")
-    return estimate
 
 
 def _print_summary(cap: Capture, stats: DatasetStats, path: Path, elapsed: float) -> None:

@@ -1,13 +1,19 @@
-"""Run ▸ Run over folder…: the window's dataset capture (``gradexplorer.recording.dataset``).
+"""Run ▸ Run over folder…: the window's dataset capture (``gradexplorer.pipeline.dataset_job``).
 
 The user picks a folder and answers one small question (batch size, at most how many
-samples); a worker runs :func:`gradexplorer.recording.dataset.run_dataset_job` with a
-:class:`gradexplorer.pipeline.job.CaptureJob` of the session's options (its model, checked layers, target
-and device; statistics only), while the run panel shows the batches done and the ETA and
+samples); a worker runs a :class:`gradexplorer.pipeline.dataset_job.DatasetJob` over a
+:class:`gradexplorer.pipeline.job.CaptureJob` of the session's options (its model, checked layers,
+target, device and memory budget; statistics only), as the command line's
+``capture --batch-size`` does, while the run panel shows the batches done and the ETA and
 its Cancel stops the run between two module calls. The merged capture then opens in the
 window like any capture, and its per-batch series in a timeline window on request.
 
-A run that is cancelled or fails leaves the previous capture shown. Starting a single
+Before the batches run, one sample through the model tells the memory the run needs; over
+the budget, the run is refused in the window's words (:func:`window_budget_words`: the batch
+size of the question, the checked layers), with "Run anyway" and "Smaller batch size…" as
+next steps (none when nobody is there to press them), as a single Run over the budget asks.
+
+A run that is cancelled, refused or fails leaves the previous capture shown. Starting a single
 Run, loading a model or a batch makes a dataset run in flight stale (cancelled, its
 result dropped): what the window shows always comes from the last thing the user asked.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, Signal
@@ -35,16 +42,20 @@ from gradexplorer.app import dialogs
 from gradexplorer.app.listeners import listen
 from gradexplorer.app.run_worker import Progress, TaskRunner
 from gradexplorer.app.window.controller import WindowController
+from gradexplorer.app.window.error_dialog import Action
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.base.units import format_bytes
 from gradexplorer.capturing.data import Capture
 from gradexplorer.pipeline.job import CaptureJob
-from gradexplorer.pipeline.options import BatchSpec
+from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import Session
 
 if TYPE_CHECKING:  # annotations only (imported on first use)
     from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer.capturing.memory_estimate import MemoryEstimate, Shortfall
     from gradexplorer.recording.dataset import DatasetStats
+    from gradexplorer.recording.shard_blocks import ShardPlan
 
 
 class RunHost(Protocol):
@@ -57,11 +68,30 @@ class RunHost(Protocol):
 
     def statusBar(self) -> QStatusBar: ...
 
+#: The next steps a refusal over the memory budget offers.
+RUN_ANYWAY = "Run anyway"
+SMALLER_BATCH = "Smaller batch size…"
 #: The batch size the question proposes first.
 DEFAULT_BATCH_SIZE = 16
 #: Largest values the question accepts.
 MAX_BATCH_SIZE = 4096
 MAX_SAMPLES = 100_000_000
+
+
+def window_budget_words(estimate: MemoryEstimate, short: Shortfall, _plan: ShardPlan | None) -> tuple[str, str]:
+    """The window's refusal of a run over a folder that is over the memory budget: its
+    controls (the question's batch size, the checked layers, Run anyway), as the command
+    line names its flags (``gradexplorer.pipeline.dataset_job.command_line_words``)."""
+    cpu = short.device.type == "cpu"
+    where = "of memory" if cpu else f"on {short.device}"
+    share = ("the memory budget you set" if short.set_by_user
+             else "half of the free RAM" if cpu else "half of its free memory")
+    larger = (f", start gradexplorer with a --memory-budget above {format_bytes(short.need)}"
+              if short.set_by_user else "")
+    problem = (f"this run over the folder needs about {format_bytes(short.need)} {where} "
+               f"({estimate.describe()}) but the budget is {format_bytes(short.budget)} ({share});")
+    return problem, (f"choose a smaller batch size in the Run over folder question or tick fewer layers in "
+                     f"the module tree{larger}, or Run anyway.")
 
 
 class DatasetRunDialog(QDialog):
@@ -140,6 +170,8 @@ class DatasetRun(QObject):
         self.result: Capture | None = None
         self._generation = 0
         self._started = 0.0
+        #: The folder, batch size and maximum of the last run started (for "Run anyway").
+        self._request: tuple[str, int, int | None] | None = None
         self.runner.progress.connect(self._on_progress)
         self.runner.finished.connect(self._on_finished)
         self.runner.failed.connect(self._on_failed)
@@ -152,9 +184,12 @@ class DatasetRun(QObject):
 
     # -- starting -----------------------------------------------------------------------
     def run_over_folder(self, folder: str | None = None, batch_size: int | None = None,
-                        max_samples: int | None = None) -> int | None:
+                        max_samples: int | None = None, *, force: bool = False,
+                        propose: int = DEFAULT_BATCH_SIZE) -> int | None:
         """Ask for a folder and the batch size (unless given), then start the run.
 
+        ``force`` runs even over the memory budget (the refusal's "Run anyway");
+        ``propose`` is the batch size the question proposes.
         Returns the task's generation, or ``None`` when nothing was started.
         """
         w = self.window
@@ -169,32 +204,39 @@ class DatasetRun(QObject):
         if not folder:
             return None
         if batch_size is None:
-            answer = ask_dataset_run(self.dialog_parent, folder, DEFAULT_BATCH_SIZE)
+            answer = ask_dataset_run(self.dialog_parent, folder, propose)
             if answer is None:
                 return None
             batch_size, max_samples = answer
         try:
             w.run_panel.apply_target()
-            options = dataclasses.replace(s.capture_options(force=True), batch=BatchSpec(inputs=(str(folder),)),
+            options = dataclasses.replace(s.capture_options(force=force), batch=BatchSpec(inputs=(str(folder),)),
                                           mode="stats", train=False, input_grad=False)
         except GradExplorerError as exc:
             self._refuse(exc)
             return None
-        loaded, lock = s.model, s.run_lock
         size, most = int(batch_size), max_samples
-
-        def task(progress: Progress, cancel: threading.Event) -> tuple[Capture, DatasetStats]:
-            # Imported on first use: a dataset run is not needed to start the window.
-            from gradexplorer.recording.dataset import run_dataset_job
-
-            job = CaptureJob(options, progress, cancel, loaded=loaded, lock=lock)
-            return run_dataset_job(job, size, most)
-
+        self._request = (str(folder), size, most)
+        task = self._task(options, size, most)
         self._generation = s.generation  # a later model, batch or run makes the result stale
         self._started = time.monotonic()
         w.run_panel.set_running(True, "")
         w.statusBar().showMessage(f"Running over {folder} in batches of {size} (statistics only)…")
         return self.runner.start(task)
+
+    def _task(self, options: CaptureOptions, size: int, most: int | None
+              ) -> Callable[[Progress, threading.Event], tuple[Capture, DatasetStats]]:
+        s = self.window.session
+        loaded, lock = s.model, s.run_lock
+
+        def task(progress: Progress, cancel: threading.Event) -> tuple[Capture, DatasetStats]:
+            # Imported on first use: a dataset run is not needed to start the window.
+            from gradexplorer.pipeline.dataset_job import DatasetJob
+
+            job = CaptureJob(options, progress, cancel, loaded=loaded, lock=lock)
+            return DatasetJob(job, size, most, words=window_budget_words).run()
+
+        return task
 
     def cancel(self) -> None:
         """Stop the run in flight (between two module calls); the capture shown stays."""
@@ -240,9 +282,25 @@ class DatasetRun(QObject):
         self.done.emit("ok")
 
     def _on_failed(self, _gen: int, exc: BaseException) -> None:
-        self._idle("failed")
-        self.window.controller.show_error("The run over the folder failed", exc)
+        # Imported on first use: a dataset run is not needed to start the window.
+        from gradexplorer.pipeline.dataset_job import DatasetOverBudget
+
+        if isinstance(exc, DatasetOverBudget):
+            self._idle("over the memory budget")
+            self.window.controller.show_error("Over the memory budget", exc, actions=self._budget_actions())
+        else:
+            self._idle("failed")
+            self.window.controller.show_error("The run over the folder failed", exc)
         self.done.emit("failed")
+
+    def _budget_actions(self) -> list[Action]:
+        """The next steps of a refusal over the budget: the same run forced, or the question
+        again with half the batch size proposed; none when nobody is there to press them."""
+        if self.window.controller.unattended or self._request is None:
+            return []
+        folder, size, most = self._request
+        return [(RUN_ANYWAY, lambda: self.run_over_folder(folder, size, most, force=True)),
+                (SMALLER_BATCH, lambda: self.run_over_folder(folder, propose=max(1, size // 2)))]
 
     def _on_cancelled(self, _gen: int) -> None:
         self._idle("cancelled")

@@ -45,6 +45,7 @@ from gradexplorer.app.window.onset_link import OnsetLinkLabel, wire_onset_link
 from gradexplorer.app.window.run_panel import RunPanel
 from gradexplorer.app.window.screen_fit import keep_on_screen
 from gradexplorer.app.window.settings import AppSettings, RecentModel
+from gradexplorer.app.window.status_bar import ElidingStatusBar
 from gradexplorer.base.devices import list_devices
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.inputs import Batch
@@ -202,7 +203,8 @@ class MainWindow(QMainWindow):
 
     # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:
-        bar = self.statusBar()
+        bar = ElidingStatusBar(self)
+        self.setStatusBar(bar)
         self.status_model = QLabel(self)
         self.status_device = QLabel(self)
         self.status_run = QLabel(self)

@@ -7,6 +7,8 @@ options
     ``CaptureOptions``: what the user asked a capture to do, frozen.
 job
     ``CaptureJob``: options in, a capture with its metadata out, with progress and cancel.
+dataset_job
+    ``DatasetJob``: a ``CaptureJob`` over a whole dataset, its memory checked against the budget.
 provenance
     The model, batch and option part of a capture's metadata.
 compare_sources
@@ -19,4 +21,4 @@ view_state
     What the user is looking at: an evented model the views share.
 """
 
-__all__ = ["options", "job", "provenance", "compare_sources", "session", "live", "view_state"]
+__all__ = ["options", "job", "dataset_job", "provenance", "compare_sources", "session", "live", "view_state"]

@@ -13,15 +13,16 @@ rank``; :func:`gather_to_rank0` merges the ranks' totals with a collective (gloo
 CPU, NCCL on GPUs) and rank 0 writes the file. The batches are the same as one process
 would make, so the merged statistics equal the single-process ones up to the order of
 float64 additions, and the series are identical.
+
+The front ends run it through ``gradexplorer.pipeline.dataset_job.DatasetJob`` (the options of
+a ``CaptureJob``, the memory estimate against the budget, the capture's metadata).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from gradexplorer.capturing.selection import LayerSpec, resolve_layers
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import model_state_preserved
+from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.recording.collective_failure import collective_failed
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.recording.sharded import original_class
@@ -319,7 +321,7 @@ def dataset_files(inputs: Sequence[str], max_samples: int | None = None) -> list
     return files[:max_samples] if max_samples is not None else files
 
 
-def iter_image_batches(files: Sequence[Path], batch_size: int, loaded: Any, indices: Iterable[int]
+def iter_image_batches(files: Sequence[Path], batch_size: int, loaded: LoadedModel, indices: Iterable[int]
                        ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
     """Load and yield batches ``indices`` of ``files`` (``batch_size`` files each), one at a
     time: only one batch of images is in memory."""
@@ -361,7 +363,8 @@ class DatasetSource:
         batch has been read.
     """
 
-    def __init__(self, sources: Sequence[str], loaded: Any, batch_size: int, max_samples: int | None = None) -> None:
+    def __init__(self, sources: Sequence[str], loaded: LoadedModel, batch_size: int,
+                 max_samples: int | None = None) -> None:
         if batch_size < 1:
             raise GradExplorerError(f"the batch size {batch_size} is not a positive number;",
                                     "give the number of samples per batch, e.g. 32.")
@@ -513,97 +516,6 @@ def to_capture(stats: DatasetStats, model: nn.Module, layers: Sequence[str], met
         },
     })
     return Capture(full_meta, None, None, None, out_layers)
-
-
-def dataset_meta(loaded: Any, options: Any, source: DatasetSource, layers: Sequence[str], device: torch.device,
-                 world: int = 1, seconds: float | None = None) -> dict:
-    """The version 2 capture metadata (``gradexplorer.files.meta``) as far as a dataset has it.
-
-    Parameters
-    ----------
-    loaded : LoadedModel
-    options : CaptureOptions
-        The capture's options (target, architecture).
-    source : DatasetSource
-    layers : list of str
-        The selected modules, in order.
-    device : torch.device
-    world : int
-        Processes that took part (torchrun).
-    seconds : float, optional
-        How long the capture took.
-    """
-    return {
-        "model": loaded.spec, "model_name": loaded.name, "weights": loaded.weights, "arch": options.arch,
-        "categories": list(loaded.categories) if loaded.categories else None, "task": loaded.task,
-        "batch": source.describe(), "batch_source": ", ".join(source.sources), "sample_names": None,
-        "preprocessing": None, "labels": None, "input_grad": False, "autocast": None,
-        "target": str(options.target), "device": str(device), "dtype": source.dtype, "train": False,
-        "world_size": world,
-        "torch_version": str(torch.__version__),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "layer_order": list(layers), "call_order": None, "timing": None,
-        "seconds": round(seconds, 4) if seconds is not None else None,
-    }
-
-
-#: The progress stage of a dataset capture run by :func:`run_dataset_job`.
-STAGE_BATCHES = "batches"
-
-
-def run_dataset_job(job: Any, batch_size: int, max_samples: int | None = None) -> tuple[Capture, DatasetStats]:
-    """A dataset capture in one process, with the options, progress and cancel of a
-    :class:`gradexplorer.pipeline.job.CaptureJob` (what the window's "Run over folder…" runs).
-
-    The job's ``options.batch`` names the folder (or ``.pt`` file); its layers, target and
-    device are used; the capture keeps statistics only whatever ``options.mode`` says.
-    Progress is ``job.progress(STAGE_BATCHES, batches_done, total_batches)``; the job's
-    lock (when it has one) is held while hooks are on the model. Run it in a worker thread.
-
-    Parameters
-    ----------
-    job : CaptureJob
-    batch_size : int
-    max_samples : int, optional
-        Use at most this many samples (all when ``None``).
-
-    Returns
-    -------
-    (Capture, DatasetStats)
-        The statistics-only capture (``to_capture``) and the merged totals.
-
-    Raises
-    ------
-    GradExplorerError
-        No samples (an empty folder, a missing path), an unreadable image, inputs the
-        model does not take, a bad target or layers; ``CaptureError`` when forward or
-        backward fails; ``CaptureCancelled``.
-    """
-    start = time.perf_counter()
-    device = job.resolve_device()
-    loaded = job.load_model()
-    selected = job.selected_layers()
-    job.check_target()
-    sources = job.options.batch.sources()
-    if not job.options.batch.inputs:
-        raise GradExplorerError("a capture over a dataset needs a folder of images or a .pt tensor file;",
-                                "choose a folder (Run ▸ Run over folder…) or give --input FOLDER.")
-    job.check_cancel()
-    source = DatasetSource(sources, loaded, batch_size, max_samples)
-    report = job.progress
-
-    def progress(done: int, total: int, _samples: int) -> None:
-        if report is not None:
-            report(STAGE_BATCHES, done, total)
-
-    if report is not None:
-        report(STAGE_BATCHES, 0, source.total)
-    with job.lock if job.lock is not None else nullcontext():
-        stats = capture_dataset(loaded.module, source.batches(range(source.total)),
-                                layers=job.options.layer_spec(), target=job.options.target, device=device,
-                                total_batches=source.total, progress=progress, cancel=job.cancel)
-    meta = dataset_meta(loaded, job.options, source, selected, device, seconds=time.perf_counter() - start)
-    return to_capture(stats, loaded.module, selected, meta), stats
 
 
 def eta_text(done: int, total: int, started: float, now: float | None = None) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gradexplorer.app import dialogs
 from gradexplorer.app.window import dataset_run
@@ -202,3 +203,115 @@ def test_the_question_is_shown_through_dialogs_run_modal(qtbot, monkeypatch):
     assert isinstance(shown[0], dataset_run.DatasetRunDialog)
     monkeypatch.setattr(dialogs, "run_modal", lambda dialog: False)
     assert dataset_run.ask_dataset_run(None, "/some/folder", 8) is None
+
+
+# -- the memory budget ----------------------------------------------------------------------------
+
+
+def dataset_need(session, folder, batch_size: int) -> int:
+    """The bytes a run over ``folder`` needs on the CPU by the dataset estimate (statistics kept
+    plus one batch's forward and backward), for the session's model and layers."""
+    import dataclasses
+
+    from gradexplorer.capturing.memory_estimate import budget_shortfall
+    from gradexplorer.pipeline.dataset_job import DatasetJob
+    from gradexplorer.pipeline.job import CaptureJob
+    from gradexplorer.pipeline.options import BatchSpec
+
+    options = dataclasses.replace(session.capture_options(force=True), batch=BatchSpec(inputs=(str(folder),)),
+                                  mode="stats", train=False, input_grad=False)
+    estimate = DatasetJob(CaptureJob(options, loaded=session.model), batch_size).estimate()
+    short = budget_shortfall(estimate, "cpu", budget=1)
+    assert short is not None and short.need == estimate.total + estimate.transient
+    return short.need
+
+
+def model_state(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}, module.training
+
+
+def test_over_the_budget_is_refused_in_the_windows_words(qtbot, demo, monkeypatch, shown_errors, folder):
+    from gradexplorer.base.units import format_bytes
+    from gradexplorer.pipeline.dataset_job import DatasetOverBudget
+
+    s = demo.session
+    before, model = s.capture, s.model
+    need = dataset_need(s, folder, 3)
+    state, training = model_state(model.module)
+    s.set_memory_budget(need - 1)
+    assert start(qtbot, demo, monkeypatch, folder) == "failed"
+    title, exc = shown_errors[-1]
+    assert title == "Over the memory budget" and isinstance(exc, DatasetOverBudget)
+    assert exc.shortfall.need == need and exc.shortfall.budget == need - 1
+    assert f"needs about {format_bytes(need)} of memory" in exc.problem
+    assert "the memory budget you set" in exc.problem
+    # The window's controls, not the command line's flags.
+    assert "batch size in the Run over folder question" in exc.fix and "module tree" in exc.fix
+    assert "Run anyway" in exc.fix and "--batch-size" not in exc.fix and "--force" not in exc.fix
+    # Nothing ran: the capture shown and the model are as they were.
+    assert s.capture is before and s.model is model
+    assert_no_hooks(model.module)
+    assert all(p.grad is None for p in model.module.parameters())
+    after, after_training = model_state(model.module)
+    assert after_training == training and after.keys() == state.keys()
+    assert all(torch.equal(after[k], state[k]) for k in state)
+    assert not demo.dataset_timeline_action.isEnabled()
+    assert "over the memory budget" in demo.run_panel.progress.format()
+
+    # At the figure said, it fits: the refusal is the estimate's, not a guess.
+    s.set_memory_budget(need)
+    assert start(qtbot, demo, monkeypatch, folder) == "ok"
+    assert s.capture.meta["dataset"]["samples"] == 7
+
+
+def test_over_the_budget_offers_run_anyway_and_a_smaller_batch(qtbot, demo, monkeypatch, shown_errors, folder):
+    s = demo.session
+    before = s.capture
+    s.set_memory_budget(dataset_need(s, folder, 3) - 1)
+    assert start(qtbot, demo, monkeypatch, folder) == "failed"
+    actions = dict(shown_errors.offered[-1]["actions"])
+    assert list(actions) == [dataset_run.RUN_ANYWAY, dataset_run.SMALLER_BATCH]
+
+    asked = []
+    monkeypatch.setattr(dataset_run, "ask_dataset_run", lambda parent, f, b: asked.append((f, b)))
+    actions[dataset_run.SMALLER_BATCH]()  # the question again, half the batch proposed; cancelled
+    assert asked == [(str(folder), 1)]
+    assert s.capture is before
+
+    with qtbot.waitSignal(demo.dataset_run.done, timeout=TIMEOUT) as done:
+        actions[dataset_run.RUN_ANYWAY]()
+    assert done.args == ["ok"]
+    assert s.capture.meta["dataset"]["samples"] == 7 and s.capture.meta["dataset"]["batches"] == 3
+    assert_no_hooks(s.model.module)
+
+
+def test_unattended_the_refusal_offers_no_buttons(qtbot, demo, monkeypatch, shown_errors, folder):
+    demo.controller.unattended = True
+    demo.session.set_memory_budget(dataset_need(demo.session, folder, 3) - 1)
+    assert start(qtbot, demo, monkeypatch, folder) == "failed"
+    assert shown_errors[-1][0] == "Over the memory budget"
+    assert shown_errors.offered[-1].get("actions", []) == []
+
+
+def test_the_command_line_and_the_window_give_one_figure(qtbot, demo, monkeypatch, shown_errors, capsys, folder):
+    """One estimate: the same model, folder, layers and batch size over the same budget need
+    the same bytes, said in each front end's words."""
+    from gradexplorer.app.cli.main import main
+    from gradexplorer.base.units import format_bytes
+
+    s = demo.session
+    need = dataset_need(s, folder, 3)
+    s.set_memory_budget(need - 1)
+    assert start(qtbot, demo, monkeypatch, folder) == "failed"
+    window = shown_errors[-1][1]
+    capsys.readouterr()
+    code = main(["capture", "--model", "demo:shapes", "--input", str(folder), "--batch-size", "3",
+                 "--stats-only", "--device", "cpu", "--memory-budget", str(need - 1), "--out",
+                 str(folder.parent / "never.pt")])
+    err = capsys.readouterr().err
+    assert code != 0 and not (folder.parent / "never.pt").exists()
+    describe = window.estimate.describe()
+    assert f"needs about {format_bytes(need)} of memory per process ({describe})" in err
+    assert f"needs about {format_bytes(need)} of memory ({describe})" in window.problem
+    assert "--batch-size" in err and "--force to run anyway" in err
+    assert f"--memory-budget above {format_bytes(need)}" in err

@@ -689,3 +689,37 @@ def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
         index = tree.indexBelow(index)
     assert {"ResNet", "Sequential", "BatchNorm2d", "BasicBlock", "AdaptiveAvgPool2d"} <= seen
     assert header.sectionSize(COL_NAME) >= tree.NAME_WIDTH
+
+
+def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_of_it_in_the_tooltip(qtbot, demo):
+    """At 960 px the message about a block shown through its last call was cut at the first
+    permanent widget in the middle of its advice; now it is elided to the room left, whole in
+    the tooltip, shown whole again when the window is wide, and a timed message still goes."""
+    window = demo
+    window.show()
+    bar = window.statusBar()
+    window.controller.select_layer("features")  # a block: shown through its last captured call
+    whole = bar.full_message
+    assert whole.startswith("features is not recorded itself") and whole.endswith("own output.")
+
+    window.resize(960, 720)
+    for _ in range(5):
+        QApplication.processEvents()
+    shown = bar.currentMessage()
+    assert shown != whole and shown.endswith("…") and whole.startswith(shown[:-1])
+    assert bar.fontMetrics().horizontalAdvance(shown) <= bar.room()
+    assert bar.toolTip() == whole
+    first_permanent = min(w.geometry().left() for w in (window.status_model, window.status_device,
+                                                         window.status_run) if w.isVisible())
+    assert bar.fontMetrics().horizontalAdvance(shown) < first_permanent
+
+    window.resize(2400, 720)
+    for _ in range(5):
+        QApplication.processEvents()
+    assert bar.currentMessage() == whole and bar.toolTip() == ""
+
+    bar.showMessage("saved", 100)
+    assert bar.currentMessage() == "saved"
+    window.resize(1000, 720)
+    qtbot.waitUntil(lambda: bar.currentMessage() == "", timeout=5000)
+    assert bar.toolTip() == ""
