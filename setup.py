@@ -1,14 +1,15 @@
-"""What pyproject.toml cannot say: how the repository's folders become the one import
-package ``gradexplorer`` (docs/ARCHITECTURE.md, "One package from three folders").
+"""What pyproject.toml cannot say: which folders hold the distribution's packages
+(docs/ARCHITECTURE.md, "Source roots").
 
-- ``core/`` is the package itself: ``gradexplorer`` and its subpackages (the engine and the
-  public API in ``core/__init__.py``);
-- ``app/`` is ``gradexplorer.app`` (the window and the command line);
-- ``resources/`` is the data package ``gradexplorer.resources`` (the demos' weights and
-  pictures, found with ``importlib.resources``).
+- ``core/gradexplorer`` is the engine and the public API (``import gradexplorer as gx``);
+- ``app/gradexplorer_app`` is the window and the command line;
+- ``resources/`` holds data only (the demos' weights and pictures): a wheel ships it inside
+  the engine's package as ``gradexplorer/resources``; a checkout reads the folder itself
+  (``gradexplorer.models.demos``).
 
-setuptools' ``package_dir`` maps the three; editable installs honour it through their
-import finder. Everything else about the package is in pyproject.toml.
+Each module's path is its import name below its source root (``core/`` or ``app/``), so
+mypy, import-linter and an IDE read the repository as it is. Everything else about the
+distribution is in pyproject.toml.
 """
 
 from pathlib import Path
@@ -16,12 +17,13 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-FOLDERS = {"gradexplorer": "core", "gradexplorer.app": "app", "gradexplorer.resources": "resources"}
+FOLDERS = {"gradexplorer": "core/gradexplorer", "gradexplorer_app": "app/gradexplorer_app",
+           "gradexplorer.resources": "resources"}
 
 
 def _packages(package: str, folder: str, *, data: bool = False) -> list[str]:
     """The package of ``folder`` and of every folder below it that is one (every folder, for
-    the data package: setuptools would otherwise warn that it looks importable, or leave it out)."""
+    the data: setuptools would otherwise warn that it looks importable, or leave it out)."""
     base = ROOT / folder
     found = [package]
     for sub in sorted(base.rglob("*")):
@@ -37,7 +39,7 @@ PACKAGES = [name for package, folder in FOLDERS.items()
 setup(
     packages=PACKAGES,
     package_dir=FOLDERS,
-    # py.typed: the package's annotations are its types for a user's mypy or pyright (PEP 561).
-    package_data={"gradexplorer": ["py.typed"],
+    # py.typed: the annotations are the packages' types for a user's mypy or pyright (PEP 561).
+    package_data={"gradexplorer": ["py.typed"], "gradexplorer_app": ["py.typed"],
                   **{name: ["*"] for name in PACKAGES if name.startswith("gradexplorer.resources")}},
 )

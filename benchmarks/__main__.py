@@ -123,7 +123,7 @@ def tree_build(table: Table, quick: bool) -> None:
     table.add("module tree build", f"all {r['models']} torchvision models", f"{r['total_s'] * 1000:.0f} ms")
     q = measure_qt(name)
     if q is None:
-        table.add("Qt tree model", name, "n/a (gradexplorer.app.window.module_tree_view not available)")
+        table.add("Qt tree model", name, "n/a (gradexplorer_app.window.module_tree_view not available)")
     else:
         table.add("Qt tree model", f"{name}: construction + first full expansion",
                   f"{q['model_s'] * 1000:.0f} + {q['expand_s'] * 1000:.0f} ms", "no visible pause")

@@ -60,7 +60,7 @@ ADDRESS_SPACE = 8 << 30
 #: Peak resident memory above this is a blow-up.
 BLOW_UP = 2 << 30
 #: The console script's own entry point, run by this interpreter.
-GRADEXPLORER = [sys.executable, "-c", "import sys; from gradexplorer.app.cli.main import main; sys.exit(main())"]
+GRADEXPLORER = [sys.executable, "-c", "import sys; from gradexplorer_app.cli.main import main; sys.exit(main())"]
 READERS = ("inspect", "inspect --layer", "graph --capture", "diff", "window")
 LOG_READERS = ("inspect", "inspect --csv", "timeline")
 HUB_READERS = ("capture --text", "layers --probe")
@@ -223,7 +223,7 @@ def _in_process(name: str, reader: str, call: Callable[[], tuple[int, str, str]]
 
 
 def _cli(*argv: object) -> tuple[int, str, str]:
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -240,9 +240,9 @@ class _Window:
     def __init__(self) -> None:
         from PySide6.QtWidgets import QApplication
 
-        from gradexplorer.app.window import error_dialog
-        from gradexplorer.app.window.main_window import MainWindow
         from gradexplorer.base.devices import DeviceInfo
+        from gradexplorer_app.window import error_dialog
+        from gradexplorer_app.window.main_window import MainWindow
 
         self.app = QApplication.instance() or QApplication([])
         self.errors: list[str] = []
@@ -287,7 +287,7 @@ class _Timeline:
     """The timeline view, offscreen: a log opened, its heatmap drawn or its failure said."""
 
     def __init__(self) -> None:
-        from gradexplorer.app.views.timeline_view import TimelineView
+        from gradexplorer_app.views.timeline_view import TimelineView
 
         self.view = TimelineView(poll_ms=3_600_000)
         self.view.resize(1200, 800)
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.capture_mutations import fuzz_cases, save, valid_capture_dict, valid_dataset_capture_dict
     from tests.log_mutations import mutated, mutations as log_mutations, valid_log
 
-    # A PYTHONPATH given (a package view of another checkout) comes first.
+    # A PYTHONPATH given (another checkout's source roots) comes first.
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen",
            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)}
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]

@@ -54,7 +54,7 @@ def window(graph, engine: str, frames: int) -> dict:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from gradexplorer.app.views.graph_view import GraphPanel
+    from gradexplorer_app.views.graph_view import GraphPanel
 
     app = QApplication.instance() or QApplication([])
     panel = GraphPanel(engine=engine)

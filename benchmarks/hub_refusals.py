@@ -37,7 +37,7 @@ _CHILD = textwrap.dedent("""
     case, folder, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if case == "thumbnail":
         from PySide6.QtWidgets import QApplication
-        from gradexplorer.app.window.batch_panel import tensor_to_pixmap
+        from gradexplorer_app.window.batch_panel import tensor_to_pixmap
         app = QApplication.instance() or QApplication([])
         call = lambda: tensor_to_pixmap(torch.zeros(1).expand(16384, 16384))
     elif case in ("text file", "text lines"):

@@ -144,12 +144,12 @@ def measure_redraw(model: str = "resnet50", batch: int = 8, size: int = 224, lay
         itself), ``arrive_ms`` (the capture reaching the window until painted),
         ``leaves``, ``model``, ``batch``, ``size``.
     """
-    from gradexplorer.app.window.main_window import MainWindow
     from gradexplorer.base.devices import DeviceInfo
     from gradexplorer.batches import random_batch
     from gradexplorer.capturing.capture import capture
     from gradexplorer.models import load_model
     from gradexplorer.pipeline.session import prepare_model
+    from gradexplorer_app.window.main_window import MainWindow
 
     settings_dir = tempfile.TemporaryDirectory()
     old_settings = os.environ.get("GRADEXPLORER_SETTINGS")

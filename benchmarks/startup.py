@@ -7,7 +7,7 @@ Each repeat is a fresh process, started the way the console script starts (the c
 line's ``main([])``, which opens the window on ``demo:shapes`` and runs it once). Figures,
 median over the repeats (the machine may be shared: the spread is printed too):
 
-* imports: until the window's modules are imported (``gradexplorer.app.window.launch``);
+* imports: until the window's modules are imported (``gradexplorer_app.window.launch``);
 * first window: from the process's start until the window has been shown and painted;
 * first gradient: until the demo's first run is done and its views are drawn;
 * resident memory: the process's RSS once the first gradient is on screen, and its peak.
@@ -42,7 +42,7 @@ def _rss_mib() -> tuple[float, float]:
 def child(started: float) -> None:
     """One start-up, in this process: print the figures as one JSON line, then quit."""
     marks: dict[str, float] = {}
-    import gradexplorer.app.window.launch as launch_module  # what the console script imports first
+    import gradexplorer_app.window.launch as launch_module  # what the console script imports first
 
     marks["imports"] = time.time() - started
     from PySide6.QtCore import QTimer
@@ -77,7 +77,7 @@ def child(started: float) -> None:
             QTimer.singleShot(0, drawn)
 
     launch_module.MainWindow = TimedWindow
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     main([])
 

@@ -4,7 +4,7 @@
 
 ``ModuleTree.build`` for every model of ``torchvision.models.list_models()`` (built on
 the ``meta`` device: no weights are allocated, the modules are the same), then, for the
-net with the most modules: the build time, and with ``--qt`` (when ``gradexplorer.app.window.module_tree_view``
+net with the most modules: the build time, and with ``--qt`` (when ``gradexplorer_app.window.module_tree_view``
 exists) the construction of ``ModuleTreeModel`` for it and the first full expansion of a
 tree view, offscreen.
 """
@@ -80,9 +80,9 @@ def measure_qt(name: str) -> dict | None:
     try:
         from PySide6.QtWidgets import QApplication, QTreeView
 
-        from gradexplorer.app.window.module_tree_view import ModuleTreeModel
         from gradexplorer.models import load_model
         from gradexplorer.pipeline.session import Session, prepare_model
+        from gradexplorer_app.window.module_tree_view import ModuleTreeModel
     except ImportError:
         return None
     app = QApplication.instance() or QApplication([])
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     if args.qt:
         q = measure_qt(name)
         if q is None:
-            print("Qt model: n/a (gradexplorer.app.window.module_tree_view.ModuleTreeModel not available)")
+            print("Qt model: n/a (gradexplorer_app.window.module_tree_view.ModuleTreeModel not available)")
         else:
             print(f"Qt model for {name}: construction {q['model_s'] * 1000:.0f} ms, first full expansion "
                   f"{q['expand_s'] * 1000:.0f} ms")

@@ -68,7 +68,7 @@ class _Ticker:
 
 
 def _wait(signal, timeout_s: float = 600.0):
-    from gradexplorer.app.window.signal_wait import wait_for_signal
+    from gradexplorer_app.window.signal_wait import wait_for_signal
 
     return wait_for_signal(signal, timeout_s=timeout_s)
 
@@ -88,9 +88,9 @@ def _app():
 
 
 def _window():
-    from gradexplorer.app import dialogs
-    from gradexplorer.app.window.main_window import MainWindow
     from gradexplorer.base.devices import DeviceInfo
+    from gradexplorer_app import dialogs
+    from gradexplorer_app.window.main_window import MainWindow
 
     # The budget question would be a modal dialog: answer it (and say so in the figures).
     asked: list[str] = []

@@ -3,29 +3,24 @@
 - ruff: style and likely bugs, on the whole repository ([tool.ruff] in pyproject.toml);
 - mypy: the types of the package, core/ and app/ ([tool.mypy]);
 - import-linter: the architecture's import rules ([tool.importlinter]): the engine imports
-  neither gradexplorer.app nor Qt, pyqtgraph, superqt or qtpy; the command line imports no
+  neither gradexplorer_app nor Qt, pyqtgraph, superqt or qtpy; the command line imports no
   Qt; the subpackages are layered;
 - test timing: no test asserts on the wall clock or sleeps then asserts
   (scripts/check_test_timing.py); timings live in the benchmarks.
 
-mypy and import-linter read the package through build/package (scripts/package_view.py).
+mypy and import-linter read the two packages from their source roots, core/ and app/: each
+runs from the repository root as it is (`.venv/bin/mypy`, `.venv/bin/lint-imports`).
 
-All three run, each says what failed and how to fix it, and the exit status is 1 when any
+All four run, each says what failed and how to fix it, and the exit status is 1 when any
 failed. Run it alone with `make lint` or `.venv/bin/python scripts/check_code.py`.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file: make `scripts` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.package_view import lay_out, repository_path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -42,14 +37,14 @@ CHECKS = [
         "mypy",
         [PY, "-m", "mypy"],
         ("mypy found type errors (listed above). Give the function the annotations it lacks or "
-         "fix the type; rerun with `.venv/bin/python scripts/check_code.py` (it lays out the package "
-         "view that mypy reads). Settings: [tool.mypy] in pyproject.toml."),
+         "fix the type; rerun with `.venv/bin/mypy` from the repository root. Settings: [tool.mypy] in "
+         "pyproject.toml."),
     ),
     (
         "import-linter",
         [PY, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
         ("An import breaks the architecture (the chain is shown above): the engine (core/) never imports "
-         "gradexplorer.app or any Qt/plot package, the command line (gradexplorer.app.cli) imports no Qt, "
+         "gradexplorer_app (app/) or any Qt/plot package, the command line (gradexplorer_app.cli) imports no Qt, "
          "and a subpackage imports only from the layers below it (the list is in pyproject.toml). Move the "
          "code to the layer where it belongs; contracts: [tool.importlinter] in pyproject.toml."),
     ),
@@ -65,18 +60,15 @@ CHECKS = [
 
 def main() -> int:
     failed = []
-    # mypy and import-linter read the package from the folder view (scripts/package_view.py).
-    view = lay_out()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(view), os.environ.get("PYTHONPATH")]))}
     for name, command, advice in CHECKS:
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - start
         if proc.returncode == 0:
             print(f"check {name}: ok ({seconds:.1f} s)", flush=True)
             continue
         failed.append(name)
-        output = repository_path((proc.stdout + proc.stderr).strip())
+        output = (proc.stdout + proc.stderr).strip()
         # import-linter opens with a drawn banner: leave it out.
         output = "\n".join(line for line in output.splitlines() if not set(line) & set("╔╗╚╝║═▶◀")).strip()
         print(f"check {name}: FAILED ({seconds:.1f} s)\n{output}\n\n>>> {advice}\n", flush=True)

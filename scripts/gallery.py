@@ -32,7 +32,7 @@ HALF = (960, 720)
 
 
 def _wait(signal, start: Callable[[], object]) -> tuple:
-    from gradexplorer.app.window.signal_wait import wait_for_signal
+    from gradexplorer_app.window.signal_wait import wait_for_signal
 
     return wait_for_signal(signal, start, timeout_s=300)
 
@@ -121,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     out, docs = Path(args.out), Path(args.docs)
     out.mkdir(parents=True, exist_ok=True)
 
-    from gradexplorer.app.window import compare_window as compare_module
-    from gradexplorer.app.window.application import setup_application
-    from gradexplorer.app.window.compare_window import CompareWindow
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.timeline_window import TimelineWindow
     from gradexplorer.models.demos import WINDOW_DEMO
     from gradexplorer.pipeline.compare_sources import Variant
     from gradexplorer.pipeline.options import TEXT_SOURCE
+    from gradexplorer_app.window import compare_window as compare_module
+    from gradexplorer_app.window.application import setup_application
+    from gradexplorer_app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.timeline_window import TimelineWindow
 
     app = setup_application()
     shots: list[tuple[str, Callable[[], object]]] = []

@@ -66,7 +66,7 @@ def shoot(app, panel, path: Path, expand=(), settle: float = 0.5, focus: str | N
         wait()
     panel.canvas.fit()
     if focus:
-        from gradexplorer.app.views.graph_view import GraphFrameItem
+        from gradexplorer_app.views.graph_view import GraphFrameItem
 
         frames = [i for i in panel.canvas.scene().items() if isinstance(i, GraphFrameItem) and i.node_id == focus]
         if frames:
@@ -87,8 +87,8 @@ def shoot(app, panel, path: Path, expand=(), settle: float = 0.5, focus: str | N
 def main(out: str = "docs") -> int:
     from PySide6.QtWidgets import QApplication
 
-    from gradexplorer.app.views.graph_view import GraphPanel
     from gradexplorer.model_graph.grads import graph_gradients
+    from gradexplorer_app.views.graph_view import GraphPanel
 
     out_dir = Path(out)
     out_dir.mkdir(exist_ok=True)
@@ -139,9 +139,9 @@ def main(out: str = "docs") -> int:
 def compare_shot(app, path: Path) -> None:
     """resnet18 in float32 against bf16 autocast (statistics only), the compare window's
     Graph tab coloured by the relative L2 difference of the output gradients."""
-    from gradexplorer.app.window.compare_window import CompareWindow
     from gradexplorer.capturing.capture import capture
     from gradexplorer.model_graph.graph import graph_for_capture
+    from gradexplorer_app.window.compare_window import CompareWindow
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

@@ -10,7 +10,7 @@ of the wrong shape). The last capture is kept, as the GUI keeps it. Prints resid
 threads and open file descriptors before and after. Target: growth < 5%, no hooks, no
 threads or descriptors left over; the exit status is 1 when one is missed.
 
-GUI soak (``--gui N``): N runs through ``gradexplorer.app.window.main_window.MainWindow`` headless
+GUI soak (``--gui N``): N runs through ``gradexplorer_app.window.main_window.MainWindow`` headless
 (``QT_QPA_PLATFORM=offscreen``) on the built-in demo, alternating modes, every 10th
 cancelled just after it started; the same figures. Threads and descriptors are counted
 after the warm-up (torch and Qt start their thread pools lazily).
@@ -168,10 +168,10 @@ def gui_soak(runs: int = 100, quiet: bool = False) -> dict:
 
     from PySide6.QtWidgets import QApplication
 
-    from gradexplorer.app.window import error_dialog
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.settings import AppSettings
-    from gradexplorer.app.window.signal_wait import wait_for_signal
+    from gradexplorer_app.window import error_dialog
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.settings import AppSettings
+    from gradexplorer_app.window.signal_wait import wait_for_signal
 
     app = QApplication.instance() or QApplication([])
     errors: list[str] = []

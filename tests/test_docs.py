@@ -266,12 +266,10 @@ def _defines(source: Path, name: str) -> bool:
 
 
 def _resolves(dotted: str) -> bool:
-    """Whether ``gradexplorer.a.b.name`` is a module of this repository, or a name one defines,
-    read from the files (the package maps core/, app/ and resources/: setup.py)."""
-    parts = dotted.split(".")[1:]
-    base = ROOT / "core"
-    if parts and parts[0] in ("app", "resources"):
-        base, parts = ROOT / parts[0], parts[1:]
+    """Whether ``gradexplorer.a.b.name`` (or ``gradexplorer_app.…``) is a module of this
+    repository, or a name one defines, read from the files of the two source roots."""
+    package, *parts = dotted.split(".")
+    base = ROOT / ("app" if package == "gradexplorer_app" else "core") / package
     while parts and (base / parts[0] / "__init__.py").is_file():
         base, parts = base / parts[0], parts[1:]
     if parts and (base / f"{parts[0]}.py").is_file():
@@ -284,7 +282,7 @@ def _resolves(dotted: str) -> bool:
 
 def test_modules_and_names_the_pages_cite_exist():
     cited = {(page.relative_to(ROOT).as_posix(), m) for page in PAGES
-             for m in re.findall(r"\bgradexplorer(?:\.\w+)+", page.read_text(encoding="utf-8"))}
+             for m in re.findall(r"\bgradexplorer(?:_app)?(?:\.\w+)+", page.read_text(encoding="utf-8"))}
     # ARCHITECTURE.md says why the engine is not ``gradexplorer.core``.
     gone = sorted(f"{page}: {name}" for page, name in cited if name != "gradexplorer.core" and not _resolves(name))
     assert not gone, f"the pages cite modules or names that do not exist: {gone}"

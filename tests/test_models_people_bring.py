@@ -142,7 +142,7 @@ def model_args(kind, batch) -> list:
 
 
 def _cli(*argv) -> int:
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -355,8 +355,8 @@ def _drew(view, shape: tuple) -> None:
 
 @pytest.mark.parametrize("key", IDS)
 def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
-    from gradexplorer.app.window import error_dialog
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app.window import error_dialog
+    from gradexplorer_app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -405,8 +405,8 @@ def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key", ["lstm", "keywords", "dict_output", "bf16"])
 def test_compare_window_graph_is_coloured_by_divergence(key, captures, qtbot, tmp_path):
-    from gradexplorer.app.window.compare_window import CompareWindow
     from gradexplorer.capturing.capture import capture
+    from gradexplorer_app.window.compare_window import CompareWindow
 
     kind = KINDS[key]
     _, out, _ = captures[key]
@@ -431,7 +431,7 @@ def test_compare_window_graph_is_coloured_by_divergence(key, captures, qtbot, tm
 
 @pytest.mark.parametrize("key", ["transformer", "two_inputs", "fp16"])
 def test_timeline_window_shows_the_watch_log(key, qtbot, tmp_path):
-    from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer_app.window.timeline_window import TimelineWindow
 
     path = tmp_path / "run.gxw"
     _train_with_watch(KINDS[key], path)
@@ -448,7 +448,7 @@ def test_timeline_window_shows_the_watch_log(key, qtbot, tmp_path):
 
 @pytest.mark.parametrize("key", ["lstm", "two_inputs", "bf16"])
 def test_window_onset_link_jumps_to_the_poisoned_layer(key, qtbot, tmp_path, monkeypatch):
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -510,9 +510,9 @@ def test_a_batch_the_model_cannot_take_is_refused_in_words(key, source, needles,
 
 @pytest.mark.parametrize("key", ["bf16", "lstm"])
 def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
-    from gradexplorer.app import dialogs
-    from gradexplorer.app.window import dataset_run, error_dialog
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app import dialogs
+    from gradexplorer_app.window import dataset_run, error_dialog
+    from gradexplorer_app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -570,8 +570,8 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
 def test_opening_captures_without_the_model_shows_what_was_recorded(key, captures, qtbot, tmp_path, monkeypatch,
                                                                      capsys):
     # One batch: the head's per-sample shape. A dataset capture records no shape: blank, not "scalar".
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.module_tree_view import COL_SHAPE
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.module_tree_view import COL_SHAPE
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
@@ -597,7 +597,7 @@ def test_the_window_offers_the_class_axis_for_per_token_logits(qtbot, tmp_path, 
     """The LSTM's output is (B, T, vocab): the run panel offers "Classes on", and the last
     dim gives the gradients of the top-1 token logit (autograd on a scalar written by hand).
     A model with (B, classes) output does not show the row."""
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))

@@ -1,6 +1,6 @@
 """A wheel works: built from this tree, installed (not editable) into a fresh virtual
 environment and run from another folder, the CLI and the window find the demo's weights and
-pictures, which the wheel carries as the package ``gradexplorer.resources``.
+pictures, which the wheel carries inside the package as ``gradexplorer/resources``.
 
 The fresh environment borrows torch, PySide6 and the other dependencies from the running
 interpreter's site-packages through a ``.pth`` file (no download, and it works on a fresh
@@ -55,14 +55,16 @@ def wheel_venv(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/", 1)[0] for name in names}
     (dist_info,) = (name for name in top if name.endswith(".dist-info"))
-    assert top == {"gradexplorer", dist_info}, f"the wheel installs more than one top-level name: {sorted(top)}"
+    # The engine and the front ends (docs/ARCHITECTURE.md, "Source roots"), nothing else.
+    assert top == {"gradexplorer", "gradexplorer_app", dist_info}, f"the wheel's top-level names: {sorted(top)}"
     top_level = f"{dist_info}/top_level.txt"
     if top_level in names:
-        assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["gradexplorer"]
+        assert sorted(zipfile.ZipFile(wheel).read(top_level).decode().split()) == ["gradexplorer", "gradexplorer_app"]
     assert "gradexplorer/resources/demo_shapes/shapes_cnn.pt" in names, names
     assert "gradexplorer/resources/demo_shapes/samples/labels.json" in names, names
-    assert "gradexplorer/app/cli/main.py" in names and "gradexplorer/capturing/capture.py" in names
-    assert "gradexplorer/py.typed" in names, "the PEP 561 marker: a user's type checker reads the annotations"
+    assert "gradexplorer_app/cli/main.py" in names and "gradexplorer/capturing/capture.py" in names
+    assert {"gradexplorer/py.typed", "gradexplorer_app/py.typed"} <= set(names), (
+        "the PEP 561 markers: a user's type checker reads the annotations")
 
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])

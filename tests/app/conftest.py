@@ -14,7 +14,7 @@ CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 def window(qtbot):
     """The main window on the CPU, not yet loaded, at 1500×950 (no saved geometry restored,
     nor clamped to the test platform's 800×800 screen when shown)."""
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app.window.main_window import MainWindow
 
     w = MainWindow(devices=CPU, restore_geometry=False)
     qtbot.addWidget(w)
@@ -41,7 +41,7 @@ def _throwaway_settings(tmp_path, monkeypatch):
 @pytest.fixture
 def shown_errors(monkeypatch):
     """Replace the error dialog: every error shown is appended here instead."""
-    from gradexplorer.app.window import error_dialog
+    from gradexplorer_app.window import error_dialog
 
     errors = ShownErrors()
 
@@ -64,10 +64,10 @@ class ShownErrors(list):
 @pytest.fixture(autouse=True)
 def _no_modal_dialogs(monkeypatch):
     """A test that reaches a real modal dialog fails instead of hanging."""
-    from gradexplorer.app import dialogs
+    from gradexplorer_app import dialogs
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer.app.dialogs")
+        raise AssertionError("a modal dialog was opened in a test; monkeypatch gradexplorer_app.dialogs")
 
     for name in ("ask_open_files", "ask_open_file", "ask_folder", "ask_save_file", "ask_text",
                  "ask_item", "confirm_trust", "confirm_close_during_run", "ask_factory",

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from gradexplorer.app import dialogs
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer_app import dialogs
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gradexplorer.app.cli.common import EXIT_INTERNAL
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.common import EXIT_INTERNAL
+from gradexplorer_app.cli.main import main
 from tests.app.conftest import TIMEOUT
 from tests.capture_mutations import (
     _hostile_values,

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli.common import capture_options
-from gradexplorer.app.cli.main import build_parser, main
 from gradexplorer.files.capture_file import save_capture
 from gradexplorer.files.meta import VOLATILE_KEYS
 from gradexplorer.pipeline.job import STAGE_KERNELS, CaptureJob, probe_model
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.session import Session
+from gradexplorer_app.cli.common import capture_options
+from gradexplorer_app.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "resources" / "demo_shapes" / "samples"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli import common, main as cli
-from gradexplorer.app.cli.format import ProgressBar, fmt_num, human_size, table
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli import common, main as cli
+from gradexplorer_app.cli.format import ProgressBar, fmt_num, human_size, table
+from gradexplorer_app.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 QT_MODULES = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "pyqtgraph", "superqt", "qtpy")
@@ -576,21 +576,21 @@ def test_devices_lists_the_cpu(capsys):
 
 
 # ---------------------------------------------------------------------------
-# the desktop app path (gradexplorer.app.window.launch faked: the CLI's job is to hand over the flags)
+# the desktop app path (gradexplorer_app.window.launch faked: the CLI's job is to hand over the flags)
 # ---------------------------------------------------------------------------
 
 
 @pytest.fixture
 def fake_gui(monkeypatch):
     calls = []
-    module = types.ModuleType("gradexplorer.app.window.launch")
+    module = types.ModuleType("gradexplorer_app.window.launch")
 
     def launch(options=None, **kwargs):
         calls.append({"options": options, **kwargs})
         return 0
 
     module.launch = launch
-    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.launch", module)
+    monkeypatch.setitem(sys.modules, "gradexplorer_app.window.launch", module)
     return calls
 
 
@@ -755,7 +755,7 @@ def test_cli_capture_imports_no_qt(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from gradexplorer.app.cli.main import main
+        from gradexplorer_app.cli.main import main
         code = main(["capture", "--model", "demo:seed-mlp", "--random", "4x10",
                      "--out", {str(tmp_path / 'q.pt')!r}, "-q"])
         code = code or main(["inspect", {str(tmp_path / 'q.pt')!r}])
@@ -778,7 +778,7 @@ def test_gui_refuses_pyside_release_that_crashes_on_old_python(monkeypatch, caps
     import sys as _sys
     from importlib import metadata
 
-    from gradexplorer.app.cli import main as cli
+    from gradexplorer_app.cli import main as cli
 
     monkeypatch.setattr(metadata, "version", lambda name: "6.12.0")
     monkeypatch.setattr(_sys, "version_info", (3, 11, 7, "final", 0))

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradexplorer.app.cli import common
-from gradexplorer.app.cli.main import main
 from gradexplorer.files.capture_file import load_capture
+from gradexplorer_app.cli import common
+from gradexplorer_app.cli.main import main
 from tests.picture_folders import write_pictures
 
 ROOT = Path(__file__).resolve().parents[2]

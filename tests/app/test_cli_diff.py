@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gradexplorer.app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
-from gradexplorer.app.cli.main import main
 from gradexplorer.capturing.capture import capture
 from gradexplorer.files.capture_file import save_capture
+from gradexplorer_app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
+from gradexplorer_app.cli.main import main
 from tests.app.test_cli import QT_MODULES, subprocess_env
 
 
@@ -153,7 +153,7 @@ def test_diff_imports_no_qt(files, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from gradexplorer.app.cli.main import main
+        from gradexplorer_app.cli.main import main
         code = main(["diff", {str(files['a'])!r}, {str(files['b'])!r}, "-q", "--csv", {str(tmp_path / 'x.csv')!r}])
         qt = sorted(m for m in sys.modules if m.split(".")[0] in {QT_MODULES!r})
         print("QT:", qt)

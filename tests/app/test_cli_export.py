@@ -14,8 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 import gradexplorer as gx
-from gradexplorer.app.cli.main import main
 from gradexplorer.recording.watch_log import decode_hist, open_log
+from gradexplorer_app.cli.main import main
 
 STEPS = 4
 

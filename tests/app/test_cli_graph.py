@@ -95,7 +95,7 @@ def test_pictures(tmp_path, capsys, factory):
 def test_json_and_dot_import_no_qt(tmp_path, factory):
     code = textwrap.dedent(f"""
         import sys
-        from gradexplorer.app.cli.main import main
+        from gradexplorer_app.cli.main import main
         for suffix in ("json", "dot", "svg"):
             assert main(["graph", "--model", {factory!r}, "--trust", "--random", "2x4",
                          "--out", {str(tmp_path)!r} + "/g." + suffix]) == 0
@@ -161,7 +161,7 @@ def test_a_png_export_leaves_a_process_that_can_still_open_widgets():
     import sys
     from pathlib import Path
 
-    code = ("from gradexplorer.app.views.graph_picture import svg_to_png\n"
+    code = ("from gradexplorer_app.views.graph_picture import svg_to_png\n"
             "png = svg_to_png('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"/>')\n"
             "from PySide6.QtWidgets import QWidget\n"
             "w = QWidget()\n"

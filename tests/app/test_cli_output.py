@@ -9,7 +9,7 @@ import stat
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX special files")
 

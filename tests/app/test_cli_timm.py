@@ -8,10 +8,10 @@ import textwrap
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.batches.random_batches import random_batch
 from gradexplorer.files.capture_file import load_capture
 from gradexplorer.models import load_model
+from gradexplorer_app.cli.main import main
 from tests.core.test_timm_models import hf_home, plant_weights  # noqa: F401 (a fixture)
 from tests.ground_truth import compare, reference
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradexplorer.app.cli import common
-from gradexplorer.app.cli.main import main
 from gradexplorer.recording.watch import watch
+from gradexplorer_app.cli import common
+from gradexplorer_app.cli.main import main
 
 
 def make_log(path, nan_at: int = 3, steps: int = 5):

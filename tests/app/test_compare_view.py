@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gradexplorer.app import dialogs
-from gradexplorer.app.views.compare_view import CompareView
-from gradexplorer.app.views.plot_style import scale_number
-from gradexplorer.app.window import compare_window, error_dialog
-from gradexplorer.app.window.compare_window import CHOICES, CompareWindow, compare_with
 from gradexplorer.capturing.capture import capture
 from gradexplorer.comparison.compare import compare, flow_comparison, heatmap_triple
 from gradexplorer.files.capture_file import save_capture
+from gradexplorer_app import dialogs
+from gradexplorer_app.views.compare_view import CompareView
+from gradexplorer_app.views.plot_style import scale_number
+from gradexplorer_app.window import compare_window, error_dialog
+from gradexplorer_app.window.compare_window import CHOICES, CompareWindow, compare_with
 
 
 class Net(nn.Module):
@@ -305,7 +305,7 @@ def test_the_first_view_frames_a_b_and_a_minus_b_and_marks_rows_legibly(qtbot, p
     in a colour their text reads on (it had been dark on dark red), also when selected."""
     from PySide6.QtWidgets import QApplication
 
-    from gradexplorer.app.window.application import setup_application
+    from gradexplorer_app.window.application import setup_application
 
     setup_application()  # the window's own palette: the row and selection colours are its
     a, b, _ = pair

@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
-from gradexplorer.app import dialogs
+from gradexplorer_app import dialogs
 
 
 def test_ctrl_c_in_the_statistics_copies_every_digit(qtbot, demo):
@@ -27,7 +27,7 @@ def test_ctrl_c_in_the_statistics_copies_every_digit(qtbot, demo):
     qtbot.keyClick(table, Qt.Key.Key_C, Qt.KeyboardModifier.ControlModifier)
     assert float(QGuiApplication.clipboard().text()) == float(stats["mean"])  # every digit
     assert QGuiApplication.clipboard().text() == repr(float(stats["mean"]))
-    from gradexplorer.app.views.context_menus import table_menu
+    from gradexplorer_app.views.context_menus import table_menu
 
     texts = [a.text() for a in table_menu(table).actions()]
     assert texts == ["Copy (full precision)", "Copy the whole table"]
@@ -53,7 +53,7 @@ def test_the_tree_copies_the_qualified_name_and_the_norm(qtbot, demo):
 
 
 def test_a_plot_has_a_menu_to_copy_its_picture_or_export_it(qtbot, demo, tmp_path, monkeypatch):
-    from gradexplorer.app.views.context_menus import plot_menu
+    from gradexplorer_app.views.context_menus import plot_menu
 
     demo.show()
     views = demo.views

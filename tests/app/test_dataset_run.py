@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from gradexplorer.app import dialogs
-from gradexplorer.app.window import dataset_run
 from gradexplorer.base.errors import BatchError, GradExplorerError
 from gradexplorer.recording.dataset import DatasetSource, capture_dataset
+from gradexplorer_app import dialogs
+from gradexplorer_app.window import dataset_run
 from tests.conftest import assert_no_hooks
 from tests.picture_folders import write_pictures
 
@@ -173,7 +173,7 @@ def test_a_new_run_makes_the_folder_run_stale(qtbot, demo, monkeypatch, folder):
 
 
 def test_the_question_has_sane_defaults(qtbot):
-    from gradexplorer.app.window.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
+    from gradexplorer_app.window.dataset_run import DEFAULT_BATCH_SIZE, DatasetRunDialog
 
     d = DatasetRunDialog(None, "/some/folder")
     qtbot.addWidget(d)
@@ -296,8 +296,8 @@ def test_unattended_the_refusal_offers_no_buttons(qtbot, demo, monkeypatch, show
 def test_the_command_line_and_the_window_give_one_figure(qtbot, demo, monkeypatch, shown_errors, capsys, folder):
     """One estimate: the same model, folder, layers and batch size over the same budget need
     the same bytes, said in each front end's words."""
-    from gradexplorer.app.cli.main import main
     from gradexplorer.base.units import format_bytes
+    from gradexplorer_app.cli.main import main
 
     s = demo.session
     need = dataset_need(s, folder, 3)

@@ -12,11 +12,11 @@ import threading
 import pytest
 import torch
 
-from gradexplorer.app.cli import common, main as cli
-from gradexplorer.app.window.controller import load_model_task
-from gradexplorer.app.window.model_panel import ModelRequest
 from gradexplorer.pipeline.job import CaptureJob
 from gradexplorer.pipeline.options import BatchSpec
+from gradexplorer_app.cli import common, main as cli
+from gradexplorer_app.window.controller import load_model_task
+from gradexplorer_app.window.model_panel import ModelRequest
 
 NETS = textwrap.dedent(
     """

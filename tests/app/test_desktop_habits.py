@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from gradexplorer.app import dialogs
+from gradexplorer_app import dialogs
 
 TIMEOUT = 60_000
 
@@ -141,7 +141,7 @@ def _info(cached: tuple[str, ...]):
 
 
 def test_the_weights_box_opens_on_weights_it_can_load_offline(qtbot, window):
-    from gradexplorer.app.window.model_panel import NO_WEIGHTS
+    from gradexplorer_app.window.model_panel import NO_WEIGHTS
 
     panel = window.model_panel
     panel.set_catalog([_info(())])
@@ -158,8 +158,8 @@ def test_the_weights_box_opens_on_weights_it_can_load_offline(qtbot, window):
 
 def test_weights_offline_offer_random_weights_and_the_box_shows_them(qtbot, window, shown_errors, monkeypatch,
                                                                      tmp_path):
-    from gradexplorer.app.window.model_panel import NO_WEIGHTS
     from gradexplorer.base.errors import WeightsUnavailable
+    from gradexplorer_app.window.model_panel import NO_WEIGHTS
 
     _offline(monkeypatch, tmp_path)
     window.controller.start()  # the model list, read when the Model tab is first shown
@@ -187,7 +187,7 @@ def test_weights_offline_choose_file_loads_it_and_the_box_names_it(qtbot, window
                                                                    tmp_path):
     import torchvision
 
-    from gradexplorer.app.window.model_panel import LOCAL_FILE
+    from gradexplorer_app.window.model_panel import LOCAL_FILE
 
     _offline(monkeypatch, tmp_path)
     path = tmp_path / "my_resnet18.pth"
@@ -284,7 +284,7 @@ def test_a_checkpoint_cut_short_is_called_damaged_not_something_else(tmp_path):
 
 
 def test_the_command_line_says_what_a_non_checkpoint_file_is(tmp_path, capsys):
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     picture = tmp_path / "cat.pth"
     picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
@@ -307,7 +307,7 @@ def test_the_model_list_is_read_when_the_model_tab_is_first_shown(qtbot, window)
 # -- menus, shortcuts, title ------------------------------------------------------------------------
 def test_help_names_the_version_and_lists_the_shortcuts(qtbot, window):
     from gradexplorer import __version__
-    from gradexplorer.app.window.main_window import about_text
+    from gradexplorer_app.window.main_window import about_text
 
     assert __version__ in about_text()
     keys = dict(window.shortcut_list())
@@ -347,7 +347,7 @@ def test_ctrl_w_closes_the_main_window(qtbot, window):
 def test_the_timeline_window_has_a_menu_and_closes_with_ctrl_w_and_esc(qtbot):
     from PySide6.QtCore import Qt
 
-    from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer_app.window.timeline_window import TimelineWindow
 
     for key, modifier in ((Qt.Key.Key_W, Qt.KeyboardModifier.ControlModifier),
                           (Qt.Key.Key_Escape, Qt.KeyboardModifier.NoModifier),
@@ -371,7 +371,7 @@ def test_the_title_follows_a_capture_opened_over_a_model(qtbot, demo, tmp_path):
 
 # -- what is remembered ------------------------------------------------------------------------------
 def test_recent_models_keep_their_weights_and_load_with_them(qtbot, window, monkeypatch):
-    from gradexplorer.app.window.settings import AppSettings, RecentModel
+    from gradexplorer_app.window.settings import AppSettings, RecentModel
 
     with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
         window.load_model("resnet18", weights=None)
@@ -390,7 +390,7 @@ def test_recent_models_keep_their_weights_and_load_with_them(qtbot, window, monk
 
 
 def test_recent_captures_are_remembered_and_reopen(qtbot, demo, tmp_path):
-    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer_app.window.settings import AppSettings
 
     path = tmp_path / "cap.pt"
     with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
@@ -464,7 +464,7 @@ def test_refusing_to_go_on_keeps_the_batch_and_says_why(qtbot, demo, monkeypatch
 
 
 def test_the_command_line_refuses_by_name_or_skips_with_a_warning(tmp_path, capsys):
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     good, bad = _pictures(tmp_path)
     args = ["capture", "--model", "demo:shapes", "--input", *good, bad]

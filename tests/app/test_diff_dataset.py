@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
-from gradexplorer.app.cli.main import main
 from gradexplorer.capturing.capture import capture
 from gradexplorer.comparison.compare import CompareError, compare, histogram_distance
 from gradexplorer.files.capture_file import save_capture
 from gradexplorer.recording.dataset import batch_count, capture_dataset, iter_tensor_batches, to_capture
+from gradexplorer_app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
+from gradexplorer_app.cli.main import main
 
 LAYERS = ["l1", "act", "l2"]
 
@@ -109,7 +109,7 @@ def test_log2_histograms_compare_bin_by_bin():
 
 
 def test_compare_window_says_why_it_refuses(qtbot, caps, shown_errors):
-    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.compare_window import CompareWindow
 
     w = CompareWindow()
     qtbot.addWidget(w)

@@ -22,7 +22,7 @@ def _refused_pickle(tmp_path) -> BaseException:
 
 
 def test_enter_closes_an_error_dialog_with_details(qtbot):
-    from gradexplorer.app.window import error_dialog
+    from gradexplorer_app.window import error_dialog
 
     try:
         raise ValueError("boom")
@@ -37,7 +37,7 @@ def test_enter_closes_an_error_dialog_with_details(qtbot):
 
 
 def test_enter_closes_a_box_that_offers_next_steps_without_taking_one(qtbot):
-    from gradexplorer.app.window import error_dialog
+    from gradexplorer_app.window import error_dialog
 
     taken = []
     box = error_dialog.show_error(None, "Weights", GradExplorerError("Not here.", "Choose."),
@@ -49,7 +49,7 @@ def test_enter_closes_a_box_that_offers_next_steps_without_taking_one(qtbot):
 
 
 def test_the_details_of_a_refused_pickle_hold_what_torch_refused_not_its_advice(tmp_path):
-    from gradexplorer.app.window import error_dialog
+    from gradexplorer_app.window import error_dialog
 
     cause = _refused_pickle(tmp_path)
     assert "will likely succeed" in str(cause)  # torch's own text says it

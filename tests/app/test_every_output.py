@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gradexplorer.base.file_write as fw
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 from tests.app.test_cli_watch import make_log
 from tests.capture_mutations import save, valid_capture_dict
 from tests.picture_folders import write_pictures
@@ -61,9 +61,9 @@ def inputs(tmp_path, valid, monkeypatch):
     (folder / "imgs").mkdir()
     imgs = write_pictures(folder / "imgs", 2)
     for name, attr in (("launch", "launch"), ("timeline_window", "launch_timeline")):
-        module = types.ModuleType(f"gradexplorer.app.window.{name}")
+        module = types.ModuleType(f"gradexplorer_app.window.{name}")
         setattr(module, attr, lambda *a, **k: pytest.fail("a window opened"))
-        monkeypatch.setitem(sys.modules, f"gradexplorer.app.window.{name}", module)
+        monkeypatch.setitem(sys.modules, f"gradexplorer_app.window.{name}", module)
     return {"x": x, "cap": cap, "b": b, "log": log, "imgs": imgs}
 
 

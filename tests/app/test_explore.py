@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gradexplorer as gx
-from gradexplorer.app import explore as explore_module
+from gradexplorer_app import explore as explore_module
 from tests.ground_truth import compare, reference
 from tests.memory_watch import LargestResult, RowReader, peak_rss_rise
 
@@ -233,7 +233,7 @@ def test_bad_arguments_are_refused_in_words_before_a_window_opens(qtbot, live, b
     model, x = live
     monkeypatch.chdir(tmp_path)
     before = model_state(model)
-    from gradexplorer.app.window import error_dialog
+    from gradexplorer_app.window import error_dialog
 
     shown: list = []
     monkeypatch.setattr(error_dialog, "show_error", lambda parent, title, exc: shown.append((title, exc)))
@@ -332,7 +332,7 @@ def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(kerne
     while kernel.run("print(w.session.capture is not None)").strip() != "True" and time.monotonic() < end:
         time.sleep(0.25)
     assert kernel.run("print(len(w.session.capture), w.isVisible())").split() == ["3", "True"]
-    assert kernel.run("w.close(); import gradexplorer.app.explore as e; print(len(e._open_windows))").strip() == "0"
+    assert kernel.run("w.close(); import gradexplorer_app.explore as e; print(len(e._open_windows))").strip() == "0"
 
 
 def test_screenshot_never_replaces_the_capture_it_shows(live, tmp_path):
@@ -423,7 +423,7 @@ def test_a_listener_that_raises_is_a_message_and_the_run_goes_on(qtbot, live, sh
     """A view that fails while the session announces a model (here the graph, out of
     memory) had stopped the controller half way: the batch was never set, the run never
     started, and explore waited for ever. Now the window says so and the rest goes on."""
-    from gradexplorer.app.views.graph_view import GraphPanel
+    from gradexplorer_app.views.graph_view import GraphPanel
 
     def out_of_memory(*_a, **_k):
         raise MemoryError("cannot allocate 1073741824 bytes")
@@ -445,8 +445,8 @@ CAPPED_SCRIPT = textwrap.dedent("""
     import sys
     import torch
     import gradexplorer as gx
-    from gradexplorer.app.window.application import setup_application
-    import gradexplorer.app.window.main_window  # everything imported before the cap
+    from gradexplorer_app.window.application import setup_application
+    import gradexplorer_app.window.main_window  # everything imported before the cap
     from tests.memory_watch import RowReader
 
     setup_application()

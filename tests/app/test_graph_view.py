@@ -10,10 +10,10 @@ import torch
 import torchvision
 from PySide6.QtCore import Qt
 
-from gradexplorer.app.views.graph_view import GraphPanel
 from gradexplorer.model_graph.grads import graph_gradients
 from gradexplorer.model_graph.graph import extract_graph
 from gradexplorer.model_graph.render import tick_label
+from gradexplorer_app.views.graph_view import GraphPanel
 
 TIMEOUT = 60_000
 
@@ -75,7 +75,7 @@ def test_double_click_expands_in_place_and_a_frame_collapses(qtbot, panel, r18_g
     first = panel.items["m:layer2.0.conv1:0"].rect.center()
     assert (first.x(), first.y()) == pytest.approx((old.x(), old.y()))
     # Edges stay consistent: one scene path per visible edge.
-    from gradexplorer.app.views.graph_view import GraphEdgeItem
+    from gradexplorer_app.views.graph_view import GraphEdgeItem
 
     edges = [i for i in panel.canvas.scene().items() if isinstance(i, GraphEdgeItem)]
     assert len(edges) == len(r18_graph.view(panel.expanded).edges)
@@ -160,7 +160,7 @@ def test_log_colour_bar_follows_the_statistic(qtbot, panel):
 
 
 def test_export_svg_and_png(panel, tmp_path, monkeypatch):
-    from gradexplorer.app import dialogs
+    from gradexplorer_app import dialogs
 
     svg = panel.export(str(tmp_path / "g.svg"))
     text = (tmp_path / "g.svg").read_text()
@@ -246,7 +246,7 @@ def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbo
 def test_nested_frames_enclose_each_other_and_their_names_never_overlap(qtbot, panel):
     """layer1 and its block layer1.0 both open: layer1's frame holds layer1.0's, and each
     name sits in a band of its own (they had been drawn over each other)."""
-    from gradexplorer.app.views.graph_view import GraphFrameItem
+    from gradexplorer_app.views.graph_view import GraphFrameItem
 
     for container in ("m:layer1:0", "m:layer1.0:0"):
         if container not in panel.expanded:

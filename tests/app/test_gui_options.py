@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import gradexplorer.app.window.launch
-from gradexplorer.app.cli import common, main as cli
-from gradexplorer.app.window.launch import start
+import gradexplorer_app.window.launch
+from gradexplorer_app.cli import common, main as cli
+from gradexplorer_app.window.launch import start
 from tests.app.conftest import TIMEOUT
 
 SETTINGS = ["--model", "demo:seed-mlp", "--random", "4x10", "--layers", "fc1", "fc3", "--target", "sum",
@@ -22,7 +22,7 @@ def fake_launch(monkeypatch):
         calls.append((options, run, screenshot))
         return 0
 
-    monkeypatch.setattr(gradexplorer.app.window.launch, "launch", launch)
+    monkeypatch.setattr(gradexplorer_app.window.launch, "launch", launch)
     return calls
 
 

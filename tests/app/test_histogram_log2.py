@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.views.capture_views import CaptureViews
-from gradexplorer.app.views.histogram_view import edge_label
 from gradexplorer.capturing.capture import capture
 from gradexplorer.recording.dataset import DatasetStats, to_capture
 from gradexplorer.stats.merge import HIST_BINS, ZERO_BIN, MergeStats, hist_edges
+from gradexplorer_app.views.capture_views import CaptureViews
+from gradexplorer_app.views.histogram_view import edge_label
 
 # Values spread over many octaves, both signs, zeros and float32 subnormals, none on an
 # edge (so that which bar holds them does not depend on how edges are closed).

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
     torch.zeros(1, dtype=torch.int64).expand(8192, 8192),
 ])
 def test_a_thumbnail_of_an_expanded_sample_copies_no_more_than_it_draws(qtbot, sample):
-    from gradexplorer.app.window.batch_panel import tensor_to_pixmap
+    from gradexplorer_app.window.batch_panel import tensor_to_pixmap
 
     with LargestResult() as seen:
         pix = tensor_to_pixmap(sample)
@@ -33,7 +33,7 @@ def test_a_thumbnail_of_an_expanded_sample_copies_no_more_than_it_draws(qtbot, s
 
 def test_a_thumbnail_still_shows_the_picture(qtbot):
     """A ramp from dark (top left) to bright (bottom right), drawn from every 64th pixel."""
-    from gradexplorer.app.window.batch_panel import THUMB, tensor_to_pixmap
+    from gradexplorer_app.window.batch_panel import THUMB, tensor_to_pixmap
 
     ramp = torch.linspace(0, 1, 16384)
     sample = (ramp[:, None] + ramp[None, :]).expand(3, -1, -1)
@@ -63,7 +63,7 @@ def _null_statistics_log(path: Path) -> Path:
 
 
 def test_a_log_whose_statistics_are_all_null_shows_no_histograms(qtbot, tmp_path):
-    from gradexplorer.app.views.timeline_view import TimelineView
+    from gradexplorer_app.views.timeline_view import TimelineView
 
     path = _null_statistics_log(tmp_path / "null.gxw")
     view = TimelineView(poll_ms=100)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.file_write import FileWriteError, atomic_write_bytes, check_output_path
+from gradexplorer_app.cli.main import main
 from tests import hf_hostile, hf_tiny
 
 pytest.importorskip("transformers")

@@ -9,12 +9,12 @@ import torch
 from PySide6.QtCore import Qt
 
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app import dialogs
-from gradexplorer.app.window import error_dialog
-from gradexplorer.app.window.main_window import MainWindow
-from gradexplorer.app.window.settings import AppSettings
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import BatchError, GradExplorerError, TrustRequired
+from gradexplorer_app import dialogs
+from gradexplorer_app.window import error_dialog
+from gradexplorer_app.window.main_window import MainWindow
+from gradexplorer_app.window.settings import AppSettings
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 
 TIMEOUT = 60_000
@@ -30,7 +30,7 @@ def test_demo_loads_and_runs_through_the_worker(demo):
     assert cap.meta["model"] == "demo:shapes" and cap.meta["categories"][0]
     # The tree shows gradient norms, the batch panel the predictions.
     model = demo.tree_view.tree_model
-    from gradexplorer.app.window.module_tree_view import COL_GRAD
+    from gradexplorer_app.window.module_tree_view import COL_GRAD
 
     assert model.data(model.index_of("classifier", COL_GRAD))
     text = demo.batch_panel.list.item(0).text()
@@ -295,7 +295,7 @@ def test_launch_with_screenshot(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", GRADEXPLORER_SETTINGS=str(tmp_path / "s.ini"),
                PYTHONPATH=str(root))
-    code = f"from gradexplorer.app.window.launch import launch; raise SystemExit(launch(screenshot={str(shot)!r}))"
+    code = f"from gradexplorer_app.window.launch import launch; raise SystemExit(launch(screenshot={str(shot)!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

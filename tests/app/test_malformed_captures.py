@@ -12,9 +12,9 @@ import io
 
 import pytest
 
-from gradexplorer.app.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_USER
-from gradexplorer.app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gradexplorer_app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
+from gradexplorer_app.cli.main import main
 from tests.app.conftest import TIMEOUT
 from tests.capture_mutations import Mutation, mutations, names_the_field, save, valid_capture_dict
 
@@ -119,7 +119,7 @@ def test_the_window_shows_a_dialog_and_keeps_the_previous_capture(qtbot, window,
 
 
 def test_compare_with_a_malformed_file_shows_a_dialog(qtbot, shown_errors, tmp_path, valid):
-    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.compare_window import CompareWindow
 
     good = save(valid, tmp_path / "good.pt")
     bad = save(_variant(valid, WINDOW_CASES[0]), tmp_path / "bad.pt")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import gradexplorer.capturing.memory_estimate
-from gradexplorer.app import dialogs
-from gradexplorer.app.window.main_window import MainWindow
 from gradexplorer.base.devices import DeviceInfo
+from gradexplorer_app import dialogs
+from gradexplorer_app.window.main_window import MainWindow
 
 TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]

@@ -10,7 +10,11 @@ from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QStyle, QStyleOptionViewItem
 from torch import nn
 
-from gradexplorer.app.window.module_tree_view import (
+from gradexplorer.capturing.inputs import Batch
+from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer.pipeline.session import PreparedModel, Session, prepare_model
+from gradexplorer_app.window.module_tree_view import (
     BADGES_ROLE,
     BAR_ROLE,
     COL_GRAD,
@@ -19,10 +23,6 @@ from gradexplorer.app.window.module_tree_view import (
     ModuleTreeModel,
     ModuleTreePanel,
 )
-from gradexplorer.capturing.inputs import Batch
-from gradexplorer.capturing.module_tree import ModuleTree
-from gradexplorer.models.loaded_model import LoadedModel
-from gradexplorer.pipeline.session import PreparedModel, Session, prepare_model
 
 CHECKED, UNCHECKED, PARTIAL = Qt.CheckState.Checked, Qt.CheckState.Unchecked, Qt.CheckState.PartiallyChecked
 
@@ -254,7 +254,7 @@ def test_a_capture_without_its_model_counts_the_parameters_it_holds(qtbot, demo,
         demo.export_capture(str(path))
     params = demo.session.model.module
     total = sum(p.numel() for p in params.parameters())
-    from gradexplorer.app.window.main_window import MainWindow
+    from gradexplorer_app.window.main_window import MainWindow
     from tests.app.conftest import CPU
 
     other = MainWindow(devices=CPU, restore_geometry=False)

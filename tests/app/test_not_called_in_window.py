@@ -26,8 +26,8 @@ class Attention(nn.Module):
 
 
 def test_never_called_is_not_no_gradient_and_parameter_gradients_show(qtbot, window):
-    from gradexplorer.app.window.module_tree_view import BADGES_ROLE
     from gradexplorer.capturing.capture import capture
+    from gradexplorer_app.window.module_tree_view import BADGES_ROLE
 
     torch.manual_seed(0)
     model = Attention().eval()

@@ -7,8 +7,8 @@ import textwrap
 
 from PySide6.QtCore import Qt
 
-from gradexplorer.app.window.module_tree_view import BADGES_ROLE, ONSET_ROLE
 from gradexplorer.capturing.nonfinite import onset_location
+from gradexplorer_app.window.module_tree_view import BADGES_ROLE, ONSET_ROLE
 
 TIMEOUT = 60_000
 

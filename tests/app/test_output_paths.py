@@ -13,7 +13,7 @@ import types
 import pytest
 
 import gradexplorer.base.file_write as fw
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 from tests.app.test_cli_watch import make_log
 from tests.picture_folders import write_pictures
 
@@ -53,18 +53,18 @@ def log(tmp_path):
 def fake_gui(monkeypatch):
     """The window replaced: a refusal must come before it opens."""
     calls = []
-    module = types.ModuleType("gradexplorer.app.window.launch")
+    module = types.ModuleType("gradexplorer_app.window.launch")
     module.launch = lambda options=None, **kwargs: calls.append(kwargs) or 0
-    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.launch", module)
+    monkeypatch.setitem(sys.modules, "gradexplorer_app.window.launch", module)
     return calls
 
 
 @pytest.fixture
 def fake_timeline(monkeypatch):
     calls = []
-    module = types.ModuleType("gradexplorer.app.window.timeline_window")
+    module = types.ModuleType("gradexplorer_app.window.timeline_window")
     module.launch_timeline = lambda *args: calls.append(args) or 0
-    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.timeline_window", module)
+    monkeypatch.setitem(sys.modules, "gradexplorer_app.window.timeline_window", module)
     return calls
 
 
@@ -178,7 +178,7 @@ def widget(qtbot):
 
 
 def test_save_screenshot_writes_a_whole_png(tmp_path, widget):
-    from gradexplorer.app.window.screenshot import save_screenshot
+    from gradexplorer_app.window.screenshot import save_screenshot
 
     out = tmp_path / "s.png"
     assert save_screenshot(widget, out)
@@ -187,7 +187,7 @@ def test_save_screenshot_writes_a_whole_png(tmp_path, widget):
 
 @posix_only
 def test_save_screenshot_onto_a_fifo_without_a_reader_is_refused_not_hung(tmp_path, widget, capsys):
-    from gradexplorer.app.window.screenshot import save_screenshot
+    from gradexplorer_app.window.screenshot import save_screenshot
 
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
@@ -196,14 +196,14 @@ def test_save_screenshot_onto_a_fifo_without_a_reader_is_refused_not_hung(tmp_pa
 
 
 def test_save_screenshot_onto_a_folder_is_refused(tmp_path, widget, capsys):
-    from gradexplorer.app.window.screenshot import save_screenshot
+    from gradexplorer_app.window.screenshot import save_screenshot
 
     assert not save_screenshot(widget, tmp_path)
     assert "is a folder" in capsys.readouterr().err
 
 
 def test_save_screenshot_on_a_full_disk_keeps_the_old_png(tmp_path, widget, capsys, monkeypatch):
-    from gradexplorer.app.window.screenshot import save_screenshot
+    from gradexplorer_app.window.screenshot import save_screenshot
 
     out = tmp_path / "s.png"
     out.write_bytes(b"the previous picture")
@@ -218,7 +218,7 @@ def test_save_screenshot_on_a_full_disk_keeps_the_old_png(tmp_path, widget, caps
 
 
 def test_save_screenshot_onto_the_file_shown_is_refused(tmp_path, widget, capsys, log):
-    from gradexplorer.app.window.screenshot import save_screenshot
+    from gradexplorer_app.window.screenshot import save_screenshot
 
     before = log.read_bytes()
     assert not save_screenshot(widget, tmp_path / "." / log.name, [str(log)])
@@ -306,7 +306,7 @@ def test_window_export_onto_a_fifo_a_folder_or_a_full_disk_is_refused_and_kept(o
 
 
 def test_compare_window_export_onto_a_compared_capture_is_refused(qtbot, shown_errors, tmp_path):
-    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.compare_window import CompareWindow
     from tests.app.conftest import TIMEOUT
     from tests.capture_mutations import save, valid_capture_dict
 
@@ -328,7 +328,7 @@ def test_compare_window_export_onto_a_compared_capture_is_refused(qtbot, shown_e
 
 
 def test_timeline_exports_onto_the_file_shown_are_refused(qtbot, tmp_path, log):
-    from gradexplorer.app.views.timeline_view import TimelineView
+    from gradexplorer_app.views.timeline_view import TimelineView
     from tests.app.conftest import TIMEOUT
 
     view = TimelineView(poll_ms=100)

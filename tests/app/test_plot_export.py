@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from gradexplorer.app import dialogs
+from gradexplorer_app import dialogs
 
 
 def test_the_heatmap_exports_at_twice_the_resolution_under_a_title(qtbot, demo, tmp_path, monkeypatch):

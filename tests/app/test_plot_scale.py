@@ -12,10 +12,10 @@ import torch
 from PySide6.QtGui import QFontMetrics, QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
-from gradexplorer.app.views.capture_views import CaptureViews
-from gradexplorer.app.views.flow_view import FLAG_RULE_SHORT, GradientFlowView
-from gradexplorer.app.views.plot_style import BACKGROUND, FOREGROUND, ScaleBar, scale_number
 from gradexplorer.capturing.capture import capture
+from gradexplorer_app.views.capture_views import CaptureViews
+from gradexplorer_app.views.flow_view import FLAG_RULE_SHORT, GradientFlowView
+from gradexplorer_app.views.plot_style import BACKGROUND, FOREGROUND, ScaleBar, scale_number
 from tests.app.test_views import TinyCNN, cnn  # noqa: F401 - the fixture
 
 
@@ -188,7 +188,7 @@ def test_flow_names_of_a_chain_of_sixty(qtbot):
 def test_graph_fit_keeps_names_readable(qtbot):
     from PySide6.QtWidgets import QGraphicsRectItem
 
-    from gradexplorer.app.views.graph_view import GraphCanvas
+    from gradexplorer_app.views.graph_view import GraphCanvas
 
     canvas = GraphCanvas()
     qtbot.addWidget(canvas)
@@ -254,8 +254,8 @@ def test_timeline_histograms_have_a_bar_in_counts_and_bin_names_that_fit(qtbot, 
     """The timeline's histograms over steps (colour = log10(1 + count)): a bar labelled
     with the counts themselves, from the emptiest to the fullest bin; the bins' names on
     the axis spaced by the plot's height, never overlapping."""
-    from gradexplorer.app.views.timeline_view import TimelineView, bin_label
     from gradexplorer.stats.merge import MergeStats
+    from gradexplorer_app.views.timeline_view import TimelineView, bin_label
     from tests.core.test_timeline import grad_of, write_log
 
     view = TimelineView(poll_ms=100)
@@ -327,7 +327,7 @@ def test_a_colour_bar_title_longer_than_the_bar_wraps(qtbot):
     wraps onto a second line rather than being cut at the bar's ends."""
     import pyqtgraph as pg
 
-    from gradexplorer.app.views.gradcam_view import CAM_TITLE
+    from gradexplorer_app.views.gradcam_view import CAM_TITLE
 
     widget = pg.GraphicsLayoutWidget()
     qtbot.addWidget(widget)
@@ -358,7 +358,7 @@ def test_a_colour_bar_title_longer_than_the_bar_wraps(qtbot):
 def test_a_constant_colour_bar_says_constant(qtbot):
     """A heatmap of one value (an all-zero gradient; a map of ones): the bar says "constant
     0" or "constant 1.0" once, not two equal ends."""
-    from gradexplorer.app.views.plot_style import ScaleBar
+    from gradexplorer_app.views.plot_style import ScaleBar
 
     bar = ScaleBar("gradient")
     bar.set_range(0.0, 0.0)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.capturing.capture import capture
+from gradexplorer_app.views.capture_views import CaptureViews
 
 
 class TokenModel(nn.Module):

@@ -7,7 +7,7 @@ import threading
 
 import shiboken6
 
-from gradexplorer.app.run_worker import TaskRunner, thread_pool
+from gradexplorer_app.run_worker import TaskRunner, thread_pool
 
 
 def test_the_newest_task_wins_and_an_older_result_is_dropped(qtbot):

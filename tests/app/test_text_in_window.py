@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from gradexplorer.app.views.capture_views import CaptureViews
 from gradexplorer.batches import load_batch
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.targets import parse_target
 from gradexplorer.models import load_model
 from gradexplorer.pipeline.job import CaptureJob
 from gradexplorer.pipeline.options import CaptureOptions
+from gradexplorer_app.views.capture_views import CaptureViews
 from tests import hf_tiny
 
 
@@ -94,9 +94,9 @@ def test_a_capture_file_alone_still_names_its_tokens(qtbot, text_capture, tmp_pa
 
 
 def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder, tmp_path, monkeypatch):
-    from gradexplorer.app.window.batch_panel import BatchPanel
-    from gradexplorer.app.window.settings import AppSettings
     from gradexplorer.pipeline.session import Session
+    from gradexplorer_app.window.batch_panel import BatchPanel
+    from gradexplorer_app.window.settings import AppSettings
 
     session = Session()
     panel = BatchPanel(session, AppSettings(str(tmp_path / "s.ini")))
@@ -123,13 +123,13 @@ def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder,
 
 
 def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folder, monkeypatch):
-    import gradexplorer.app.window.launch
-    from gradexplorer.app.cli import common, main as cli
-    from gradexplorer.app.window.launch import start
+    import gradexplorer_app.window.launch
+    from gradexplorer_app.cli import common, main as cli
+    from gradexplorer_app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
     calls = []
-    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+    monkeypatch.setattr(gradexplorer_app.window.launch, "launch",
                         lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
     words = ["--model", f"hf:{folder}", "--text", "the cat sat", "--text", "a dog"]
     assert cli.main([*words, "--run"]) == 0
@@ -178,8 +178,8 @@ def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_p
     """The plain top1 of a causal language model is the predicted next token at the last
     position: the run panel shows it so (classes on the last dim, the last position), a run
     from it reads that position, and choosing every position sums over them."""
-    from gradexplorer.app.window.launch import start
     from gradexplorer.pipeline.options import BatchSpec
+    from gradexplorer_app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
     options = CaptureOptions(model=f"hf:{folder}", batch=BatchSpec(texts=("the cat sat", "a dog")))
@@ -215,13 +215,13 @@ def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_p
 def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, window, folder, monkeypatch):
     """``gradexplorer --model hf:FOLDER --hf-class base --text ... --input-grad --run``: the
     window builds the class asked for and records the input gradient, as ``capture`` does."""
-    import gradexplorer.app.window.launch
-    from gradexplorer.app.cli import main as cli
-    from gradexplorer.app.window.launch import start
+    import gradexplorer_app.window.launch
+    from gradexplorer_app.cli import main as cli
+    from gradexplorer_app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
     calls = []
-    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+    monkeypatch.setattr(gradexplorer_app.window.launch, "launch",
                         lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
     assert cli.main(["--model", f"hf:{folder}", "--hf-class", "base", "--text", "the cat sat",
                      "--input-grad", "--target", "sum", "--run"]) == 0
@@ -302,15 +302,15 @@ def test_a_factory_model_with_tokenizer_runs_in_the_window_as_on_the_command_lin
     """``gradexplorer --model mymodels.py:gpt2 --trust --tokenizer FOLDER --text ... --run``:
     the window takes --tokenizer, runs the capture ``gradexplorer capture`` writes from the
     same words, and its next run would too; the capture equals autograd."""
-    import gradexplorer.app.window.launch
-    from gradexplorer.app.cli import common, main as cli
-    from gradexplorer.app.window.launch import start
+    import gradexplorer_app.window.launch
     from gradexplorer.files.capture_file import load_capture
+    from gradexplorer_app.cli import common, main as cli
+    from gradexplorer_app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
     spec, tok = factory_and_tokenizer
     calls = []
-    monkeypatch.setattr(gradexplorer.app.window.launch, "launch",
+    monkeypatch.setattr(gradexplorer_app.window.launch, "launch",
                         lambda options=None, run=False, screenshot=None, **_: calls.append((options, run)) or 0)
     words = ["--model", spec, "--trust", "--tokenizer", str(tok), "--text", "the cat sat", "--text", "a dog",
              "--input-grad"]
@@ -345,9 +345,9 @@ def test_text_for_a_factory_model_without_tokenizer_offers_to_choose_one(
         qtbot, window, factory_and_tokenizer, shown_errors, monkeypatch):
     """The window's message says what is missing in its own words, offers the tokenizer's
     folder, and the run that was asked for goes on with it."""
-    from gradexplorer.app import dialogs
-    from gradexplorer.app.window.launch import start
     from gradexplorer.pipeline.options import BatchSpec
+    from gradexplorer_app import dialogs
+    from gradexplorer_app.window.launch import start
     from tests.app.conftest import TIMEOUT
 
     spec, tok = factory_and_tokenizer
@@ -373,7 +373,7 @@ def test_text_for_a_factory_model_without_tokenizer_offers_to_choose_one(
 def test_the_model_panel_gives_a_factory_model_a_tokenizer(qtbot, window, factory_and_tokenizer, monkeypatch):
     """A factory model loaded without text: the Model panel's tokenizer row offers one; the
     model is loaded again with it, and the batch panel then takes text."""
-    from gradexplorer.app import dialogs
+    from gradexplorer_app import dialogs
     from tests.app.conftest import TIMEOUT
 
     spec, tok = factory_and_tokenizer

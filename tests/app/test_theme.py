@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication
 
 @pytest.mark.parametrize("dark", [False, True])
 def test_the_system_theme_follows_the_desktop(qtbot, app_look, monkeypatch, dark):
-    from gradexplorer.app.window import application
+    from gradexplorer_app.window import application
 
     monkeypatch.setattr(application, "system_is_dark", lambda: dark)
     app = application.setup_application()
@@ -21,8 +21,8 @@ def test_the_system_theme_follows_the_desktop(qtbot, app_look, monkeypatch, dark
 
 
 def test_view_theme_applies_now_and_is_remembered(qtbot, window, app_look):
-    from gradexplorer.app.window.application import THEME_KEY, setup_application
-    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer_app.window.application import THEME_KEY, setup_application
+    from gradexplorer_app.window.settings import AppSettings
 
     setup_application()
     window.theme_actions["dark"].trigger()

@@ -22,7 +22,7 @@ TIMEOUT = 60_000
 
 @pytest.fixture
 def view(qtbot):
-    from gradexplorer.app.views.timeline_view import TimelineView
+    from gradexplorer_app.views.timeline_view import TimelineView
 
     v = TimelineView(poll_ms=100)
     qtbot.addWidget(v)
@@ -188,7 +188,7 @@ def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
 
 
 def test_export_png_and_csv(qtbot, view, tmp_path, monkeypatch):
-    from gradexplorer.app import dialogs
+    from gradexplorer_app import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)
@@ -265,7 +265,7 @@ def test_unreadable_file_says_so(qtbot, view, tmp_path):
 
 
 def test_main_window_opens_a_timeline(qtbot, window, tmp_path, monkeypatch):
-    from gradexplorer.app import dialogs
+    from gradexplorer_app import dialogs
 
     path = tmp_path / "t.gxw"
     write_log(path)
@@ -298,12 +298,12 @@ def _dropped_steps(tmp_path) -> Path:
 def test_timeline_of_a_damaged_log_is_one_message_before_the_window_opens(tmp_path, capsys, monkeypatch):
     import types
 
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     opened = []
-    module = types.ModuleType("gradexplorer.app.window.timeline_window")
+    module = types.ModuleType("gradexplorer_app.window.timeline_window")
     module.launch_timeline = lambda *args: opened.append(args) or 0
-    monkeypatch.setitem(sys.modules, "gradexplorer.app.window.timeline_window", module)
+    monkeypatch.setitem(sys.modules, "gradexplorer_app.window.timeline_window", module)
     path = _dropped_steps(tmp_path)
     for extra in ([], ["--screenshot", str(tmp_path / "shot.png")]):
         code = main(["timeline", str(path), *extra])

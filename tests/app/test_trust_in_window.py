@@ -10,7 +10,7 @@ import textwrap
 
 import torch
 
-from gradexplorer.app import dialogs
+from gradexplorer_app import dialogs
 from tests.app.conftest import TIMEOUT
 
 

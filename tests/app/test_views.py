@@ -1,4 +1,4 @@
-"""The views of a capture (app/views), headless, on real captures of tiny models."""
+"""The views of a capture (app/gradexplorer_app/views), headless, on real captures of tiny models."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from torch import nn
 from gradexplorer.analysis.gradcam import grad_cam
 from gradexplorer.analysis.gradient_flow import flow_series
 from gradexplorer.analysis.summary import default_layer
-from gradexplorer.app.views.capture_views import CaptureViews
-from gradexplorer.app.views.flow_view import GradientFlowView
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.inputs import Batch
+from gradexplorer_app.views.capture_views import CaptureViews
+from gradexplorer_app.views.flow_view import GradientFlowView
 
 
 class TinyCNN(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 from tests.app.conftest import TIMEOUT
 from tests.app.test_capture_pipeline import IMAGES, LAYERS, assert_same, cli_args, without_volatile
 

@@ -154,7 +154,7 @@ def test_main_window_fits_960x720_after_opening_a_resnet18_capture(qtbot, window
     and every view drawn, the window resizes to 960×720 with every widget inside it and none
     over another. Input batch, Model and Run fold into the Modules panel (tabs beside Tree
     and Graph, Run under them) and unfold when the window is wide again."""
-    from gradexplorer.app.window.application import setup_application
+    from gradexplorer_app.window.application import setup_application
 
     setup_application()
     open_and_draw(qtbot, window, resnet_files / "a.pt")
@@ -199,10 +199,10 @@ def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_12
     main window, then Compare with… another capture and the watch log's timeline opened
     from it, each resized to 1280×800 after every view was drawn, with every visible
     widget inside."""
-    from gradexplorer.app.cli.main import main
-    from gradexplorer.app.window import compare_window, launch
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer_app.cli.main import main
+    from gradexplorer_app.window import compare_window, launch
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.settings import AppSettings
 
     settings = AppSettings()  # the throwaway file the suite points the window at
     wide = MainWindow(settings=settings, devices=CPU, restore_geometry=False)
@@ -319,7 +319,7 @@ def test_a_widget_past_the_windows_edge_is_reported(qtbot):
 
 
 def test_compare_window_fits_1280x800(qtbot, resnet_files):
-    from gradexplorer.app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.compare_window import CompareWindow
 
     w = CompareWindow()
     qtbot.addWidget(w)
@@ -334,7 +334,7 @@ def test_compare_window_fits_1280x800(qtbot, resnet_files):
 
 
 def test_timeline_window_fits_1280x800(qtbot, resnet_files):
-    from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer_app.window.timeline_window import TimelineWindow
 
     w = TimelineWindow(None)
     qtbot.addWidget(w)
@@ -356,8 +356,8 @@ def test_timeline_window_fits_1280x800(qtbot, resnet_files):
 
 def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
     """A geometry saved on a bigger screen (or off to the side) opens inside this one."""
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.settings import AppSettings
     from tests.app.conftest import CPU
 
     settings = AppSettings(str(tmp_path / "s.ini"))
@@ -380,8 +380,8 @@ def test_saved_geometry_is_clamped_to_the_screen(qtbot, tmp_path):
 def test_the_compare_and_timeline_windows_open_inside_the_screen(qtbot, kind):
     """They ask for 1400×900; on a smaller screen (the test platform's is 800×800) they
     open inside it, with nothing out of reach."""
-    from gradexplorer.app.window.compare_window import CompareWindow
-    from gradexplorer.app.window.timeline_window import TimelineWindow
+    from gradexplorer_app.window.compare_window import CompareWindow
+    from gradexplorer_app.window.timeline_window import TimelineWindow
 
     w = CompareWindow() if kind == "compare" else TimelineWindow(None)
     qtbot.addWidget(w)
@@ -414,7 +414,7 @@ def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
 
 
 def test_the_module_column_takes_the_room_there_is(qtbot, demo):
-    from gradexplorer.app.window.module_tree_view import COL_NAME
+    from gradexplorer_app.window.module_tree_view import COL_NAME
 
     demo.show()
     tree = demo.tree_view
@@ -484,8 +484,8 @@ def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo,
     """View ▸ Modules panel and View ▸ Input, model and run panel: closed, the views take
     the room and the window can be narrower; reopened, each has its width again; closed
     panels stay closed at the next launch."""
-    from gradexplorer.app.window.main_window import MainWindow
-    from gradexplorer.app.window.settings import AppSettings
+    from gradexplorer_app.window.main_window import MainWindow
+    from gradexplorer_app.window.settings import AppSettings
 
     demo.show()
     demo.resize(*SCREEN)
@@ -525,7 +525,7 @@ def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo,
 def test_the_gradient_norms_show_beside_the_names_at_1280x800(qtbot, demo):
     """At 1280×800 the Modules panel shows the Module column and, beside it, Grad norm
     (it had been scrolled out of sight behind Type and Output)."""
-    from gradexplorer.app.window.module_tree_view import COL_GRAD, COL_NAME
+    from gradexplorer_app.window.module_tree_view import COL_GRAD, COL_NAME
 
     demo.show()
     demo.resize(*SCREEN)
@@ -570,7 +570,7 @@ def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, ap
     """In the application's look at 1280×800, the panels at their narrowest: every combo
     box, button and search box beside the views and in the Graph tab shows its whole text
     (the Graph tab's had read "Fi…" and "Colour: gradie", the heatmap's "top-k channels by g")."""
-    from gradexplorer.app.window.application import setup_application
+    from gradexplorer_app.window.application import setup_application
 
     setup_application()
     demo.show()
@@ -596,7 +596,7 @@ def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, ap
 def test_the_statistics_table_shows_every_number_and_header_whole(qtbot, demo, app_look):
     """The Statistics tab at 1280×800 with the views at their narrowest, on a layer with
     parameters (four tensors): no number nor header is cut ("393…", "iume" had been)."""
-    from gradexplorer.app.window.application import setup_application
+    from gradexplorer_app.window.application import setup_application
 
     setup_application()
     demo.show()
@@ -629,7 +629,7 @@ def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_
     """Tokens of 16, then a batch of 12: the tree's Output column (and the session's tree
     that the memory estimate reads) says 12 positions at once, before any run; the rows the
     user opened stay open (no reset)."""
-    from gradexplorer.app.window.module_tree_view import COL_SHAPE
+    from gradexplorer_app.window.module_tree_view import COL_SHAPE
 
     factory = tmp_path / "tokens_lm.py"
     factory.write_text(TOKENS_LM)
@@ -663,8 +663,8 @@ def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
     from PySide6.QtGui import QFont, QFontMetrics
     from PySide6.QtWidgets import QStyle
 
-    from gradexplorer.app.window.application import setup_application
-    from gradexplorer.app.window.module_tree_view import COL_NAME, COL_TYPE
+    from gradexplorer_app.window.application import setup_application
+    from gradexplorer_app.window.module_tree_view import COL_NAME, COL_TYPE
 
     setup_application()
     window.show()

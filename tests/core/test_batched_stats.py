@@ -1,4 +1,4 @@
-"""Statistics of many tensors together (core/stats/batched.py) equal float64 NumPy and
+"""Statistics of many tensors together (core/gradexplorer/stats/batched.py) equal float64 NumPy and
 ``tensor_stats`` tensor by tensor: the adversarial set of tests/core/test_stats.py at once."""
 
 from __future__ import annotations

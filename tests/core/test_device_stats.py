@@ -1,4 +1,4 @@
-"""Deferred statistics (core/stats/device.py): the CPU path, the resolution of a kernel row,
+"""Deferred statistics (core/gradexplorer/stats/device.py): the CPU path, the resolution of a kernel row,
 the fallback when the kernels fail, and the Triton kernels themselves in Triton's
 interpreter (on the CPU: the GPU tests run them compiled)."""
 

@@ -407,7 +407,7 @@ SLOW_CAPTURE = textwrap.dedent(
             self.fh.flush()
 
     torch.save = lambda obj, fh, *a, **k: real_save(obj, Slow(fh), *a, **k)
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
     sys.exit(main(["capture", "--model", "demo:shapes", "--stats-only", "--out", sys.argv[1], "-q"]))
     """
 )

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import CaptureError
 from gradexplorer.base.forward_errors import SHAPE_FIX
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer_app.cli.main import main
 
 
 class Boom(nn.Module):

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.forward_memory import forward_peak
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.pipeline.job import SAMPLE_WORK_FACTOR, ProbeOverBudget, probe_fits, probe_graph, probe_sample
+from gradexplorer_app.cli.main import main
 from tests.memory_watch import LargestResult, RowReader
 
 F32 = 4

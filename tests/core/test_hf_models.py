@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import ModelLoadError, TrustRequired
 from gradexplorer.batches import load_batch
 from gradexplorer.capturing.capture import capture
@@ -19,6 +18,7 @@ from gradexplorer.capturing.targets import parse_target
 from gradexplorer.files.capture_file import load_capture
 from gradexplorer.files.meta import capture_meta
 from gradexplorer.models import load_model
+from gradexplorer_app.cli.main import main
 from tests import hf_tiny
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 from tests.ground_truth import assert_param_grads_equal, param_grads_by_autograd

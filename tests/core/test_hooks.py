@@ -327,8 +327,9 @@ INSTALLERS = ("capturing/capture.py", "capturing/module_tree.py", "recording/lay
               "recording/sharded_dataset.py", "integrations/trainer_watch.py", "integrations/transformers.py")
 #: The ``.remove()`` calls that are LayerRecorder.remove, which closes its hooks_installed
 #: block: (file, receiver).
-RECORDER_REMOVES = {("core/recording/dataset.py", "recorder"), ("core/recording/sharded_dataset.py", "recorder"),
-                    ("core/recording/watch.py", "self._recorder"), ("core/recording/layer_recorder.py", "self")}
+RECORDER_REMOVES = {("recording/dataset.py", "recorder"), ("recording/sharded_dataset.py", "recorder"),
+                    ("recording/watch.py", "self._recorder"), ("recording/layer_recorder.py", "self")}
+ENGINE = ROOT / "core" / "gradexplorer"
 
 
 def _calls(path: Path) -> list[tuple[int, str, str, int]]:
@@ -340,9 +341,9 @@ def _calls(path: Path) -> list[tuple[int, str, str, int]]:
 
 def test_no_hook_is_registered_or_removed_outside_gradexplorer_hooks():
     found = []
-    for path in sorted((ROOT / "core").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("core/hooks/"):
+    for path in sorted(ENGINE.rglob("*.py")):
+        rel = path.relative_to(ENGINE).as_posix()
+        if rel.startswith("hooks/"):
             continue
         for line, attr, receiver, n_args in _calls(path):
             if attr.startswith("register_") and attr.endswith("hook"):
@@ -354,7 +355,7 @@ def test_no_hook_is_registered_or_removed_outside_gradexplorer_hooks():
 
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_each_installer_uses_gradexplorer_hooks(installer):
-    tree = ast.parse((ROOT / "core" / installer).read_text(encoding="utf-8"))
+    tree = ast.parse((ENGINE / installer).read_text(encoding="utf-8"))
     imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 and node.module == "gradexplorer.hooks.installed" for a in node.names}
     assert imported & {"hooks_installed", "model_state_preserved"}, installer

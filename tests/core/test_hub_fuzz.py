@@ -12,7 +12,7 @@ import resource
 
 import pytest
 
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 from tests import hf_tiny
 from tests.hub_mutations import SPEC, mutated, mutations, valid_cache
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import BatchError, ModelLoadError, TrustRequired
 from gradexplorer.batches import load_batch
 from gradexplorer.models import load_model
+from gradexplorer_app.cli.main import main
 from tests import hf_hostile, hf_tiny
 
 pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """The package's import rules (docs/ARCHITECTURE.md, "The shape").
 
-- The engine (every subpackage of ``gradexplorer`` but ``gradexplorer.app``) imports no Qt,
+- The engine (every subpackage of ``gradexplorer`` but ``gradexplorer_app``) imports no Qt,
   pyqtgraph or superqt; ``import gradexplorer`` alone imports neither torch nor Qt nor the
   numba kernels (the public API is lazy). Checked in a fresh interpreter, because this test
   process may already hold those modules.
@@ -22,12 +22,11 @@ from pathlib import Path
 import pytest
 
 import gradexplorer
-from scripts.package_view import lay_out
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "shiboken2", "pyqtgraph", "superqt", "qtpy")
 ENGINE = sorted(f"gradexplorer.{m.name}" for m in pkgutil.iter_modules(gradexplorer.__path__)
-                if m.ispkg and m.name not in ("app", "resources"))
+                if m.ispkg and m.name != "resources")
 
 SCRIPT = """
 import importlib, json, pkgutil, sys
@@ -35,7 +34,7 @@ import gradexplorer
 after_init = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "numba", *sys.argv[1].split(",")})
 names = []
 for m in pkgutil.walk_packages(gradexplorer.__path__, "gradexplorer."):
-    if m.name.startswith(("gradexplorer.app", "gradexplorer.resources")) or m.name == "gradexplorer.__main__":
+    if m.name.startswith("gradexplorer.resources") or m.name == "gradexplorer.__main__":
         continue
     importlib.import_module(m.name)
     names.append(m.name)
@@ -91,7 +90,7 @@ def test_explore_refuses_what_is_not_a_model():
 
 CYCLES = """
 import json, grimp
-graph = grimp.build_graph("gradexplorer", cache_dir=None)
+graph = grimp.build_graph("gradexplorer", "gradexplorer_app", cache_dir=None)
 cycles = []
 for importer in sorted(graph.modules):
     for imported in sorted(graph.find_modules_directly_imported_by(importer)):
@@ -103,16 +102,14 @@ print(json.dumps({"modules": sorted(graph.modules), "cycles": cycles}))
 
 
 
-def test_no_import_cycles(tmp_path):
-    # In a fresh interpreter on the package view: grimp finds the package through the import
-    # system, and this process's gradexplorer (the editable install) would hide gradexplorer.app.
-    view = str(lay_out(tmp_path))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [view, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", CYCLES], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+def test_no_import_cycles():
+    # In a fresh interpreter: grimp finds both packages through the import system, from their
+    # source roots.
+    proc = subprocess.run([sys.executable, "-c", CYCLES], cwd=ROOT, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"gradexplorer.app.window.main_window", "gradexplorer.capturing.capture"} <= set(result["modules"])
+    assert {"gradexplorer_app.window.main_window", "gradexplorer.capturing.capture"} <= set(result["modules"])
     cycles = result["cycles"]
     assert not cycles, "import cycles (each from the module back to itself):\n" + "\n".join(
         " -> ".join(c) for c in cycles)
@@ -129,16 +126,16 @@ def test_contracts_name_every_engine_subpackage():
     contracts = config["tool"]["importlinter"]["contracts"]
     engine = next(c for c in contracts if c["name"].startswith("the engine"))
     assert sorted(engine["source_modules"]) == ENGINE
-    assert {"gradexplorer.app", *FORBIDDEN} <= set(engine["forbidden_modules"])
+    assert {"gradexplorer_app", *FORBIDDEN} <= set(engine["forbidden_modules"])
     cli = next(c for c in contracts if "command line" in c["name"])
-    assert cli["source_modules"] == ["gradexplorer.app.cli"] and set(FORBIDDEN) <= set(cli["forbidden_modules"])
+    assert cli["source_modules"] == ["gradexplorer_app.cli"] and set(FORBIDDEN) <= set(cli["forbidden_modules"])
     layers = next(c for c in contracts if c["type"] == "layers")
     layered = {name.strip() for layer in layers["layers"] for name in layer.split("|")}
-    assert layered == {m.split(".", 1)[1] for m in ENGINE} | {"app"}
+    assert layered == {m.split(".", 1)[1] for m in ENGINE}
 
 
 def test_contracts_layer_every_part_of_the_app():
-    """gradexplorer.app has its own layers (the command line, the window, the views, the
+    """gradexplorer_app has its own layers (the command line, the window, the views, the
     pieces both share): a new module of app/ must join them."""
     try:
         import tomllib
@@ -146,9 +143,9 @@ def test_contracts_layer_every_part_of_the_app():
         import tomli as tomllib
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
-    app = next(c for c in contracts if c["type"] == "layers" and c["containers"] == ["gradexplorer.app"])
+    app = next(c for c in contracts if c["type"] == "layers" and c["containers"] == ["gradexplorer_app"])
     layered = {name.strip() for layer in app["layers"] for name in layer.split("|")}
-    assert layered == {m.name for m in pkgutil.iter_modules([str(ROOT / "app")])} - {"explore"}
+    assert layered == {m.name for m in pkgutil.iter_modules([str(ROOT / "app" / "gradexplorer_app")])} - {"explore"}
     assert app["layers"].index("window") < app["layers"].index("views")  # views never import the window
 
 

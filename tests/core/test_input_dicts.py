@@ -192,7 +192,7 @@ def test_every_entry_reaches_the_forward_in_the_library(tmp_path, shape):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_every_entry_reaches_the_forward_from_the_command_line(tmp_path, capsys, shape):
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     nets, model = _cross(tmp_path)
     q, mem, mask = _cross_batch()
@@ -223,7 +223,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("shape", list(REFUSED))
 def test_an_entry_that_cannot_reach_the_forward_is_refused_by_name(tmp_path, capsys, shape):
-    from gradexplorer.app.cli.main import main
+    from gradexplorer_app.cli.main import main
 
     nets, model = _cross(tmp_path)
     stored, needle = REFUSED[shape](*_cross_batch())

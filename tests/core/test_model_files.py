@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.models import load_model
+from gradexplorer_app.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "gradexplorer"

@@ -1,4 +1,4 @@
-"""Where NaN/Inf began (core/capturing/nonfinite.py through capture): models that divide by zero
+"""Where NaN/Inf began (core/gradexplorer/capturing/nonfinite.py through capture): models that divide by zero
 mid-forward, take sqrt(0) (an Inf gradient with a finite forward), overflow a Linear, or
 get a NaN batch. The expected place is checked against plain forward hooks and
 torch.autograd.grad on the same model, without gradexplorer."""

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import BatchError
 from gradexplorer.batches import load_batch, random_batch, random_batch_for, recipe_for
 from gradexplorer.models.loaded_model import LoadedModel
+from gradexplorer_app.cli.main import main
 
 
 class TinyLM(nn.Module):

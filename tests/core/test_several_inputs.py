@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.batches import load_batch, load_tensor_file
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.module_tree import ModuleTree
+from gradexplorer_app.cli.main import main
 
 
 class TwoFrames(nn.Module):

@@ -11,10 +11,10 @@ import torch
 import torchvision
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import ModelLoadError
 from gradexplorer.models import load_model
 from gradexplorer.models.weights import model_task
+from gradexplorer_app.cli.main import main
 
 CLASSIFIERS = sorted(n for n in torchvision.models.list_models() if model_task(n) == "classification")
 # Builders that need special handling, and small members of every other family: the

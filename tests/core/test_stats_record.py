@@ -1,4 +1,4 @@
-"""The statistics record (core/stats/record.py): ``TensorStats`` declares exactly the keys
+"""The statistics record (core/gradexplorer/stats/record.py): ``TensorStats`` declares exactly the keys
 that every statistics path writes, with the value types they write, so that the type
 cannot drift from the code; the capture file's schema requires what the record always
 holds."""

@@ -1,4 +1,4 @@
-"""The module tree kept between captures (core/capturing/structure.py): what it answers is
+"""The module tree kept between captures (core/gradexplorer/capturing/structure.py): what it answers is
 what walking the live tree answers, after every kind of change to the tree."""
 
 from __future__ import annotations

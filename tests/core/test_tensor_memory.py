@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import gradexplorer.base.devices as devices
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.tensor_memory import TensorTooLarge, check_tensor_fits, declared_bytes
 from gradexplorer.batches.tensor_files import load_tensor_file
 from gradexplorer.files.capture_file import load_capture
+from gradexplorer_app.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

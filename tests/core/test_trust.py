@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import BatchError, CaptureFileError, ModelLoadError, TrustRequired
 from gradexplorer.batches import load_batch, load_tensor_file
 from gradexplorer.files.capture_file import load_capture
 from gradexplorer.files.pickle_scan import file_kind, unsafe_globals
 from gradexplorer.models import load_model, trust_subject
+from gradexplorer_app.cli.main import main
 
 TORCH_ADVICE = "weights_only=False"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gradexplorer.app.cli import common
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.recording.timeline import read_timeline
 from gradexplorer.recording.watch_log import WatchLogWriter, is_watch_log, open_log, read_meta
 from gradexplorer.recording.watch_log_check import WatchLogError, json_depth
+from gradexplorer_app.cli import common
+from gradexplorer_app.cli.main import main
 from tests.app.test_cli_watch import make_log
 
 ROOT = Path(__file__).resolve().parents[2]

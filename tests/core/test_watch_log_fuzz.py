@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gradexplorer.app.cli.main import main
+from gradexplorer_app.cli.main import main
 from tests.log_mutations import mutated, mutations, valid_log
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import gradexplorer as gx
-from gradexplorer.app.cli.main import main
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.recording.watch_log import WatchLogWriter, open_log
+from gradexplorer_app.cli.main import main
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 

@@ -279,7 +279,7 @@ def test_pinned_budget_is_a_share_of_the_machines_memory(monkeypatch):
 @needs_cuda
 @pytest.mark.gpu
 def test_batched_statistics_on_the_gpu_equal_float64_numpy():
-    """core/stats/batched.py on CUDA tensors: the adversarial set, all at once."""
+    """core/gradexplorer/stats/batched.py on CUDA tensors: the adversarial set, all at once."""
     from gradexplorer.stats.batched import batched_stats
     from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
 

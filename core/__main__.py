@@ -1,7 +1,0 @@
-"""``python -m gradexplorer``: the same as the ``gradexplorer`` command."""
-
-import sys
-
-from gradexplorer.app.cli.main import main
-
-sys.exit(main())
