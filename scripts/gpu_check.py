@@ -198,7 +198,7 @@ def own_stats_error(cap) -> tuple[float, str]:
     """The largest disagreement between a full capture's statistics and ``tensor_stats`` of
     its own captured tensors: the device's statistics path (the fused kernels on a GPU)
     against the CPU's, on exactly the same values."""
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
 
     worst, at = 0.0, ""
     for name, i, call in cap.iter_calls():
@@ -391,7 +391,7 @@ def batched_against_per_tensor(model, x, repeats: int, dev: torch.device) -> boo
     from gradexplorer.stats.batched import batched_stats
     from gradexplorer.stats.device import DeferredStats
     from gradexplorer.stats.moments import HIST_EXACT_LIMIT
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
 
     grads: list[torch.Tensor] = []
     leaves = set(leaf_names(model))

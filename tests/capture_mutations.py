@@ -49,7 +49,7 @@ def valid_dataset_capture_dict() -> dict:
     ``demo:seed-mlp``: the parts of the format only a dataset capture has."""
     from gradexplorer.files.capture_file import capture_to_dict
     from gradexplorer.models import load_model
-    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
 
     loaded = load_model("demo:seed-mlp")
     torch.manual_seed(0)

@@ -20,7 +20,7 @@ capture, Capture
 save_capture, load_capture
     The ``.pt`` capture file (``gradexplorer.files``).
 capture_dataset
-    Statistics over many batches, merged exactly (``gradexplorer.recording.dataset``).
+    Statistics over many batches, merged exactly (``gradexplorer.recording.dataset_capture``).
 watch, read_timeline
     Watch a training loop into a ``.gxw`` log, and read it back over steps
     (``gradexplorer.recording``).
@@ -60,7 +60,7 @@ _EXPORTS = {
     "Capture": "gradexplorer.capturing.data",
     "save_capture": "gradexplorer.files.capture_file",
     "load_capture": "gradexplorer.files.capture_file",
-    "capture_dataset": "gradexplorer.recording.dataset",
+    "capture_dataset": "gradexplorer.recording.dataset_capture",
     "watch": "gradexplorer.recording.watch",
     "read_timeline": "gradexplorer.recording.timeline",
     "compare": "gradexplorer.comparison.compare",
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from gradexplorer.files.capture_file import load_capture, save_capture
     from gradexplorer.model_graph.graph import extract_graph as graph
     from gradexplorer.models import load_model
-    from gradexplorer.recording.dataset import capture_dataset
+    from gradexplorer.recording.dataset_capture import capture_dataset
     from gradexplorer.recording.timeline import read_timeline
     from gradexplorer.recording.watch import watch
     from gradexplorer_app.explore import explore

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gradexplorer.base.errors import BatchError, GradExplorerError
-from gradexplorer.recording.dataset import DatasetSource, capture_dataset
+from gradexplorer.recording.dataset_capture import DatasetSource, capture_dataset
 from gradexplorer_app import dialogs
 from gradexplorer_app.window import dataset_run
 from tests.conftest import assert_no_hooks

@@ -10,7 +10,7 @@ from torch import nn
 from gradexplorer.capturing.capture import capture
 from gradexplorer.comparison.compare import CompareError, compare, histogram_distance
 from gradexplorer.files.capture_file import save_capture
-from gradexplorer.recording.dataset import batch_count, capture_dataset, iter_tensor_batches, to_capture
+from gradexplorer.recording.dataset_capture import batch_count, capture_dataset, iter_tensor_batches, to_capture
 from gradexplorer_app.cli.diff import EXIT_DIVERGED, EXIT_SAME, EXIT_TROUBLE
 from gradexplorer_app.cli.main import main
 

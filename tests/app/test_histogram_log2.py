@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gradexplorer.capturing.capture import capture
-from gradexplorer.recording.dataset import DatasetStats, to_capture
+from gradexplorer.recording.dataset_capture import DatasetStats, to_capture
 from gradexplorer.stats.merge import HIST_BINS, ZERO_BIN, MergeStats, hist_edges
 from gradexplorer_app.views.capture_views import CaptureViews
 from gradexplorer_app.views.histogram_view import edge_label

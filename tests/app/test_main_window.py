@@ -8,7 +8,7 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from gradexplorer.analysis.summary import default_layer
+from gradexplorer.analysis.capture_summary import default_layer
 from gradexplorer.base.devices import DeviceInfo
 from gradexplorer.base.errors import BatchError, GradExplorerError, TrustRequired
 from gradexplorer_app import dialogs

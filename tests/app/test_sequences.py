@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradexplorer.analysis.summary import default_layer
+from gradexplorer.analysis.capture_summary import default_layer
 from gradexplorer.capturing.capture import capture
 from gradexplorer_app.views.capture_views import CaptureViews
 

@@ -214,7 +214,7 @@ def test_dataset_capture_series(qtbot, view, tmp_path):
     from torch import nn
 
     from gradexplorer.files.capture_file import save_capture
-    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
     stats = capture_dataset(model, iter_tensor_batches(torch.randn(10, 4), None, 3, range(4)))
@@ -235,7 +235,7 @@ def test_dataset_capture_onset_and_export(qtbot, view, tmp_path):
     import torch
     from torch import nn
 
-    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()

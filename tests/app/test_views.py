@@ -11,9 +11,9 @@ from PIL import Image
 from PySide6.QtCore import QPoint, QPointF, Qt
 from torch import nn
 
+from gradexplorer.analysis.capture_summary import default_layer
 from gradexplorer.analysis.gradcam import grad_cam
 from gradexplorer.analysis.gradient_flow import flow_series
-from gradexplorer.analysis.summary import default_layer
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer_app.views.capture_views import CaptureViews
@@ -183,7 +183,7 @@ def test_vit_tokens_show_a_14x14_grid(qtbot):
 def test_redraw_of_a_512x28x28_map_follows_display_and_sample(qtbot):
     act = torch.randn(2, 512, 28, 28)
     from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
     call = CallRecord(act, act.clone(), None,
                       {"activation": tensor_stats(act), "grad_output": tensor_stats(act), "grad_input": None},
                       "", tuple(act.shape), "float32")
@@ -240,7 +240,7 @@ def test_histogram_of_one_sample_and_of_parameters(views, cnn):
 
 def test_histogram_annotates_nonfinite_and_subsampling(qtbot):
     from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
     g = torch.randn(1, 600_000)
     g[0, :5] = float("nan")
     g[0, 5] = float("inf")
@@ -321,7 +321,7 @@ def test_flow_scene_click_handler(qtbot):
 
 def test_flow_flags_are_coloured():
     from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
 
     def rec(g):
         return LayerRecord("Linear", [CallRecord(None, None, None, {

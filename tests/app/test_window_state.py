@@ -44,7 +44,7 @@ def test_an_uncaptured_row_keeps_the_views(qtbot, window, monkeypatch):
 
 
 def test_flags_and_norms_are_derived_once_per_capture(qtbot, window, monkeypatch):
-    import gradexplorer.analysis.summary as summary
+    import gradexplorer.analysis.capture_summary as summary
 
     calls = []
     real = summary.layer_flags

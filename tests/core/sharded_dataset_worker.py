@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.capture import capture
-from gradexplorer.recording.dataset import capture_dataset, gather_to_rank0
+from gradexplorer.recording.dataset_capture import capture_dataset, gather_to_rank0
 from gradexplorer.recording.shard_blocks import ShardPlan, choose_blocks, local_param_bytes, shard_model
 from gradexplorer.recording.sharded_dataset import capture_dataset_sharded
 

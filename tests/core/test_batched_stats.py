@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gradexplorer.stats.batched import BLOCK, batched_stats, device_batched_stats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from tests.core.test_stats import ADVERSARIAL, CONTRACT, _randn, assert_matches_reference
 
 

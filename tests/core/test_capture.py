@@ -13,7 +13,7 @@ from torch import nn
 from gradexplorer.base.errors import CaptureCancelled, CaptureError, GradExplorerError
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.selection import leaf_names
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from tests.conftest import assert_no_hooks, assert_unchanged, snapshot
 from tests.ground_truth import compare, reference
 

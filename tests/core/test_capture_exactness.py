@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from gradexplorer.analysis.capture_summary import summarize
 from gradexplorer.analysis.gradient_flow import NOT_CALLED, flow_gaps, layer_flags
-from gradexplorer.analysis.summary import summarize
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.data import FROZEN, NOT_REACHED, UNUSED_OUTPUT
 from tests.conftest import assert_unchanged, snapshot

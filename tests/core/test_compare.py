@@ -27,7 +27,7 @@ from gradexplorer.comparison.compare import (
 )
 from gradexplorer.files.capture_file import load_capture, save_capture
 from gradexplorer.stats.moments import STAT_KEYS as ALL_STAT_KEYS
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 
 
 def _np(t):

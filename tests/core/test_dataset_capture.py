@@ -11,7 +11,7 @@ from torch import nn
 
 from gradexplorer.base.errors import CaptureCancelled
 from gradexplorer.files.capture_file import load_capture, save_capture
-from gradexplorer.recording.dataset import (
+from gradexplorer.recording.dataset_capture import (
     DatasetStats,
     batch_count,
     capture_dataset,

@@ -18,7 +18,7 @@ import torch
 from gradexplorer.stats import device as device_stats
 from gradexplorer.stats.device import DeferredStats, stats_from_row
 from gradexplorer.stats.moments import HIST_BINS, histogram_range, histogram_sample
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from tests.conftest import ROOT
 
 CASES = {
@@ -150,7 +150,7 @@ def test_the_kernels_in_tritons_interpreter_equal_tensor_stats_and_capture():
         from torch import nn
         from gradexplorer.stats import device as device_stats
         from gradexplorer.capturing.capture import capture
-        from gradexplorer.stats.summary import tensor_stats
+        from gradexplorer.stats.tensor_stats import tensor_stats
         from tests.core.test_device_stats import CASES, assert_stats_close
 
         assert device_stats.fused_available()

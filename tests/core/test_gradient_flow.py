@@ -12,7 +12,7 @@ from gradexplorer.analysis.gradient_flow import aggregate, flow_series, layer_fl
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 
 
 def _call(grad: torch.Tensor | None, act: torch.Tensor | None = None) -> CallRecord:

@@ -323,11 +323,11 @@ def test_gradient_of_a_view_rebased_by_an_in_place_op_comes_from_its_base():
 # -- every installer of the engine goes through gradexplorer.hooks -----------------------------
 
 INSTALLERS = ("capturing/capture.py", "capturing/module_tree.py", "recording/layer_recorder.py",
-              "model_graph/graph.py", "model_graph/grads.py", "pipeline/job.py", "recording/dataset.py",
+              "model_graph/graph.py", "model_graph/grads.py", "pipeline/job.py", "recording/dataset_capture.py",
               "recording/sharded_dataset.py", "integrations/trainer_watch.py", "integrations/transformers.py")
 #: The ``.remove()`` calls that are LayerRecorder.remove, which closes its hooks_installed
 #: block: (file, receiver).
-RECORDER_REMOVES = {("recording/dataset.py", "recorder"), ("recording/sharded_dataset.py", "recorder"),
+RECORDER_REMOVES = {("recording/dataset_capture.py", "recorder"), ("recording/sharded_dataset.py", "recorder"),
                     ("recording/watch.py", "self._recorder"), ("recording/layer_recorder.py", "self")}
 ENGINE = ROOT / "core" / "gradexplorer"
 

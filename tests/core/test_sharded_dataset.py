@@ -23,7 +23,7 @@ from torch import nn
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.selection import resolve_layers
-from gradexplorer.recording.dataset import DatasetStats, capture_dataset, recorded_params
+from gradexplorer.recording.dataset_capture import DatasetStats, capture_dataset, recorded_params
 from gradexplorer.recording.dataset_memory import estimate_dataset_memory
 from gradexplorer.recording.shard_blocks import ShardPlan, choose_blocks, default_blocks
 from gradexplorer.stats.merge import GradientMoments, MomentSums

@@ -18,7 +18,7 @@ import torch
 
 from gradexplorer.stats import cpu as cpu_stats
 from gradexplorer.stats.moments import HIST_BINS, chan_merge, merge_moments, torch_stats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from tests.conftest import ROOT
 
 numba_missing = not cpu_stats.available()
@@ -413,7 +413,7 @@ def test_without_numba_the_torch_operations_do_the_work():
                     raise ImportError("no numba here")
         sys.meta_path.insert(0, Refuse())
         from gradexplorer.stats import cpu as cpu_stats
-        from gradexplorer.stats.summary import tensor_stats
+        from gradexplorer.stats.tensor_stats import tensor_stats
         from tests.core.test_stats import ADVERSARIAL, assert_matches_reference
         assert not cpu_stats.available()
         for name in ("large_mean_tiny_std", "huge_1e30_float32", "nan_inf_mixed", "bf16_1e30", "int32"):

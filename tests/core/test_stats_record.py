@@ -17,7 +17,7 @@ from gradexplorer.stats.device import DeferredStats, stats_from_row
 from gradexplorer.stats.merge import SUMMARY_KEYS, DatasetTensorStats, MergeStats, MergeSummary
 from gradexplorer.stats.moments import HIST_BINS, empty_stats, no_finite_stats, torch_stats
 from gradexplorer.stats.record import SCALAR_KEYS, STAT_KEYS, ScalarKey, StatKey, TensorStats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from tests.core.test_device_stats import reference_row
 
 HINTS = typing.get_type_hints(TensorStats)

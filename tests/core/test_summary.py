@@ -1,4 +1,4 @@
-"""gradexplorer.analysis.summary: the call that stands for a block, the seed layer and the
+"""gradexplorer.analysis.capture_summary: the call that stands for a block, the seed layer and the
 reasons behind zero gradients, on real captures."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradexplorer.analysis.summary import block_call
+from gradexplorer.analysis.capture_summary import block_call
 from gradexplorer.capturing.capture import capture
 
 
@@ -43,8 +43,8 @@ def test_the_targets_seed_is_not_flagged_exploding():
     """The logits layer's output gradient is the target's seed (a one-hot for top1), a
     thousand times and more above the gradients passed back through small random weights:
     it is not judged against its neighbours, and its note says why."""
+    from gradexplorer.analysis.capture_summary import summarize
     from gradexplorer.analysis.gradient_flow import neighbour_flags, seed_calls
-    from gradexplorer.analysis.summary import summarize
 
     torch.manual_seed(0)
     layers = [nn.Linear(32, 32) for _ in range(4)] + [nn.Linear(32, 10)]
@@ -71,7 +71,7 @@ def test_zero_gradients_name_the_layer_whose_weights_are_zero():
     output gradient is not zero, its input's is."""
     from torchvision.models.vision_transformer import VisionTransformer
 
-    from gradexplorer.analysis.summary import summarize
+    from gradexplorer.analysis.capture_summary import summarize
 
     torch.manual_seed(0)
     vit = VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16,
@@ -99,7 +99,7 @@ def test_a_dead_relu_is_named_where_the_gradient_stops():
     with torch.no_grad():
         first.bias.fill_(-100.0)  # every input of the ReLU below zero
     model = nn.Sequential(nn.Linear(8, 8), first, nn.ReLU(), nn.Linear(8, 3)).eval()
-    from gradexplorer.analysis.summary import summarize
+    from gradexplorer.analysis.capture_summary import summarize
 
     stop = summarize(capture(model, torch.randn(4, 8))).stop
     assert stop is not None and stop.layer == "2" and "dead ReLU" in stop.reason

@@ -119,7 +119,7 @@ def test_csv_export(tmp_path):
 def test_timeline_from_dataset_capture():
     from torch import nn
 
-    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
     x = torch.randn(10, 4)
@@ -134,7 +134,7 @@ def test_onset_of_a_dataset_capture():
     import torch
     from torch import nn
 
-    from gradexplorer.recording.dataset import capture_dataset, iter_tensor_batches, to_capture
+    from gradexplorer.recording.dataset_capture import capture_dataset, iter_tensor_batches, to_capture
     from gradexplorer.recording.timeline import capture_onset
 
     torch.manual_seed(0)

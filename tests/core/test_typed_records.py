@@ -13,7 +13,7 @@ from gradexplorer.comparison.compare import compare
 from gradexplorer.model_graph.compare import divergence_values
 from gradexplorer.model_graph.grads import graph_gradients
 from gradexplorer.model_graph.graph import NodeStats, extract_graph, node_stats_from_calls
-from gradexplorer.recording.dataset import _stats_entry
+from gradexplorer.recording.dataset_capture import _stats_entry
 from gradexplorer.stats.merge import (
     DatasetTensorStats,
     GradientMoments,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from gradexplorer.analysis.capture_summary import default_layer, summarize
 from gradexplorer.analysis.class_names import class_name, top_classes
 from gradexplorer.analysis.gradient_flow import call_flags, layer_flags
-from gradexplorer.analysis.summary import default_layer, summarize
 from gradexplorer.analysis.token_grid import TokenGrid, token_grid
 from gradexplorer.base.units import format_bytes
 from gradexplorer.capturing.capture import capture
@@ -66,7 +66,7 @@ def test_view_state_refuses_unknown_kinds():
 
 
 def test_summary_is_computed_once_per_capture(cap, monkeypatch):
-    import gradexplorer.analysis.summary as cs
+    import gradexplorer.analysis.capture_summary as cs
 
     calls = []
     real = cs.layer_flags

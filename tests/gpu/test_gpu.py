@@ -153,7 +153,7 @@ def test_fused_statistics_on_the_gpu_equal_tensor_stats():
     """The fused kernels (when Triton is there) against the CPU statistics, including NaN,
     Inf, half precision, a flat tensor and a subsampled histogram."""
     from gradexplorer.stats import device as device_stats
-    from gradexplorer.stats.summary import tensor_stats
+    from gradexplorer.stats.tensor_stats import tensor_stats
 
     if not device_stats.fused_available():
         pytest.skip("Triton is not available")

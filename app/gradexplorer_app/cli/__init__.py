@@ -14,7 +14,7 @@ main
 common
     What the commands share: exit codes, ``UsageError``, ``UI``, the common arguments,
     ``capture_options`` (also for the window's flags).
-capture, dataset
+capture, capture_over_dataset
     ``capture``: one forward and backward to a .pt file; ``capture --batch-size N``:
     statistics over a whole dataset.
 models, layers, devices
@@ -32,5 +32,5 @@ format
     Text output: tables, sizes, numbers, the progress bar.
 """
 
-__all__ = ["main", "common", "capture", "dataset", "models", "layers", "devices", "inspect", "inspect_log",
+__all__ = ["main", "common", "capture", "capture_over_dataset", "models", "layers", "devices", "inspect", "inspect_log",
            "diff", "graph", "timeline", "gui", "format"]

@@ -1,6 +1,6 @@
 """``gradexplorer capture``: one forward and backward pass, saved to a .pt capture file.
 
-With ``--batch-size N`` the statistics of a whole dataset instead (``gradexplorer_app.cli.dataset``).
+With ``--batch-size N`` the statistics of a whole dataset instead (``gradexplorer_app.cli.capture_over_dataset``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
                                 "--nproc-per-node K.")
     if getattr(args, "batch_size", None) is not None:
         # Deferred for start-up time: the dataset command imports torch at once.
-        from gradexplorer_app.cli.dataset import cmd_capture_dataset
+        from gradexplorer_app.cli.capture_over_dataset import cmd_capture_dataset
 
         return cmd_capture_dataset(args, ui)
 
@@ -128,7 +128,7 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
         check_free_space(out, estimate.total)  # a full disk is said now, not after the capture
     cap = job.capture()
 
-    from gradexplorer.analysis.summary import summarize
+    from gradexplorer.analysis.capture_summary import summarize
     from gradexplorer.files.capture_file import save_capture
 
     ui.bar.update("saving")

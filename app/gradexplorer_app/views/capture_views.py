@@ -136,9 +136,9 @@ class CaptureViews(QWidget):
 
     def set_capture(self, capture: Capture | None, batch: Batch | None = None) -> None:
         """Show a capture (None clears). Keeps the selected layer if the capture has it,
-        else opens on ``gradexplorer.analysis.summary``'s default layer."""
+        else opens on ``gradexplorer.analysis.capture_summary``'s default layer."""
         self._capture = capture
-        # A dataset capture (gradexplorer.recording.dataset) was not made from the batch on show:
+        # A dataset capture (gradexplorer.recording.dataset_capture) was not made from the batch on show:
         # its samples are the folder's, and their names are not that batch's.
         self._batch = None if capture is not None and capture.meta.get("dataset") else batch
         self.flow_view.set_capture(capture)

@@ -11,6 +11,7 @@ from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
+from gradexplorer.analysis.capture_summary import summarize
 from gradexplorer.analysis.gradient_flow import (
     EXPLODING_RATIO,
     FLAGS,
@@ -21,7 +22,6 @@ from gradexplorer.analysis.gradient_flow import (
     flow_gaps,
     flow_series,
 )
-from gradexplorer.analysis.summary import summarize
 from gradexplorer.capturing.data import Capture, layer_label
 from gradexplorer_app.views.label_fit import ElidedLabel, wrap_label
 from gradexplorer_app.views.plot_style import (

@@ -1,7 +1,7 @@
 """Histogram of the selected tensor, from the capture's statistics (so it works in stats mode).
 
 Ordinary captures hold ``hist_bins`` equal-width bins over the tensor's range, drawn on a
-linear value axis. Dataset captures (``hist_kind == "log2"``, ``gradexplorer.recording.dataset``)
+linear value axis. Dataset captures (``hist_kind == "log2"``, ``gradexplorer.recording.dataset_capture``)
 hold counts in fixed signed log2-magnitude bins (``gradexplorer.stats.merge``): one bar per power
 of two, the zero bin in the middle. Those are drawn on their own bins: the x axis is the
 bin index (every octave one unit wide, negatives to the left of zero), its ticks read as
@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QSizePo
 
 from gradexplorer.capturing.data import Capture
 from gradexplorer.stats.record import TensorStats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 from gradexplorer_app.views.plot_style import FOREGROUND, Log10Axis, set_axis_title, style_plot, style_plot_widget
 from gradexplorer_app.views.view_context import TENSOR_LABELS, CaptureView, ViewContext
 

@@ -72,7 +72,7 @@ STAT_LABELS = {
     "l2": "L2 norm", "mean_abs": "mean |x|", "max_abs": "max |x|", "std": "std", "mean": "mean",
     "nonfinite": "NaN + Inf count", "zero_fraction": "zero fraction", "update_ratio": "update ratio |Δw|/|w|",
 }
-#: The series fields of dataset captures (gradexplorer.recording.dataset.SERIES_FIELDS).
+#: The series fields of dataset captures (gradexplorer.recording.dataset_capture.SERIES_FIELDS).
 CAPTURE_STATS = ("l2", "mean", "std", "max_abs", "nonfinite")
 
 

@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
+from gradexplorer.analysis.capture_summary import input_shape_of
 from gradexplorer.analysis.heatmaps import grad_x_activation
-from gradexplorer.analysis.summary import input_shape_of
 from gradexplorer.capturing.data import CallRecord, Capture, LayerRecord, layer_label
 from gradexplorer.capturing.inputs import Batch
 from gradexplorer.files.meta import capture_meta
@@ -70,7 +70,7 @@ class ViewContext:
     def batch_size(self) -> int:
         if self.capture is not None:
             dataset = self.capture.meta.get("dataset")
-            if dataset:  # a dataset capture (gradexplorer.recording.dataset): every sample it saw
+            if dataset:  # a dataset capture (gradexplorer.recording.dataset_capture): every sample it saw
                 return int(dataset.get("samples", 0))
             if self.capture.input is not None and self.capture.input.dim() > 0:
                 return int(self.capture.input.shape[0])

@@ -21,8 +21,8 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from gradexplorer import models  # lazy: models.loading (torchvision) on first use
+from gradexplorer.analysis.capture_summary import block_call, input_shape_of, summarize
 from gradexplorer.analysis.gradcam import cam_supported
-from gradexplorer.analysis.summary import block_call, input_shape_of, summarize
 from gradexplorer.base import devices
 from gradexplorer.base.errors import (
     CaptureCancelled,
@@ -597,7 +597,7 @@ class WindowController(QObject):
 
         A block that is not recorded itself but whose submodules are (``layer4`` ticked:
         its leaves are) is shown through the last captured call inside it
-        (``gradexplorer.analysis.summary.block_call``), and the status bar says so."""
+        (``gradexplorer.analysis.capture_summary.block_call``), and the status bar says so."""
         cap = self.session.capture
         if cap is None:
             return

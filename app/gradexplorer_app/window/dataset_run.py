@@ -53,7 +53,7 @@ from gradexplorer_app.window.run_panel import RunPanel
 
 if TYPE_CHECKING:  # annotations only (imported on first use)
     from gradexplorer.capturing.memory_estimate import MemoryEstimate, Shortfall
-    from gradexplorer.recording.dataset import DatasetStats
+    from gradexplorer.recording.dataset_capture import DatasetStats
     from gradexplorer.recording.shard_blocks import ShardPlan
     from gradexplorer_app.window.timeline_window import TimelineWindow
 
@@ -256,7 +256,7 @@ class DatasetRun(QObject):
 
     def _on_progress(self, _gen: int, _stage: str, done: int, total: int) -> None:
         # Imported on first use: a dataset run is not needed to start the window.
-        from gradexplorer.recording.dataset import eta_text
+        from gradexplorer.recording.dataset_capture import eta_text
 
         self.window.run_panel.show_progress(done, total, eta_text(done, total, self._started))
 

@@ -60,7 +60,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradexplorer.analysis.summary import summarize
+from gradexplorer.analysis.capture_summary import summarize
 from gradexplorer.capturing.data import Capture
 from gradexplorer.capturing.module_tree import ModuleNode, ModuleTree
 from gradexplorer.capturing.nonfinite import onset_location

@@ -15,8 +15,8 @@ token_grid
     When a sequence of tokens is a square picture of patches.
 class_names
     Class names and top predicted classes.
-summary
+capture_summary
     What is derived from a capture once: layer flags, norms, the layer the views open on.
 """
 
-__all__ = ["heatmaps", "gradcam", "saliency", "gradient_flow", "token_grid", "class_names", "summary"]
+__all__ = ["heatmaps", "gradcam", "saliency", "gradient_flow", "token_grid", "class_names", "capture_summary"]

@@ -75,7 +75,7 @@ def aggregate(stats_list: list[TensorStats], metric: str) -> float:
     Parameters
     ----------
     stats_list : list of TensorStats
-        ``gradexplorer.stats.summary.tensor_stats`` results.
+        ``gradexplorer.stats.tensor_stats.tensor_stats`` results.
     metric : {"l2", "mean_abs", "max_abs"}
 
     Returns

@@ -708,7 +708,7 @@ def capture(
     expected_calls : int, optional
         Module calls per forward (from ``gradexplorer.capturing.module_tree.ModuleTree.probe``), for progress.
     hist_exact_limit : int, optional
-        Histogram subsampling threshold (``gradexplorer.stats.summary``); default
+        Histogram subsampling threshold (``gradexplorer.stats.tensor_stats``); default
         ``gradexplorer.stats.moments.HIST_EXACT_LIMIT``.
     autocast : {None, "bf16", "fp16"}
         Run forward under ``torch.autocast`` with this dtype on the capture device

@@ -65,7 +65,7 @@ class CallRecord:
         input requires grad.
     stats : CallStats
         ``{"activation": stats, "grad_output": stats or None, "grad_input": stats or None}``
-        (``TensorStats`` records: see ``gradexplorer.stats.summary.tensor_stats``).
+        (``TensorStats`` records: see ``gradexplorer.stats.tensor_stats.tensor_stats``).
     output_key : str
         Which element of a tuple/dict output was recorded ("" for a plain tensor).
     shape, dtype : tuple, str

@@ -99,7 +99,7 @@ def call_flags(stats: CallStats) -> list[str]:
     ----------
     stats : CallStats
         ``{"activation": ..., "grad_output": ..., "grad_input": ...}``, values
-        ``gradexplorer.stats.summary.tensor_stats`` records or ``None``.
+        ``gradexplorer.stats.tensor_stats.tensor_stats`` records or ``None``.
 
     Returns
     -------

@@ -41,7 +41,7 @@ from gradexplorer.base.units import counted, format_bytes
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.module_tree import ModuleTree, TensorKey
 from gradexplorer.stats.record import TensorStats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 
 if TYPE_CHECKING:
     from gradexplorer.capturing.data import Capture

@@ -52,7 +52,7 @@ from gradexplorer.stats.record import ScalarKey, TensorStats
 KINDS = ("activation", "grad_output", "grad_input")
 #: Human names of the kinds.
 KIND_LABELS = {"activation": "activation", "grad_output": "gradient", "grad_input": "input gradient"}
-#: Scalar statistics whose difference is reported (``gradexplorer.stats.summary``).
+#: Scalar statistics whose difference is reported (``gradexplorer.stats.tensor_stats``).
 STAT_KEYS: tuple[ScalarKey, ...] = ("min", "max", "mean", "std", "mean_abs", "l2", "zero_fraction", "nan_count",
                                     "inf_count")
 #: Statistics held to the tolerance in a statistics-only comparison.
@@ -134,7 +134,7 @@ class TensorDiff:
 
 @dataclass
 class StatsDiff:
-    """Comparison of two statistics records (``gradexplorer.stats.summary.tensor_stats``).
+    """Comparison of two statistics records (``gradexplorer.stats.tensor_stats.tensor_stats``).
 
     Attributes
     ----------
@@ -492,7 +492,7 @@ def histogram_distance(a: TensorStats, b: TensorStats) -> float:
 
 
 def stats_diff(a: TensorStats, b: TensorStats, tolerance: Tolerance = Tolerance()) -> StatsDiff:
-    """Compare two statistics records (``gradexplorer.stats.summary.tensor_stats``).
+    """Compare two statistics records (``gradexplorer.stats.tensor_stats.tensor_stats``).
 
     Parameters
     ----------
@@ -615,7 +615,7 @@ def _data_of(cap: Capture) -> str:
 
 
 def check_same_data(a: Capture, b: Capture, label_a: str = "A", label_b: str = "B") -> None:
-    """Refuse to compare a dataset capture (``gradexplorer.recording.dataset``) with anything but a
+    """Refuse to compare a dataset capture (``gradexplorer.recording.dataset_capture``) with anything but a
     dataset capture over as many samples, in batches of the same sizes.
 
     Norms, sums and histogram counts grow with the number of values: a dataset's merged

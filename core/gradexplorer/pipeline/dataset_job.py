@@ -2,11 +2,11 @@
 target and device over the batches of a folder of images or a ``.pt`` tensor file.
 
 :class:`DatasetJob` runs the steps the command line (``gradexplorer capture --batch-size N``,
-``gradexplorer_app.cli.dataset``) and the window (Run ▸ Run over folder…,
+``gradexplorer_app.cli.capture_over_dataset``) and the window (Run ▸ Run over folder…,
 ``gradexplorer_app.window.dataset_run``) share, each at most once::
 
     dataset = DatasetJob(job, batch_size=16, max_samples=None)
-    dataset.source()      # the samples, in batches (gradexplorer.recording.dataset.DatasetSource)
+    dataset.source()      # the samples, in batches (gradexplorer.recording.dataset_capture.DatasetSource)
     dataset.estimate()    # one sample through the model: the memory, against the budget
     stats = dataset.capture()          # the batches, merged (statistics only)
     cap = dataset.to_capture(stats)    # the capture and its metadata
@@ -41,7 +41,7 @@ from gradexplorer.capturing.memory_estimate import MemoryEstimate, Shortfall, bu
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.job import CaptureJob, OverBudget, probe_model
 from gradexplorer.pipeline.options import CaptureOptions
-from gradexplorer.recording.dataset import (
+from gradexplorer.recording.dataset_capture import (
     DatasetProgress,
     DatasetSource,
     DatasetStats,
@@ -245,12 +245,12 @@ class DatasetJob:
     def capture(self, indices: Sequence[int] | None = None, progress: DatasetProgress | None = None
                 ) -> DatasetStats:
         """Capture batches ``indices`` (all by default) with the model replicated in this
-        process, merged into running totals (``gradexplorer.recording.dataset.capture_dataset``).
+        process, merged into running totals (``gradexplorer.recording.dataset_capture.capture_dataset``).
 
         Parameters
         ----------
         indices : sequence of int, optional
-            This process's share of the batches (``gradexplorer.recording.dataset.shard``).
+            This process's share of the batches (``gradexplorer.recording.dataset_capture.shard``).
         progress : callable, optional
             ``progress(batches_done, total_batches, samples_done)``; by default the job's
             ``progress(STAGE_BATCHES, done, total)``.

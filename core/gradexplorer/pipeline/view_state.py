@@ -9,7 +9,7 @@ round trip). This follows ndv's ``ArrayDisplayModel``: the model is plain data t
 knows nothing about Qt, and tests drive it without a window.
 
 What depends on the capture itself (the flags, the norms, the layer to open on) is in
-``gradexplorer.analysis.summary``; ``fit`` uses it to keep the selection valid when the capture
+``gradexplorer.analysis.capture_summary``; ``fit`` uses it to keep the selection valid when the capture
 changes.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from psygnal import evented
 
-from gradexplorer.analysis.summary import summarize
+from gradexplorer.analysis.capture_summary import summarize
 from gradexplorer.capturing.data import Capture
 
 if TYPE_CHECKING:

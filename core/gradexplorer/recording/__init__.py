@@ -14,7 +14,7 @@ sharded
     whether the ranks run the same samples (tensor parallelism).
 watch_log
     The ``.gxw`` log (SQLite, one transaction per step).
-dataset
+dataset_capture
     ``capture_dataset()``: every batch captured and merged exactly, also under
     torch.distributed.
 dataset_memory
@@ -27,5 +27,5 @@ timeline
     Arrays over steps from a watch log or a dataset capture.
 """
 
-__all__ = ["layer_recorder", "collective_failure", "sharded", "watch", "watch_log", "dataset", "dataset_memory",
+__all__ = ["layer_recorder", "collective_failure", "sharded", "watch", "watch_log", "dataset_capture", "dataset_memory",
            "shard_blocks", "sharded_dataset", "timeline"]

@@ -1,6 +1,6 @@
 """What a dataset capture holds, told before it runs: replicated on every rank, or sharded.
 
-The capture keeps statistics, never tensors (``gradexplorer.recording.dataset``), so what
+The capture keeps statistics, never tensors (``gradexplorer.recording.dataset_capture``), so what
 it holds to the end (``MemoryEstimate.total``) is:
 
 * the merged statistics: per selected call an activation, an output-gradient and a
@@ -34,7 +34,7 @@ from torch import nn
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.capturing.memory_estimate import MemoryEstimate, estimate_capture_memory
 from gradexplorer.capturing.module_tree import ModuleTree
-from gradexplorer.recording.dataset import SERIES_FIELDS
+from gradexplorer.recording.dataset_capture import SERIES_FIELDS
 from gradexplorer.recording.shard_blocks import ShardPlan
 from gradexplorer.stats.merge import MergeStats
 

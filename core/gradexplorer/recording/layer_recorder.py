@@ -1,7 +1,7 @@
 """Hooks that record mergeable statistics of selected modules for one forward and backward.
 
 Shared by the watch (``gradexplorer.recording.watch``, one training step) and the dataset capture
-(``gradexplorer.recording.dataset``, one batch). Per selected module and per call it records the
+(``gradexplorer.recording.dataset_capture``, one batch). Per selected module and per call it records the
 activation, the gradient with respect to it and the per-sample norms of that gradient, as
 ``gradexplorer.stats.merge.MergeStats`` keyed ``(module name, call index, kind)``.
 

@@ -4,7 +4,7 @@
 model over the ranks (``gradexplorer.recording.shard_blocks``) and runs
 :func:`capture_dataset_sharded`. Rank ``r`` takes the batches ``b`` with ``b % world == r``,
 as the replicated capture does, and rank 0 merges the ranks' totals
-(``gradexplorer.recording.dataset.gather_to_rank0``) into one file equal to the
+(``gradexplorer.recording.dataset_capture.gather_to_rank0``) into one file equal to the
 single-process one up to the order of float64 additions.
 
 Why it is built this way:
@@ -50,7 +50,7 @@ from gradexplorer.capturing.sharded_params import fsdp_module_type, is_dtensor
 from gradexplorer.capturing.targets import parse_target, target_scalar
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_state_preserved
 from gradexplorer.recording.collective_failure import collective_failed, is_collective_failure
-from gradexplorer.recording.dataset import DatasetProgress, DatasetStats, recorded_params, run_forward, shard
+from gradexplorer.recording.dataset_capture import DatasetProgress, DatasetStats, recorded_params, run_forward, shard
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.stats.merge import GradientMoments, MergeStats
 
@@ -214,7 +214,7 @@ def capture_dataset_sharded(
     """This rank's share of a dataset capture of a model sharded with FSDP2.
 
     A collective: every rank of the default process group calls it with the same
-    arguments. Merge the ranks' totals with ``gradexplorer.recording.dataset.gather_to_rank0``.
+    arguments. Merge the ranks' totals with ``gradexplorer.recording.dataset_capture.gather_to_rank0``.
 
     Parameters
     ----------
@@ -226,7 +226,7 @@ def capture_dataset_sharded(
     total_batches : int
         Batches in the whole dataset (this rank takes every ``world``-th from its rank).
     layers, target, snr
-        As ``gradexplorer.recording.dataset.capture_dataset``.
+        As ``gradexplorer.recording.dataset_capture.capture_dataset``.
     device : str or torch.device, optional
         Where the inputs go (the shards' device); ``None``: the device of the parameters.
     progress : callable, optional

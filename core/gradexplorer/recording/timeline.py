@@ -185,7 +185,7 @@ def read_timeline(source: str | os.PathLike | sqlite3.Connection, kind: str = "g
 
 
 def timeline_from_capture(cap: Any, kind: str = "grad_output", stat: str = "l2") -> Timeline:
-    """The per-batch series of a dataset capture (``gradexplorer.recording.dataset``) as a timeline:
+    """The per-batch series of a dataset capture (``gradexplorer.recording.dataset_capture``) as a timeline:
     batches stand for steps. ``stat`` is one of its series fields."""
     series = cap.meta.get("dataset", {}).get("series")
     if not series:
@@ -299,7 +299,7 @@ def nonfinite_onset(source: str | os.PathLike | sqlite3.Connection, rank: int | 
 
 
 def capture_onset(cap: Any) -> Onset | None:
-    """The first batch of a dataset capture (``gradexplorer.recording.dataset``) with a NaN or Inf in
+    """The first batch of a dataset capture (``gradexplorer.recording.dataset_capture``) with a NaN or Inf in
     its per-batch series, and the first layer in forward order where it is (an activation
     before a gradient; a parameter with its module). ``None`` when every value was finite.
 

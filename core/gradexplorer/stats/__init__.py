@@ -5,7 +5,7 @@ Modules
 -------
 record
     ``TensorStats``: the statistics record of one tensor (a ``TypedDict``), and its keys.
-summary
+tensor_stats
     ``tensor_stats``: the summary of one tensor (moments, norms, non-finite counts,
     histogram).
 moments
@@ -27,5 +27,5 @@ merge_kernels
     Their numba kernels.
 """
 
-__all__ = ["record", "summary", "moments", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu",
+__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu",
            "merge_kernels"]

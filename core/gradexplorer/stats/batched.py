@@ -18,7 +18,7 @@ extremes), the blocks of each tensor are merged by Chan's formula in its shifted
 form (deviations from the tensor's first block mean, so that a constant keeps m2 = 0), and
 the histogram samples of all tensors (``gradexplorer.stats.moments.histogram_sample``) are
 binned by one ``bincount``. Two transfers bring the results to the host. The numbers are
-those of ``gradexplorer.stats.summary.tensor_stats`` within the accuracy contract (the same
+those of ``gradexplorer.stats.tensor_stats.tensor_stats`` within the accuracy contract (the same
 sample and torch.histc's bin arithmetic). float64, integer, bool and complex tensors (rare
 in a capture) go through ``tensor_stats`` one by one.
 
@@ -50,7 +50,7 @@ from gradexplorer.stats.moments import (
     stats_from_moments,
 )
 from gradexplorer.stats.record import TensorStats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 
 #: Values per block (row) of the laid-out tensors.
 BLOCK = 1024
@@ -62,7 +62,7 @@ _BATCHED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @torch.no_grad()
 def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT,
                   into: list[TensorStats] | None = None) -> list[TensorStats]:
-    """``gradexplorer.stats.summary.tensor_stats`` of every tensor, computed together.
+    """``gradexplorer.stats.tensor_stats.tensor_stats`` of every tensor, computed together.
 
     Parameters
     ----------

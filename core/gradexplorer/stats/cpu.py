@@ -1,6 +1,6 @@
 """One fused, multithreaded pass per tensor on the CPU, compiled with numba.
 
-The torch path of ``gradexplorer.stats.summary`` reads a tensor five to seven times (aminmax, float64
+The torch path of ``gradexplorer.stats.tensor_stats`` reads a tensor five to seven times (aminmax, float64
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
 (34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
 Here the tensor is read from memory once, in blocks of ``cpu_kernels.BLOCK`` elements.
@@ -200,7 +200,7 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[True]) -> t
 
 def summarize(t: torch.Tensor, hist_limit: int | None,
               copy: bool = False) -> TensorStats | tuple[TensorStats, torch.Tensor] | None:
-    """``gradexplorer.stats.summary.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
+    """``gradexplorer.stats.tensor_stats.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
     path cannot take it (then use ``gradexplorer.stats.moments.torch_stats``).
 
     Parameters

@@ -120,7 +120,7 @@ pointer: Any = intrinsic(_pointer)
 
 #: ``gradexplorer.stats.moments.chan_merge`` compiled: the kernels merge blocks and chunks with the same
 #: function as everything else. (numba's on-disk cache tracks the kernels' own source
-#: file only: after editing it in core/gradexplorer/stats/summary.py, clear __pycache__ or touch this file.)
+#: file only: after editing it in core/gradexplorer/stats/tensor_stats.py, clear __pycache__ or touch this file.)
 _chan: Any = njit(inline="always")(chan_merge)
 _hist_range: Any = njit(inline="always")(histogram_range)
 _hist_in_float64: Any = njit(inline="always")(histogram_in_float64)
@@ -296,7 +296,7 @@ def _like(v, lo):  # type: ignore[no-untyped-def]
 @njit(cache=True, nogil=True, error_model="numpy")
 def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
     """The bin of each sampled value in ``torch.histc``'s arithmetic, float32 or float64
-    as ``lo`` and ``width`` are (the same expression as ``gradexplorer.stats.summary``'s torch path);
+    as ``lo`` and ``width`` are (the same expression as ``gradexplorer.stats.tensor_stats``'s torch path);
     ``HIST_BINS`` for NaN and Inf. Selects, not branches, and 32-bit integers, so that
     LLVM can vectorise the loop (64-bit positions of float64 samples took 0.75 ns per
     value, 32-bit ones of float32 samples 0.41)."""

@@ -1,13 +1,13 @@
 """Statistics of GPU tensors without waiting on the GPU.
 
-``gradexplorer.stats.summary.tensor_stats`` is built for the CPU. On a CUDA device the same summary costs
+``gradexplorer.stats.tensor_stats.tensor_stats`` is built for the CPU. On a CUDA device the same summary costs
 some twenty small kernel launches and three host-device synchronisations per tensor, and a
 capture of resnet50 at batch 8 summarises about 500 tensors: statistics-only capture took
 9x a bare forward + backward on an H200 (``scripts/gpu_check.py``), all of it launch
 overhead and stalls, none of it arithmetic.
 
 Here two fused Triton kernels compute the whole summary of a tensor (finite min and max,
-the float64 moments of ``gradexplorer.stats.summary`` (count, mean, sum of squared deviations merged by
+the float64 moments of ``gradexplorer.stats.tensor_stats`` (count, mean, sum of squared deviations merged by
 Chan's formula, sum of squares), sum of absolute values, non-zero, NaN and Inf counts, and the histogram
 of the same evenly strided sample ``tensor_stats`` uses) into one row of numbers on the
 device, launched from the hook without waiting for the result. ``DeferredStats.resolve``
@@ -58,7 +58,7 @@ from gradexplorer.stats.moments import (
     stats_from_moments,
 )
 from gradexplorer.stats.record import TensorStats
-from gradexplorer.stats.summary import tensor_stats
+from gradexplorer.stats.tensor_stats import tensor_stats
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def _build_kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
-    # The moments are those of gradexplorer.stats.summary: float64 accumulation (float32 squares of 1e20
+    # The moments are those of gradexplorer.stats.tensor_stats: float64 accumulation (float32 squares of 1e20
     # overflow), each BLOCK's squared deviations taken around the BLOCK's own mean and the
     # blocks merged by Chan's formula (E[x²] - E[x]² cancels when |mean| >> std). float64
     # arithmetic on the loaded block costs nothing measurable: the kernel waits on memory.

@@ -1,6 +1,6 @@
 """Statistics that merge exactly: across batches, steps and ranks.
 
-``gradexplorer.stats.summary.tensor_stats`` summarises one tensor for the window. Over a dataset or a
+``gradexplorer.stats.tensor_stats.tensor_stats`` summarises one tensor for the window. Over a dataset or a
 training run we need statistics of *many* tensors whose union is never held in memory,
 and the merge of two summaries must equal the summary of the union. That rules out
 min-max histogram ranges (each tensor would get its own bins) and E[x^2] - E[x]^2.
@@ -72,7 +72,7 @@ TOGETHER_VALUES = 1 << 15
 #: ... and lays at most this many bytes of them end to end at a time.
 TOGETHER_BYTES = 16 << 20
 
-#: Summary keys, as in ``gradexplorer.stats.summary.tensor_stats`` where they share a name.
+#: Summary keys, as in ``gradexplorer.stats.tensor_stats.tensor_stats`` where they share a name.
 SUMMARY_KEYS = ("numel", "count", "min", "max", "mean", "std", "mean_abs", "l2", "sum",
                 "zero_fraction", "nan_count", "inf_count")
 
@@ -116,7 +116,7 @@ class MergeStatsFields(TypedDict):
 
 
 class DatasetTensorStats(TensorStats, total=False):
-    """The statistics record of a dataset capture (``gradexplorer.recording.dataset``):
+    """The statistics record of a dataset capture (``gradexplorer.recording.dataset_capture``):
     ``TensorStats``'s keys (``overflow`` aside) from the ``MergeStats`` of every batch.
 
     Keys
@@ -412,7 +412,7 @@ class MergeStats:
         return math.sqrt(self.var) if self.count else math.nan
 
     def summary(self) -> MergeSummary:
-        """Scalar statistics under the names ``gradexplorer.stats.summary`` uses (``count`` = finite values;
+        """Scalar statistics under the names ``gradexplorer.stats.tensor_stats`` uses (``count`` = finite values;
         ``zero_fraction`` counts the zero bin, |x| < 2^-126, among all elements)."""
         m = self.count
         nan = math.nan

@@ -4,7 +4,7 @@ Every path that summarises a tensor (the torch operations here, the numba pass o
 ``gradexplorer.stats.cpu``, the Triton kernels of ``gradexplorer.stats.device``, the
 batches of ``gradexplorer.stats.batched``) ends in :func:`stats_from_moments`; blocks are
 merged with :func:`chan_merge`; the histogram's sample and range follow
-:func:`histogram_sample` and :func:`histogram_range`. ``gradexplorer.stats.summary``
+:func:`histogram_sample` and :func:`histogram_range`. ``gradexplorer.stats.tensor_stats``
 explains why (float64, blocks around their own mean, scaled squares, a prime stride).
 """
 

@@ -1,6 +1,6 @@
 """The statistics record of one tensor: ``TensorStats``, and the names of its keys.
 
-Every path that summarises a tensor returns one (``gradexplorer.stats.summary.tensor_stats``,
+Every path that summarises a tensor returns one (``gradexplorer.stats.tensor_stats.tensor_stats``,
 the torch operations of ``gradexplorer.stats.moments``, the numba pass of
 ``gradexplorer.stats.cpu``, the Triton kernels' rows of ``gradexplorer.stats.device``, the
 batches of ``gradexplorer.stats.batched``); a capture holds one per recorded tensor
@@ -59,7 +59,7 @@ class _StatsInEveryFile(TypedDict):
 
 
 class TensorStats(_StatsInEveryFile, total=False):
-    """The summary statistics of one tensor (``gradexplorer.stats.summary.tensor_stats``).
+    """The summary statistics of one tensor (``gradexplorer.stats.tensor_stats.tensor_stats``).
 
     Keys
     ----

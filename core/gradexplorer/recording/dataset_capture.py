@@ -450,7 +450,7 @@ def gather_to_rank0(stats: DatasetStats) -> DatasetStats | None:
 
 
 def _stats_entry(s: MergeStats) -> DatasetTensorStats:
-    """A statistics record with ``gradexplorer.stats.summary.tensor_stats``'s keys, plus the exact merge.
+    """A statistics record with ``gradexplorer.stats.tensor_stats.tensor_stats``'s keys, plus the exact merge.
 
     ``hist`` holds the signed log2 bins' counts (``hist_kind`` says so; ``hist_edges`` in
     the file's ``meta["dataset"]``), ``merged`` the ``MergeStats`` fields.

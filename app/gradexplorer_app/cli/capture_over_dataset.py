@@ -1,4 +1,4 @@
-"""``gradexplorer capture --batch-size N``: statistics over a whole dataset (gradexplorer.recording.dataset).
+"""``gradexplorer capture --batch-size N``: statistics over a whole dataset (gradexplorer.recording.dataset_capture).
 
 Also under ``torchrun --nproc-per-node K -m gradexplorer capture ...``: the process group is
 detected from torchrun's environment, each rank captures its share of the batches on its
@@ -37,7 +37,7 @@ from gradexplorer_app.cli.format import fmt_seconds, human_size
 if TYPE_CHECKING:
     from gradexplorer.capturing.data import Capture
     from gradexplorer.pipeline.dataset_job import DatasetJob
-    from gradexplorer.recording.dataset import DatasetStats
+    from gradexplorer.recording.dataset_capture import DatasetStats
 
 
 def _dist_env() -> tuple[int, int, int]:
@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace, ui: UI, dataset: DatasetJob, rank: int, world
     """The batches of this rank, merged on rank 0: (totals on rank 0 else None, the
     capture's ``meta["shard"]`` when sharded). The memory check is the dataset job's
     (``DatasetJob.estimate``), with the shard plan when sharded."""
-    from gradexplorer.recording.dataset import eta_text, gather_to_rank0, shard
+    from gradexplorer.recording.dataset_capture import eta_text, gather_to_rank0, shard
 
     job, device = dataset.job, dataset.device
     loaded, selected, source = job.load_model(), dataset.selected_layers(), dataset.source()
