@@ -170,50 +170,106 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
         A bad argument, before any window opens; with ``screenshot``, a run or a capture
         that failed (its message is on the saved window too).
     """
+    from gradexplorer.pipeline.live import LiveOptions
+
+    options = LiveOptions(layers=layers, target=target, labels=labels, device=device, mode=mode, train=train,
+                          input_grad=input_grad, autocast=autocast, memory_budget=memory_budget)
+    shown = _what_to_show(model, inputs, options, name=name, categories=categories, tokenizer=tokenizer)
+    shot = _check_screenshot(screenshot, shown.read)
+
+    # Qt is imported on first use: ``gradexplorer.explore`` is reachable from a bare
+    # ``import gradexplorer``, which loads neither torch nor Qt.
+    from gradexplorer_app.window.application import setup_application
+
+    # Decided before the application exists: IPython's Qt integration makes its own
+    # QApplication when it is turned on here, and it must be the one the window uses.
+    nonblocking = (not block) if block is not None else _event_loop_running()
+    app = setup_application()
+    window = _new_window(shot)
+    if shot is not None:
+        return _screenshot(app, window, shown, shot, run)
+    _show(window, shown, run)
+    if nonblocking:
+        _keep_until_closed(window)
+        return window
+    app.exec()
+    window.shutdown()
+    return window
+
+
+@dataclass
+class _Shown:
+    """What the window opens on: a capture, a capture file, or a live model (``request``)."""
+
+    capture: Any = None  # a Capture
+    capture_path: str | None = None
+    request: Any = None  # a gradexplorer.pipeline.live.LiveRequest
+
+    @property
+    def read(self) -> list[str]:
+        """The files the window reads (never a screenshot's path)."""
+        return [self.capture_path] if self.capture_path is not None else []
+
+
+def _what_to_show(model: Any, inputs: Any, options: Any, **about: Any) -> _Shown:
+    """``model`` checked and told apart: a capture, a capture file that exists, or a live model
+    with its batch and options (``about``: its name, categories and tokenizer)."""
     from gradexplorer.capturing.data import Capture
     from gradexplorer.pipeline.live import live_request
 
-    capture_path: str | None = None
-    capture: Capture | None = None
-    request = None
     if isinstance(model, Capture):
-        capture = model
-    elif isinstance(model, (str, os.PathLike)):
+        return _Shown(capture=model)
+    if isinstance(model, (str, os.PathLike)):
         capture_path = str(Path(model).expanduser())
         if not Path(capture_path).exists():
             raise GradExplorerError(
                 f"there is no capture file '{capture_path}';",
                 "pass the path of a .pt capture, a Capture object or the nn.Module itself; to open a model "
                 f"by name, run `gradexplorer --model {model}` or load it with gradexplorer.load_model.")
-    elif model is None:
+        return _Shown(capture_path=capture_path)
+    if model is None:
         raise GradExplorerError("gradexplorer.explore needs a model (or a capture) to show;",
                                 "call gradexplorer.explore(model, x), gradexplorer.explore(capture) or "
                                 "gradexplorer.explore('capture.pt').")
-    else:
-        request = live_request(model, inputs, layers=layers, target=target, labels=labels, device=device,
-                               mode=mode, train=train, input_grad=input_grad, autocast=autocast,
-                               memory_budget=memory_budget, name=name, categories=categories,
-                               tokenizer=tokenizer)
-    read = [capture_path] if capture_path is not None else []
-    shot = _check_screenshot(screenshot, read)
+    return _Shown(request=live_request(model, inputs, options, **about))
 
-    # Qt is imported on first use: ``gradexplorer.explore`` is reachable from a bare
-    # ``import gradexplorer``, which loads neither torch nor Qt.
-    from PySide6.QtCore import QEventLoop, QTimer
 
-    from gradexplorer_app.window.application import setup_application
+def _new_window(shot: str | None) -> MainWindow:
+    """The main window, shown; for a screenshot, at a fixed size and asking nobody anything."""
     from gradexplorer_app.window.main_window import MainWindow
 
-    # Decided before the application exists: IPython's Qt integration makes its own
-    # QApplication when it is turned on here, and it must be the one the window uses.
-    nonblocking = (not block) if block is not None else _event_loop_running()
-    app = setup_application()
     window = MainWindow(restore_geometry=shot is None)
     window.controller.unattended = shot is not None
     if shot is not None:
         window.resize(1500, 950)
     window.show()
     window.raise_()
+    return window
+
+
+def _show(window: MainWindow, shown: _Shown, run: bool) -> None:
+    """Open the capture, the capture file, or the live model (running it when asked and a
+    batch is there)."""
+    if shown.capture is not None:
+        window.controller.show_capture(shown.capture)
+    elif shown.capture_path is not None:
+        window.open_capture(shown.capture_path)
+    else:
+        request = shown.request
+        assert request is not None
+        try:
+            window.session.apply_options(request.options)
+        except GradExplorerError as exc:  # a device this machine lacks: said in the window
+            window.show_error("A setting cannot be used", exc)
+        window.run_panel.sync_from_session()
+        window.controller.show_live(request.loaded, request.batch, request.options,
+                                    run=run and request.batch is not None)
+
+
+def _screenshot(app: Any, window: MainWindow, shown: _Shown, shot: str, run: bool) -> MainWindow:
+    """Show, wait until the run has rendered (or failed, or timed out), save the window as
+    PNG, close it; raise when it did not finish."""
+    from PySide6.QtCore import QEventLoop, QTimer
 
     outcome = _Outcome()
     loop = QEventLoop()
@@ -228,8 +284,7 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
             # only printed by Qt, and a loop nobody quits waits forever.
             try:
                 app.processEvents()
-                assert shot is not None
-                _save_png(window, shot, read)
+                _save_png(window, shot, shown.read)
             except GradExplorerError as exc:
                 outcome.error = exc
             except Exception as exc:  # noqa: BLE001 - a bug, but the caller gets it, not a hang
@@ -242,45 +297,23 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
 
         QTimer.singleShot(600, grab)  # let the plots finish drawing
 
-    if shot is not None:
-        c = window.controller
-        if capture is not None or capture_path is not None:
-            c.file_done.connect(lambda kind: finished(kind == "open"))
-        elif request is not None and request.batch is not None and run:
-            c.run_done.connect(lambda result: finished(result == "ok"))
-        else:
-            c.model_loaded.connect(lambda _spec: finished(True))
-            c.run_done.connect(lambda result: finished(result == "ok"))
-        QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: finished(False))
-
-    if capture is not None:
-        window.controller.show_capture(capture)
-    elif capture_path is not None:
-        window.open_capture(capture_path)
+    c = window.controller
+    if shown.capture is not None or shown.capture_path is not None:
+        c.file_done.connect(lambda kind: finished(kind == "open"))
+    elif shown.request is not None and shown.request.batch is not None and run:
+        c.run_done.connect(lambda result: finished(result == "ok"))
     else:
-        assert request is not None
-        try:
-            window.session.apply_options(request.options)
-        except GradExplorerError as exc:  # a device this machine lacks: said in the window
-            window.show_error("A setting cannot be used", exc)
-        window.run_panel.sync_from_session()
-        window.controller.show_live(request.loaded, request.batch, request.options,
-                                    run=run and request.batch is not None)
-
-    if shot is not None:
-        if not outcome.done or window.isVisible():
-            loop.exec()  # a local loop: returns in a script and inside a running app alike
-        window.shutdown()
-        if outcome.error is not None:
-            raise outcome.error
-        if not outcome.ok:
-            raise GradExplorerError(f"the run did not finish (the window was saved to {shot} with its message);",
-                                    "see the message on stderr, or run gradexplorer.capture(model, x) for "
-                                    "the traceback.")
-        return window
-    if nonblocking:
-        _keep_until_closed(window)
-        return window
-    app.exec()
+        c.model_loaded.connect(lambda _spec: finished(True))
+        c.run_done.connect(lambda result: finished(result == "ok"))
+    QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: finished(False))
+    _show(window, shown, run)
+    if not outcome.done or window.isVisible():
+        loop.exec()  # a local loop: returns in a script and inside a running app alike
     window.shutdown()
+    if outcome.error is not None:
+        raise outcome.error
+    if not outcome.ok:
+        raise GradExplorerError(f"the run did not finish (the window was saved to {shot} with its message);",
+                                "see the message on stderr, or run gradexplorer.capture(model, x) for "
+                                "the traceback.")
     return window

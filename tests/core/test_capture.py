@@ -587,3 +587,50 @@ def test_a_gradient_handed_to_two_hooks_is_summarised_once(mode, monkeypatch):
     assert len(ids) == len(set(ids))
     grads_summarised = [t for t in summarised if t.shape == ga.shape and torch.equal(t, ga)]
     assert len(grads_summarised) == 1
+
+
+def test_settings_passed_whole_capture_what_the_keywords_do():
+    from gradexplorer.capturing.settings import CaptureSettings, RecordSettings, ReportSettings, RunSettings
+
+    torch.manual_seed(3)
+    model = SeedMLP()
+    x = torch.randn(4, 10)
+    labels = torch.tensor([0, 0, 0, 0])
+    names = ["fc1", "relu1", "fc2", "fc3"]
+    seen = []
+    settings = CaptureSettings(
+        record=RecordSettings(layers=names, target="cross_entropy", labels=labels, input_grad=True),
+        run=RunSettings(device="cpu"),
+        report=ReportSettings(progress=lambda stage, done, total: seen.append(stage), meta={"note": "whole"}),
+    )
+    before = snapshot(model)
+    whole = capture(model, x, settings=settings)
+    assert_unchanged(model, before)
+    ref = reference(model, x, names, target="cross_entropy", labels=labels, input_grad=True)
+    assert compare(whole, ref, names) < TOL
+    assert torch.allclose(whole.input_grad, ref["input_grad"], atol=TOL)
+    assert "forward" in seen and "backward" in seen and whole.meta["note"] == "whole"
+    assert whole.meta["target"] == "cross_entropy" and whole.meta["mode"] == "full"
+    keywords = capture(model, x, layers=names, target="cross_entropy", labels=labels, input_grad=True, device="cpu")
+    assert list(whole.layers) == list(keywords.layers) == names
+    for name in names:
+        a, b = whole[name].calls[0], keywords[name].calls[0]
+        assert torch.equal(a.grad_output, b.grad_output) and torch.equal(a.activation, b.activation)
+    # Statistics only, whole: no tensors kept, as mode="stats" does.
+    stats = capture(model, x, settings=CaptureSettings(record=RecordSettings(layers=names, mode="stats")))
+    assert stats.meta["mode"] == "stats" and stats["fc1"].calls[0].activation is None
+
+
+def test_settings_and_keywords_together_are_refused_in_words():
+    from gradexplorer.capturing.settings import CaptureSettings, RecordSettings
+
+    model = SeedMLP()
+    before = snapshot(model)
+    with pytest.raises(GradExplorerError, match=r"settings= and also mode=, train=") as info:
+        capture(model, torch.randn(2, 10), settings=CaptureSettings(RecordSettings(layers=["fc1"])), mode="stats",
+                train=True)
+    assert "not both" in info.value.fix
+    # The defaults given again are no conflict.
+    capture(model, torch.randn(2, 10), settings=CaptureSettings(RecordSettings(mode="stats")), mode="full")
+    assert_unchanged(model, before)
+    assert_no_hooks(model)

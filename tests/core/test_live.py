@@ -11,7 +11,7 @@ from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.capturing.inputs import ModelInputs
 from gradexplorer.pipeline.compare_sources import Variant, compare_variant
 from gradexplorer.pipeline.job import CaptureJob
-from gradexplorer.pipeline.live import LIVE_WEIGHTS, is_live, live_batch, live_request
+from gradexplorer.pipeline.live import LIVE_WEIGHTS, LiveOptions, is_live, live_batch, live_request
 from tests.ground_truth import compare, reference
 
 
@@ -35,7 +35,7 @@ def test_a_live_model_is_the_callers_object_and_says_where_it_came_from():
 def test_a_live_batch_runs_the_capture_the_command_line_would_exactly():
     model = net()
     x = torch.randn(3, 6, requires_grad=True)  # part of the caller's graph: detached, not kept
-    request = live_request(model, x, target="cross_entropy", labels=[0, 3, 1])
+    request = live_request(model, x, LiveOptions(target="cross_entropy", labels=[0, 3, 1]))
     assert request.batch is not None and not request.batch.tensor.requires_grad
     cap = CaptureJob(request.options, loaded=request.loaded, batch=request.batch).run()
     names = ["0", "1", "2"]
@@ -102,7 +102,7 @@ def test_a_hugging_face_model_in_memory_takes_text_and_shows_its_tokens():
     from tests import hf_tiny
 
     model, tok = hf_tiny.gpt2(), hf_tiny.tokenizer()
-    request = live_request(model, ["the cat sat", "a dog"], tokenizer=tok, input_grad=True)
+    request = live_request(model, ["the cat sat", "a dog"], LiveOptions(input_grad=True), tokenizer=tok)
     loaded, batch = request.loaded, request.batch
     assert loaded.default_target == "top1,dim=-1,pos=-1" and loaded.tokenizer is tok
     assert batch is not None and batch.tokens == [["the", "cat", "sat"], ["[pad]", "a", "dog"]]

@@ -76,3 +76,23 @@ def test_batch_spec_takes_one_kind_of_input():
 def test_describe_is_plain():
     d = CaptureOptions("demo:seed-mlp", batch=BatchSpec(random="4x10")).describe()
     assert d["batch"] == ["random:4x10"] and d["model"] == "demo:seed-mlp" and d["force"] is False
+
+
+def test_capture_settings_carry_every_run_option_and_what_the_job_resolved():
+    import torch
+
+    from gradexplorer.capturing.settings import ReportSettings
+
+    options = CaptureOptions("demo:seed-mlp", layers=("fc1", "fc*"), target="sum", mode="stats", train=True,
+                             input_grad=True, autocast="bf16", device="cpu")
+    report = ReportSettings(meta={"k": 1})
+    labels = torch.tensor([1, 0])
+    s = options.capture_settings(report, target="class:1", labels=labels, device=torch.device("cpu"),
+                                 expected_calls=7)
+    assert s.record.layers == ["fc1", "fc*"] and s.record.target == "class:1" and s.record.labels is labels
+    assert s.record.mode == "stats" and s.record.input_grad and s.record.expected_calls == 7
+    assert s.run.device == torch.device("cpu") and s.run.train and s.run.autocast == "bf16"
+    assert s.report is report
+    plain = CaptureOptions("demo:seed-mlp").capture_settings()
+    assert plain.record.layers is None and plain.record.target == "top1" and plain.run.device == "auto"
+    assert plain.record.mode == "full" and not plain.run.train and plain.report.meta is None

@@ -81,15 +81,15 @@ def cmd_capture(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer capture``; returns the exit status."""
     from gradexplorer.pipeline.job import CaptureJob, OverBudget
 
-    if getattr(args, "shard", None) is None and getattr(args, "shard_blocks", None):
+    if args.shard is None and args.shard_blocks:
         raise GradExplorerError("--shard-blocks chooses the blocks of a sharded capture;",
                                 "add --shard fsdp (with --batch-size N --stats-only under torchrun), "
                                 "or leave out --shard-blocks.")
-    if getattr(args, "shard", None) is not None and getattr(args, "batch_size", None) is None:
+    if args.shard is not None and args.batch_size is None:
         raise GradExplorerError("--shard runs a capture over a dataset, statistics only;",
                                 "add --batch-size N and --stats-only, and start it with torchrun "
                                 "--nproc-per-node K.")
-    if getattr(args, "batch_size", None) is not None:
+    if args.batch_size is not None:
         # Deferred for start-up time: the dataset command imports torch at once.
         from gradexplorer_app.cli.capture_over_dataset import cmd_capture_dataset
 

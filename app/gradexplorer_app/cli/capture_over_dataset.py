@@ -63,7 +63,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.max_samples is not None and args.max_samples < 1:
         raise GradExplorerError(f"--max-samples {args.max_samples} is not a positive number;",
                                 "give how many samples to use at most, or leave it out for all.")
-    shard = getattr(args, "shard", None)
+    shard = args.shard
     if not args.stats_only:
         flags = "--batch-size, --shard" if shard else "--batch-size"
         raise GradExplorerError(f"a capture over a dataset ({flags}) keeps statistics only;", "add --stats-only.")
@@ -72,7 +72,7 @@ def _check_args(args: argparse.Namespace) -> None:
                                 "was not started by torchrun;",
                                 "run it as torchrun --nproc-per-node K -m gradexplorer capture ... --shard fsdp "
                                 "(K processes, one per GPU, or gloo on the CPU), or leave out --shard.")
-    if getattr(args, "shard_blocks", None) and not shard:
+    if args.shard_blocks and not shard:
         raise GradExplorerError("--shard-blocks chooses the blocks of a sharded capture;",
                                 "add --shard fsdp, or leave out --shard-blocks.")
     if not args.input:
@@ -91,7 +91,7 @@ def cmd_capture_dataset(args: argparse.Namespace, ui: UI) -> int:
     from gradexplorer.pipeline.job import CaptureJob
 
     _check_args(args)
-    sharded = getattr(args, "shard", None) == "fsdp"
+    sharded = args.shard == "fsdp"
     rank, world, local_rank = _dist_env()
     out = check_out_path(args) if rank == 0 else None
     options = capture_options(args)  # checks --target and the other settings' spelling

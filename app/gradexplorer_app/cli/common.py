@@ -160,12 +160,12 @@ def job_options(args: argparse.Namespace, **settings: Any) -> CaptureOptions:
     (any other field of :class:`~gradexplorer.pipeline.options.CaptureOptions`)."""
     from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 
-    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random,
-                      demo=bool(getattr(args, "demo_input", False)), texts=tuple(getattr(args, "text", None) or ()),
-                      skip_unreadable=bool(getattr(args, "skip_unreadable", False)))
+    # The window's flags (gradexplorer --model ...) have no --demo-input or --skip-unreadable.
+    flag = vars(args).get
+    batch = BatchSpec(inputs=tuple(args.input or ()), random=args.random, demo=bool(flag("demo_input")),
+                      texts=tuple(args.text or ()), skip_unreadable=bool(flag("skip_unreadable")))
     return CaptureOptions(model=args.model, weights=args.weights, arch=args.arch, trust=bool(args.trust),
-                          batch=batch, hf_class=getattr(args, "hf_class", None),
-                          tokenizer=getattr(args, "tokenizer", None), **settings)
+                          batch=batch, hf_class=args.hf_class, tokenizer=args.tokenizer, **settings)
 
 
 def capture_options(args: argparse.Namespace) -> CaptureOptions:
@@ -178,10 +178,10 @@ def capture_options(args: argparse.Namespace) -> CaptureOptions:
     GradExplorerError
         A setting that is not valid (a target that does not exist, a size that is not one...).
     """
-    flag = vars(args).get
+    flag = vars(args).get  # the window's flags have no --train, --autocast or --force
     return job_options(
-        args, labels=args.labels, layers=tuple(args.layers or ()), target=flag("target") or "top1",
-        device=flag("device") or "auto", mode="stats" if args.stats_only else "full", train=bool(flag("train")),
+        args, labels=args.labels, layers=tuple(args.layers or ()), target=args.target or "top1",
+        device=args.device or "auto", mode="stats" if args.stats_only else "full", train=bool(flag("train")),
         input_grad=bool(flag("input_grad")), autocast=flag("autocast"), memory_budget=_memory_budget(args),
         force=bool(flag("force")),
     )
@@ -190,7 +190,7 @@ def capture_options(args: argparse.Namespace) -> CaptureOptions:
 def _memory_budget(args: argparse.Namespace) -> int | None:
     from gradexplorer.base.units import parse_size
 
-    text = getattr(args, "memory_budget", None)
+    text = args.memory_budget
     if text is None:
         return None
     try:
@@ -219,9 +219,7 @@ def files_read(args: argparse.Namespace) -> list[str | None]:
     ``hf:FOLDER``, a factory's file), ``--weights``, ``--labels``, ``--tokenizer`` (a folder:
     every file in it), ``--input`` and ``--text`` (a ``.txt`` file of samples); names that
     are no file are passed over by the check."""
-    return [getattr(args, "model", None), getattr(args, "weights", None), getattr(args, "labels", None),
-            getattr(args, "tokenizer", None), *(getattr(args, "input", None) or ()),
-            *(getattr(args, "text", None) or ())]
+    return [args.model, args.weights, args.labels, args.tokenizer, *(args.input or ()), *(args.text or ())]
 
 
 def check_out_path(args: argparse.Namespace) -> Path:

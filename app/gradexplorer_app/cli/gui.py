@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_gui(args: argparse.Namespace, ui: UI) -> int:
     """Check the desktop app's flags, then open the window; returns its exit status."""
-    if sum(bool(v) for v in (args.input, args.random, getattr(args, "text", None))) > 1:
+    if sum(bool(v) for v in (args.input, args.random, args.text)) > 1:
         raise UsageError("--input, --random and --text cannot be used together; see 'gradexplorer --help'.")
     if args.screenshot:
         check_screenshot_target(args.screenshot, [args.open, *files_read(args)])
@@ -95,7 +95,7 @@ def _check_capture_to_open(args: argparse.Namespace) -> None:
     """A capture file opens on its own: it needs no model, input or run, and must exist
     (whether it is a capture is told when the window reads it, off the UI thread)."""
     given = [flag for flag, value in (("--model", args.model), ("--input", args.input), ("--random", args.random),
-                                      ("--text", getattr(args, "text", None)), ("--run", args.run)) if value]
+                                      ("--text", args.text), ("--run", args.run)) if value]
     if given:
         raise UsageError(f"a capture file ('{args.open}') opens without a model or a run; leave out "
                          f"{given[0]}, or run 'gradexplorer --model ...' to capture anew.")

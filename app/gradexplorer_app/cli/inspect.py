@@ -48,14 +48,14 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     from gradexplorer_app.cli.inspect_log import check_csv_target, cmd_inspect_log  # imports numpy
 
     path = Path(args.file).expanduser()
-    if getattr(args, "csv", None):
+    if args.csv:
         check_csv_target(args.csv, path)
     if path.suffix == ".gxw" or is_watch_log(path):
-        return cmd_inspect_log(path, getattr(args, "csv", None))
+        return cmd_inspect_log(path, args.csv)
     from gradexplorer.capturing.data import layer_label
 
     cap = load_capture(path)
-    if getattr(args, "csv", None):
+    if args.csv:
         _write_token_csv(cap, args.csv)
     names = list(cap.layers)
     if args.layer:

@@ -4,6 +4,8 @@ Modules
 -------
 capture
     ``capture()``: hooks, calls, in-place safety, parameter gradients.
+settings
+    ``capture()``'s settings, one object per concern, passed whole.
 data
     ``Capture``, ``LayerRecord``, ``CallRecord``: what a capture holds.
 inputs
@@ -24,5 +26,5 @@ sharded_params
     Models whose parameters are split over ranks (DTensors): refused by one capture.
 """
 
-__all__ = ["capture", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "structure",
+__all__ = ["capture", "settings", "data", "inputs", "selection", "targets", "nonfinite", "module_tree", "structure",
            "memory_estimate", "sharded_params"]

@@ -64,10 +64,10 @@ import functools
 import gc
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from dataclasses import replace
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -92,6 +92,14 @@ from gradexplorer.capturing.data import (
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import Note, OnsetTracker
 from gradexplorer.capturing.selection import LayerSpec
+from gradexplorer.capturing.settings import (
+    CancelFlag as CancelFlag,  # (re-exported: the pipeline's and the recorders' type of a cancel flag)
+    CaptureSettings,
+    ProgressCallback as ProgressCallback,
+    RecordSettings,
+    ReportSettings,
+    RunSettings,
+)
 from gradexplorer.capturing.sharded_params import refuse_sharded_params
 from gradexplorer.capturing.structure import ModelStructure, structure_of
 from gradexplorer.capturing.targets import Target, parse_target, select_output, target_scalar
@@ -102,10 +110,6 @@ from gradexplorer.stats.record import TensorStats
 
 MODES = ("full", "stats")
 
-ProgressCallback = Callable[[str, int, int], None]
-
-class CancelFlag(Protocol):
-    def is_set(self) -> bool: ...
 
 
 def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
@@ -665,6 +669,7 @@ def capture(
     hist_exact_limit: int | None = None,
     autocast: str | None = None,
     keep_on_device: bool = False,
+    settings: CaptureSettings | None = None,
 ) -> Capture:
     """Run one forward and backward pass and record gradients at the selected modules.
 
@@ -721,6 +726,11 @@ def capture(
         are copied as without the option). ``Capture.on_host`` copies them when they are
         viewed or saved (``gradexplorer.files.capture_file.save_capture`` does). No effect on the CPU
         or in statistics-only mode.
+    settings : CaptureSettings, optional
+        All of the above at once, one object per concern
+        (``gradexplorer.capturing.settings``: what to record, where to run, what to report),
+        as the pipeline passes them. With it, leave the other keywords at their defaults:
+        one that is set as well is refused (``GradExplorerError``).
 
     Returns
     -------
@@ -733,11 +743,16 @@ def capture(
         (``gradexplorer.capturing.sharded_params``); ``CaptureError`` when forward or backward
         fails (naming the module and the layers that ran) or memory runs out; ``CaptureCancelled``.
     """
-    settings = _CaptureSettings(
-        layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad, device=device,
-        train=train, progress=progress, cancel=cancel, meta=meta, expected_calls=expected_calls,
-        hist_exact_limit=hist_exact_limit, autocast=autocast, keep_on_device=keep_on_device,
+    built = CaptureSettings(
+        record=RecordSettings(layers=layers, target=target, labels=labels, mode=mode, input_grad=input_grad,
+                              hist_exact_limit=hist_exact_limit, expected_calls=expected_calls),
+        run=RunSettings(device=device, train=train, autocast=autocast, keep_on_device=keep_on_device),
+        report=ReportSettings(progress=progress, cancel=cancel, meta=meta),
     )
+    if settings is None:
+        settings = built
+    else:
+        settings.refuse_alongside(built)
     eager = compiled.eager_root(model)
     # The module tree as the last capture of this model walked it, when it is the same
     # (one pass over the child dictionaries): no walk of it below.
@@ -751,13 +766,18 @@ def capture(
         # Hooks on a compiled model that has run never fire: the eager module has the
         # same parameters, and its names lose the wrapper's prefix.
         model = eager
-        if isinstance(layers, str):
-            layers = layers.removeprefix(compiled.ORIG_PREFIX)
-        elif layers is not None and not callable(layers):
-            layers = [str(n).removeprefix(compiled.ORIG_PREFIX) for n in layers]
-        settings = replace(settings, layers=layers)
+        settings = replace(settings, record=replace(settings.record, layers=_eager_layers(settings.record.layers)))
     with _old_objects_frozen():
         return _capture_once(model, inputs, settings, structure)
+
+
+def _eager_layers(layers: LayerSpec) -> LayerSpec:
+    """A compiled model's layer names as its eager module's (without ``_orig_mod.``)."""
+    if isinstance(layers, str):
+        return layers.removeprefix(compiled.ORIG_PREFIX)
+    if layers is not None and not callable(layers):
+        return [str(n).removeprefix(compiled.ORIG_PREFIX) for n in layers]
+    return layers
 
 
 @contextmanager
@@ -781,26 +801,6 @@ def _old_objects_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-@dataclass(frozen=True)
-class _CaptureSettings:
-    """``capture``'s keyword arguments, handed to each attempt as one object."""
-
-    layers: LayerSpec
-    target: Target | str
-    labels: torch.Tensor | None
-    mode: str
-    input_grad: bool
-    device: str | torch.device | None
-    train: bool
-    progress: ProgressCallback | None
-    cancel: CancelFlag | None
-    meta: dict | None
-    expected_calls: int | None
-    hist_exact_limit: int | None
-    autocast: str | None
-    keep_on_device: bool = False
-
-
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -813,165 +813,53 @@ def _autocast(device: torch.device, autocast: str | None) -> AbstractContextMana
     return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[autocast])
 
 
-def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: _CaptureSettings,
+def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings: CaptureSettings,
                   structure: ModelStructure) -> Capture:
-    layers, target, labels, mode = settings.layers, settings.target, settings.labels, settings.mode
-    input_grad, device, train, meta = settings.input_grad, settings.device, settings.train, settings.meta
-    progress, cancel, expected_calls = settings.progress, settings.cancel, settings.expected_calls
-    hist_exact_limit = settings.hist_exact_limit
-    if mode not in MODES:
-        raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
-    several = inputs if isinstance(inputs, ModelInputs) else None  # a model of several inputs
-    if several is not None:
-        inputs = several.primary
-    if not isinstance(inputs, torch.Tensor):
-        raise GradExplorerError(
-            f"The input batch is a {type(inputs).__name__}, not a tensor.", "Load images or a tensor file."
-        )
-    target = parse_target(target)
-    selected = structure.selected(layers)
-    compiled.refuse_compiled_layers(model, selected, structure.of_type)
-    # The default selection also records each container in a call that ran no other
-    # module (selection's docstring): nn.MultiheadAttention uses out_proj's weight itself.
-    computing = set(structure.containers()) - set(selected) if layers is None else set()
-    run_device = None
-    if device is not None:
-        run_device = devices.resolve_device(device) if isinstance(device, str) else torch.device(device)
+    """One capture, step by step: check, hook, forward, backward, assemble."""
+    record, run = settings.record, settings.run
+    batch, several = _checked_batch(inputs, record.mode)
+    target = parse_target(record.target)
+    selected, computing = _selection(model, structure, record.layers)
+    run_device = _run_device(run.device)
     recorder = _Recorder(
-        model, selected, mode, run_device or model_device(model) or torch.device("cpu"),
-        progress, cancel, expected_calls or len(structure),
-        HIST_EXACT_LIMIT if hist_exact_limit is None else hist_exact_limit,
-        keep_on_device=settings.keep_on_device, computing=computing, structure=structure,
+        model, selected, record.mode, run_device or model_device(model) or torch.device("cpu"),
+        settings.report.progress, settings.report.cancel, record.expected_calls or len(structure),
+        HIST_EXACT_LIMIT if record.hist_exact_limit is None else record.hist_exact_limit,
+        keep_on_device=run.keep_on_device, computing=computing, structure=structure,
     )
     dev = recorder.device
     t0 = time.perf_counter()
-    with (hooks_installed(model, train=train, device=run_device, modules=structure.modules) as hooks,
+    with (hooks_installed(model, train=run.train, device=run_device, modules=structure.modules) as hooks,
           _module_hooks(structure, recorder, hooks)):
-        # model.parameters(): each trainable parameter once, in the same order
-        params = []
-        seen = set()
-        for m in structure.modules:
-            for p in m._parameters.values():
-                if p is not None and p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        try:
-            x = inputs.to(dev)
-            if several is not None:
-                several = several.to(dev)
-                x = several.primary
-        except Exception as exc:
-            if _is_oom(exc):
-                raise _oom_error(dev, exc) from exc
-            raise CaptureError(f"The batch cannot be moved to {dev}: {exc}", "Choose another device.") from exc
+        params = _trainable_parameters(structure)
+        x, several = _batch_on(dev, batch, several)
         # Without trainable parameters nothing would need a gradient: then differentiate
         # with respect to the input, so that the layers' gradients still exist.
-        want_x_grad = input_grad or not params
+        want_x_grad = record.input_grad or not params
         if want_x_grad and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         # Token ids have no gradient: the input gradient is then taken at their vectors,
         # the output of the embedding that reads them.
-        embedded = _embedding_outputs(structure, x, hooks) if input_grad and not x.is_floating_point() else None
-        try:
-            with torch.enable_grad(), _autocast(dev, settings.autocast):
-                output = several.call(model, x) if several is not None else model(x)
-        except GradExplorerError:
-            raise
-        except Exception as exc:
-            if _is_oom(exc):
-                raise _oom_error(dev, exc) from exc
-            where = recorder.forward_failed_at()
-            ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"] is not None]
-            ran_text = ", ".join(ran[-5:]) if ran else "none"
-            at = f" in module '{where}' ({type(structure.module(where)).__name__})" if where else ""
-            raise CaptureError(
-                f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
-                f"{len(ran)} of {len(selected)}).",
-                forward_fix(exc),
-            ) from exc
+        embedded = (_embedding_outputs(structure, x, hooks) if record.input_grad and not x.is_floating_point()
+                    else None)
+        output = _forward(model, x, several, run.autocast, structure, recorder, len(selected))
         # The outputs' copies left for batched statistics are summarised now, before
         # backward needs the memory.
         recorder.summaries.flush()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
         y = select_output(output, target.output_key)
-        scalar = target_scalar(output, target, labels)
-        if not scalar.requires_grad:
-            raise CaptureError(
-                "The target does not depend on anything that requires a gradient.",
-                "Check that the model has trainable parameters or ask for the input gradient.",
-            )
-        if embedded is not None and not embedded:
-            raise CaptureError(
-                f"The input gradient was asked for, but the input is {str(x.dtype).replace('torch.', '')} "
-                "token ids, which have no gradient, and no nn.Embedding of the model reads them.",
-                "Leave the input gradient off, or capture the layer that turns the ids into vectors.",
-            )
+        scalar = _checked_scalar(output, target, record.labels, x, embedded)
         emb_name, emb_out = embedded[0] if embedded else (None, None)
-        grad_inputs = list(params) + ([x] if want_x_grad and x.requires_grad else [])
-        if emb_out is not None:
-            grad_inputs.append(emb_out)
-        asked = {id(t) for t in grad_inputs}
-        for leaf in recorder.leaves:
-            if id(leaf) not in asked:
-                asked.add(id(leaf))
-                grad_inputs.append(leaf)
-        if recorder.ticking and recorder.edges:
-            # The edges' gradients come back at the end: check progress and cancel where
-            # backward starts (and at the hooks' gradients, as ever).
-            hooks.tensor(scalar, functools.partial(recorder._tick_in_backward, 0))
-        recorder.own_backward = True  # the gradient hooks record from here on (_watch_grad)
-        try:
-            # (tensors and gradient edges in one list: torch.autograd.grad takes either)
-            grads = torch.autograd.grad(scalar, cast(list[torch.Tensor], [*grad_inputs, *recorder.edges]),
-                                        allow_unused=True)
-        except GradExplorerError:
-            raise
-        except Exception as exc:
-            if _is_oom(exc):
-                raise _oom_error(dev, exc) from exc
-            raise CaptureError(
-                f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                "This model may use operations without gradients.",
-            ) from exc
-        finally:
-            recorder.own_backward = False
+        grad_inputs = _backward_inputs(params, x if want_x_grad and x.requires_grad else None, emb_out,
+                                       recorder.leaves)
+        grads = _backward(scalar, grad_inputs, recorder, hooks)
         recorder._take_edge_grads(grads[len(grad_inputs):])
         grad_of = {id(p): g for p, g in zip(grad_inputs, grads)}
         recorder._tick("backward", recorder.grads_expected, recorder.grads_expected, force=True)
         order = sorted(recorder.records, key=recorder.first_call.__getitem__)
         not_called = [n for n in selected if n not in recorder.records]
-        layers_out: dict[str, LayerRecord] = {}
-        for name in order + not_called:
-            module = structure.module(name)
-            rec = recorder.records.get(name) or LayerRecord(type(module).__name__)
-            for call in rec.calls:
-                for kind in ("grad_output", "grad_input"):
-                    if call.stats[kind] is None and kind not in call.absent:
-                        call.absent[kind] = NOT_REACHED  # hooked, and never reached by the backward
-            own: set[int] = set()
-            for pname, p in module._parameters.items():  # named_parameters(recurse=False)
-                if p is None or id(p) in own:
-                    continue
-                own.add(id(p))
-                g = grad_of.get(id(p)) if p.requires_grad else None
-                rec.param_stats[pname] = rec.param_grads[pname] = None
-                if g is None:
-                    rec.param_absent[pname] = NOT_REACHED if p.requires_grad else FROZEN
-                    continue
-                # autograd.grad returned a tensor of our own that nothing modifies later:
-                # summarised with the gradients when they are batched, kept as it is on
-                # the CPU (no copy), copied from a GPU unless kept there.
-                rec.param_stats[pname] = recorder.summaries.summarize_later(g)
-                if recorder.full:
-                    rec.param_grads[pname] = recorder.keep(g, copy=False)
-            layers_out[name] = rec
-        x_grad = grad_of.get(id(x)) if input_grad else None
-        if emb_out is not None:
-            x_grad = grad_of.get(id(emb_out))
-            if x_grad is None:  # the target does not depend on the tokens: a zero gradient, truly
-                x_grad = torch.zeros_like(emb_out)
-            x_grad = x_grad.detach().reshape(*x.shape, -1)
+        layers_out = {name: _layer_record(name, structure, recorder, grad_of) for name in order + not_called}
+        x_grad = _input_gradient(grad_of, x, record.input_grad, emb_out)
         # Queued before the wait below, as the other copies are.
         kept_x_grad = recorder.keep(x_grad, copy=False) if x_grad is not None else None
         if dev.type == "cuda":
@@ -979,34 +867,8 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             # waiting: wait for all of them, once, before anything is read.
             torch.cuda.synchronize(dev)
         recorder.summaries.resolve()
-        info: dict[str, Any] = {
-            "model": type(model).__name__,
-            "weights": None,
-            "categories": None,
-        }
-        info.update(meta or {})
-        info.update({
-            "target": str(target),
-            "device": str(dev),
-            "dtype": str(x.dtype).replace("torch.", ""),
-            "mode": mode,
-            "train": bool(train),
-            "autocast": settings.autocast,
-            "torch_version": str(torch.__version__),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "layer_order": order,
-            "call_order": recorder.call_order,
-            "not_called": not_called,
-            "seconds": round(time.perf_counter() - t0, 4),
-        })
-        if emb_name is not None:
-            info["input_grad_of"] = f"the output of '{emb_name}' (the token embeddings)"
-        model_inputs = None
-        primary = inputs.detach().cpu()
-        if several is not None:  # every argument, so that a notebook can run the batch again
-            kept = several.map(lambda t: t.detach().cpu())
-            model_inputs = {"args": list(kept.args), "kwargs": dict(kept.kwargs)}
-            primary = kept.primary  # one host copy of it (from a GPU, .cpu() twice made two)
+        info = _capture_meta(model, settings, target, dev, x, recorder, order, not_called, t0, emb_name)
+        model_inputs, primary = _host_inputs(batch, several)
         return Capture(
             meta=info,
             model_inputs=model_inputs,
@@ -1016,3 +878,227 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             layers=layers_out,
             nonfinite_onset=recorder.onset.result(layers_out, order),
         )
+
+
+def _checked_batch(inputs: torch.Tensor | ModelInputs, mode: str) -> tuple[torch.Tensor, ModelInputs | None]:
+    """The mode checked, and the batch: its recorded tensor, with all the arguments of a
+    model of several inputs (``None`` for a model of one)."""
+    if mode not in MODES:
+        raise GradExplorerError(f"Unknown capture mode '{mode}'.", "Use 'full' or 'stats'.")
+    several = inputs if isinstance(inputs, ModelInputs) else None
+    if several is not None:
+        inputs = several.primary
+    if not isinstance(inputs, torch.Tensor):
+        raise GradExplorerError(
+            f"The input batch is a {type(inputs).__name__}, not a tensor.", "Load images or a tensor file."
+        )
+    return inputs, several
+
+
+def _selection(model: nn.Module, structure: ModelStructure, layers: LayerSpec) -> tuple[list[str], set[str]]:
+    """The selected modules' names, and the containers recorded in a call that ran no other
+    module (the default selection only: selection's docstring; nn.MultiheadAttention uses
+    out_proj's weight itself)."""
+    selected = structure.selected(layers)
+    compiled.refuse_compiled_layers(model, selected, structure.of_type)
+    computing = set(structure.containers()) - set(selected) if layers is None else set()
+    return selected, computing
+
+
+def _run_device(device: str | torch.device | None) -> torch.device | None:
+    """The device asked for (``"auto"`` resolved), or ``None``: where the model is."""
+    if device is None:
+        return None
+    return devices.resolve_device(device) if isinstance(device, str) else torch.device(device)
+
+
+def _trainable_parameters(structure: ModelStructure) -> list[nn.Parameter]:
+    """``model.parameters()`` that require a gradient: each once, in the same order."""
+    params = []
+    seen = set()
+    for m in structure.modules:
+        for p in m._parameters.values():
+            if p is not None and p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def _batch_on(dev: torch.device, batch: torch.Tensor,
+              several: ModelInputs | None) -> tuple[torch.Tensor, ModelInputs | None]:
+    """The batch (and every argument) moved to the capture's device, in words when it cannot be."""
+    try:
+        x = batch.to(dev)
+        if several is not None:
+            several = several.to(dev)
+            x = several.primary
+    except Exception as exc:
+        if _is_oom(exc):
+            raise _oom_error(dev, exc) from exc
+        raise CaptureError(f"The batch cannot be moved to {dev}: {exc}", "Choose another device.") from exc
+    return x, several
+
+
+def _forward(model: nn.Module, x: torch.Tensor, several: ModelInputs | None, autocast: str | None,
+             structure: ModelStructure, recorder: _Recorder, n_selected: int) -> Any:
+    """The model's forward with the hooks on; a failure names the module it failed in and
+    the captured layers that ran before it."""
+    try:
+        with torch.enable_grad(), _autocast(recorder.device, autocast):
+            return several.call(model, x) if several is not None else model(x)
+    except GradExplorerError:
+        raise
+    except Exception as exc:
+        if _is_oom(exc):
+            raise _oom_error(recorder.device, exc) from exc
+        where = recorder.forward_failed_at()
+        ran = [n for n, r in recorder.records.items() if r.calls and r.calls[0].stats["activation"] is not None]
+        ran_text = ", ".join(ran[-5:]) if ran else "none"
+        at = f" in module '{where}' ({type(structure.module(where)).__name__})" if where else ""
+        raise CaptureError(
+            f"The model's forward failed{at}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f" (captured layers that ran: {ran_text}{' ...' if len(ran) > 5 else ''}; "
+            f"{len(ran)} of {n_selected}).",
+            forward_fix(exc),
+        ) from exc
+
+
+def _checked_scalar(output: Any, target: Target, labels: torch.Tensor | None, x: torch.Tensor,
+                    embedded: list[tuple[str, torch.Tensor]] | None) -> torch.Tensor:
+    """The target's scalar, refused when nothing it depends on has a gradient, or when the
+    input gradient of token ids was asked for and no embedding reads them."""
+    scalar = target_scalar(output, target, labels)
+    if not scalar.requires_grad:
+        raise CaptureError(
+            "The target does not depend on anything that requires a gradient.",
+            "Check that the model has trainable parameters or ask for the input gradient.",
+        )
+    if embedded is not None and not embedded:
+        raise CaptureError(
+            f"The input gradient was asked for, but the input is {str(x.dtype).replace('torch.', '')} "
+            "token ids, which have no gradient, and no nn.Embedding of the model reads them.",
+            "Leave the input gradient off, or capture the layer that turns the ids into vectors.",
+        )
+    return scalar
+
+
+def _backward_inputs(params: list[nn.Parameter], x: torch.Tensor | None, emb_out: torch.Tensor | None,
+                     leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What backward returns gradients for: the trainable parameters, the input (``x``, when
+    its gradient is wanted), the token embeddings, and each leaf a hook waits for, once."""
+    grad_inputs: list[torch.Tensor] = list(params) + ([x] if x is not None else [])
+    if emb_out is not None:
+        grad_inputs.append(emb_out)
+    asked = {id(t) for t in grad_inputs}
+    for leaf in leaves:
+        if id(leaf) not in asked:
+            asked.add(id(leaf))
+            grad_inputs.append(leaf)
+    return grad_inputs
+
+
+def _backward(scalar: torch.Tensor, grad_inputs: list[torch.Tensor], recorder: _Recorder,
+              hooks: Hooks) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad`` of the scalar: the gradients of ``grad_inputs``, then those of
+    the recorder's edges; the gradient hooks record only while it runs."""
+    if recorder.ticking and recorder.edges:
+        # The edges' gradients come back at the end: check progress and cancel where
+        # backward starts (and at the hooks' gradients, as ever).
+        hooks.tensor(scalar, functools.partial(recorder._tick_in_backward, 0))
+    recorder.own_backward = True  # the gradient hooks record from here on (_watch_grad)
+    try:
+        # (tensors and gradient edges in one list: torch.autograd.grad takes either)
+        return torch.autograd.grad(scalar, cast(list[torch.Tensor], [*grad_inputs, *recorder.edges]),
+                                   allow_unused=True)
+    except GradExplorerError:
+        raise
+    except Exception as exc:
+        if _is_oom(exc):
+            raise _oom_error(recorder.device, exc) from exc
+        raise CaptureError(
+            f"Backward failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "This model may use operations without gradients.",
+        ) from exc
+    finally:
+        recorder.own_backward = False
+
+
+def _layer_record(name: str, structure: ModelStructure, recorder: _Recorder,
+                  grad_of: dict[int, torch.Tensor | None]) -> LayerRecord:
+    """One selected module's record, completed: the gradients its calls never received
+    marked absent, and its own parameters' gradients (``grad_of``: by the parameter's id)."""
+    module = structure.module(name)
+    rec = recorder.records.get(name) or LayerRecord(type(module).__name__)
+    for call in rec.calls:
+        for kind in ("grad_output", "grad_input"):
+            if call.stats[kind] is None and kind not in call.absent:
+                call.absent[kind] = NOT_REACHED  # hooked, and never reached by the backward
+    own: set[int] = set()
+    for pname, p in module._parameters.items():  # named_parameters(recurse=False)
+        if p is None or id(p) in own:
+            continue
+        own.add(id(p))
+        g = grad_of.get(id(p)) if p.requires_grad else None
+        rec.param_stats[pname] = rec.param_grads[pname] = None
+        if g is None:
+            rec.param_absent[pname] = NOT_REACHED if p.requires_grad else FROZEN
+            continue
+        # autograd.grad returned a tensor of our own that nothing modifies later:
+        # summarised with the gradients when they are batched, kept as it is on
+        # the CPU (no copy), copied from a GPU unless kept there.
+        rec.param_stats[pname] = recorder.summaries.summarize_later(g)
+        if recorder.full:
+            rec.param_grads[pname] = recorder.keep(g, copy=False)
+    return rec
+
+
+def _input_gradient(grad_of: dict[int, torch.Tensor | None], x: torch.Tensor, input_grad: bool,
+                    emb_out: torch.Tensor | None) -> torch.Tensor | None:
+    """The input gradient, when asked for: the batch's own, or, for token ids, the token
+    embeddings' (one vector per id)."""
+    x_grad = grad_of.get(id(x)) if input_grad else None
+    if emb_out is not None:
+        x_grad = grad_of.get(id(emb_out))
+        if x_grad is None:  # the target does not depend on the tokens: a zero gradient, truly
+            x_grad = torch.zeros_like(emb_out)
+        x_grad = x_grad.detach().reshape(*x.shape, -1)
+    return x_grad
+
+
+def _capture_meta(model: nn.Module, settings: CaptureSettings, target: Target, dev: torch.device,
+                  x: torch.Tensor, recorder: _Recorder, order: list[str], not_called: list[str], t0: float,
+                  emb_name: str | None) -> dict[str, Any]:
+    """``Capture.meta``: the caller's metadata, then the facts of this run."""
+    info: dict[str, Any] = {
+        "model": type(model).__name__,
+        "weights": None,
+        "categories": None,
+    }
+    info.update(settings.report.meta or {})
+    info.update({
+        "target": str(target),
+        "device": str(dev),
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "mode": settings.record.mode,
+        "train": bool(settings.run.train),
+        "autocast": settings.run.autocast,
+        "torch_version": str(torch.__version__),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "layer_order": order,
+        "call_order": recorder.call_order,
+        "not_called": not_called,
+        "seconds": round(time.perf_counter() - t0, 4),
+    })
+    if emb_name is not None:
+        info["input_grad_of"] = f"the output of '{emb_name}' (the token embeddings)"
+    return info
+
+
+def _host_inputs(batch: torch.Tensor, several: ModelInputs | None) -> tuple[dict | None, torch.Tensor]:
+    """The batch as the capture keeps it, on the host: every argument of a model of several
+    inputs (so that a notebook can run the batch again), and the recorded tensor."""
+    if several is None:
+        return None, batch.detach().cpu()
+    kept = several.map(lambda t: t.detach().cpu())
+    # One host copy of the recorded tensor (from a GPU, .cpu() twice made two).
+    return {"args": list(kept.args), "kwargs": dict(kept.kwargs)}, kept.primary

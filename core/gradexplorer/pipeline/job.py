@@ -53,6 +53,7 @@ from gradexplorer.capturing.memory_estimate import (
 )
 from gradexplorer.capturing.module_tree import ModuleTree
 from gradexplorer.capturing.selection import resolve_layers
+from gradexplorer.capturing.settings import ReportSettings
 from gradexplorer.capturing.targets import output_keys, parse_target
 from gradexplorer.hooks.installed import hooks_installed
 from gradexplorer.model_graph.graph import ModelGraph, extract_graph, graph_for_capture
@@ -775,12 +776,10 @@ class CaptureJob:
         self.check_cancel()
         start = time.perf_counter()
         with self._held():
-            cap = capture_module.capture(
-                loaded.module, batch.model_input, layers=o.layer_spec(), target=self.target(), labels=self.labels,
-                mode=o.mode, input_grad=o.input_grad, device=device, train=o.train,
-                progress=self.progress, cancel=self.cancel, meta=meta, expected_calls=expected,
-                autocast=o.autocast,
-            )
+            settings = o.capture_settings(ReportSettings(progress=self.progress, cancel=self.cancel, meta=meta),
+                                          target=self.target(), labels=self.labels, device=device,
+                                          expected_calls=expected)
+            cap = capture_module.capture(loaded.module, batch.model_input, settings=settings)
             cap.graph = self._graph_for(cap, loaded.module, batch.model_input)
         self._timed("capture", start)
         cap.meta["timing"] = dict(self.timing)

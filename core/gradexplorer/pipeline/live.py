@@ -30,7 +30,8 @@ from gradexplorer.models.input_size import declared_input_shape
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import CaptureOptions
 
-__all__ = ["LIVE_PREFIX", "LIVE_WEIGHTS", "LiveRequest", "is_live", "live_batch", "live_model", "live_request"]
+__all__ = ["LIVE_PREFIX", "LIVE_WEIGHTS", "LiveOptions", "LiveRequest", "is_live", "live_batch", "live_model",
+           "live_request"]
 
 #: The spec of a model that came from the user's process: ``"live:ResNet"``. Never loaded
 #: again by name (there is nothing on disk to load), never kept among the recent models.
@@ -185,6 +186,42 @@ def live_batch(inputs: Any, *, labels: Any = None, names: Sequence[str] | None =
 
 
 @dataclass(frozen=True)
+class LiveOptions:
+    """The run options ``gradexplorer.explore`` takes, passed whole to :func:`live_request`.
+
+    They mean what the ``capture`` command's flags mean (``--layers``, ``--target``,
+    ``--labels``, ``--device``, ``--stats-only`` as ``mode="stats"``, ``--train``,
+    ``--input-grad``, ``--autocast``, ``--memory-budget``), with what a caller's process
+    has beyond a command line: ``labels`` may also be class indices (a tensor or a list of
+    ints), one per sample, and ``device=None`` is wherever the model is.
+    """
+
+    layers: str | Sequence[str] | None = None
+    target: str = "top1"
+    labels: Any = None
+    device: str | None = None
+    mode: str = "full"
+    train: bool = False
+    input_grad: bool = False
+    autocast: str | None = None
+    memory_budget: int | None = None
+
+    def capture_options(self, spec: str, module: nn.Module) -> CaptureOptions:
+        """The pipeline's options for the model named ``spec`` (``module``: where it is), checked
+        as the command line's are; labels given as indices stay with the batch instead."""
+        device = self.device
+        if device is None:
+            where = model_device(module)
+            device = str(where) if where is not None else "cpu"
+        layers = (self.layers,) if isinstance(self.layers, str) else tuple(self.layers or ())
+        return CaptureOptions(
+            spec, labels=self.labels if isinstance(self.labels, str) else None, layers=layers, target=self.target,
+            device=device, mode=self.mode, train=self.train, input_grad=self.input_grad, autocast=self.autocast,
+            memory_budget=self.memory_budget,
+        )
+
+
+@dataclass(frozen=True)
 class LiveRequest:
     """What ``gradexplorer.explore`` hands the window: the model, the batch, the run settings."""
 
@@ -193,27 +230,34 @@ class LiveRequest:
     options: CaptureOptions
 
 
-def live_request(module: nn.Module, inputs: Any = None, *, layers: str | Sequence[str] | None = None,
-                 target: str = "top1", labels: Any = None, device: str | None = None, mode: str = "full",
-                 train: bool = False, input_grad: bool = False, autocast: str | None = None,
-                 memory_budget: int | None = None, name: str | None = None,
-                 categories: Sequence[str] | None = None, tokenizer: Any = None) -> LiveRequest:
+def live_request(module: nn.Module, inputs: Any = None, options: LiveOptions | None = None, *,
+                 name: str | None = None, categories: Sequence[str] | None = None,
+                 tokenizer: Any = None) -> LiveRequest:
     """Check everything ``explore`` was given before a window opens.
 
-    The options mean what the ``capture`` command's flags mean (``--layers``,
-    ``--target``, ``--labels``, ``--device``, ``--stats-only`` as ``mode="stats"``,
-    ``--train``, ``--input-grad``, ``--autocast``, ``--memory-budget``). ``labels`` may
-    also be class indices (a tensor or a list of ints), one per sample. ``device``
-    defaults to where the model is, so a model on a GPU runs there. With a ``tokenizer``,
-    ``inputs`` may be text (a string, or a list of them: one sample each), tokenised as
-    ``--text`` is, and token ids given as tensors are shown as their token strings.
+    ``options`` are the run options (:class:`LiveOptions`; the defaults when ``None``);
+    ``name``, ``categories`` and ``tokenizer`` describe the model (:func:`live_model`).
+    With a ``tokenizer``, ``inputs`` may be text (a string, or a list of them: one sample
+    each), tokenised as ``--text`` is, and token ids given as tensors are shown as their
+    token strings.
 
     Raises
     ------
     GradExplorerError
         A bad option, in the words the command line uses.
     """
+    options = options or LiveOptions()
     loaded = live_model(module, name=name, categories=categories, tokenizer=tokenizer)
+    batch = _live_inputs(inputs, loaded, options, tokenizer)
+    if batch is not None and loaded.input_shape is None:
+        loaded.input_shape = tuple(int(d) for d in batch.tensor.shape[1:])
+    return LiveRequest(loaded, batch, options.capture_options(loaded.spec, module))
+
+
+def _live_inputs(inputs: Any, loaded: LoadedModel, options: LiveOptions, tokenizer: Any) -> Batch | None:
+    """The caller's inputs as a batch (text tokenised; labels given as indices attached), or
+    ``None`` without inputs."""
+    labels = options.labels
     batch = None
     if _is_text(inputs):
         if tokenizer is None:
@@ -224,24 +268,14 @@ def live_request(module: nn.Module, inputs: Any = None, *, layers: str | Sequenc
                 "for text, pass the model's tokenizer: gradexplorer.explore(model, texts, tokenizer=tokenizer); "
                 "otherwise pass a tensor, a tuple or a dict of tensors (pictures: load them first, or open them "
                 "in the window's Input batch panel).")
-        batch = load_text([inputs] if isinstance(inputs, str) else list(inputs), loaded, memory_budget)
+        batch = load_text([inputs] if isinstance(inputs, str) else list(inputs), loaded, options.memory_budget)
     elif inputs is not None:
         batch = live_batch(inputs, labels=labels if not isinstance(labels, str) else None)
         if tokenizer is not None:
             batch.tokens = _tokens_of(batch, tokenizer)
     if batch is not None and labels is not None and not isinstance(labels, str) and batch.labels is None:
         batch.labels = live_batch(batch.tensor, labels=labels).labels
-    if batch is not None and loaded.input_shape is None:
-        loaded.input_shape = tuple(int(d) for d in batch.tensor.shape[1:])
-    if device is None:
-        where = model_device(module)
-        device = str(where) if where is not None else "cpu"
-    options = CaptureOptions(
-        loaded.spec, labels=labels if isinstance(labels, str) else None,
-        layers=(layers,) if isinstance(layers, str) else tuple(layers or ()), target=target, device=device,
-        mode=mode, train=train, input_grad=input_grad, autocast=autocast, memory_budget=memory_budget,
-    )
-    return LiveRequest(loaded, batch, options)
+    return batch
 
 
 def _is_text(inputs: Any) -> bool:

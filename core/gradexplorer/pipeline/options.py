@@ -19,9 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from gradexplorer.base.errors import GradExplorerError
+from gradexplorer.capturing.settings import CaptureSettings, RecordSettings, ReportSettings, RunSettings
 from gradexplorer.capturing.targets import parse_target
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("full", "stats")
 #: How a text sample is named among a batch's sources (``gradexplorer.batches.load_batch``).
@@ -234,6 +239,28 @@ class CaptureOptions:
     def layer_spec(self) -> list[str] | None:
         """``gradexplorer.capturing.capture.capture``'s ``layers``: the patterns, or ``None`` for every leaf."""
         return list(self.layers) or None
+
+    def capture_settings(self, report: ReportSettings | None = None, *, target: str | None = None,
+                         labels: torch.Tensor | None = None, device: str | torch.device | None = None,
+                         expected_calls: int | None = None) -> CaptureSettings:
+        """The settings ``gradexplorer.capturing.capture.capture`` takes whole for these options.
+
+        Parameters
+        ----------
+        report : ReportSettings, optional
+            Progress, cancel flag and metadata of the run.
+        target, labels, device, expected_calls
+            What the job resolved from the options: the target a model's plain ``top1``
+            stands for, the labels as class indices, the device found, the calls its probe
+            counted. ``None`` takes the options' own (no labels, no count).
+        """
+        return CaptureSettings(
+            record=RecordSettings(layers=self.layer_spec(), target=target or self.target, labels=labels,
+                                  mode=self.mode, input_grad=self.input_grad, expected_calls=expected_calls),
+            run=RunSettings(device=self.device if device is None else device, train=self.train,
+                            autocast=self.autocast),
+            report=report or ReportSettings(),
+        )
 
     def describe(self) -> dict:
         """The options as a plain dict (for logs and tests)."""
