@@ -90,6 +90,22 @@ class HeatmapView(CaptureView):
         self._applying = False
 
         content = QWidget(self)
+        controls = self._build_controls()
+        self.layout_label = wrap_label(QLabel())
+        self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label = ElidedLabel(" ")
+        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
+        self._build_plot()
+        self._lay_out(content, controls)
+        self._connect()
+        self._on_model_tensor_changed(self.state.tensor)
+        self._on_model_reduction_changed(self.state.reduction)
+        self._on_model_channel_changed(self.state.channel)
+        self._sync_visibility(None)
+
+    def _build_controls(self) -> QHBoxLayout:
+        """Tensor, display, channel, k, reduction and time, in one row."""
         self.tensor_combo = QComboBox()
         for kind in _TENSORS:
             self.tensor_combo.addItem(TENSOR_LABELS[kind], kind)
@@ -130,13 +146,10 @@ class HeatmapView(CaptureView):
         controls.addWidget(self.time_spin)
         controls.addWidget(self.time_mean)
         controls.addStretch(0)
+        return controls
 
-        self.layout_label = wrap_label(QLabel())
-        self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label = ElidedLabel(" ")
-        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
-
+    def _build_plot(self) -> None:
+        """The picture with its colour bar; the top-k tiles' labels follow its zoom and size."""
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.plot, self.image = image_plot(self.plot_widget.ci)
@@ -150,6 +163,8 @@ class HeatmapView(CaptureView):
         self.plot.vb.sigResized.connect(self._show_labels_that_fit)
         self.plot.vb.sigResized.connect(self._refit_grid)
 
+    def _lay_out(self, content: QWidget, controls: QHBoxLayout) -> None:
+        """The controls over the layout line, the picture (or a note in its place) and the hover line."""
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
         v.addLayout(controls)
@@ -166,6 +181,8 @@ class HeatmapView(CaptureView):
         v.addWidget(self.hover_label)
         self.set_content(content)
 
+    def _connect(self) -> None:
+        """Controls -> view state and redraws; view state -> controls."""
         self.tensor_combo.currentIndexChanged.connect(self._on_tensor_combo_changed)
         self.display_combo.currentIndexChanged.connect(self._on_controls_changed)
         self.reduce_combo.currentIndexChanged.connect(self._on_reduce_combo_changed)
@@ -178,10 +195,6 @@ class HeatmapView(CaptureView):
         listen(events.tensor, self._on_model_tensor_changed)
         listen(events.reduction, self._on_model_reduction_changed)
         listen(events.channel, self._on_model_channel_changed)
-        self._on_model_tensor_changed(self.state.tensor)
-        self._on_model_reduction_changed(self.state.reduction)
-        self._on_model_channel_changed(self.state.channel)
-        self._sync_visibility(None)
 
     # -- public API -------------------------------------------------------------------
     def set_tensor(self, kind: str) -> None:

@@ -222,19 +222,33 @@ class MainWindow(QMainWindow):
                   self.status_device, self.status_run):
             bar.addPermanentWidget(w)
 
-    def _build_menus(self) -> None:
-        def action(text: str, slot: Callable[[], object], shortcut: str | QKeySequence.StandardKey | None = None,
-                   tip: str = "") -> QAction:
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(QKeySequence(shortcut))
-                a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
-            if tip:
-                a.setStatusTip(tip)
-            a.triggered.connect(slot)
-            return a
+    def _action(self, text: str, slot: Callable[[], object],
+                shortcut: str | QKeySequence.StandardKey | None = None, tip: str = "") -> QAction:
+        """An action of this window; its shortcut works in any of the app's windows unless narrowed."""
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+            a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        if tip:
+            a.setStatusTip(tip)
+        a.triggered.connect(slot)
+        return a
 
-        c = self.controller
+    def _build_menus(self) -> None:
+        self._build_file_actions()
+        self._build_run_actions()
+        self._build_view_actions()
+        self._build_file_menu()
+        self._build_run_menu()
+        self._build_view_menu()
+        menu = self.menuBar().addMenu("&Help")
+        menu.addAction(self.shortcuts_action)
+        menu.addAction("About gradexplorer", self._about)
+        self._update_actions()
+
+    def _build_file_actions(self) -> None:
+        """Opening and exporting, closing and quitting."""
+        action, c = self._action, self.controller
         self.open_images_action = action("Open &images…", self.batch_panel.open_images, "Ctrl+I")
         self.open_capture_action = action("&Open capture…", lambda: c.open_capture(), QKeySequence.StandardKey.Open,
                                           "Open a .pt capture and browse it without the model")
@@ -248,6 +262,10 @@ class MainWindow(QMainWindow):
                                         "resolution, or SVG")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, "Ctrl+Q")
+
+    def _build_run_actions(self) -> None:
+        """Run and Cancel, the run over a folder, and Compare with…."""
+        action, c = self._action, self.controller
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
@@ -258,6 +276,10 @@ class MainWindow(QMainWindow):
                                               "Ctrl+Shift+T", "Each batch's statistics of the last run over a folder")
         self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
                                      "Compare this capture with another run (bf16, weights, input...) or a file")
+
+    def _build_view_actions(self) -> None:
+        """The filter, the model tab, Close window, the shortcuts, the side panels and the views' tabs."""
+        action = self._action
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
                                     QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
@@ -276,6 +298,7 @@ class MainWindow(QMainWindow):
             a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
             self.view_actions.append(a)
 
+    def _build_file_menu(self) -> None:
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.model_tab_action)
         menu.addAction(self.open_images_action)
@@ -292,6 +315,8 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         menu.addAction(self.close_action)
         menu.addAction(self.quit_action)
+
+    def _build_run_menu(self) -> None:
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
         menu.addAction(self.cancel_action)
@@ -300,6 +325,8 @@ class MainWindow(QMainWindow):
         menu.addAction(self.dataset_timeline_action)
         menu.addSeparator()
         menu.addAction(self.compare_action)
+
+    def _build_view_menu(self) -> None:
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.tree_panel_action)
         menu.addAction(self.side_panel_action)
@@ -322,10 +349,6 @@ class MainWindow(QMainWindow):
             a.triggered.connect(lambda _checked=False, t=theme: self.set_theme(t))
             group.addAction(a)
             self.theme_actions[theme] = a
-        menu = self.menuBar().addMenu("&Help")
-        menu.addAction(self.shortcuts_action)
-        menu.addAction("About gradexplorer", self._about)
-        self._update_actions()
 
     def _connect(self) -> None:
         s, c, state = self.session, self.controller, self.view_state
