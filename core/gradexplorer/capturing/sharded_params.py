@@ -26,7 +26,8 @@ __all__ = ["fsdp_module_type", "is_dtensor", "refuse_sharded_params"]
 def _dtensor_type() -> type | None:
     # A DTensor exists only once torch.distributed.tensor is loaded, so it is looked up
     # there and never imported: the import pulls in torch.fx's symbolic shapes and sympy
-    # (about 0.3 s and 60 MiB) for every capture of a model that nobody sharded.
+    # (time and memory: docs/benchmarks.md, "Start-up") for every capture of a model that
+    # nobody sharded.
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None) if module is not None else None
 
