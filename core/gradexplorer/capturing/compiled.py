@@ -53,7 +53,7 @@ def eager_root(model: nn.Module) -> nn.Module:
     unwrapped as many times as it was compiled."""
     kind = _optimized_module()
     while kind is not None and isinstance(model, kind):
-        model = model._orig_mod  # type: ignore[assignment]
+        model = model.get_submodule("_orig_mod")
     return model
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch import nn
+
+if TYPE_CHECKING:  # imported for the types only: see _dtensor_type
+    from torch.distributed.tensor import DTensor
 
 from gradexplorer.base.errors import GradExplorerError
 
@@ -32,7 +35,7 @@ def _dtensor_type() -> type | None:
     return getattr(module, "DTensor", None) if module is not None else None
 
 
-def is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> TypeGuard[DTensor]:
     """Whether ``t`` is a ``torch.distributed.tensor.DTensor``."""
     cls = _dtensor_type()
     return cls is not None and isinstance(t, cls)
