@@ -130,7 +130,23 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
-        # -- widgets
+        self._build_panels(devices)
+        self._expose_controller()
+        self._build_module_box()
+        self._build_side_panel()
+        self._build_central()
+        self._build_status_bar()
+        self._build_menus()
+        self._connect()
+        if restore_geometry:
+            self._restore_geometry()
+        self._update_status()
+        # The model list (torchvision's catalog) is read when it is first shown.
+        self.model_panel.first_shown.connect(self.controller.start)
+
+    # -- construction ---------------------------------------------------------------------
+    def _build_panels(self, devices: list) -> None:
+        """The module tree, the views, the model, batch and run panels, and their controller."""
         s = self.session
         self.tree_panel = ModuleTreePanel(s, self)
         self.tree_view = self.tree_panel.view
@@ -144,14 +160,18 @@ class MainWindow(QMainWindow):
         self.run_panel = RunPanel(s, devices, self)
         self.controller = WindowController(s, self.settings, self.view_state, self, self.run_panel)
         self.dataset_run = DatasetRun(self, self)  # Run ▸ Run over folder… (app/gradexplorer_app/window/dataset_run.py)
+
+    def _expose_controller(self) -> None:
+        """The controller's signals and actions, under the window's names."""
         c = self.controller
-        # The controller's signals and actions, under the window's names.
         self.model_loaded, self.batch_loaded, self.run_done = c.model_loaded, c.batch_loaded, c.run_done
         self.error_shown, self.file_done = c.error_shown, c.file_done
         self.run_runner = c.run_runner
         self.load_model, self.load_inputs, self.run, self.cancel = c.load_model, c.load_inputs, c.run, c.cancel
         self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
 
+    def _build_module_box(self) -> None:
+        """The Modules panel: the module tree and the model graph side by side in tabs."""
         tree_box = self.tree_box = QGroupBox("Modules", self)
         # An explicit minimum, as for the views: the hints of the tree's buttons, header and
         # graph status add up past what a 1280 px screen leaves beside the views and panels.
@@ -163,6 +183,9 @@ class MainWindow(QMainWindow):
         self.module_tabs.addTab(self.graph_panel, "Graph")
         self.tree_box_layout = QVBoxLayout(tree_box)
         self.tree_box_layout.addWidget(self.module_tabs, 1)
+
+    def _build_side_panel(self) -> None:
+        """The input batch and model tabs over the Run box."""
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.batch_panel, "Input batch")
         self.tabs.addTab(self.model_panel, "Model")
@@ -177,10 +200,12 @@ class MainWindow(QMainWindow):
         #: The side panel folded into the Modules panel (a narrow window: half a 1920 screen).
         self.folded = False
 
+    def _build_central(self) -> None:
+        """Modules | views | side panel, in a splitter."""
         self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
-        self.splitter.addWidget(tree_box)
+        self.splitter.addWidget(self.tree_box)
         self.splitter.addWidget(self.views)
-        self.splitter.addWidget(right)
+        self.splitter.addWidget(self.side_panel)
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setStretchFactor(2, 0)
@@ -191,17 +216,6 @@ class MainWindow(QMainWindow):
         outer.setContentsMargins(8, 8, 8, 4)
         outer.addWidget(self.splitter)
         self.setCentralWidget(container)
-
-        self._build_status_bar()
-        self._build_menus()
-        self._connect()
-        if restore_geometry:
-            self._restore_geometry()
-        self._update_status()
-        # The model list (torchvision's catalog) is read when it is first shown.
-        self.model_panel.first_shown.connect(c.start)
-
-    # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:
         bar = ElidingStatusBar(self)
         self.setStatusBar(bar)
