@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+import torch
 from PySide6.QtCore import QPointF, QSignalBlocker, Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
@@ -294,14 +295,7 @@ class HeatmapView(CaptureView):
         kind = self._kind()
         t = ctx.sample_tensor(kind)
         if t is None:
-            if kind == "activation":
-                why = f"No activation was recorded for '{ctx.layer}'."
-            else:
-                why = (f"No gradient reached '{ctx.layer}' (call {ctx.call + 1}): its output does not "
-                       "affect the target. Show the activation instead.")
-            self._sync_visibility(None)
-            self.layout_label.setText(f"<b>{ctx.layer}</b> · {TENSOR_LABELS[kind]} · {ctx.sample_name()}")
-            self._show_plot_note(why)
+            self._show_missing(kind)
             return
         self.plot_note.hide()
         self.plot_widget.show()
@@ -310,6 +304,28 @@ class HeatmapView(CaptureView):
         tokens = lay.kind == "matrix"  # a sequence: rows are tokens, columns channels
         set_axis_title(self.plot, "left", "token" if tokens else None)
         set_axis_title(self.plot, "bottom", "channel" if tokens else None)
+        self._fit_ranges(lay)
+        hm = self._heatmap = self._make_heatmap(t, lay)
+        self._draw_image(hm, kind)
+        self._label_tiles(hm)
+        self._describe(hm, kind)
+        self.hover_label.setText(" ")
+        self.show_content()
+
+    def _show_missing(self, kind: str) -> None:
+        """Say why the selected call has no ``kind`` tensor, in the plot's place."""
+        ctx = self.context
+        if kind == "activation":
+            why = f"No activation was recorded for '{ctx.layer}'."
+        else:
+            why = (f"No gradient reached '{ctx.layer}' (call {ctx.call + 1}): its output does not "
+                   "affect the target. Show the activation instead.")
+        self._sync_visibility(None)
+        self.layout_label.setText(f"<b>{ctx.layer}</b> · {TENSOR_LABELS[kind]} · {ctx.sample_name()}")
+        self._show_plot_note(why)
+
+    def _fit_ranges(self, lay: Layout) -> None:
+        """The channel, k and time controls' ranges for this layout, without signals."""
         if lay.has_channels:
             top = lay.channels - 1
             for w in (self.channel_slider, self.channel_spin):
@@ -323,19 +339,24 @@ class HeatmapView(CaptureView):
             self.time_spin.blockSignals(True)
             self.time_spin.setRange(0, lay.time_steps - 1)
             self.time_spin.blockSignals(False)
+
+    def _make_heatmap(self, t: torch.Tensor, lay: Layout) -> Heatmap:
+        """The picture the controls ask for (top-k channels ranked by the gradient when there is one)."""
+        ctx = self.context
         display = self.display_combo.currentData()
-        reduce = self.state.reduction
         time_index = None if (lay.source != "video" or self.time_mean.isChecked()) else self.time_spin.value()
         rank_by = ctx.sample_tensor("grad_output") if display == "topk" else None
         if rank_by is None:
             rank_by = t
         k = min(self.k_spin.value(), max(lay.channels, 1))
         self._grid = self._fitting_columns(k, lay) if display == "topk" else None
-        hm = heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
-                     k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index,
-                     input_shape=ctx.input_shape, columns=self._grid)
-        self._heatmap = hm
+        return heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
+                       k=self.k_spin.value(), reduce=self.state.reduction, rank_by=rank_by, time_index=time_index,
+                       input_shape=ctx.input_shape, columns=self._grid)
 
+    def _draw_image(self, hm: Heatmap, kind: str) -> None:
+        """The picture on its colour scale, framed, with a text's tokens naming its rows."""
+        reduce = self.state.reduction
         magnitude = hm.display == "reduce" and reduce in ("mean_abs", "l2")
         if magnitude:
             signed = False
@@ -354,7 +375,7 @@ class HeatmapView(CaptureView):
         self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
         # A batch of texts: each row is a token, named by its string.
-        words = ctx.tokens() if hm.layout.kind == "matrix" else None
+        words = self.context.tokens() if hm.layout.kind == "matrix" else None
         self._tokens = words if words is not None and len(words) == rows else None
         left = self.plot.getAxis("left")
         if self._tokens is not None:
@@ -362,13 +383,15 @@ class HeatmapView(CaptureView):
             left.setTicks([[(r + 0.5, self._tokens[r][:12]) for r in range(0, rows, step)]])
         else:
             left.setTicks(None)
-        self._label_tiles(hm)
 
+    def _describe(self, hm: Heatmap, kind: str) -> None:
+        """The line above the plot: layer, call, tensor, sample, what is shown, and the layout."""
+        ctx = self.context
         what = TENSOR_LABELS[kind]
         detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
                   "topk": f"top {len(hm.channels)} channels by gradient norm: {', '.join(map(str, hm.channels[:12]))}"
                           + ("…" if len(hm.channels) > 12 else ""),
-                  "reduce": f"{dict(_REDUCTIONS)[reduce]} over channels",
+                  "reduce": f"{dict(_REDUCTIONS)[self.state.reduction]} over channels",
                   "all": "whole tensor"}[hm.display]
         _cap, rec, call_record = ctx.selected()
         n_calls = len(rec.calls)
@@ -377,8 +400,6 @@ class HeatmapView(CaptureView):
             f"<b>{ctx.layer}</b>{call} · {what} · {ctx.sample_name()} · {detail}<br>"
             f"<span style='color:gray'>{describe_layout(call_record.shape, input_shape=ctx.input_shape)}</span>"
         )
-        self.hover_label.setText(" ")
-        self.show_content()
 
     def _label_tiles(self, hm: Heatmap) -> None:
         for item in self.tile_labels:
