@@ -43,7 +43,6 @@ def register(sub: SubParsers) -> None:
 def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     """Run ``gradexplorer inspect``; returns the exit status."""
     from gradexplorer.files.capture_file import load_capture
-    from gradexplorer.files.meta import capture_meta
     from gradexplorer.recording.watch_log import is_watch_log
     from gradexplorer_app.cli.inspect_log import check_csv_target, cmd_inspect_log  # imports numpy
 
@@ -52,22 +51,50 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
         check_csv_target(args.csv, path)
     if path.suffix == ".gxw" or is_watch_log(path):
         return cmd_inspect_log(path, args.csv)
-    from gradexplorer.capturing.data import layer_label
 
     cap = load_capture(path)
     if args.csv:
         _write_token_csv(cap, args.csv)
     names = list(cap.layers)
+    chosen = _chosen_layers(args, names)
+    header = _header(path, cap, names)
+    width = max(len(k) for k, _ in header)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
+    from gradexplorer.analysis.summary import summarize
+
+    onset = onset_lines(cap, summarize(cap).layers_with("nan/inf"))
+    if onset:
+        print("\n".join(onset))
+    print()
+    print(table(
+        ["LAYER", "CALL", "TYPE", "SHAPE", "ACT MEAN", "ACT STD", "GRAD L2", "MEAN|G|", "MAX|G|", "G ZERO%", "FLAGS"],
+        _layer_rows(cap, chosen), "lrllrrrrrrl",
+    ))
     if args.layer:
-        # The root module's record (its own parameters) is named "" and shown as (model).
-        chosen = [n for n in names if args.layer in (n, layer_label(n)) or fnmatch.fnmatchcase(n, args.layer)]
-        if not chosen:
-            near = difflib.get_close_matches(args.layer, [layer_label(n) for n in names], n=3)
-            hint = f"near names: {', '.join(near)}; " if near else ""
-            raise GradExplorerError(f"the capture has no layer '{args.layer}';",
-                                    f"{hint}run 'gradexplorer inspect {args.file}' to list its layers.")
-    else:
-        chosen = names
+        for name in chosen:
+            _print_layer_details(name, cap.layers[name])
+    return EXIT_OK
+
+
+def _chosen_layers(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """The layers ``--layer`` names (a name, its label or a glob pattern), else all of them."""
+    from gradexplorer.capturing.data import layer_label
+
+    if not args.layer:
+        return names
+    # The root module's record (its own parameters) is named "" and shown as (model).
+    chosen = [n for n in names if args.layer in (n, layer_label(n)) or fnmatch.fnmatchcase(n, args.layer)]
+    if not chosen:
+        near = difflib.get_close_matches(args.layer, [layer_label(n) for n in names], n=3)
+        hint = f"near names: {', '.join(near)}; " if near else ""
+        raise GradExplorerError(f"the capture has no layer '{args.layer}';",
+                                f"{hint}run 'gradexplorer inspect {args.file}' to list its layers.")
+    return chosen
+
+
+def _header(path: Path, cap: Any, names: list[str]) -> list[tuple[str, str]]:
+    """The capture's header lines, (key, value): file, model, target, input, layers, ..."""
+    from gradexplorer.files.meta import capture_meta
 
     yes_no: dict[bool | None, str] = {True: "yes", False: "no"}
     n_calls = sum(len(cap.layers[n].calls) for n in names)
@@ -100,14 +127,12 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     for i, tokens in enumerate((meta.tokens or ())[:6]):
         predicted = meta.predicted_tokens[i] if meta.predicted_tokens and i < len(meta.predicted_tokens) else None
         header.append((f"tokens {i}", " | ".join(tokens) + (f"  -> next {predicted!r}" if predicted else "")))
-    width = max(len(k) for k, _ in header)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
-    from gradexplorer.analysis.capture_summary import summarize
+    return header
 
-    onset = onset_lines(cap, summarize(cap).layers_with("nan/inf"))
-    if onset:
-        print("\n".join(onset))
-    print()
+
+def _layer_rows(cap: Any, chosen: list[str]) -> list[list[str]]:
+    """One table row per call of each chosen layer (one "not called" row for a layer that never ran)."""
+    from gradexplorer.capturing.data import layer_label
 
     rows = []
     for name in chosen:
@@ -126,14 +151,7 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
                 f"{g['zero_fraction'] * 100:.1f}" if grad else "-",
                 flags,
             ])
-    print(table(
-        ["LAYER", "CALL", "TYPE", "SHAPE", "ACT MEAN", "ACT STD", "GRAD L2", "MEAN|G|", "MAX|G|", "G ZERO%", "FLAGS"],
-        rows, "lrllrrrrrrl",
-    ))
-    if args.layer:
-        for name in chosen:
-            _print_layer_details(name, cap.layers[name])
-    return EXIT_OK
+    return rows
 
 
 def _not_called_text(cap: Any) -> str:

@@ -111,8 +111,15 @@ class CompareView(QWidget):
         self.summary_label.setWordWrap(True)
         self.summary_label.setTextFormat(Qt.TextFormat.RichText)
         self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._build_table()
+        heat_box = self._build_heatmaps()
+        flow_box = self._build_flow()
+        self._lay_out(heat_box, flow_box)
+        self._connect()
+        self._update_controls()
 
-        # -- table ------------------------------------------------------------------
+    def _build_table(self) -> None:
+        """The calls' table and the order of its rows."""
         self.order_combo = QComboBox()
         for key, label in _ORDERS:
             self.order_combo.addItem(label, key)
@@ -131,7 +138,28 @@ class CompareView(QWidget):
         self.table.itemSelectionChanged.connect(self._on_row_selected)
         install_table_copy(self.table)
 
-        # -- heatmaps ---------------------------------------------------------------
+    def _build_heatmaps(self) -> QWidget:
+        """The heatmaps' controls over A | B | A − B; returns their box."""
+        controls = self._build_heat_controls()
+        self.heat_title = wrap_label(QLabel(" "))
+        self._build_heat_plots()
+        self.heat_note = QLabel()
+        self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.heat_note.setWordWrap(True)
+        self.heat_note.setStyleSheet("QLabel { color: palette(placeholder-text); font-size: 13px; padding: 24px; }")
+        self.heat_stack = QStackedWidget()
+        self.heat_stack.addWidget(self.heat_widget)
+        self.heat_stack.addWidget(self.heat_note)
+        heat_box = QWidget()
+        hv = QVBoxLayout(heat_box)
+        hv.setContentsMargins(0, 0, 0, 0)
+        hv.addLayout(controls)
+        hv.addWidget(self.heat_title)
+        hv.addWidget(self.heat_stack, 1)
+        return heat_box
+
+    def _build_heat_controls(self) -> QHBoxLayout:
+        """Tensor, display, channel, k, sample and the scale of A − B, in one row."""
         self.tensor_combo = QComboBox()
         for key, label in _TENSORS:
             self.tensor_combo.addItem(label, key)
@@ -156,7 +184,10 @@ class CompareView(QWidget):
                   self.k_spin, self.sample_spin, self.same_scale_check):
             controls.addWidget(w)
         controls.addStretch(1)
-        self.heat_title = wrap_label(QLabel(" "))
+        return controls
+
+    def _build_heat_plots(self) -> None:
+        """A | B | their bar | A − B | its bar, the three pictures' views linked."""
         self.heat_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.heat_widget)
         self.plots, self.images = [], []
@@ -185,24 +216,30 @@ class CompareView(QWidget):
         layout.addItem(self.diff_bar, row=0, col=4)
         for col in range(5):  # the three plots equally wide: their views are linked, pixels square
             layout.layout.setColumnStretchFactor(col, 1 if col in (0, 1, 3) else 0)
-        self.heat_note = QLabel()
-        self.heat_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.heat_note.setWordWrap(True)
-        self.heat_note.setStyleSheet("QLabel { color: palette(placeholder-text); font-size: 13px; padding: 24px; }")
-        self.heat_stack = QStackedWidget()
-        self.heat_stack.addWidget(self.heat_widget)
-        self.heat_stack.addWidget(self.heat_note)
-        heat_box = QWidget()
-        hv = QVBoxLayout(heat_box)
-        hv.setContentsMargins(0, 0, 0, 0)
-        hv.addLayout(controls)
-        hv.addWidget(self.heat_title)
-        hv.addWidget(self.heat_stack, 1)
 
-        # -- gradient flow ----------------------------------------------------------
+    def _build_flow(self) -> QWidget:
+        """The gradient flow of A and B over their ratio B / A; returns its box."""
         self.flow_kind = QComboBox()
         for key, label in _FLOW_KINDS:
             self.flow_kind.addItem(label, key)
+        self._build_flow_plots()
+        self._build_flow_curves()
+        flow_box = QWidget()
+        fv = QVBoxLayout(flow_box)
+        fv.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Gradient flow of"))
+        row.addWidget(self.flow_kind)
+        row.addWidget(QLabel(f"<span style='color:{_A_COLOUR}'>━ A</span>&nbsp;&nbsp;"
+                             f"<span style='color:{_B_COLOUR}'>━ B</span>&nbsp;&nbsp;"
+                             f"<span style='color:{_RATIO_COLOUR}'>━ B / A</span>"))
+        row.addStretch(1)
+        fv.addLayout(row)
+        fv.addWidget(self.flow_widget, 1)
+        return flow_box
+
+    def _build_flow_plots(self) -> None:
+        """The norms' plot over the ratio's, their x axes linked."""
         self.flow_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.flow_widget)
         # Whole layer names, as many as fit at the present zoom (never overlapping).
@@ -222,6 +259,9 @@ class CompareView(QWidget):
         set_axis_title(self.ratio_plot, "left", "B / A")
         self.flow_widget.ci.layout.setRowStretchFactor(0, 3)
         self.flow_widget.ci.layout.setRowStretchFactor(1, 2)
+
+    def _build_flow_curves(self) -> None:
+        """A's and B's curves with their legend, the ratio's curve, its line at 1 and the call's marker."""
         legend = self.flow_plot.addLegend(offset=(-10, 10), labelTextColor=FOREGROUND)
         self.curve_a = self.flow_plot.plot([], [], pen=pg.mkPen(_A_COLOUR, width=4), symbol="o", symbolSize=5,
                                            symbolBrush=_A_COLOUR, symbolPen=None, name="A")
@@ -236,19 +276,9 @@ class CompareView(QWidget):
         self.ratio_plot.addItem(self.ratio_one)
         self.marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(SELECTED_COLOUR, width=1.5))
         self.flow_plot.addItem(self.marker)
-        flow_box = QWidget()
-        fv = QVBoxLayout(flow_box)
-        fv.setContentsMargins(0, 0, 0, 0)
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Gradient flow of"))
-        row.addWidget(self.flow_kind)
-        row.addWidget(QLabel(f"<span style='color:{_A_COLOUR}'>━ A</span>&nbsp;&nbsp;"
-                             f"<span style='color:{_B_COLOUR}'>━ B</span>&nbsp;&nbsp;"
-                             f"<span style='color:{_RATIO_COLOUR}'>━ B / A</span>"))
-        row.addStretch(1)
-        fv.addLayout(row)
-        fv.addWidget(self.flow_widget, 1)
 
+    def _lay_out(self, heat_box: QWidget, flow_box: QWidget) -> None:
+        """The summary over (table | heatmaps) over the gradient flow, in splitters."""
         table_box = QWidget()
         tv = QVBoxLayout(table_box)
         tv.setContentsMargins(0, 0, 0, 0)
@@ -274,6 +304,8 @@ class CompareView(QWidget):
         v.addWidget(self.summary_label)
         v.addWidget(main, 1)
 
+    def _connect(self) -> None:
+        """Redraw on the controls' changes."""
         for w in (self.tensor_combo, self.display_combo):
             w.currentIndexChanged.connect(self._draw_heatmaps)
         self.same_scale_check.toggled.connect(self._draw_heatmaps)
@@ -281,7 +313,6 @@ class CompareView(QWidget):
         for s in (self.channel_spin, self.k_spin, self.sample_spin):
             s.valueChanged.connect(self._draw_heatmaps)
         self.flow_kind.currentIndexChanged.connect(self._draw_flow)
-        self._update_controls()
 
     # -- public API -------------------------------------------------------------------
     def set_comparison(self, a: Capture, b: Capture, result: Comparison,

@@ -55,8 +55,7 @@ def _encode(image: QImage) -> bytes:
     array = QByteArray()
     buffer = QBuffer(array)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-    # PySide6 6.11's stubs want bytes for the format; the binding itself refuses bytes and takes str.
-    if not image.save(buffer, "PNG"):  # type: ignore[call-overload]
+    if not image.save(buffer, "PNG"):  # type: ignore[call-overload]  # PySide6 6.11 stubs: bytes; binding: str only
         raise GradExplorerError(f"the picture ({size}) could not be encoded as PNG;",
                                 "free memory, or export as SVG (a .svg file name) instead.")
     buffer.close()

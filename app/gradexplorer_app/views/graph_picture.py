@@ -39,7 +39,6 @@ def svg_to_png(svg: str, scale: float = 1.5, max_side: int = 16000) -> bytes:
     buf = QByteArray()
     dev = QBuffer(buf)
     dev.open(QIODevice.OpenModeFlag.WriteOnly)
-    # PySide6 6.11's stubs want bytes for the format; the binding itself refuses bytes and takes str.
-    image.save(dev, "PNG")  # type: ignore[call-overload]
+    image.save(dev, "PNG")  # type: ignore[call-overload]  # PySide6 6.11 stubs: bytes; the binding takes str only
     dev.close()
     return bytes(buf.data())

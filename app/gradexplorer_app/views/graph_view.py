@@ -364,7 +364,7 @@ class GraphPanel(QWidget):
         lay.addWidget(self.status)
 
         self.layouts = TaskRunner("graph layout", self)
-        # igraph (the layout of big views) takes 0.3-1.2 s to import, holding the GIL: it is
+        # igraph (the layout of big views) is slow to import, holding the GIL: it is
         # imported in a worker when the panel is made (the window's start-up), not in the
         # first layout (gradexplorer.model_graph.layout.preload_engines).
         self.preloads = TaskRunner("graph layout libraries", self)

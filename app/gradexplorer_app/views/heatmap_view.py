@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+import torch
 from PySide6.QtCore import QPointF, QSignalBlocker, Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
@@ -90,6 +91,22 @@ class HeatmapView(CaptureView):
         self._applying = False
 
         content = QWidget(self)
+        controls = self._build_controls()
+        self.layout_label = wrap_label(QLabel())
+        self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label = ElidedLabel(" ")
+        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
+        self._build_plot()
+        self._lay_out(content, controls)
+        self._connect()
+        self._on_model_tensor_changed(self.state.tensor)
+        self._on_model_reduction_changed(self.state.reduction)
+        self._on_model_channel_changed(self.state.channel)
+        self._sync_visibility(None)
+
+    def _build_controls(self) -> QHBoxLayout:
+        """Tensor, display, channel, k, reduction and time, in one row."""
         self.tensor_combo = QComboBox()
         for kind in _TENSORS:
             self.tensor_combo.addItem(TENSOR_LABELS[kind], kind)
@@ -130,13 +147,10 @@ class HeatmapView(CaptureView):
         controls.addWidget(self.time_spin)
         controls.addWidget(self.time_mean)
         controls.addStretch(0)
+        return controls
 
-        self.layout_label = wrap_label(QLabel())
-        self.layout_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label = ElidedLabel(" ")
-        self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hover_label.setStyleSheet("QLabel { font-family: monospace; }")
-
+    def _build_plot(self) -> None:
+        """The picture with its colour bar; the top-k tiles' labels follow its zoom and size."""
         self.plot_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.plot_widget)
         self.plot, self.image = image_plot(self.plot_widget.ci)
@@ -150,6 +164,8 @@ class HeatmapView(CaptureView):
         self.plot.vb.sigResized.connect(self._show_labels_that_fit)
         self.plot.vb.sigResized.connect(self._refit_grid)
 
+    def _lay_out(self, content: QWidget, controls: QHBoxLayout) -> None:
+        """The controls over the layout line, the picture (or a note in its place) and the hover line."""
         v = QVBoxLayout(content)
         v.setContentsMargins(4, 4, 4, 4)
         v.addLayout(controls)
@@ -166,6 +182,8 @@ class HeatmapView(CaptureView):
         v.addWidget(self.hover_label)
         self.set_content(content)
 
+    def _connect(self) -> None:
+        """Controls -> view state and redraws; view state -> controls."""
         self.tensor_combo.currentIndexChanged.connect(self._on_tensor_combo_changed)
         self.display_combo.currentIndexChanged.connect(self._on_controls_changed)
         self.reduce_combo.currentIndexChanged.connect(self._on_reduce_combo_changed)
@@ -178,10 +196,6 @@ class HeatmapView(CaptureView):
         listen(events.tensor, self._on_model_tensor_changed)
         listen(events.reduction, self._on_model_reduction_changed)
         listen(events.channel, self._on_model_channel_changed)
-        self._on_model_tensor_changed(self.state.tensor)
-        self._on_model_reduction_changed(self.state.reduction)
-        self._on_model_channel_changed(self.state.channel)
-        self._sync_visibility(None)
 
     # -- public API -------------------------------------------------------------------
     def set_tensor(self, kind: str) -> None:
@@ -281,14 +295,7 @@ class HeatmapView(CaptureView):
         kind = self._kind()
         t = ctx.sample_tensor(kind)
         if t is None:
-            if kind == "activation":
-                why = f"No activation was recorded for '{ctx.layer}'."
-            else:
-                why = (f"No gradient reached '{ctx.layer}' (call {ctx.call + 1}): its output does not "
-                       "affect the target. Show the activation instead.")
-            self._sync_visibility(None)
-            self.layout_label.setText(f"<b>{ctx.layer}</b> · {TENSOR_LABELS[kind]} · {ctx.sample_name()}")
-            self._show_plot_note(why)
+            self._show_missing(kind)
             return
         self.plot_note.hide()
         self.plot_widget.show()
@@ -297,6 +304,28 @@ class HeatmapView(CaptureView):
         tokens = lay.kind == "matrix"  # a sequence: rows are tokens, columns channels
         set_axis_title(self.plot, "left", "token" if tokens else None)
         set_axis_title(self.plot, "bottom", "channel" if tokens else None)
+        self._fit_ranges(lay)
+        hm = self._heatmap = self._make_heatmap(t, lay)
+        self._draw_image(hm, kind)
+        self._label_tiles(hm)
+        self._describe(hm, kind)
+        self.hover_label.setText(" ")
+        self.show_content()
+
+    def _show_missing(self, kind: str) -> None:
+        """Say why the selected call has no ``kind`` tensor, in the plot's place."""
+        ctx = self.context
+        if kind == "activation":
+            why = f"No activation was recorded for '{ctx.layer}'."
+        else:
+            why = (f"No gradient reached '{ctx.layer}' (call {ctx.call + 1}): its output does not "
+                   "affect the target. Show the activation instead.")
+        self._sync_visibility(None)
+        self.layout_label.setText(f"<b>{ctx.layer}</b> · {TENSOR_LABELS[kind]} · {ctx.sample_name()}")
+        self._show_plot_note(why)
+
+    def _fit_ranges(self, lay: Layout) -> None:
+        """The channel, k and time controls' ranges for this layout, without signals."""
         if lay.has_channels:
             top = lay.channels - 1
             for w in (self.channel_slider, self.channel_spin):
@@ -310,19 +339,24 @@ class HeatmapView(CaptureView):
             self.time_spin.blockSignals(True)
             self.time_spin.setRange(0, lay.time_steps - 1)
             self.time_spin.blockSignals(False)
+
+    def _make_heatmap(self, t: torch.Tensor, lay: Layout) -> Heatmap:
+        """The picture the controls ask for (top-k channels ranked by the gradient when there is one)."""
+        ctx = self.context
         display = self.display_combo.currentData()
-        reduce = self.state.reduction
         time_index = None if (lay.source != "video" or self.time_mean.isChecked()) else self.time_spin.value()
         rank_by = ctx.sample_tensor("grad_output") if display == "topk" else None
         if rank_by is None:
             rank_by = t
         k = min(self.k_spin.value(), max(lay.channels, 1))
         self._grid = self._fitting_columns(k, lay) if display == "topk" else None
-        hm = heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
-                     k=self.k_spin.value(), reduce=reduce, rank_by=rank_by, time_index=time_index,
-                     input_shape=ctx.input_shape, columns=self._grid)
-        self._heatmap = hm
+        return heatmap(t, display, channel=min(max(self.state.channel, 0), max(lay.channels - 1, 0)),
+                       k=self.k_spin.value(), reduce=self.state.reduction, rank_by=rank_by, time_index=time_index,
+                       input_shape=ctx.input_shape, columns=self._grid)
 
+    def _draw_image(self, hm: Heatmap, kind: str) -> None:
+        """The picture on its colour scale, framed, with a text's tokens naming its rows."""
+        reduce = self.state.reduction
         magnitude = hm.display == "reduce" and reduce in ("mean_abs", "l2")
         if magnitude:
             signed = False
@@ -341,7 +375,7 @@ class HeatmapView(CaptureView):
         self.plot.setAspectLocked(hm.layout.kind != "matrix")
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.02)
         # A batch of texts: each row is a token, named by its string.
-        words = ctx.tokens() if hm.layout.kind == "matrix" else None
+        words = self.context.tokens() if hm.layout.kind == "matrix" else None
         self._tokens = words if words is not None and len(words) == rows else None
         left = self.plot.getAxis("left")
         if self._tokens is not None:
@@ -349,13 +383,15 @@ class HeatmapView(CaptureView):
             left.setTicks([[(r + 0.5, self._tokens[r][:12]) for r in range(0, rows, step)]])
         else:
             left.setTicks(None)
-        self._label_tiles(hm)
 
+    def _describe(self, hm: Heatmap, kind: str) -> None:
+        """The line above the plot: layer, call, tensor, sample, what is shown, and the layout."""
+        ctx = self.context
         what = TENSOR_LABELS[kind]
         detail = {"channel": f"channel {hm.channels[0] if hm.channels else ''}",
                   "topk": f"top {len(hm.channels)} channels by gradient norm: {', '.join(map(str, hm.channels[:12]))}"
                           + ("…" if len(hm.channels) > 12 else ""),
-                  "reduce": f"{dict(_REDUCTIONS)[reduce]} over channels",
+                  "reduce": f"{dict(_REDUCTIONS)[self.state.reduction]} over channels",
                   "all": "whole tensor"}[hm.display]
         _cap, rec, call_record = ctx.selected()
         n_calls = len(rec.calls)
@@ -364,8 +400,6 @@ class HeatmapView(CaptureView):
             f"<b>{ctx.layer}</b>{call} · {what} · {ctx.sample_name()} · {detail}<br>"
             f"<span style='color:gray'>{describe_layout(call_record.shape, input_shape=ctx.input_shape)}</span>"
         )
-        self.hover_label.setText(" ")
-        self.show_content()
 
     def _label_tiles(self, hm: Heatmap) -> None:
         for item in self.tile_labels:

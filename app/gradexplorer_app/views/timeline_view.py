@@ -214,6 +214,18 @@ class TimelineView(QWidget):
         #: The steps and rows the heatmap was last framed on whole (``_frame``), or None.
         self._framed: tuple[tuple[float, float], tuple[float, float]] | None = None
 
+        bar = self._build_bar()
+        self._build_heatmap()
+        self._build_lower_plots()
+        self.layer_list = QListWidget()
+        self.layer_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.layer_list.setMaximumWidth(260)
+        self._lay_out(bar)
+        self._fill_stats()
+        self._connect(poll_ms)
+
+    def _build_bar(self) -> QHBoxLayout:
+        """Rows, statistic, Follow and the exports in one row; the status line."""
         self.kind_combo = QComboBox()
         for key, label in KIND_LABELS.items():
             self.kind_combo.addItem(label, key)
@@ -231,22 +243,13 @@ class TimelineView(QWidget):
         bar.addStretch(1)
         bar.addWidget(self.png_button)
         bar.addWidget(self.csv_button)
+        return bar
 
-        # The loss over steps, above the heatmap and on its columns (the x axes are linked).
+    def _build_heatmap(self) -> None:
+        """The loss over steps, above the heatmap and on its columns (the x axes are linked)."""
         self.heat_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.heat_widget)
-        self.loss_axis = pg.AxisItem("left")
-        self.loss_plot = self.heat_widget.addPlot(row=0, col=0, axisItems={"left": self.loss_axis})
-        self.loss_plot.setMenuEnabled(False)
-        self.loss_plot.hideButtons()
-        self.loss_plot.showGrid(y=True, alpha=0.15)
-        self.loss_plot.getAxis("bottom").setStyle(showValues=False)
-        self.loss_axis.enableAutoSIPrefix(False)
-        self.loss_curve = self.loss_plot.plot([], [], pen=pg.mkPen(FOREGROUND, width=2))
-        # Steps whose loss was NaN or infinite: a mark of their own on the plot's top edge.
-        self.loss_nonfinite = pg.ScatterPlotItem(symbol="x", size=10, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2),
-                                                 brush=None)
-        self.loss_plot.addItem(self.loss_nonfinite)
+        self._build_loss_plot()
         # The rows' names: as many as fit the plot's height, all of them when zoomed in.
         self.row_axis = LayerAxis("left", offset=0.5)
         self.heat_plot = self.heat_widget.addPlot(row=1, col=0, axisItems={"left": self.row_axis})
@@ -269,6 +272,26 @@ class TimelineView(QWidget):
         self.heat_widget.ci.layout.setRowStretchFactor(0, 2)
         self.heat_widget.ci.layout.setRowStretchFactor(1, 5)
         self.loss_plot.setMinimumHeight(100)
+        self._build_heat_marks()
+        self.heat_plot.scene().sigMouseClicked.connect(self._on_heat_click)
+
+    def _build_loss_plot(self) -> None:
+        """The loss's curve, with a mark on the top edge for each step whose loss was not finite."""
+        self.loss_axis = pg.AxisItem("left")
+        self.loss_plot = self.heat_widget.addPlot(row=0, col=0, axisItems={"left": self.loss_axis})
+        self.loss_plot.setMenuEnabled(False)
+        self.loss_plot.hideButtons()
+        self.loss_plot.showGrid(y=True, alpha=0.15)
+        self.loss_plot.getAxis("bottom").setStyle(showValues=False)
+        self.loss_axis.enableAutoSIPrefix(False)
+        self.loss_curve = self.loss_plot.plot([], [], pen=pg.mkPen(FOREGROUND, width=2))
+        # Steps whose loss was NaN or infinite: a mark of their own on the plot's top edge.
+        self.loss_nonfinite = pg.ScatterPlotItem(symbol="x", size=10, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2),
+                                                 brush=None)
+        self.loss_plot.addItem(self.loss_nonfinite)
+
+    def _build_heat_marks(self) -> None:
+        """The onset's line, mark and text, and the selected cell's box: hidden until there is one."""
         self.onset_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2))
         self.onset_marker = pg.ScatterPlotItem(symbol="x", size=14, pen=pg.mkPen(FLAG_COLOURS["nan/inf"], width=2),
                                                brush=None)
@@ -278,9 +301,9 @@ class TimelineView(QWidget):
         for item in (self.onset_line, self.onset_marker, self.onset_text, self.select_box):
             item.setVisible(False)
             self.heat_plot.addItem(item)
-        self.heat_plot.scene().sigMouseClicked.connect(self._on_heat_click)
 
-        # histograms over steps, and lines
+    def _build_lower_plots(self) -> None:
+        """A row's histograms over steps, and its lines."""
         self.hist_widget = pg.GraphicsLayoutWidget()
         style_plot_widget(self.hist_widget)
         # The bins, values growing upwards, labels at round octaves (BinAxis).
@@ -302,10 +325,8 @@ class TimelineView(QWidget):
         self.line_plot.addLegend(offset=(5, 5), labelTextColor=FOREGROUND)
         self.line_plot.setMenuEnabled(False)
 
-        self.layer_list = QListWidget()
-        self.layer_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.layer_list.setMaximumWidth(260)
-
+    def _lay_out(self, bar: QHBoxLayout) -> None:
+        """The bar over the heatmap, over (rows' list | histograms over lines), over the status."""
         # The histograms and the lines one above the other, each a plot of its own (the
         # histograms had shared one with the lines, ~60 px tall at 1280x800).
         plots = QSplitter(Qt.Orientation.Vertical)
@@ -335,7 +356,8 @@ class TimelineView(QWidget):
         layout.addWidget(split, 1)
         layout.addWidget(self.status)
 
-        self._fill_stats()
+    def _connect(self, poll_ms: int) -> None:
+        """The controls' signals, the plots' context menus, and the timer that follows a growing log."""
         self.kind_combo.currentIndexChanged.connect(self._on_choice_changed)
         self.stat_combo.currentIndexChanged.connect(self._on_choice_changed)
         self.layer_list.itemSelectionChanged.connect(self._on_list_selection)

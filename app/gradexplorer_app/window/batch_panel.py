@@ -4,6 +4,7 @@ the top-5 predicted classes after a run; the preprocessing applied."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 from PIL import Image
@@ -361,6 +362,13 @@ class BatchPanel(QWidget):
             self.list.addItem(QListWidgetItem(QIcon(tensor_to_pixmap(x[i])), "\n".join(lines)))
 
 
+@runtime_checkable
+class _Decodes(Protocol):
+    """What a tokenizer needs here: ids back to text."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 def _next_tokens(capture: Capture, tokenizer: object, k: int = 5) -> list[list[tuple[str, float]]]:
     """A language model's top next tokens at the target's position, per sample, with their
     probabilities (the thumbnails' "top classes" of a text batch)."""
@@ -368,10 +376,10 @@ def _next_tokens(capture: Capture, tokenizer: object, k: int = 5) -> list[list[t
 
     y = capture.output
     position = parse_target(capture.meta.get("target") or "top1").position
-    if y is None or y.dim() != 3 or position is None:
+    if y is None or y.dim() != 3 or position is None or not isinstance(tokenizer, _Decodes):
         return []
     probs = torch.softmax(y[:, position, :].double(), dim=-1)
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    decode = tokenizer.decode  # type: ignore[attr-defined]
+    decode = tokenizer.decode
     return [[(repr(decode([int(t)])), float(p)) for p, t in zip(ps, ts)]
             for ps, ts in zip(top.values.tolist(), top.indices.tolist())]

@@ -237,7 +237,7 @@ class WindowController(QObject):
         """Read the model catalog in a worker (the model panel's list), once.
 
         The window asks when its model list is first shown, not at start: the catalog
-        imports torchvision (seconds, about 200 MiB), which the first window and the demo
+        imports torchvision (seconds, hundreds of MiB), which the first window and the demo
         do not need."""
         if self._catalog_asked:
             return

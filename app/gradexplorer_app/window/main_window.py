@@ -130,7 +130,23 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("gradexplorer")
         self.resize(DEFAULT_SIZE)
 
-        # -- widgets
+        self._build_panels(devices)
+        self._expose_controller()
+        self._build_module_box()
+        self._build_side_panel()
+        self._build_central()
+        self._build_status_bar()
+        self._build_menus()
+        self._connect()
+        if restore_geometry:
+            self._restore_geometry()
+        self._update_status()
+        # The model list (torchvision's catalog) is read when it is first shown.
+        self.model_panel.first_shown.connect(self.controller.start)
+
+    # -- construction ---------------------------------------------------------------------
+    def _build_panels(self, devices: list) -> None:
+        """The module tree, the views, the model, batch and run panels, and their controller."""
         s = self.session
         self.tree_panel = ModuleTreePanel(s, self)
         self.tree_view = self.tree_panel.view
@@ -144,14 +160,18 @@ class MainWindow(QMainWindow):
         self.run_panel = RunPanel(s, devices, self)
         self.controller = WindowController(s, self.settings, self.view_state, self, self.run_panel)
         self.dataset_run = DatasetRun(self, self)  # Run ▸ Run over folder… (app/gradexplorer_app/window/dataset_run.py)
+
+    def _expose_controller(self) -> None:
+        """The controller's signals and actions, under the window's names."""
         c = self.controller
-        # The controller's signals and actions, under the window's names.
         self.model_loaded, self.batch_loaded, self.run_done = c.model_loaded, c.batch_loaded, c.run_done
         self.error_shown, self.file_done = c.error_shown, c.file_done
         self.run_runner = c.run_runner
         self.load_model, self.load_inputs, self.run, self.cancel = c.load_model, c.load_inputs, c.run, c.cancel
         self.open_capture, self.export_capture, self.show_error = c.open_capture, c.export_capture, c.show_error
 
+    def _build_module_box(self) -> None:
+        """The Modules panel: the module tree and the model graph side by side in tabs."""
         tree_box = self.tree_box = QGroupBox("Modules", self)
         # An explicit minimum, as for the views: the hints of the tree's buttons, header and
         # graph status add up past what a 1280 px screen leaves beside the views and panels.
@@ -163,6 +183,9 @@ class MainWindow(QMainWindow):
         self.module_tabs.addTab(self.graph_panel, "Graph")
         self.tree_box_layout = QVBoxLayout(tree_box)
         self.tree_box_layout.addWidget(self.module_tabs, 1)
+
+    def _build_side_panel(self) -> None:
+        """The input batch and model tabs over the Run box."""
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.batch_panel, "Input batch")
         self.tabs.addTab(self.model_panel, "Model")
@@ -177,10 +200,12 @@ class MainWindow(QMainWindow):
         #: The side panel folded into the Modules panel (a narrow window: half a 1920 screen).
         self.folded = False
 
+    def _build_central(self) -> None:
+        """Modules | views | side panel, in a splitter."""
         self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
-        self.splitter.addWidget(tree_box)
+        self.splitter.addWidget(self.tree_box)
         self.splitter.addWidget(self.views)
-        self.splitter.addWidget(right)
+        self.splitter.addWidget(self.side_panel)
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setStretchFactor(2, 0)
@@ -191,17 +216,6 @@ class MainWindow(QMainWindow):
         outer.setContentsMargins(8, 8, 8, 4)
         outer.addWidget(self.splitter)
         self.setCentralWidget(container)
-
-        self._build_status_bar()
-        self._build_menus()
-        self._connect()
-        if restore_geometry:
-            self._restore_geometry()
-        self._update_status()
-        # The model list (torchvision's catalog) is read when it is first shown.
-        self.model_panel.first_shown.connect(c.start)
-
-    # -- construction ---------------------------------------------------------------------
     def _build_status_bar(self) -> None:
         bar = ElidingStatusBar(self)
         self.setStatusBar(bar)
@@ -222,19 +236,33 @@ class MainWindow(QMainWindow):
                   self.status_device, self.status_run):
             bar.addPermanentWidget(w)
 
-    def _build_menus(self) -> None:
-        def action(text: str, slot: Callable[[], object], shortcut: str | QKeySequence.StandardKey | None = None,
-                   tip: str = "") -> QAction:
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(QKeySequence(shortcut))
-                a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
-            if tip:
-                a.setStatusTip(tip)
-            a.triggered.connect(slot)
-            return a
+    def _action(self, text: str, slot: Callable[[], object],
+                shortcut: str | QKeySequence.StandardKey | None = None, tip: str = "") -> QAction:
+        """An action of this window; its shortcut works in any of the app's windows unless narrowed."""
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+            a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        if tip:
+            a.setStatusTip(tip)
+        a.triggered.connect(slot)
+        return a
 
-        c = self.controller
+    def _build_menus(self) -> None:
+        self._build_file_actions()
+        self._build_run_actions()
+        self._build_view_actions()
+        self._build_file_menu()
+        self._build_run_menu()
+        self._build_view_menu()
+        menu = self.menuBar().addMenu("&Help")
+        menu.addAction(self.shortcuts_action)
+        menu.addAction("About gradexplorer", self._about)
+        self._update_actions()
+
+    def _build_file_actions(self) -> None:
+        """Opening and exporting, closing and quitting."""
+        action, c = self._action, self.controller
         self.open_images_action = action("Open &images…", self.batch_panel.open_images, "Ctrl+I")
         self.open_capture_action = action("&Open capture…", lambda: c.open_capture(), QKeySequence.StandardKey.Open,
                                           "Open a .pt capture and browse it without the model")
@@ -248,6 +276,10 @@ class MainWindow(QMainWindow):
                                         "resolution, or SVG")
         self.export_csv_action = action("Export statistics as &CSV…", lambda: self.export_csv(), "Ctrl+Shift+C")
         self.quit_action = action("&Quit", self.close, "Ctrl+Q")
+
+    def _build_run_actions(self) -> None:
+        """Run and Cancel, the run over a folder, and Compare with…."""
+        action, c = self._action, self.controller
         self.run_action = action("&Run", c.run, "Ctrl+R", "Run forward and backward, capture the checked layers")
         self.cancel_action = action("&Cancel", c.cancel, "Esc")
         self.cancel_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
@@ -258,6 +290,10 @@ class MainWindow(QMainWindow):
                                               "Ctrl+Shift+T", "Each batch's statistics of the last run over a folder")
         self.compare_action = action("Compare &with…", lambda: self.compare_with(), "Ctrl+D",
                                      "Compare this capture with another run (bf16, weights, input...) or a file")
+
+    def _build_view_actions(self) -> None:
+        """The filter, the model tab, Close window, the shortcuts, the side panels and the views' tabs."""
+        action = self._action
         self.filter_action = action("&Filter modules", lambda: self.tree_panel.filter_edit.setFocus(),
                                     QKeySequence.StandardKey.Find)
         self.model_tab_action = action("Choose &model…", self._show_model_tab, "Ctrl+M")
@@ -276,6 +312,7 @@ class MainWindow(QMainWindow):
             a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
             self.view_actions.append(a)
 
+    def _build_file_menu(self) -> None:
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.model_tab_action)
         menu.addAction(self.open_images_action)
@@ -292,6 +329,8 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         menu.addAction(self.close_action)
         menu.addAction(self.quit_action)
+
+    def _build_run_menu(self) -> None:
         menu = self.menuBar().addMenu("&Run")
         menu.addAction(self.run_action)
         menu.addAction(self.cancel_action)
@@ -300,6 +339,8 @@ class MainWindow(QMainWindow):
         menu.addAction(self.dataset_timeline_action)
         menu.addSeparator()
         menu.addAction(self.compare_action)
+
+    def _build_view_menu(self) -> None:
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.tree_panel_action)
         menu.addAction(self.side_panel_action)
@@ -322,10 +363,6 @@ class MainWindow(QMainWindow):
             a.triggered.connect(lambda _checked=False, t=theme: self.set_theme(t))
             group.addAction(a)
             self.theme_actions[theme] = a
-        menu = self.menuBar().addMenu("&Help")
-        menu.addAction(self.shortcuts_action)
-        menu.addAction("About gradexplorer", self._about)
-        self._update_actions()
 
     def _connect(self) -> None:
         s, c, state = self.session, self.controller, self.view_state

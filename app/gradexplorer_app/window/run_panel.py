@@ -94,7 +94,23 @@ class RunPanel(QWidget):
         self.session = session
         self._running = False
         self._idle_message: str | None = None
+        # Built in this order: Qt's tab order follows the order widgets are made.
+        self._build_target_widgets(devices)
+        self._build_mode_widgets()
+        self._build_run_widgets()
+        self._init_estimate()
+        self._build_layout(self._build_form())
+        self._connect_widgets()
+        self._connect_session()
 
+        if session.device == "auto" and devices:
+            session.set_device(devices[0].name)
+        self._on_model_settings_changed("")
+        self._on_model_model_changed(session.model)
+        self.update_estimate()
+
+    def _build_target_widgets(self, devices: list[DeviceInfo]) -> None:
+        """The device and the target's widgets: kind, class, labels, output key, class axis, positions."""
         self.device_combo = QComboBox(self)
         for d in devices:
             self.device_combo.addItem(d.label, d.name)
@@ -133,6 +149,8 @@ class RunPanel(QWidget):
             "model predicts the next token at the last position")
         self.key_label = QLabel("Output", self)
 
+    def _build_mode_widgets(self) -> None:
+        """Eval or train, full tensors or statistics only, and the input gradient."""
         self.eval_radio = QRadioButton("eval", self)
         self.train_radio = QRadioButton("train", self)
         self.eval_radio.setToolTip("Inference behaviour (BatchNorm running statistics, no dropout)")
@@ -150,6 +168,8 @@ class RunPanel(QWidget):
         self._capture_group.addButton(self.stats_radio)
         self.input_grad_check = QCheckBox("input gradient (saliency)", self)
 
+    def _build_run_widgets(self) -> None:
+        """Run and Cancel, the progress bar, the status line, the memory estimate and its warning."""
         self.run_button = QPushButton("Run", self)
         self.run_button.setObjectName("runButton")
         self.run_button.setToolTip("Run forward and backward and capture the checked layers (Ctrl+R)")
@@ -174,6 +194,9 @@ class RunPanel(QWidget):
         self.budget_label.setObjectName("budgetWarning")
         self.budget_label.setWordWrap(True)
         self.budget_label.setVisible(False)
+
+    def _init_estimate(self) -> None:
+        """The memory estimate's state and the timer that folds a burst of changes into one estimate."""
         #: The estimate for the current settings (None: not known) and the budget warning.
         self.estimate: MemoryEstimate | None = None
         self.budget_message: str | None = None
@@ -189,6 +212,8 @@ class RunPanel(QWidget):
         self._estimate_timer.setInterval(30)  # set_model emits several signals: one estimate
         self._estimate_timer.timeout.connect(self.update_estimate)
 
+    def _build_form(self) -> QFormLayout:
+        """The settings' form: one labelled row per setting."""
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
         form.setHorizontalSpacing(8)
@@ -213,9 +238,29 @@ class RunPanel(QWidget):
         form.addRow("Keep", kinds)
         form.addRow("", self.input_grad_check)
         self._form = form
-        # The settings in a widget of their own: in a narrow window (the panel folded under
-        # the module tree) they fold behind a "Settings" button and a line that sums them up,
-        # so that the tree keeps its height.
+        return form
+
+    def _build_layout(self, form: QFormLayout) -> None:
+        """The folding settings above the buttons, the estimate, the progress and the status."""
+        self._build_settings_fold(form)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button, 2)
+        buttons.addWidget(self.cancel_button, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(6)
+        layout.addWidget(self.summary_box)
+        layout.addWidget(self.settings_widget)
+        layout.addLayout(buttons)
+        layout.addWidget(self.memory_label)
+        layout.addWidget(self.budget_label)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status_label)
+
+    def _build_settings_fold(self, form: QFormLayout) -> None:
+        """The settings in a widget of their own: in a narrow window (the panel folded under
+        the module tree) they fold behind a "Settings" button and a line that sums them up,
+        so that the tree keeps its height."""
         self.settings_widget = QWidget(self)
         form.setParent(None)
         self.settings_widget.setLayout(form)
@@ -237,21 +282,9 @@ class RunPanel(QWidget):
         self.summary_box.setLayout(summary_row)
         self.summary_box.hide()
         self.compact = False
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button, 2)
-        buttons.addWidget(self.cancel_button, 1)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(6)
-        layout.addWidget(self.summary_box)
-        layout.addWidget(self.settings_widget)
-        layout.addLayout(buttons)
-        layout.addWidget(self.memory_label)
-        layout.addWidget(self.budget_label)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status_label)
 
-        # widget -> session
+    def _connect_widgets(self) -> None:
+        """Widget -> session: each edit is written to the session."""
         self.device_combo.currentIndexChanged.connect(self._on_device_changed)
         self.target_combo.currentIndexChanged.connect(self._on_target_changed)
         self.class_edit.editingFinished.connect(self._on_target_changed)
@@ -264,7 +297,10 @@ class RunPanel(QWidget):
         self.input_grad_check.toggled.connect(self._on_input_grad_changed)
         self.run_button.clicked.connect(self._on_run_clicked)
         self.cancel_button.clicked.connect(self.cancel_requested)
-        # session -> widgets
+
+    def _connect_session(self) -> None:
+        """Session -> widgets, and a new estimate after any change it depends on."""
+        session = self.session
         listen(session.settings_changed, self._on_model_settings_changed)
         listen(session.settings_changed, lambda _n: self._update_summary())
         listen(session.model_changed, self._on_model_model_changed)
@@ -275,12 +311,6 @@ class RunPanel(QWidget):
                        session.selection_changed, session.settings_changed, session.capture_changed):
             # A new capture too: the free memory the budget is read from changed with it.
             signal.connect(lambda *_a: self._estimate_timer.start())
-
-        if session.device == "auto" and devices:
-            session.set_device(devices[0].name)
-        self._on_model_settings_changed("")
-        self._on_model_model_changed(session.model)
-        self.update_estimate()
 
     # -- widget -> session ------------------------------------------------------------
     def _on_device_changed(self, _index: int) -> None:

@@ -237,9 +237,9 @@ def _np(maps: torch.Tensor) -> np.ndarray:
     return maps.detach().float().cpu().numpy()
 
 
-# Reductions run in NumPy: on a busy CPU, torch's multi-threaded reductions of a
-# 512x28x28 map took 15-30 ms each (threads waiting for a core) against well under 1 ms
-# single-threaded; a redraw must stay under 50 ms.
+# Reductions run in NumPy, on one thread: on a busy CPU torch's multi-threaded reductions
+# wait for a free core, many times longer than the work itself, and a redraw must not pause
+# (docs/benchmarks.md, "The window").
 def reduce_channels(maps: torch.Tensor, how: str) -> np.ndarray:
     """Reduce ``(C, H, W)`` over channels with ``mean``, ``mean_abs`` or ``l2``: ``(H, W)`` float32."""
     a = _np(maps)

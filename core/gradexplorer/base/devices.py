@@ -149,7 +149,7 @@ def release_host_memory() -> None:
 
     Python and torch free a capture's working memory when it ends, but glibc's allocator
     keeps the pages for later: a process that had run efficientnet_v2_l statistics-only
-    stayed 4.4 GiB over its size before the run, and each later run added to it. A garbage
+    stayed gigabytes over its size before the run, and each later run added to it. A garbage
     collection (a replaced capture's cycles) and ``malloc_trim(0)`` return them
     (``docs/benchmarks.md``, the memory estimate). Elsewhere than glibc, only the collection.
     """

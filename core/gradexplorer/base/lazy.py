@@ -2,7 +2,8 @@
 
 A package's ``__init__`` re-exports the names its modules define. Imported eagerly, every
 import of any one module of the package would import all of them: importing
-``gradexplorer.models.loaded_model`` (a dataclass) would import torchvision (1.2 s) through
+``gradexplorer.models.loaded_model`` (a dataclass) would import torchvision (slow: docs/benchmarks.md,
+"Start-up") through
 ``gradexplorer.models.loading``. :func:`attach` gives the package a ``__getattr__`` that
 imports a name's module only when the name is first read.
 """

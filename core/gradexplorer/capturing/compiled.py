@@ -27,7 +27,8 @@ def _optimized_module() -> type | None:
 
     A compiled module exists only once dynamo is imported (``torch.compile`` imports it, and
     unpickling one imports its class), so it is looked up, never imported: importing dynamo
-    imports sympy and Triton, some 300 MiB and seconds of every capture that compiled nothing.
+    imports sympy and Triton, hundreds of MiB and seconds of every capture that compiled nothing
+    (docs/benchmarks.md, "Start-up").
     """
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
@@ -52,7 +53,7 @@ def eager_root(model: nn.Module) -> nn.Module:
     unwrapped as many times as it was compiled."""
     kind = _optimized_module()
     while kind is not None and isinstance(model, kind):
-        model = model._orig_mod  # type: ignore[assignment]
+        model = model.get_submodule("_orig_mod")
     return model
 
 

@@ -139,9 +139,8 @@ def _counts(source: Source) -> tuple[int | None, int | None]:
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every value of the real CPU tensor ``t`` is finite, in one read: a finite
     sum means every value is (NaN and Inf carry through a sum); only a sum that overflowed
-    needs the extremes. A float32 sum took 0.15 ns per value from the cache where
-    ``aminmax`` took 0.25; efficientnet_b0 checks 26 block outputs per capture this way
-    (about 10 ms of aminmax at batch 8)."""
+    needs the extremes. A sum reads faster than ``aminmax``, and efficientnet_b0 checks 26
+    block outputs per capture this way (docs/benchmarks.md, "Where the time goes")."""
     with torch.no_grad():
         x = t.detach()
         total = x.sum(dtype=torch.float32) if x.element_size() < 4 else x.sum()  # a half sum overflows sooner

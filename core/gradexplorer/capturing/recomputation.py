@@ -16,6 +16,7 @@ recognises such a call so that it is refused in words.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 import torch
 
@@ -41,13 +42,13 @@ def reentrant_checkpoint() -> bool:
     target = _reentrant_forward_code()
     if target is None:
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
         if frame is None:
             return False
         if frame.f_code is target:
             return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 

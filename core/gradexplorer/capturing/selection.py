@@ -82,8 +82,9 @@ def resolve_layers(model: nn.Module, layers: LayerSpec = None) -> list[str]:
         patterns = [layers] if isinstance(layers, str) else list(layers)
         names = [n for n, _ in model.named_modules()]
         # A set for the exact names: a capture of every leaf passes each name as a
-        # pattern, and matching each against every name cost 40k fnmatch calls (0.07 s of
-        # efficientnet_b0's 1 s pass); only patterns with glob characters are matched.
+        # pattern, and matching each against every name is quadratic in the modules (tens of
+        # thousands of fnmatch calls, a visible share of the pass: docs/benchmarks.md,
+        # "Where the time goes"); only patterns with glob characters are matched.
         known = set(names)
         for p in patterns:
             if p in known or not any(c in p for c in "*?["):

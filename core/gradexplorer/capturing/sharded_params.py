@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch import nn
+
+if TYPE_CHECKING:  # imported for the types only: see _dtensor_type
+    from torch.distributed.tensor import DTensor
 
 from gradexplorer.base.errors import GradExplorerError
 
@@ -26,12 +29,13 @@ __all__ = ["fsdp_module_type", "is_dtensor", "refuse_sharded_params"]
 def _dtensor_type() -> type | None:
     # A DTensor exists only once torch.distributed.tensor is loaded, so it is looked up
     # there and never imported: the import pulls in torch.fx's symbolic shapes and sympy
-    # (about 0.3 s and 60 MiB) for every capture of a model that nobody sharded.
+    # (time and memory: docs/benchmarks.md, "Start-up") for every capture of a model that
+    # nobody sharded.
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None) if module is not None else None
 
 
-def is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> TypeGuard[DTensor]:
     """Whether ``t`` is a ``torch.distributed.tensor.DTensor``."""
     cls = _dtensor_type()
     return cls is not None and isinstance(t, cls)

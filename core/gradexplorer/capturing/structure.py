@@ -49,6 +49,13 @@ def _fingerprint(model: nn.Module) -> list:
     return parts
 
 
+
+def _alive(ref: weakref.ref[nn.Module]) -> nn.Module:
+    """The module behind ``ref``; a structure is used only while its modules live (``alive``)."""
+    m = ref()
+    assert m is not None, "a structure whose modules no longer exist"
+    return m
+
 class ModelStructure:
     """The module tree of one model, as :func:`named_modules` gives it, and what captures
     ask of it. Build it with :func:`structure_of`.
@@ -89,14 +96,12 @@ class ModelStructure:
 
     def module(self, name: str) -> nn.Module:
         """The module named ``name`` (``""``: the model)."""
-        m = self._refs[self._index[name]]()
-        assert m is not None, "a structure whose modules no longer exist"
-        return m
+        return _alive(self._refs[self._index[name]])
 
     @property
     def modules(self) -> list[nn.Module]:
         """The modules of ``names``, in order (the model itself first)."""
-        return [r() for r in self._refs]  # type: ignore[misc]  # alive: checked by structure_of
+        return [_alive(r) for r in self._refs]
 
     def named_modules(self) -> list[tuple[str, nn.Module]]:
         """``model.named_modules()``, as a list."""

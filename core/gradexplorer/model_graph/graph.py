@@ -720,7 +720,9 @@ class GraphRecorder:
         if not tracked:
             return  # constants and parameters alone: not part of the data flow
         if name in FOLDED_OPS:
-            src = self.lookup(tracked[0])[1]  # type: ignore[index]
+            found = self.lookup(tracked[0])
+            assert found is not None  # tracked holds only what lookup finds
+            src = found[1]
             for t in outs:
                 if t is not tracked[0]:
                     self.produce(t, src)

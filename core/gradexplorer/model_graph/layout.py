@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from gradexplorer.base.errors import GradExplorerError
 from gradexplorer.model_graph.graph import GraphView, ModelGraph
 
-#: Default engine order, measured (docs/benchmarks.md): Graphviz draws the nicest small
-#: graphs (spline routes) in under 0.1 s but took 5.3 s on the fully expanded
-#: efficientnet_v2_l; igraph laid that out in 48 ms.
+#: Default engine order: Graphviz draws the nicest small graphs (spline routes), but is
+#: some hundred times slower than igraph on a fully expanded big net (docs/benchmarks.md,
+#: "The model graph"), hence the limits below.
 ENGINES = ("dot", "igraph", "grandalf", "simple")
 #: Scene units per character of a node label, node height, and the gaps.
 CHAR_W, NODE_H, H_GAP, V_GAP, MIN_W = 7.0, 34.0, 18.0, 46.0, 48.0
@@ -104,7 +104,8 @@ def available_engines() -> list[str]:
     for e in ENGINES:
         if e == "dot" and shutil.which("dot") is None:
             continue
-        # Found, not imported: importing igraph costs 0.3-1.2 s, which the first paint of a
+        # Found, not imported: importing igraph is slow (docs/benchmarks.md, "The model
+        # graph"), which the first paint of a
         # graph laid out by dot should not pay (the engine is imported when it is used).
         if e in ("igraph", "grandalf") and importlib.util.find_spec(e) is None:
             continue
@@ -113,8 +114,8 @@ def available_engines() -> list[str]:
 
 
 def preload_engines() -> list[str]:
-    """Import the layout libraries that are installed but not imported yet (igraph takes
-    0.3-1.2 s), so that a worker can pay for it before the first big layout needs it.
+    """Import the layout libraries that are installed but not imported yet (igraph's import
+    is slow), so that a worker can pay for it before the first big layout needs it.
 
     Returns
     -------

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -138,7 +139,7 @@ def load_factory(
     )
 
 
-def _resolve(spec: str, factory: FactorySpec, file: Path | None) -> object:
+def _resolve(spec: str, factory: FactorySpec, file: Path | None) -> Callable[[], object]:
     target, attr = factory
     try:
         namespace = _import_file(file) if file is not None else importlib.import_module(target)
@@ -162,9 +163,9 @@ def _resolve(spec: str, factory: FactorySpec, file: Path | None) -> object:
     return found
 
 
-def _call(spec: str, function: object) -> object:
+def _call(spec: str, function: Callable[[], object]) -> object:
     try:
-        return function()  # type: ignore[operator]
+        return function()
     except Exception as exc:  # the user's factory may raise anything
         raise ModelLoadError(
             f"The factory '{spec}' raised {type(exc).__name__}: {exc}",

@@ -35,7 +35,7 @@ def progress_class(progress: Callable[[int, int], None] | None) -> Any:
     total that grows), which is left out. A disabled tqdm counts nothing (its ``update``
     returns at once, before even ``unit`` is set), so the bytes are counted here.
     """
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no types; no stub package in dev
 
     class Reporting(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -54,8 +54,9 @@ def is_timm_spec(text: str) -> bool:
 
 def torchvision_name(text: str) -> str | None:
     """torchvision's name for ``text``, or None (``torchvision_models.torchvision_name``)."""
-    # torchvision is imported on first use here and below: it takes seconds and about
-    # 200 MiB to import, and the demos (the window's first model) need none of it.
+    # torchvision is imported on first use here and below: its import costs seconds and
+    # hundreds of MiB (docs/benchmarks.md, "Start-up"), and the demos (the window's first
+    # model) need none of it.
     from gradexplorer.models.torchvision_models import torchvision_name as name_of
 
     return name_of(text)

@@ -303,7 +303,7 @@ def _copy(state: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torc
     metadata = getattr(state, "_metadata", None)
     if metadata is not None:
         module = prefix[:-1]
-        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]  # torch's convention: an attribute, no subclass
             ("" if k == module else k[len(prefix):], v)
             for k, v in metadata.items()
             if not prefix or k == module or k.startswith(prefix)

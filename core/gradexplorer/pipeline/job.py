@@ -485,7 +485,7 @@ class CaptureJob:
         """
         if self.loaded is not None:
             return self.loaded
-        # Deferred: gradexplorer.models.loading imports torchvision (about 1.2 s), which a job
+        # Deferred: gradexplorer.models.loading imports torchvision (slow), which a job
         # pays only when it loads a model.
         from gradexplorer.models import check_capturable, load_model
 
@@ -524,7 +524,7 @@ class CaptureJob:
 
         if o.model not in torchvision.models.list_models():
             return False
-        from gradexplorer.models.weights import (  # deferred: imports torchvision (about 1.2 s)
+        from gradexplorer.models.weights import (  # deferred: imports torchvision (slow)
             fetch_weights,
             is_cached,
             resolve_weights,
@@ -801,8 +801,9 @@ class CaptureJob:
 
     def _prepare_kernels(self, model: Any, inputs: torch.Tensor | ModelInputs) -> None:
         """Compile the CPU statistics kernels for the dtypes this capture will summarise,
-        as a stage of its own: on a fresh machine that is about 10 s per dtype, which
-        otherwise looked like a forward stuck at its first call."""
+        as a stage of its own: on a fresh machine that takes seconds per dtype
+        (docs/benchmarks.md, "Where the time goes"), which otherwise looked like a forward
+        stuck at its first call."""
         if self.device.type != "cpu":
             return
         values = [*inputs.args, *inputs.kwargs.values()] if isinstance(inputs, ModelInputs) else [inputs]

@@ -29,7 +29,9 @@ def group_timeout() -> str:
 
     try:
         group = dist.group.WORLD
-        seconds = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()  # type: ignore[union-attr]
+        if group is None:
+            return "the process group's timeout"
+        seconds = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
         return f"{seconds:g} s"
     except Exception:  # noqa: BLE001 - only for the message; a backend without options
         return "the process group's timeout"

@@ -119,15 +119,19 @@ class DatasetStats:
         """Totals over both (their batch indices must not overlap; their ``moment_sums``
         are over the same batches and disjoint elements)."""
         out = DatasetStats()
-        for key in list(self.rows) + [k for k in other.rows if k not in self.rows]:
-            a, b = self.rows.get(key), other.rows.get(key)
-            out.rows[key] = a.merge(b) if a is not None and b is not None else (a or b)  # type: ignore[assignment]
-        for name in list(self.moments) + [k for k in other.moments if k not in self.moments]:
-            a_m, b_m = self.moments.get(name), other.moments.get(name)
-            out.moments[name] = a_m.merge(b_m) if a_m is not None and b_m is not None else (a_m or b_m)  # type: ignore[assignment]
-        for name in list(self.moment_sums) + [k for k in other.moment_sums if k not in self.moment_sums]:
-            a_s, b_s = self.moment_sums.get(name), other.moment_sums.get(name)
-            out.moment_sums[name] = a_s.add_part(b_s) if a_s is not None and b_s is not None else (a_s or b_s)  # type: ignore[assignment]
+        # Self's keys first, then other's new ones; a key on one side only keeps its value.
+        out.rows = dict(self.rows)
+        for key, b in other.rows.items():
+            a = out.rows.get(key)
+            out.rows[key] = b if a is None else a.merge(b)
+        out.moments = dict(self.moments)
+        for name, b_m in other.moments.items():
+            a_m = out.moments.get(name)
+            out.moments[name] = b_m if a_m is None else a_m.merge(b_m)
+        out.moment_sums = dict(self.moment_sums)
+        for name, b_s in other.moment_sums.items():
+            a_s = out.moment_sums.get(name)
+            out.moment_sums[name] = b_s if a_s is None else a_s.add_part(b_s)
         out.series = {**self.series, **other.series}
         out.samples = self.samples + other.samples
         out.batches = self.batches + other.batches

@@ -191,13 +191,13 @@ class LayerRecorder:
         """``t``, or this rank's part of a DTensor; None for a pending reduction (noted)."""
         if not is_dtensor(t):
             return t
-        placements = tuple(t.placements)  # type: ignore[attr-defined]
+        placements = tuple(t.placements)
         if any(p.is_partial() for p in placements):
             self.unrecorded.setdefault((name, what), (
                 f"its {what} is not recorded: a DTensor with a pending reduction ({', '.join(map(repr, placements))}), "
                 "of which each rank holds a summand, not values with statistics of their own"))
             return None
-        return t.to_local()  # type: ignore[attr-defined]
+        return t.to_local()
 
     def _on_grad(self, name: str, call: int, grad: torch.Tensor) -> None:
         self._check_cancel()

@@ -81,17 +81,17 @@ def local_part(t: torch.Tensor, rank: int) -> LocalPart:
     """
     if not is_dtensor(t):
         return LocalPart(t if rank == 0 else None)
-    placements = tuple(t.placements)  # type: ignore[attr-defined]
+    placements = tuple(t.placements)
     if any(p.is_partial() for p in placements):
         return LocalPart(None, f"its values are a DTensor with a pending reduction ({placements}): each rank "
                                "holds a summand, so no rank's part has statistics of its own")
-    coordinate = t.device_mesh.get_coordinate()  # type: ignore[attr-defined]
+    coordinate = t.device_mesh.get_coordinate()
     if coordinate is None:  # this rank is not in the tensor's mesh
         return LocalPart(None)
     for dim, placement in enumerate(placements):
         if placement.is_replicate() and coordinate[dim] != 0:
             return LocalPart(None)
-    return LocalPart(t.to_local(), coordinate=tuple(coordinate))  # type: ignore[attr-defined]
+    return LocalPart(t.to_local(), coordinate=tuple(coordinate))
 
 
 def original_class(module: nn.Module) -> type:
@@ -167,7 +167,7 @@ def tensor_parallelism(model: nn.Module) -> str | None:
         if not is_dtensor(p):
             continue
         owner = pname.rpartition(".")[0]
-        placements = tuple(p.placements)  # type: ignore[attr-defined]
+        placements = tuple(p.placements)
         if not any(s == "" or owner == s or owner.startswith(s + ".") for s in sharded):
             return f"{pname} is a DTensor ({_placements_text(placements)}) that FSDP2 does not shard"
         if not _data_parallel_layout(placements):
