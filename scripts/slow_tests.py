@@ -1,12 +1,13 @@
 """Which tests are slow, by the rule that `make test-fast` relies on, and are they marked so.
 
 The rule (docs/development.md, "Tiers"): a test function is slow when one of its cases takes
-THRESHOLD seconds or more (setup + call + teardown) in a whole run's `--durations=0` report;
+THRESHOLD seconds or more (setup + call + teardown) in a whole run's `--durations=0` report
+(in one process: two processes share the cores and inflate each test's time);
 `@pytest.mark.slow` then goes on the function, so all of its cases leave the fast tier. So that
 the fast tier still touches every test file, a file in which the rule would leave no test keeps
 its quickest one in the fast tier when that one takes under KEEP_UNDER seconds.
 
-    make test PYTEST_ARGS="--durations=0" 2>&1 | tee durations.txt
+    make test PYTEST_WORKERS=0 PYTEST_ARGS="--durations=0" 2>&1 | tee durations.txt
     .venv/bin/python scripts/slow_tests.py durations.txt
 
 collects the suite (without running it), prints the functions to mark and those marked that
