@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    opens gradexplorer on its built-in demo
 #   make test   runs the code checks (ruff, mypy, import-linter), then the whole
-#               test suite (headless); `make lint` runs the checks alone
+#               test suite (headless, in two processes); `make lint` runs the checks alone
+#   make test-fast  the checks, then the tests not marked slow (docs/development.md, "Tiers")
 #   make bench  also installs the optional `bench` extra (the peers: TorchLens, Captum),
 #               then prints the benchmark table
 # Both create or refresh the virtual environment in .venv first.
@@ -11,7 +12,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench venv clean
+.PHONY: run test test-fast lint bench venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,8 +31,16 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/python scripts/check_code.py
 
+# pytest-xdist: the tests of one file run in one process (their module fixtures are built
+# once), files are dealt out to PYTEST_WORKERS processes; PYTEST_WORKERS=0 runs in this one.
+PYTEST_WORKERS ?= 2
+PYTEST := QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20
+
 test: lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-fast: lint
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -353,6 +353,7 @@ def _drew(view, shape: tuple) -> None:
         assert cam is not None and np.isfinite(cam).all() and cam.max() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", IDS)
 def test_window_runs_and_every_view_draws(key, qtbot, tmp_path, monkeypatch):
     from gradexplorer_app.window import error_dialog
@@ -446,6 +447,7 @@ def test_timeline_window_shows_the_watch_log(key, qtbot, tmp_path):
     win.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["lstm", "two_inputs", "bf16"])
 def test_window_onset_link_jumps_to_the_poisoned_layer(key, qtbot, tmp_path, monkeypatch):
     from gradexplorer_app.window.main_window import MainWindow
@@ -508,6 +510,7 @@ def test_a_batch_the_model_cannot_take_is_refused_in_words(key, source, needles,
     assert not (tmp_path / "x.pt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["bf16", "lstm"])
 def test_window_run_over_folder(key, qtbot, tmp_path, monkeypatch, pictures):
     from gradexplorer_app import dialogs
@@ -566,6 +569,7 @@ def test_a_class_target_on_a_3d_output_says_which_axis_it_reads(key, noted, caps
         assert code == 0 and "classes" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["two_inputs", "fp16"])
 def test_opening_captures_without_the_model_shows_what_was_recorded(key, captures, qtbot, tmp_path, monkeypatch,
                                                                      capsys):
@@ -593,6 +597,7 @@ def test_opening_captures_without_the_model_shows_what_was_recorded(key, capture
         w.shutdown()
 
 
+@pytest.mark.slow
 def test_the_window_offers_the_class_axis_for_per_token_logits(qtbot, tmp_path, monkeypatch):
     """The LSTM's output is (B, T, vocab): the run panel offers "Classes on", and the last
     dim gives the gradients of the top-1 token logit (autograd on a scalar written by hand).

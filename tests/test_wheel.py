@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Every test here takes a second or more (scripts/slow_tests.py): none is in make test-fast.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # What the build copies of the tree: everything but environments, caches and build output.
 _NOT_SOURCES = shutil.ignore_patterns(

@@ -91,6 +91,7 @@ BAD_INPUTS = ["empty", "truncated", "not an image", "corrupt jpeg", ".pt not a t
               "wrong channel count", "wrong rank (5-D)"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", BAD_INPUTS)
 def test_bad_input_file_is_named_and_the_app_stays_usable(qtbot, demo, shown_errors, tmp_path, kind):
     path = _bad_input(kind, tmp_path)
@@ -107,6 +108,7 @@ def test_bad_input_file_is_named_and_the_app_stays_usable(qtbot, demo, shown_err
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["RGBA", "L", "LA"])
 def test_alpha_and_grayscale_images_are_handled_not_refused(qtbot, demo, shown_errors, tmp_path, mode):
     path = tmp_path / f"picture_{mode}.png"
@@ -136,6 +138,7 @@ def nan_run(qtbot, demo, shown_errors, tmp_path):
     return demo
 
 
+@pytest.mark.slow
 def test_nan_in_the_input_is_captured_not_a_crash(nan_run):
     cap = nan_run.session.capture
     first = cap[cap.layer_order[0]].calls[0]
@@ -194,6 +197,7 @@ def factories(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, words", [
     ("raises", ["factory is broken"]),
     ("not_a_module", ["nn.Module"]),
@@ -210,6 +214,7 @@ def test_factory_that_fails_shows_why_and_keeps_the_model(qtbot, demo, shown_err
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_torchscript_archive_is_refused_with_the_reason(qtbot, demo, shown_errors, monkeypatch, tmp_path):
     path = tmp_path / "scripted.pt"
@@ -223,6 +228,7 @@ def test_torchscript_archive_is_refused_with_the_reason(qtbot, demo, shown_error
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 def test_pickled_module_declined_keeps_the_previous_model(qtbot, demo, shown_errors, monkeypatch, tmp_path):
     path = tmp_path / "whole.pt"
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 2)), path)
@@ -237,6 +243,7 @@ def test_pickled_module_declined_keeps_the_previous_model(qtbot, demo, shown_err
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 def test_forward_that_raises_midway_says_which_layers_ran(qtbot, demo, shown_errors, monkeypatch, factories):
     with qtbot.waitSignal(demo.model_loaded, timeout=TIMEOUT):
         demo.load_model(f"{factories}:halfway", trust=True, inputs=["random:2x3x16x16"])
@@ -252,6 +259,7 @@ def test_forward_that_raises_midway_says_which_layers_ran(qtbot, demo, shown_err
     assert done.args == ["ok"]
 
 
+@pytest.mark.slow
 def test_weights_not_cached_while_offline_name_the_file_and_folder(qtbot, demo, shown_errors, monkeypatch,
                                                                   tmp_path):
     from urllib.error import URLError
@@ -280,6 +288,7 @@ def test_weights_not_cached_while_offline_name_the_file_and_folder(qtbot, demo, 
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_target_class_out_of_range(qtbot, demo, shown_errors):
     panel = demo.run_panel
     before = _state(demo)
@@ -295,6 +304,7 @@ def test_target_class_out_of_range(qtbot, demo, shown_errors):
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 def test_zero_layers_ticked_run_says_so(qtbot, demo, shown_errors):
     before = _state(demo)
     demo.session.select_none()
@@ -309,6 +319,7 @@ def test_zero_layers_ticked_run_says_so(qtbot, demo, shown_errors):
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 def test_simulated_cuda_out_of_memory(qtbot, demo, shown_errors, monkeypatch):
     module = demo.session.model.module
 
@@ -331,6 +342,7 @@ def test_simulated_cuda_out_of_memory(qtbot, demo, shown_errors, monkeypatch):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_capture_file_from_a_newer_version(qtbot, demo, shown_errors, monkeypatch, tmp_path):
     from gradexplorer.files.capture_file import VERSION, capture_to_dict
 
@@ -348,6 +360,7 @@ def test_capture_file_from_a_newer_version(qtbot, demo, shown_errors, monkeypatc
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code, words", [(errno.EROFS, "permission denied"), (errno.ENOSPC, "disk is full")])
 def test_export_to_a_read_only_folder_or_a_full_disk_leaves_no_file(qtbot, demo, shown_errors, monkeypatch,
                                                                     tmp_path, code, words):
@@ -376,6 +389,7 @@ def test_export_to_a_read_only_folder_or_a_full_disk_leaves_no_file(qtbot, demo,
     _assert_intact_and_runs(qtbot, demo, before)
 
 
+@pytest.mark.slow
 def test_export_over_an_input_file_is_refused_and_the_input_kept(qtbot, demo, shown_errors, monkeypatch, tmp_path):
     x = tmp_path / "x.pt"
     torch.save(torch.randn(2, 3, 64, 64), x)

@@ -59,6 +59,7 @@ def _shows_block_gradient(window, block: str) -> None:
     assert "not captured" not in message and f"{block}.relu" in message
 
 
+@pytest.mark.slow
 def test_a_click_on_a_ticked_blocks_graph_node_shows_its_gradient(qtbot, layer4_run):
     window = layer4_run
     panel = window.graph_panel
@@ -93,6 +94,7 @@ def test_a_click_on_a_ticked_blocks_tree_row_shows_its_gradient(qtbot, layer4_ru
     assert window.controller.shown_for is None
 
 
+@pytest.mark.slow
 def test_a_module_with_nothing_captured_inside_still_says_so(qtbot, layer4_run):
     window = layer4_run
     window.tree_view.select_layer("layer1")

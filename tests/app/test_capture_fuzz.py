@@ -64,6 +64,7 @@ def _said(code: int, err: str, what: str, verdict: str = "") -> None:
         assert "error: " in err, f"{what}: exit {code} without a message: {err[-500:]}"
 
 
+@pytest.mark.slow
 def test_fuzzed_captures_through_the_readers(tmp_path, valid):
     base = save(valid, tmp_path / "base.pt")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -86,6 +87,7 @@ def test_fuzzed_captures_through_the_readers(tmp_path, valid):
     print(f"slowest case: {slowest[1]}, {slowest[0]:.1f} s")
 
 
+@pytest.mark.slow
 def test_fuzzed_captures_through_the_cli_processes(tmp_path, valid):
     """A sample in fresh processes, as a user runs them: the exit status and one message."""
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
@@ -104,6 +106,7 @@ def _switch_every_view(qtbot, window) -> None:
     draw_every_view(window, lambda: qtbot.wait(1))
 
 
+@pytest.mark.slow
 def test_fuzzed_captures_through_the_window(qtbot, window, shown_errors, tmp_path, valid):
     """The window's open path, headless: a dialog or the capture on screen, every view tab
     drawn (NaN, empty or complex arrays once crashed the plotting library)."""
@@ -125,6 +128,7 @@ def valid_dataset() -> dict:
     return valid_dataset_capture_dict()
 
 
+@pytest.mark.slow
 def test_fuzzed_dataset_captures_through_the_readers(tmp_path, valid_dataset):
     """The parts only a dataset capture has (each record's exact merge, the log2 edges, the
     per-batch series) through the readers, and the timeline's series of a file that opens."""
@@ -147,6 +151,7 @@ def test_fuzzed_dataset_captures_through_the_readers(tmp_path, valid_dataset):
             capture_onset(cap)
 
 
+@pytest.mark.slow
 def test_fuzzed_dataset_captures_through_the_window(qtbot, window, shown_errors, tmp_path, valid_dataset):
     """A damaged exact merge drawn by the histogram view once crashed the window (SIGSEGV)."""
     for i, (name, blob) in enumerate(fuzz_cases(valid_dataset, seed=5, n=N_WINDOW // 2)):

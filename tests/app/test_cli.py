@@ -731,6 +731,7 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_elsewhere():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_dash_m_app_capture(tmp_path):
     out_file = tmp_path / "sub.pt"
     proc = subprocess.run(
@@ -751,6 +752,7 @@ def test_python_dash_m_app_capture(tmp_path):
     assert proc.stderr.count("\n") == 1 and "resnet18" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_capture_imports_no_qt(tmp_path):
     script = textwrap.dedent(
         f"""

@@ -149,6 +149,7 @@ def test_usage_and_file_problems_exit_2_with_one_line(files, tmp_path, capsys, a
     assert files["a"].stat().st_size > 100  # the capture was not overwritten
 
 
+@pytest.mark.slow
 def test_diff_imports_no_qt(files, tmp_path):
     script = textwrap.dedent(
         f"""

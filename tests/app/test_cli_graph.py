@@ -92,6 +92,7 @@ def test_pictures(tmp_path, capsys, factory):
             assert text.startswith("digraph") and '"m:b:0"' in text and '"m:b.0:0"' not in text
 
 
+@pytest.mark.slow
 def test_json_and_dot_import_no_qt(tmp_path, factory):
     code = textwrap.dedent(f"""
         import sys

@@ -19,6 +19,7 @@ timm = pytest.importorskip("timm")
 LAYERS = ["conv1", "layer1.0.conv2", "layer4.1.bn2", "fc"]
 
 
+@pytest.mark.slow
 def test_capture_timm_by_name_offline_from_the_cache_is_exact(hf_home, tmp_path, capsys):  # noqa: F811
     plant_weights(hf_home, "resnet18")
     out = tmp_path / "t.pt"

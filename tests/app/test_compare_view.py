@@ -165,6 +165,7 @@ def test_window_reports_a_bad_file_without_a_traceback(qtbot, tmp_path, monkeypa
     assert shown and "cannot be read" in str(shown[0])
 
 
+@pytest.mark.slow
 def test_compare_with_autocast_from_the_main_window(qtbot, demo, monkeypatch):
     # the demo window after its run: Compare with... -> autocast bf16
     window = demo
@@ -185,6 +186,7 @@ def test_compare_with_autocast_from_the_main_window(qtbot, demo, monkeypatch):
     win.close()
 
 
+@pytest.mark.slow
 def test_compare_with_a_file_names_a_and_b_by_their_sources(qtbot, demo, monkeypatch, tmp_path):
     """A is the window's run (its model and target) or the file the window opened, B the file
     chosen; the header names both (A had been "this run")."""

@@ -3,6 +3,7 @@ right-click menu."""
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
@@ -10,6 +11,7 @@ from PySide6.QtWidgets import QApplication
 from gradexplorer_app import dialogs
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_statistics_copies_every_digit(qtbot, demo):
     demo.show()
     views = demo.views
@@ -52,6 +54,7 @@ def test_the_tree_copies_the_qualified_name_and_the_norm(qtbot, demo):
     assert QGuiApplication.clipboard().text() == repr(norm)
 
 
+@pytest.mark.slow
 def test_a_plot_has_a_menu_to_copy_its_picture_or_export_it(qtbot, demo, tmp_path, monkeypatch):
     from gradexplorer_app.views.context_menus import plot_menu
 

@@ -32,6 +32,7 @@ def start(qtbot, window, monkeypatch, path, batch_size=3, max_samples=None):
     return done.args[0]
 
 
+@pytest.mark.slow
 def test_run_over_folder_shows_the_merged_statistics(qtbot, demo, monkeypatch, folder):
     s = demo.session
     model = s.model
@@ -77,6 +78,7 @@ def test_run_over_folder_shows_the_merged_statistics(qtbot, demo, monkeypatch, f
     tw.close()
 
 
+@pytest.mark.slow
 def test_max_samples_and_progress_with_eta(qtbot, demo, monkeypatch, folder):
     seen: list[str] = []
     demo.dataset_run.runner.progress.connect(lambda *a: seen.append(demo.run_panel.progress.format()))
@@ -86,6 +88,7 @@ def test_max_samples_and_progress_with_eta(qtbot, demo, monkeypatch, folder):
     assert demo.run_panel.run_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_cancel_mid_run_keeps_the_previous_capture(qtbot, demo, monkeypatch, folder):
     before = demo.session.capture
     first_done = threading.Event()
@@ -126,6 +129,7 @@ def test_empty_folder_is_a_dialog_with_the_fix(qtbot, demo, monkeypatch, shown_e
     assert demo.session.capture is before
 
 
+@pytest.mark.slow
 def test_unreadable_image_names_the_file(qtbot, demo, monkeypatch, shown_errors, tmp_path, folder):
     for p in sorted(folder.glob("*.png"))[:3]:
         (tmp_path / p.name).write_bytes(p.read_bytes())
@@ -153,6 +157,7 @@ def test_without_a_model_it_says_what_to_do(qtbot, window, monkeypatch, shown_er
     assert "no model" in exc.problem and "Model panel" in exc.fix
 
 
+@pytest.mark.slow
 def test_a_new_run_makes_the_folder_run_stale(qtbot, demo, monkeypatch, folder):
     go_on = threading.Event()
     original = DatasetSource.batches
@@ -230,6 +235,7 @@ def model_state(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}, module.training
 
 
+@pytest.mark.slow
 def test_over_the_budget_is_refused_in_the_windows_words(qtbot, demo, monkeypatch, shown_errors, folder):
     from gradexplorer.base.units import format_bytes
     from gradexplorer.pipeline.dataset_job import DatasetOverBudget
@@ -264,6 +270,7 @@ def test_over_the_budget_is_refused_in_the_windows_words(qtbot, demo, monkeypatc
     assert s.capture.meta["dataset"]["samples"] == 7
 
 
+@pytest.mark.slow
 def test_over_the_budget_offers_run_anyway_and_a_smaller_batch(qtbot, demo, monkeypatch, shown_errors, folder):
     s = demo.session
     before = s.capture
@@ -285,6 +292,7 @@ def test_over_the_budget_offers_run_anyway_and_a_smaller_batch(qtbot, demo, monk
     assert_no_hooks(s.model.module)
 
 
+@pytest.mark.slow
 def test_unattended_the_refusal_offers_no_buttons(qtbot, demo, monkeypatch, shown_errors, folder):
     demo.controller.unattended = True
     demo.session.set_memory_budget(dataset_need(demo.session, folder, 3) - 1)
@@ -293,6 +301,7 @@ def test_unattended_the_refusal_offers_no_buttons(qtbot, demo, monkeypatch, show
     assert shown_errors.offered[-1].get("actions", []) == []
 
 
+@pytest.mark.slow
 def test_the_command_line_and_the_window_give_one_figure(qtbot, demo, monkeypatch, shown_errors, capsys, folder):
     """One estimate: the same model, folder, layers and batch size over the same budget need
     the same bytes, said in each front end's words."""

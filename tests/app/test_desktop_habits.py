@@ -64,6 +64,7 @@ def test_closing_during_a_run_asks_cancels_and_closes_at_once(qtbot, window, tmp
     print(f"closed during a run in {seconds * 1000:.0f} ms")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["forward", "backward"])
 def test_closing_during_a_run_of_efficientnet_v2_l_asks_then_closes_within_a_second(qtbot, window, monkeypatch,
                                                                                     stage):
@@ -101,6 +102,7 @@ def test_closing_during_a_run_of_efficientnet_v2_l_asks_then_closes_within_a_sec
     print(f"efficientnet_v2_l, closed in {stage} {seconds * 1000:.0f} ms after the answer")
 
 
+@pytest.mark.slow
 def test_closing_during_a_run_can_be_refused_and_the_run_goes_on(qtbot, window, tmp_path, monkeypatch):
     _slow_model(qtbot, window, tmp_path, delay=0.01)
     monkeypatch.setattr(dialogs, "confirm_close_during_run", lambda parent, what="A run": False)
@@ -111,6 +113,7 @@ def test_closing_during_a_run_can_be_refused_and_the_run_goes_on(qtbot, window, 
     assert done.args == ["ok"]
 
 
+@pytest.mark.slow
 def test_closing_an_idle_window_asks_nothing(qtbot, demo, monkeypatch):
     # confirm_close_during_run is refused by the suite's fixture: reaching it fails here.
     demo.close()
@@ -183,6 +186,7 @@ def test_weights_offline_offer_random_weights_and_the_box_shows_them(qtbot, wind
     assert "random init, seed 0" in panel.current_label.text()
 
 
+@pytest.mark.slow
 def test_weights_offline_choose_file_loads_it_and_the_box_names_it(qtbot, window, shown_errors, monkeypatch,
                                                                    tmp_path):
     import torchvision
@@ -233,6 +237,7 @@ def build():
 '''
 
 
+@pytest.mark.slow
 def test_a_class_target_on_per_token_logits_says_which_axis_it_reads(qtbot, window, tmp_path):
     factory = tmp_path / "tiny_lm.py"
     factory.write_text(TINY_LM)
@@ -359,6 +364,7 @@ def test_the_timeline_window_has_a_menu_and_closes_with_ctrl_w_and_esc(qtbot):
         assert not w.isVisible(), key
 
 
+@pytest.mark.slow
 def test_the_title_follows_a_capture_opened_over_a_model(qtbot, demo, tmp_path):
     path = tmp_path / "shapes_capture.pt"
     with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
@@ -389,6 +395,7 @@ def test_recent_models_keep_their_weights_and_load_with_them(qtbot, window, monk
     assert (asked[0].spec, asked[0].weights) == ("vgg11", "DEFAULT")
 
 
+@pytest.mark.slow
 def test_recent_captures_are_remembered_and_reopen(qtbot, demo, tmp_path):
     from gradexplorer_app.window.settings import AppSettings
 
@@ -439,6 +446,7 @@ def _pictures(tmp_path):
     return good, str(bad)
 
 
+@pytest.mark.slow
 def test_the_window_asks_to_go_on_without_an_unreadable_picture(qtbot, demo, monkeypatch, tmp_path):
     good, bad = _pictures(tmp_path)
     asked = []
@@ -451,6 +459,7 @@ def test_the_window_asks_to_go_on_without_an_unreadable_picture(qtbot, demo, mon
     assert "left out, unreadable: broken.png" in demo.session.batch.preprocessing
 
 
+@pytest.mark.slow
 def test_refusing_to_go_on_keeps_the_batch_and_says_why(qtbot, demo, monkeypatch, shown_errors, tmp_path):
     from gradexplorer.base.errors import UnreadableImages
 

@@ -92,6 +92,7 @@ def _close_windows():
     explore_module._open_windows.clear()
 
 
+@pytest.mark.slow
 def test_nonblocking_explore_shows_the_live_models_capture_exactly(qtbot, live):
     model, x = live
     before = model_state(model)
@@ -112,6 +113,7 @@ def test_nonblocking_explore_shows_the_live_models_capture_exactly(qtbot, live):
     assert window not in explore_module._open_windows  # closed: the model can be collected
 
 
+@pytest.mark.slow
 def test_explore_takes_the_command_lines_options(qtbot, live):
     model, x = live
     before = model_state(model)
@@ -134,6 +136,7 @@ def test_explore_takes_the_command_lines_options(qtbot, live):
     assert_same_state(before, model_state(model))
 
 
+@pytest.mark.slow
 def test_explore_with_several_inputs_as_keyword_arguments(qtbot, live):
     model, x = live
     scale = torch.tensor([[2.0], [0.5], [1.0]])
@@ -148,6 +151,7 @@ def test_explore_with_several_inputs_as_keyword_arguments(qtbot, live):
     assert got is not None and torch.allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_explore_a_capture_object_and_a_capture_file(qtbot, live, tmp_path):
     model, x = live
     cap = gx.capture(model, x, layers=["fc"])
@@ -164,6 +168,7 @@ def test_explore_a_capture_object_and_a_capture_file(qtbot, live, tmp_path):
                        cap.layers["fc"].calls[0].grad_output)
 
 
+@pytest.mark.slow
 def test_explore_returns_at_once_under_ipythons_qt_loop(qtbot, live, monkeypatch):
     """In IPython with ``%gui qt`` on (or turned on by explore, as napari does), the
     window is returned at once and the loop between cells drives it."""
@@ -193,6 +198,7 @@ def test_explore_returns_at_once_under_ipythons_qt_loop(qtbot, live, monkeypatch
     qtbot.waitUntil(lambda: window.session.capture is not None, timeout=TIMEOUT)
 
 
+@pytest.mark.slow
 def test_explore_without_ipython_blocks_until_closed(qtbot, live, monkeypatch):
     """From a script: the event loop runs until the window closes (stood in for here)."""
     model, x = live
@@ -218,6 +224,7 @@ def test_explore_inside_a_running_event_loop_returns_at_once(qtbot, live, monkey
     assert explore_module._event_loop_running() is False  # the test's body runs outside the loop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, words", [
     (lambda m, x: gx.explore("resnet18", block=False), "no capture file"),
     (lambda m, x: gx.explore(__file__, block=False), "cannot be read"),
@@ -278,6 +285,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_explore_from_a_script_saves_the_window_and_returns(tmp_path):
     script = tmp_path / "explore_script.py"
     script.write_text(SCRIPT)
@@ -321,6 +329,7 @@ def kernel(tmp_path_factory):
     k.close()
 
 
+@pytest.mark.slow
 def test_in_a_jupyter_kernel_explore_returns_and_the_notebook_stays_usable(kernel):
     """A real ipykernel: the cell with ``gx.explore`` returns, the next cells run while
     the window is open, and the kernel's Qt loop drives the window's run to its end."""
@@ -345,6 +354,7 @@ def test_screenshot_never_replaces_the_capture_it_shows(live, tmp_path):
     assert path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_explore_a_hugging_face_model_on_text_names_the_saliency_bars_by_their_tokens(qtbot):
     """A notebook's transformers model and tokenizer: the window runs on the text, the
     saliency bars are the tokens, and they equal autograd's gradient at the embeddings."""
@@ -380,6 +390,7 @@ def _graph_settled(panel) -> bool:
         bool(panel.items) or panel.status.text().startswith("Graph:"))
 
 
+@pytest.mark.slow
 def test_explore_on_an_expanded_batch_copies_none_of_it_on_the_ui_thread_nor_for_the_graph(qtbot, shown_errors):
     """The graph view had made a random sample of the input's shape on the UI thread (1 GiB)
     when the model was announced before its batch; the graph now runs in a worker on a view
@@ -401,6 +412,7 @@ def test_explore_on_an_expanded_batch_copies_none_of_it_on_the_ui_thread_nor_for
     assert not shown_errors
 
 
+@pytest.mark.slow
 def test_the_graph_over_the_memory_budget_is_refused_in_words(qtbot, shown_errors):
     """A model that copies its sample (1 GiB) under a 256 MiB budget: the graph panel says
     what it would need and what to do; nothing of that size is made."""
@@ -418,6 +430,7 @@ def test_the_graph_over_the_memory_budget_is_refused_in_words(qtbot, shown_error
     assert rise.bytes < 512 * MiB, rise.bytes
 
 
+@pytest.mark.slow
 @pytest.mark.qt_no_exception_capture  # the listener's traceback goes to sys.excepthook, on purpose
 def test_a_listener_that_raises_is_a_message_and_the_run_goes_on(qtbot, live, shown_errors, monkeypatch):
     """A view that fails while the session announces a model (here the graph, out of
@@ -460,6 +473,7 @@ CAPPED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_explore_of_an_expanded_batch_under_a_memory_cap_returns(tmp_path):
     """The address space capped at 768 MiB above what the window needs: the window opens
     on the model and its batch and the screenshot is saved (it had raised inside a psygnal
@@ -483,6 +497,7 @@ def test_explore_of_an_expanded_batch_under_a_memory_cap_returns(tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_window_that_cannot_be_drawn_into_a_picture_is_an_error_and_explore_returns(live, tmp_path,
                                                                                          monkeypatch):
     """Out of memory for the picture (Qt gives a null pixmap, no exception): explore says so

@@ -200,6 +200,7 @@ def test_capture_without_model_draws_the_graph_it_carries(qtbot):
     p.shutdown()
 
 
+@pytest.mark.slow
 def test_in_the_window_selection_goes_both_ways_and_ticks_reach_the_session(qtbot, demo):
     w = demo
     panel = w.graph_panel

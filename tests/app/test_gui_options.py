@@ -26,6 +26,7 @@ def fake_launch(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_the_window_runs_with_the_options_the_cli_builds(qtbot, window, fake_launch):
     assert cli.main([*SETTINGS, "--run"]) == 0
     ((options, run, _shot),) = fake_launch
@@ -53,6 +54,7 @@ def test_a_device_that_is_not_here_is_shown_and_the_window_still_loads(qtbot, wi
     assert window.session.target == "sum" and window.session.model.spec == "demo:seed-mlp"
 
 
+@pytest.mark.slow
 def test_the_command_line_opens_runs_and_saves_the_window(tmp_path):
     # The whole chain in a fresh interpreter (launch() styles the whole QApplication):
     # flags -> capture_options -> launch -> the window's run -> the screenshot.

@@ -81,6 +81,7 @@ def test_a_log_whose_statistics_are_all_null_shows_no_histograms(qtbot, tmp_path
         view.shutdown()
 
 
+@pytest.mark.slow
 def test_timeline_screenshot_of_a_log_whose_statistics_are_all_null(tmp_path):
     import os
     import subprocess

@@ -21,6 +21,7 @@ TIMEOUT = 60_000
 CPU = [DeviceInfo("cpu", "cpu - test", None, None)]
 
 
+@pytest.mark.slow
 def test_demo_loads_and_runs_through_the_worker(demo):
     s = demo.session
     assert s.model.spec == "demo:shapes"
@@ -42,6 +43,7 @@ def test_demo_loads_and_runs_through_the_worker(demo):
     assert demo.run_panel.run_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_heatmap_shows_the_captured_tensor_shape(qtbot, demo):
     views = demo.views
     demo.tree_view.select_layer("features.2.conv")
@@ -52,12 +54,14 @@ def test_heatmap_shows_the_captured_tensor_shape(qtbot, demo):
     assert image.shape == tuple(act.shape[-2:])
 
 
+@pytest.mark.slow
 def test_flow_chart_click_selects_the_tree_row(qtbot, demo):
     with qtbot.waitSignal(demo.tree_view.layer_activated):
         demo.views.layer_clicked.emit("features.4.conv")
     assert demo.tree_view.current_name() == "features.4.conv"
 
 
+@pytest.mark.slow
 def test_tree_selection_drives_the_next_run(qtbot, demo):
     model = demo.tree_view.tree_model
     model.setData(model.index_of(""), Qt.CheckState.Unchecked, Qt.ItemDataRole.CheckStateRole)
@@ -68,6 +72,7 @@ def test_tree_selection_drives_the_next_run(qtbot, demo):
     assert demo.session.capture.layer_order == ["features.4.conv", "features.4.bn", "features.4.relu"]
 
 
+@pytest.mark.slow
 def test_corrupt_image_shows_a_message_and_keeps_everything(qtbot, demo, shown_errors, tmp_path):
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
@@ -83,6 +88,7 @@ def test_corrupt_image_shows_a_message_and_keeps_everything(qtbot, demo, shown_e
     assert done.args == ["ok"]
 
 
+@pytest.mark.slow
 def test_wrong_shape_tensor_shows_a_message(qtbot, demo, shown_errors, tmp_path):
     path = tmp_path / "x.pt"
     torch.save(torch.randn(2, 3, 10), path)
@@ -94,6 +100,7 @@ def test_wrong_shape_tensor_shows_a_message(qtbot, demo, shown_errors, tmp_path)
     assert demo.session.capture is capture
 
 
+@pytest.mark.slow
 def test_a_good_tensor_batch_replaces_the_batch(qtbot, demo, tmp_path):
     path = tmp_path / "x.pt"
     torch.save(torch.randn(3, 3, 64, 64), path)
@@ -105,6 +112,7 @@ def test_a_good_tensor_batch_replaces_the_batch(qtbot, demo, tmp_path):
     assert str(path) in AppSettings().recent_inputs()
 
 
+@pytest.mark.slow
 def test_cancel_ends_the_run_as_cancelled_and_leaves_the_model(qtbot, demo):
     module = demo.session.model.module
     before = snapshot(module)
@@ -119,6 +127,7 @@ def test_cancel_ends_the_run_as_cancelled_and_leaves_the_model(qtbot, demo):
     assert "cancelled" in demo.run_panel.progress.format()
 
 
+@pytest.mark.slow
 def test_a_new_run_supersedes_the_old_one(qtbot, demo):
     outcomes = []
     demo.run_done.connect(outcomes.append)
@@ -131,6 +140,7 @@ def test_a_new_run_supersedes_the_old_one(qtbot, demo):
     assert_no_hooks(demo.session.model.module)
 
 
+@pytest.mark.slow
 def test_export_then_reopen_gives_the_same_tensors(qtbot, demo, tmp_path):
     path = tmp_path / "cap.pt"
     original = demo.session.capture
@@ -163,6 +173,7 @@ def test_export_then_reopen_gives_the_same_tensors(qtbot, demo, tmp_path):
         other.shutdown()
 
 
+@pytest.mark.slow
 def test_export_png_and_csv_go_to_the_views(qtbot, demo, tmp_path, monkeypatch):
     png, csv = tmp_path / "plot.png", tmp_path / "stats.csv"
     monkeypatch.setattr(dialogs, "ask_save_file", lambda *a: str(png))
@@ -172,6 +183,7 @@ def test_export_png_and_csv_go_to_the_views(qtbot, demo, tmp_path, monkeypatch):
     assert png.stat().st_size > 0 and csv.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_unknown_model_shows_the_message_and_keeps_the_old_one(qtbot, demo, shown_errors):
     capture = demo.session.capture
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT) as done:
@@ -181,6 +193,7 @@ def test_unknown_model_shows_the_message_and_keeps_the_old_one(qtbot, demo, show
     assert demo.session.model.spec == "demo:shapes" and demo.session.capture is capture
 
 
+@pytest.mark.slow
 def test_a_bug_shows_details_and_the_app_stays_usable(qtbot, demo, shown_errors, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
@@ -233,6 +246,7 @@ def test_pickled_checkpoint_asks_for_trust_and_can_be_refused(qtbot, window, mon
     assert window.session.model.spec == str(path)
 
 
+@pytest.mark.slow
 def test_run_settings_widgets_and_session_stay_in_sync(qtbot, demo):
     panel, s = demo.run_panel, demo.session
     panel.stats_radio.setChecked(True)
@@ -284,6 +298,7 @@ def test_real_error_dialog_is_not_modal(qtbot):
     box.close()
 
 
+@pytest.mark.slow
 def test_launch_with_screenshot(tmp_path):
     # In a fresh interpreter: launch() styles the whole QApplication, which other tests
     # in this process must not inherit.
@@ -302,6 +317,7 @@ def test_launch_with_screenshot(tmp_path):
     assert shot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_dropping_files_on_the_batch_panel_loads_them(qtbot, demo):
     from PySide6.QtCore import QMimeData, QPointF, QUrl
     from PySide6.QtGui import QDropEvent
@@ -320,6 +336,7 @@ def test_dropping_files_on_the_batch_panel_loads_them(qtbot, demo):
     assert "resize to 64x64" in demo.batch_panel.preprocess_label.text()
 
 
+@pytest.mark.slow
 def test_random_batch_and_model_switch_keeps_the_pictures(qtbot, demo):
     panel = demo.batch_panel
     panel.shape_edit.setText("3x3x64x64")

@@ -39,6 +39,7 @@ def check_refusal(code: int, err: str, mutation: Mutation, refused_code: int) ->
         assert names_the_field(lines[0], mutation), f"{mutation}: {lines[0]}"
 
 
+@pytest.mark.slow
 def test_fuzzed_captures_give_one_message_naming_the_field(tmp_path, valid):
     base = save(valid, tmp_path / "base.pt")
     variants = mutations(valid, seed=9, limit=300)
@@ -94,6 +95,7 @@ def _variant(valid: dict, mutation: Mutation) -> dict:
     return mutation.apply(valid)
 
 
+@pytest.mark.slow
 def test_the_window_shows_a_dialog_and_keeps_the_previous_capture(qtbot, window, shown_errors, tmp_path, valid):
     good = save(valid, tmp_path / "good.pt")
     with qtbot.waitSignal(window.file_done, timeout=TIMEOUT) as done:
@@ -135,6 +137,7 @@ def test_compare_with_a_malformed_file_shows_a_dialog(qtbot, shown_errors, tmp_p
     assert w.view.result is before  # the previous comparison stays
 
 
+@pytest.mark.slow
 def test_gradexplorer_capture_file_opens_it_in_the_window_or_says_which_field(tmp_path, valid):
     """``gradexplorer CAPTURE.pt --screenshot``: the capture on screen (exit 0), or, for a
     malformed file, exit 1 with the field named on stderr (nobody sees the dialog)."""

@@ -53,6 +53,7 @@ def test_estimate_follows_the_batch_size_and_shape(qtbot, demo, tmp_path):
     assert panel.estimate.total > 3 * before.total
 
 
+@pytest.mark.slow
 def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
     # 1000 bytes: statistics only would not fit either, so it is not offered
     monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
@@ -90,6 +91,7 @@ def test_over_budget_run_offers_statistics_only(qtbot, demo, monkeypatch):
     assert demo.run_panel.stats_radio.isChecked()
 
 
+@pytest.mark.slow
 def test_over_budget_run_can_be_declined_before_anything_runs(qtbot, demo, monkeypatch):
     monkeypatch.setattr(gradexplorer.capturing.memory_estimate, "budget_bytes", lambda device="cpu": 1000)
     demo.run_panel.update_estimate()  # the panel reads the free memory, and shows the budget
@@ -156,6 +158,7 @@ def test_a_long_question_wraps_inside_the_screen(qtbot):
     dialog.close()
 
 
+@pytest.mark.slow
 def test_the_memory_a_run_freed_is_given_back(qtbot, demo, monkeypatch, tmp_path):
     """After each run (and after a capture file replaces the capture shown), once the capture
     it replaced is gone, the window gives the freed memory back to the system, off the UI

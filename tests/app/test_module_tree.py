@@ -236,6 +236,7 @@ def test_a_tree_of_thousands_of_modules_appears_fast(qtbot):
     assert session.selection and not any(tree[n].type == "ReLU" for n in session.selection)
 
 
+@pytest.mark.slow
 def test_the_tooltip_gives_the_shape_of_the_batch_that_ran(qtbot, demo):
     """The demo's 12 pictures: after a run the tooltip gives 12×… (it had given 1×…, the
     probe's one sample); before a run it says the shape is one sample's."""
@@ -248,6 +249,7 @@ def test_the_tooltip_gives_the_shape_of_the_batch_that_ran(qtbot, demo):
     assert "output of one sample (the batch holds 12): 1×16×64×64" in tip
 
 
+@pytest.mark.slow
 def test_a_capture_without_its_model_counts_the_parameters_it_holds(qtbot, demo, tmp_path):
     path = tmp_path / "c.pt"
     with qtbot.waitSignal(demo.file_done, timeout=60_000):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from PySide6.QtCore import Qt
 
 from gradexplorer.capturing.nonfinite import onset_location
@@ -86,6 +87,7 @@ def test_onset_is_marked_in_tree_and_graph_and_the_link_jumps_there(qtbot, windo
     assert w.view_state.call == (call or 0)
 
 
+@pytest.mark.slow
 def test_a_finite_capture_shows_no_onset(demo):
     assert demo.onset_link.isHidden() and not demo.onset_link.places
     assert not any(item.onset for item in demo.graph_panel.items.values())

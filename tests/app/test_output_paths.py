@@ -242,6 +242,7 @@ def opened(qtbot, window, shown_errors, tmp_path):
     return window, cap
 
 
+@pytest.mark.slow
 def test_window_exports_onto_the_capture_it_opened_are_refused(qtbot, opened, shown_errors, tmp_path):
     from tests.app.conftest import TIMEOUT
 
@@ -265,6 +266,7 @@ def test_window_exports_onto_the_capture_it_opened_are_refused(qtbot, opened, sh
     assert window.graph_panel.export(str(tmp_path / "graph.svg")) == str(tmp_path / "graph.svg")
 
 
+@pytest.mark.slow
 def test_window_exports_onto_an_input_picture_are_refused(qtbot, window, shown_errors, tmp_path):
     from tests.app.conftest import TIMEOUT
 
@@ -283,6 +285,7 @@ def test_window_exports_onto_an_input_picture_are_refused(qtbot, window, shown_e
     assert picture.read_bytes() == before
 
 
+@pytest.mark.slow
 @posix_only
 def test_window_export_onto_a_fifo_a_folder_or_a_full_disk_is_refused_and_kept(opened, shown_errors, tmp_path,
                                                                                  monkeypatch):

@@ -5,11 +5,13 @@ the model, the layer and the view."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from gradexplorer_app import dialogs
 
 
+@pytest.mark.slow
 def test_the_heatmap_exports_at_twice_the_resolution_under_a_title(qtbot, demo, tmp_path, monkeypatch):
     views = demo.views
     demo.show()
@@ -40,6 +42,7 @@ def test_the_heatmap_exports_at_twice_the_resolution_under_a_title(qtbot, demo, 
                      f"sample 0 ({demo.session.batch.names[0]}) · target top1")
 
 
+@pytest.mark.slow
 def test_svg_and_the_flow_chart(qtbot, demo, tmp_path):
     views = demo.views
     demo.show()

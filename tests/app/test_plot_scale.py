@@ -116,6 +116,7 @@ def _drawn_labels(view):
     return [(rect, text) for rect, _flags, text in (specs[2] if specs else []) if text]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "floor", "close"), [("resnet18", 20, 5), ("efficientnet_v2_l", 16, 2)])
 def test_flow_names_are_whole_and_fit_at_every_zoom(qtbot, window, deep_captures, model, floor, close):
     """The flow chart in the main window at 1280×800: on a deep model it names at least

@@ -122,6 +122,7 @@ def test_the_batch_panel_offers_text_for_a_model_with_a_tokenizer(qtbot, folder,
     assert panel.list.item(0).text().splitlines()[1].startswith(f"1. {best!r}")
 
 
+@pytest.mark.slow
 def test_the_window_runs_a_text_model_from_the_command_line(qtbot, window, folder, monkeypatch):
     import gradexplorer_app.window.launch
     from gradexplorer_app.cli import common, main as cli
@@ -174,6 +175,7 @@ def test_the_model_browser_lists_and_loads_a_cached_hugging_face_model(qtbot, wi
     assert window.batch_panel.text_box.isVisibleTo(window.batch_panel)
 
 
+@pytest.mark.slow
 def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_position(qtbot, window, folder):
     """The plain top1 of a causal language model is the predicted next token at the last
     position: the run panel shows it so (classes on the last dim, the last position), a run
@@ -212,6 +214,7 @@ def test_the_run_panel_shows_a_causal_lms_target_as_the_next_token_at_the_last_p
     assert s.target == "top1" and panel.class_dim_combo.currentData() == -1
 
 
+@pytest.mark.slow
 def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, window, folder, monkeypatch):
     """``gradexplorer --model hf:FOLDER --hf-class base --text ... --input-grad --run``: the
     window builds the class asked for and records the input gradient, as ``capture`` does."""
@@ -237,6 +240,7 @@ def test_the_window_takes_hf_class_and_input_grad_from_the_command_line(qtbot, w
     assert cli.main(["--hf-class", "base"]) == 2  # without --model: a usage error
 
 
+@pytest.mark.slow
 def test_the_run_panel_follows_a_causal_lm_loaded_after_another_model(qtbot, demo, folder):
     """The demo first, then ``window.load_model("hf:...")`` and a run: the run panel shows
     the target the capture used, the next token at the last position (classes on the last
@@ -297,6 +301,7 @@ def _same_capture(a, b) -> None:
         assert a.meta[key] == b.meta[key], key
 
 
+@pytest.mark.slow
 def test_a_factory_model_with_tokenizer_runs_in_the_window_as_on_the_command_line(
         qtbot, window, factory_and_tokenizer, tmp_path, monkeypatch):
     """``gradexplorer --model mymodels.py:gpt2 --trust --tokenizer FOLDER --text ... --run``:
@@ -341,6 +346,7 @@ def test_a_factory_model_with_tokenizer_runs_in_the_window_as_on_the_command_lin
     assert str(tok) in s.files_read()  # no export goes over the tokenizer's files
 
 
+@pytest.mark.slow
 def test_text_for_a_factory_model_without_tokenizer_offers_to_choose_one(
         qtbot, window, factory_and_tokenizer, shown_errors, monkeypatch):
     """The window's message says what is missing in its own words, offers the tokenizer's

@@ -6,6 +6,9 @@ import pytest
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
+# Every test here takes a second or more (scripts/slow_tests.py): none is in make test-fast.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("dark", [False, True])
 def test_the_system_theme_follows_the_desktop(qtbot, app_look, monkeypatch, dark):

@@ -312,6 +312,7 @@ def test_timeline_of_a_damaged_log_is_one_message_before_the_window_opens(tmp_pa
     assert opened == [] and not (tmp_path / "shot.png").exists()
 
 
+@pytest.mark.slow
 def test_timeline_screenshot_of_an_unreadable_capture_says_why(tmp_path):
     """The window meets the failure (a dataset capture is read in its worker): with nobody
     to see its status line, the reason is printed and the command exits 1."""

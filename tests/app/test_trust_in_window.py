@@ -8,6 +8,7 @@ import os
 import shlex
 import textwrap
 
+import pytest
 import torch
 
 from gradexplorer_app import dialogs
@@ -88,6 +89,7 @@ def test_window_random_batch_follows_the_model(qtbot, window, monkeypatch, tmp_p
 # -- the scripted flags: nobody is there to answer a question --------------------------------
 
 
+@pytest.mark.slow
 def test_screenshot_mode_refuses_an_untrusted_factory_with_the_message_on_stderr(tmp_path):
     """``--screenshot`` without ``--trust``: exit 1 and the message, never a hidden trust dialog."""
     import subprocess

@@ -136,6 +136,7 @@ def open_and_draw(qtbot, window, path) -> None:
     qtbot.wait(200)
 
 
+@pytest.mark.slow
 def test_main_window_fits_1280x800_after_opening_a_resnet18_capture(qtbot, window, resnet_files):
     open_and_draw(qtbot, window, resnet_files / "a.pt")
     window.showMaximized()
@@ -149,6 +150,7 @@ def test_main_window_fits_1280x800_after_opening_a_resnet18_capture(qtbot, windo
 HALF = (960, 720)
 
 
+@pytest.mark.slow
 def test_main_window_fits_960x720_after_opening_a_resnet18_capture(qtbot, window, resnet_files, app_look):
     """Half of a 1920 screen, in the application's look: after a resnet18 capture is opened
     and every view drawn, the window resizes to 960×720 with every widget inside it and none
@@ -193,6 +195,7 @@ class _LaunchedApp:
         return getattr(self._app, name)
 
 
+@pytest.mark.slow
 def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_1280x800(
         qtbot, resnet_files, monkeypatch, app_look):
     """``gradexplorer a.pt``, with a geometry saved by a window wider than the screen: the
@@ -264,6 +267,7 @@ def test_a_resnet18_capture_opened_from_the_command_line_and_every_window_fit_12
     assert done == [True]
 
 
+@pytest.mark.slow
 def test_main_window_fits_after_the_demo_and_a_second_model(qtbot, demo):
     demo.show()
     with qtbot.waitSignal(demo.run_done, timeout=TIMEOUT):
@@ -318,6 +322,7 @@ def test_a_widget_past_the_windows_edge_is_reported(qtbot):
     assert outside(w) == []
 
 
+@pytest.mark.slow
 def test_compare_window_fits_1280x800(qtbot, resnet_files):
     from gradexplorer_app.window.compare_window import CompareWindow
 
@@ -397,6 +402,7 @@ def test_the_compare_and_timeline_windows_open_inside_the_screen(qtbot, kind):
     assert room.contains(frame.topLeft())
 
 
+@pytest.mark.slow
 def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
     demo.show()
     QApplication.processEvents()
@@ -413,6 +419,7 @@ def test_statistics_only_does_not_move_the_run_button(qtbot, demo):
     assert (panel.run_button.mapTo(demo, QPoint(0, 0)), panel.run_button.size()) == before
 
 
+@pytest.mark.slow
 def test_the_module_column_takes_the_room_there_is(qtbot, demo):
     from gradexplorer_app.window.module_tree_view import COL_NAME
 
@@ -429,6 +436,7 @@ def test_the_module_column_takes_the_room_there_is(qtbot, demo):
     assert header.sectionSize(COL_NAME) == tree.NAME_WIDTH  # narrow: it scrolls instead
 
 
+@pytest.mark.slow
 def test_opening_a_capture_puts_its_name_in_the_title(qtbot, demo, tmp_path):
     """A capture of the model already loaded keeps the model; the title names the file."""
     with qtbot.waitSignal(demo.file_done, timeout=TIMEOUT):
@@ -443,6 +451,7 @@ def test_opening_a_capture_puts_its_name_in_the_title(qtbot, demo, tmp_path):
     assert "shapes_run.pt" not in demo.windowTitle()
 
 
+@pytest.mark.slow
 def test_the_sample_header_follows_a_new_batch(qtbot, demo):
     """After the batch changes, the header never names a picture of the old batch as if it
     were the new one's."""
@@ -464,6 +473,7 @@ def test_the_sample_header_follows_a_new_batch(qtbot, demo):
     assert demo.views.sample_name.text() == "of 2: star_2.png"
 
 
+@pytest.mark.slow
 def test_the_sample_header_follows_the_batch_a_new_model_brings(qtbot, demo):
     """A model load that also changes the batch (a random batch, then the demo again, which
     brings its 12 pictures): the header names the new batch, never the old one's samples."""
@@ -480,6 +490,7 @@ def test_the_sample_header_follows_the_batch_a_new_model_brings(qtbot, demo):
     assert demo.views.sample_spin.maximum() == 11
 
 
+@pytest.mark.slow
 def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo, tmp_path):
     """View ▸ Modules panel and View ▸ Input, model and run panel: closed, the views take
     the room and the window can be narrower; reopened, each has its width again; closed
@@ -522,6 +533,7 @@ def test_side_panels_close_and_reopen_and_the_views_take_their_room(qtbot, demo,
     again.shutdown()
 
 
+@pytest.mark.slow
 def test_the_gradient_norms_show_beside_the_names_at_1280x800(qtbot, demo):
     """At 1280×800 the Modules panel shows the Module column and, beside it, Grad norm
     (it had been scrolled out of sight behind Type and Output)."""
@@ -566,6 +578,7 @@ def cut_controls(window: QWidget) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, app_look):
     """In the application's look at 1280×800, the panels at their narrowest: every combo
     box, button and search box beside the views and in the Graph tab shows its whole text
@@ -593,6 +606,7 @@ def test_no_control_is_cut_at_1280x800_with_the_narrowest_panels(qtbot, demo, ap
     every_view("a run over a folder")
 
 
+@pytest.mark.slow
 def test_the_statistics_table_shows_every_number_and_header_whole(qtbot, demo, app_look):
     """The Statistics tab at 1280×800 with the views at their narrowest, on a layer with
     parameters (four tensors): no number nor header is cut ("393…", "iume" had been)."""
@@ -625,6 +639,7 @@ def build():
 '''
 
 
+@pytest.mark.slow
 def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_path):
     """Tokens of 16, then a batch of 12: the tree's Output column (and the session's tree
     that the memory estimate reads) says 12 positions at once, before any run; the rows the
@@ -656,6 +671,7 @@ def test_the_output_column_follows_a_batch_of_another_length(qtbot, window, tmp_
     assert tree.data(tree.index_of("1", COL_SHAPE)) == "12×7"
 
 
+@pytest.mark.slow
 def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
     """The Modules panel of the main window at 1280×800, resnet18 loaded: the Type column
     is as wide as its widest class name (it had cut "Sequent", "BatchNo"), the root's in
@@ -691,6 +707,7 @@ def test_every_type_is_shown_whole_at_1280x800(qtbot, window, app_look):
     assert header.sectionSize(COL_NAME) >= tree.NAME_WIDTH
 
 
+@pytest.mark.slow
 def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_of_it_in_the_tooltip(qtbot, demo):
     """At 960 px the message about a block shown through its last call was cut at the first
     permanent widget in the middle of its advice; now it is elided to the room left, whole in

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gradexplorer.base.errors import GradExplorerError
 from tests.app.conftest import TIMEOUT
 
 
+@pytest.mark.slow
 def test_tree_views_and_batch_follow_the_view_state(qtbot, demo):
     state = demo.view_state
     # model -> widgets
@@ -34,6 +37,7 @@ def test_tree_views_and_batch_follow_the_view_state(qtbot, demo):
     assert heat.reduce_combo.currentData() == "l2"
 
 
+@pytest.mark.slow
 def test_an_uncaptured_row_keeps_the_views(qtbot, window, monkeypatch):
     with qtbot.waitSignal(window.run_done, timeout=TIMEOUT):
         window.load_model("demo:shapes", layers=["features.5.*"], run=True)
@@ -58,6 +62,7 @@ def test_flags_and_norms_are_derived_once_per_capture(qtbot, window, monkeypatch
     assert window.views.flow_view.flags() == flags
 
 
+@pytest.mark.slow
 def test_png_and_csv_exports_report_write_problems_as_the_users(qtbot, demo, tmp_path, shown_errors):
     demo.export_png(str(tmp_path / "missing" / "plot.png"))
     demo.export_csv(str(tmp_path / "missing" / "stats.csv"))

@@ -30,6 +30,7 @@ def _all():
 BATCHED = {"cpu": batched_stats, "device": device_batched_stats}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(BATCHED))
 @pytest.mark.parametrize("limit", [1 << 14, None])
 def test_every_adversarial_tensor_at_once_equals_float64_numpy(limit, path):
@@ -127,6 +128,7 @@ def _cases():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stats", "full"])
 @pytest.mark.parametrize("case", sorted(_cases()))
 def test_outputs_are_summarised_together_after_forward_from_copies_taken_at_call_time(monkeypatch, case, mode):

@@ -248,6 +248,7 @@ def _every_figure_is_zero(result):
         assert all(v == 0.0 for v in p.diff.stats.differences.values())
 
 
+@pytest.mark.slow
 def test_resnet18_compared_with_itself_is_exactly_zero(tmp_path):
     torchvision = pytest.importorskip("torchvision")
     net = torchvision.models.resnet18(num_classes=10).eval()
@@ -429,6 +430,7 @@ def test_sequence_and_dict_output_models(make, x, target):
     assert before and all(c.kinds["activation"].tensor.max_abs == 0.0 for c in before)
 
 
+@pytest.mark.slow
 def test_resnet18_float32_against_bf16_autocast_diverges_with_depth():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)

@@ -50,6 +50,7 @@ def test_reference_capture_is_reused_and_progress_is_staged(base):
     assert_no_hooks(job.loaded.module)
 
 
+@pytest.mark.slow
 def test_other_weights_from_a_checkpoint_file(tmp_path):
     torch.manual_seed(0)
     net = torchvision.models.resnet18()

@@ -134,6 +134,7 @@ def test_hugging_face_gradient_checkpointing_counts_each_call_once():
     assert compare(cap, reference(model, ids, names, target="sum@logits", train=True), names) < 1e-5
 
 
+@pytest.mark.slow
 def test_a_capture_of_a_model_nobody_compiled_does_not_import_dynamo():
     """Looking for torch.compile's wrapper must not import dynamo (and with it sympy and
     Triton, about 200 MiB of the window's first run): in a fresh interpreter, a capture and

@@ -118,6 +118,7 @@ def test_merged_dataset_statistics_equal_all_samples_at_once():
     assert all(not m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.slow
 def test_ranks_shards_merge_to_the_single_process_result():
     torch.manual_seed(1)
     model = SeqNet().eval()
@@ -141,6 +142,7 @@ def test_ranks_shards_merge_to_the_single_process_result():
         torch.testing.assert_close(merged.moments[name].m2, mo.m2, rtol=1e-9, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_batches_beyond_the_series():
     model = SeqNet().eval()
     small = capture_dataset(model, iter_tensor_batches(dataset(8), None, 4, range(2)))

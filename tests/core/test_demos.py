@@ -155,6 +155,7 @@ def test_shipped_samples_are_predicted_right(shapes_demo):
     assert right >= len(batch) - 1, f"{right}/{len(batch)} shipped samples predicted right"
 
 
+@pytest.mark.slow
 def test_grad_cam_from_captured_data_peaks_inside_the_shape(shapes_demo):
     """The demo's promise: on first launch Grad-CAM, from captured data, shows where the shape is."""
     model = shapes_demo.module

@@ -136,6 +136,7 @@ def test_mps_is_listed_and_resolves():
     assert resolve_device("mps") == torch.device("mps")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator and /proc: Linux")
 def test_release_host_memory_gives_freed_memory_back():
     """Memory freed in small blocks stays in the process (glibc keeps the pages, as it kept

@@ -428,6 +428,7 @@ def _wait_for_temp(proc: subprocess.Popen, folder: Path) -> list[str]:
     return _temps(folder)
 
 
+@pytest.mark.slow
 @posix_only
 @pytest.mark.parametrize("signum", [pytest.param(2, id="SIGINT"), pytest.param(15, id="SIGTERM")])
 def test_a_signal_during_the_save_leaves_nothing_and_exits_130(tmp_path, signum):
@@ -441,6 +442,7 @@ def test_a_signal_during_the_save_leaves_nothing_and_exits_130(tmp_path, signum)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @posix_only
 def test_a_killed_save_leaves_a_recognisable_temporary_file_that_the_next_save_removes(tmp_path):
     out = tmp_path / "cap.pt"
@@ -485,6 +487,7 @@ print("writes after the close:", closed_writes[0])
 """
 
 
+@pytest.mark.slow
 def test_torch_finishing_its_archive_after_an_interrupted_save_does_not_abort(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", DESTRUCTOR_WRITE, str(tmp_path / "cap.pt")], cwd=tmp_path,

@@ -104,6 +104,7 @@ def test_a_sample_over_the_budget_is_refused_before_the_model_runs(tmp_path, cap
     assert no_real_probe == [] and not out.exists()
 
 
+@pytest.mark.slow
 def test_force_runs_the_probe_anyway(tmp_path, capsys, no_real_probe):
     out = tmp_path / "o.pt"
     code = main(["capture", "--model", "demo:shapes", "--random", "1x3x96x96", "--memory-budget", "1MiB", "--force",

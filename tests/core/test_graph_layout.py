@@ -131,6 +131,7 @@ def test_svg_colour_bar_spans_the_coloured_nodes_with_power_of_ten_ticks():
     assert range_labels(1.0, 1.0000001) == ("1", "1.0000001")
 
 
+@pytest.mark.slow
 def test_a_dot_layout_does_not_import_igraph_and_preload_does():
     """igraph's import (0.3-1.2 s, holding the GIL) is kept out of the first paint: choosing
     an engine only looks igraph up; preload_engines imports it in a worker beforehand."""

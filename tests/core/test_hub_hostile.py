@@ -71,6 +71,7 @@ def test_with_trust_the_configuration_files_route_does_run_the_code(offline, tmp
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_the_command_line_never_asks_with_y_on_stdin(offline, tmp_path):
     """The issue's command, in a process of its own with "y" on its stdin."""
     marker = tmp_path / "code-ran"
@@ -375,6 +376,7 @@ def _capped(code: str, home: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("repo", "changes"), [
     # 9.5 billion parameters: 38 GB in float32, and no weights file at all.
     ("acme/huge", {"n_embd": 8192, "n_head": 64, "n_layer": 8, "vocab_size": 370_000}),
@@ -391,6 +393,7 @@ def test_a_model_too_large_is_refused_from_its_config_under_an_address_space_cap
     assert result["grown"] < 1 << 30
 
 
+@pytest.mark.slow
 def test_a_3_gb_text_file_is_refused_by_its_size_without_being_read(offline, tmp_path):
     folder = hf_tiny.save("gpt2", tmp_path / "gpt2")
     big = tmp_path / "big.txt"

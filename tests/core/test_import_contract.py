@@ -51,6 +51,7 @@ def _fresh(script: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_engine_modules_import_no_qt_and_the_package_imports_nothing_heavy():
     result = _fresh(SCRIPT, ",".join(FORBIDDEN))
     assert result["after_init"] == [], f"import gradexplorer loaded {result['after_init']}"

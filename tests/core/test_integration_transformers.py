@@ -91,6 +91,7 @@ def check_steps(log: Path, truth: OptimizerSteps, clip: float | None) -> None:
             assert math.hypot(*rows[step].values()) == pytest.approx(clip, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_every_step_logs_the_accumulated_clipped_gradients_the_optimizer_stepped_with(tmp_path):
     model, log, truth, result = train(tmp_path, evaluate=True)
     check_steps(log, truth, 0.05)
@@ -110,11 +111,13 @@ def test_every_step_logs_the_accumulated_clipped_gradients_the_optimizer_stepped
     assert gx.read_timeline(log, kind="grad_output").steps.tolist() == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_bf16(tmp_path):
     _model, log, truth, _result = train(tmp_path, bf16=True)
     check_steps(log, truth, 0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", [0.05, 0.0])
 def test_fp16_with_a_grad_scaler_logs_unscaled_gradients(tmp_path, clip):
     """Backward runs on the loss times the scale (4096); accelerate unscales before

@@ -48,6 +48,7 @@ class Net(nn.Module):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the console script is not installed here")
 def test_console_script_finds_the_users_module_in_the_current_folder(tmp_path):
     (tmp_path / "mynets.py").write_text(MODULE)
@@ -64,6 +65,7 @@ def test_console_script_finds_the_users_module_in_the_current_folder(tmp_path):
     assert (tmp_path / "cap.pt").is_file()
 
 
+@pytest.mark.slow
 def test_module_not_importable_gives_the_fix_that_works(tmp_path, monkeypatch):
     (tmp_path / "lost_nets.py").write_text(MODULE)
     save = "import torch, lost_nets; torch.save(lost_nets.Net(), 'net.pt')"
@@ -76,6 +78,7 @@ def test_module_not_importable_gives_the_fix_that_works(tmp_path, monkeypatch):
     assert "Run gradexplorer from the folder that holds lost_nets" in info.value.fix
 
 
+@pytest.mark.slow
 def test_class_from_a_scripts_main_says_to_move_it_into_a_module(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(MODULE + "\ntorch.save(Net(), 'net.pt')\n")

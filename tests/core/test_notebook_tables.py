@@ -111,6 +111,7 @@ def test_a_timeline_as_a_frame_and_a_table(tmp_path):
     assert "3 rows × 3 steps (steps 0 .. 2)" in html and html.count("<svg") == 3
 
 
+@pytest.mark.slow
 def test_in_a_jupyter_kernel_a_capture_displays_as_a_table(tmp_path):
     manager = pytest.importorskip("jupyter_client.manager")
     km, kc = manager.start_new_kernel(kernel_name="python3", env=dict(os.environ), cwd=str(tmp_path))

@@ -239,6 +239,7 @@ def test_tree_from_names_nests():
     assert tree.leaves() == ["a.b.c", "a.d", "e"]
 
 
+@pytest.mark.slow
 def test_session_module_imports_no_qt():
     code = ("import sys, gradexplorer.pipeline.session; print(any(m.split('.')[0] in "
             "('PySide6', 'PyQt5', 'PyQt6', 'pyqtgraph', 'superqt', 'qtpy') for m in sys.modules))")

@@ -48,6 +48,7 @@ _WHOLE_ZOO = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", [n if n in QUICK else pytest.param(n, marks=_WHOLE_ZOO) for n in CLASSIFIERS]
 )
@@ -103,6 +104,7 @@ def test_dataparallel_prefix_still_removed(tmp_path):
     _same_weights(loaded.module, model.module)
 
 
+@pytest.mark.slow
 def test_googlenet_aux_outputs_are_targets_in_train_mode(tmp_path, capsys):
     torch.save(_reference("googlenet").state_dict(), tmp_path / "g.pth")
     loaded = load_model("googlenet", weights=str(tmp_path / "g.pth"))
@@ -119,6 +121,7 @@ def test_googlenet_aux_outputs_are_targets_in_train_mode(tmp_path, capsys):
     assert any(name.startswith("aux1") for name in capture.layers)
 
 
+@pytest.mark.slow
 def test_readme_top1_at_aux_example_runs(tmp_path, capsys):
     # docs/command-line.md, the capture options: `@key` picks a dict/tuple output element (`top1@aux`).
     out = tmp_path / "seg.pt"
@@ -127,6 +130,7 @@ def test_readme_top1_at_aux_example_runs(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_segmentation_state_dict_without_aux_still_loads(tmp_path):
     plain = torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights_backbone=None)
     torch.save(plain.state_dict(), tmp_path / "l.pth")

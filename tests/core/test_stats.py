@@ -402,6 +402,7 @@ def test_a_numba_failure_falls_back_to_torch_operations_for_good(monkeypatch, ca
     assert len(calls) == 1  # not tried again
 
 
+@pytest.mark.slow
 def test_without_numba_the_torch_operations_do_the_work():
     """A fresh interpreter in which ``import numba`` fails: statistics still right."""
     script = textwrap.dedent(f"""
@@ -462,6 +463,7 @@ def test_statistics_from_several_threads_at_once_are_right():
             assert_matches_reference(got, tensors[i])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(numba_missing, reason="numba is not installed")
 def test_the_kernels_compile_from_an_empty_cache_and_are_used(tmp_path):
     """A compile failure falls back quietly (a log line), and a stale on-disk cache can hide

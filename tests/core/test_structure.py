@@ -67,6 +67,7 @@ def test_every_change_to_the_tree_is_seen(change):
     _agrees(model)
 
 
+@pytest.mark.slow
 def test_a_replaced_module_freed_cannot_pass_for_the_new_one():
     """A module freed and another made at its address (the same id): the kept structure
     refers to the old one, which no longer exists, and is built anew."""

@@ -69,6 +69,7 @@ def test_a_capture_whose_input_declares_1e12_elements_is_refused(tmp_path, free_
     assert load_capture(mlp_capture_file).layers
 
 
+@pytest.mark.slow
 def test_the_bomb_capture_through_the_command_line_is_one_line(tmp_path, mlp_capture_file):
     data = torch.load(mlp_capture_file, weights_only=True)
     data["input"] = torch.zeros(1).expand(1000, 1000, 1000, 1000)

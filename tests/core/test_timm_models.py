@@ -124,6 +124,7 @@ def test_the_catalog_lists_timm_models_and_their_cache_state(hf_home):
     assert catalog["timm:resnet34"].task == "timm"
 
 
+@pytest.mark.slow
 def test_default_weights_not_cached_download_into_the_cache_with_progress(tmp_path, monkeypatch):
     """The download path, against a Hub on the loopback address serving timm's repository:
     the weights land in the Hugging Face cache with their bytes reported, load into the

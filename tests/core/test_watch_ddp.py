@@ -17,6 +17,9 @@ from gradexplorer.recording.watch_log import open_log, row_stats
 from gradexplorer.stats.merge import MergeStats
 from tests.core.watch_ddp_worker import make_batches, make_model
 
+# Every test here takes a second or more (scripts/slow_tests.py): none is in make test-fast.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -25,6 +25,7 @@ def start_writer(path: Path, steps: int, pause_s: float = 0.0) -> subprocess.Pop
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_every_completed_step(tmp_path):
     path = tmp_path / "run.gxw"
     proc = start_writer(path, 10**9)
@@ -56,6 +57,7 @@ def test_sigkill_leaves_every_completed_step(tmp_path):
     assert len({per_step[s] for s in steps}) == 1  # no half-written step
 
 
+@pytest.mark.slow
 def test_reader_sees_steps_while_the_writer_writes(tmp_path):
     path = tmp_path / "live.gxw"
     # A pause after each step: a writer that made all 40 between two polls (once the

@@ -157,6 +157,7 @@ def test_a_second_writer_on_a_log_being_written_is_refused(tmp_path):
     WatchLogWriter(path).close()  # free again once the first one closed
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="advisory locks")
 def test_a_second_process_watching_into_the_same_log_is_refused(tmp_path):
     path = tmp_path / "run.gxw"
@@ -214,6 +215,7 @@ def test_a_wal_log_in_a_read_only_folder_opens(tmp_path, capsys):
 # -- sniffing a file ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="FIFOs")
 def test_inspect_on_a_fifo_does_not_hang(tmp_path):
     fifo = tmp_path / "fifo.pt"

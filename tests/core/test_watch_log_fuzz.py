@@ -16,6 +16,9 @@ import pytest
 from gradexplorer_app.cli.main import main
 from tests.log_mutations import mutated, mutations, valid_log
 
+# Every test here takes a second or more (scripts/slow_tests.py): none is in make test-fast.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("GRADEXPLORER_FUZZ") == "1"
 COUNT = 3000 if FULL else 300

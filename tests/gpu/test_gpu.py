@@ -36,6 +36,7 @@ def _small_net():
     ).eval()
 
 
+@pytest.mark.slow
 def test_check_script_without_cuda_says_so_and_exits_0():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env,
@@ -44,6 +45,7 @@ def test_check_script_without_cuda_says_so_and_exits_0():
     assert "CUDA is not available: nothing to check" in done.stdout
 
 
+@pytest.mark.slow
 def test_check_script_comparison_on_two_cpu_captures():
     """The comparison the script makes, on two CPU captures: equal ones pass, a changed
     tensor or statistic is caught."""
