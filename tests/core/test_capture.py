@@ -634,3 +634,21 @@ def test_settings_and_keywords_together_are_refused_in_words():
     capture(model, torch.randn(2, 10), settings=CaptureSettings(RecordSettings(mode="stats")), mode="full")
     assert_unchanged(model, before)
     assert_no_hooks(model)
+
+
+def test_records_made_by_the_hooks_are_default_ones():
+    # The hooks make their records without the dataclasses' __init__ (one per module and
+    # per call): the same attributes and defaults, and mutable ones of their own.
+    import dataclasses
+
+    from gradexplorer.capturing.capture import _new_call, _new_layer
+    from gradexplorer.capturing.data import CallRecord, LayerRecord
+
+    for made, default, other in ((_new_call(), CallRecord(), _new_call()),
+                                 (_new_layer("Linear"), LayerRecord("Linear"), _new_layer("Linear"))):
+        assert type(made) is type(default)
+        assert dataclasses.asdict(made) == dataclasses.asdict(default)  # type: ignore[call-overload]
+        assert vars(made) == vars(default)
+        for key, value in vars(made).items():
+            if isinstance(value, (dict, list)):
+                assert getattr(other, key) is not value

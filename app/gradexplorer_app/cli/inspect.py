@@ -60,7 +60,7 @@ def cmd_inspect(args: argparse.Namespace, ui: UI) -> int:
     header = _header(path, cap, names)
     width = max(len(k) for k, _ in header)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in header))
-    from gradexplorer.analysis.summary import summarize
+    from gradexplorer.analysis.capture_summary import summarize
 
     onset = onset_lines(cap, summarize(cap).layers_with("nan/inf"))
     if onset:

@@ -166,9 +166,27 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.is_floating_point() and torch.isnan(a).any() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
 
 
-def _handed_through(y: torch.Tensor, inputs: list[tuple[torch.Tensor, int]]) -> bool:
-    """Whether ``y`` is one of a call's inputs, unchanged (same object, same version)."""
-    return any(a is y and v == y._version for a, v in inputs)
+def _new_call() -> CallRecord:
+    """``CallRecord()``, made without the dataclass's ``__init__`` and its two factories
+    (a capture makes one per module call): the same attributes, the same defaults
+    (``test_records_made_by_the_hooks_are_default_ones``)."""
+    call = _object_new(CallRecord)
+    call.__dict__ = {"activation": None, "grad_output": None, "grad_input": None,
+                     "stats": {"activation": None, "grad_output": None, "grad_input": None},
+                     "output_key": "", "shape": (), "dtype": "", "absent": {}}
+    return call
+
+
+def _new_layer(type_name: str) -> LayerRecord:
+    """``LayerRecord(type_name)``, made as ``_new_call`` makes a call's (one per module)."""
+    layer = _object_new(LayerRecord)
+    layer.__dict__ = {"type": type_name, "calls": [], "param_grads": {}, "param_stats": {}, "param_absent": {}}
+    return layer
+
+
+_object_new = object.__new__
+#: ``GradientEdge(node, output_nr)`` without the named tuple's ``__new__`` in Python.
+_tuple_new = tuple.__new__
 
 
 #: Bytes of gradients one capture may ask of the backward itself (``_Recorder.edges``): they
@@ -353,12 +371,17 @@ class _Recorder:
         if name in self.selected:
             rec = self.records.get(name)
             if rec is None:
-                rec = self.records[name] = LayerRecord(type(module).__name__)
+                rec = self.records[name] = _new_layer(type(module).__name__)
                 self.first_call[name] = self.call_count
-            call = CallRecord()
+            call = _object_new(CallRecord)  # _new_call, inline
+            call.__dict__ = {"activation": None, "grad_output": None, "grad_input": None,
+                             "stats": {"activation": None, "grad_output": None, "grad_input": None},
+                             "output_key": "", "shape": (), "dtype": "", "absent": {}}
             rec.calls.append(call)
-            running.append([name, False, note, call, [(a, a._version) for a in args if isinstance(a, torch.Tensor)]])
-            self._watch_input(first_tensor_input(args, kwargs), call)
+            inputs = [(a, a._version) for a in args if isinstance(a, torch.Tensor)]
+            running.append([name, False, note, call, inputs])
+            # first_tensor_input: the first positional tensor, found above (most calls)
+            self._watch_input(inputs[0][0] if inputs else first_tensor_input(args, kwargs), call)
         elif name in self.computing:
             x = first_tensor_input(args, kwargs)
             running.append([name, False, note, None,
@@ -426,9 +449,9 @@ class _Recorder:
         a leaf is (its gradient at the input taken now, on the value it was called with)."""
         rec = self.records.get(name)
         if rec is None:
-            rec = self.records[name] = LayerRecord(type(module).__name__)
+            rec = self.records[name] = _new_layer(type(module).__name__)
             self.first_call[name] = start
-        call = CallRecord()
+        call = _new_call()
         rec.calls.append(call)
         if first is not None and first[0]._version != first[1]:
             call.absent["grad_input"] = CHANGED_INPUT
@@ -438,7 +461,11 @@ class _Recorder:
 
     def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord,
                        inputs: list, note: Note) -> torch.Tensor | None:
-        key, y = primary_tensor(output)
+        y: torch.Tensor | None
+        if isinstance(output, torch.Tensor):  # (most outputs: primary_tensor without the call)
+            key, y = "", output
+        else:
+            key, y = primary_tensor(output)
         call.output_key = key
         if y is None:
             call.absent.update(activation=NO_TENSOR_OUTPUT, grad_output=NO_TENSOR_OUTPUT)
@@ -446,14 +473,20 @@ class _Recorder:
             return None
         replaced = None
         seen_as = y
-        if key == "" and y.requires_grad and _handed_through(y, inputs):
+        handed = False
+        if key == "" and y.requires_grad:
+            for a, v in inputs:  # one of the call's inputs, unchanged (same object, same version)
+                if a is y and v == y._version:
+                    handed = True
+                    break
+        if handed:
             # The module hands its input through unchanged (Identity, eval-mode Dropout).
             # Its "output gradient" is what flows back through the value it returned, not
             # every use of its input: give the output an identity of its own.
             replaced = y.clone()
             y = replaced
         call.shape = tuple(y.shape)
-        call.dtype = _dtype_name(y.dtype)
+        call.dtype = _DTYPE_NAMES.get(y.dtype) or _dtype_name(y.dtype)
         index = len(self.records[name].calls) - 1
         self.call_order.append([name, index])
         # One key and one weak reference for y, shared by the maps below.
@@ -480,6 +513,16 @@ class _Recorder:
         compared, element for element, and the earlier record serves both when they are
         equal (an Identity, a block returning its last child's output).
         """
+        summaries = self.summaries
+        if not self.full:
+            # Statistics only: no copy is kept, so no earlier record can be compared with y
+            # and serve it, nor can this one serve a later call: no note of it either.
+            if (summaries.small_on and y.is_cpu and y.dtype in SMALL_DTYPES
+                    and 0 < y.numel() <= SMALL_VALUES):  # as below
+                return summaries.hold_small(y.detach().clone(memory_format=torch.contiguous_format)), None
+            if summaries.batches(y):
+                return summaries.summarize_later(y.detach().clone()), None
+            return summaries.summarize(y), None
         value_key = known[0] if seen_as is y else (id(seen_as), seen_as._version)
         seen = self.activations.get(value_key)
         # No torch.no_grad() here (entering and leaving it cost a microsecond per call):
@@ -548,7 +591,7 @@ class _Recorder:
             if (node is not None and size <= _EDGE_MAX_BYTES and not t._is_view()
                     and len(node._input_metadata) == 1):
                 self.edge_bytes_left -= size
-                self.edges.append(GradientEdge(node, t.output_nr))
+                self.edges.append(_tuple_new(GradientEdge, (node, t.output_nr)))
                 self.edge_sinks.append(sinks)
                 if self.ticking and len(self.edges) % _TICK_EVERY == 0:
                     self.hooks.tensor(t, functools.partial(self._tick_in_backward, _TICK_EVERY))
@@ -1028,12 +1071,14 @@ def _layer_record(name: str, structure: ModelStructure, recorder: _Recorder,
     """One selected module's record, completed: the gradients its calls never received
     marked absent, and its own parameters' gradients (``grad_of``: by the parameter's id)."""
     module = structure.module(name)
-    rec = recorder.records.get(name) or LayerRecord(type(module).__name__)
+    rec = recorder.records.get(name) or _new_layer(type(module).__name__)
     for call in rec.calls:
         for kind in ("grad_output", "grad_input"):
             if call.stats[kind] is None and kind not in call.absent:
                 call.absent[kind] = NOT_REACHED  # hooked, and never reached by the backward
     own: set[int] = set()
+    summaries = recorder.summaries
+    small_on, hold_small = summaries.small_on, summaries.hold_small
     for pname, p in module._parameters.items():  # named_parameters(recurse=False)
         if p is None or id(p) in own:
             continue
@@ -1046,7 +1091,11 @@ def _layer_record(name: str, structure: ModelStructure, recorder: _Recorder,
         # autograd.grad returned a tensor of our own that nothing modifies later:
         # summarised with the gradients when they are batched, kept as it is on
         # the CPU (no copy), copied from a GPU unless kept there.
-        rec.param_stats[pname] = recorder.summaries.summarize_later(g)
+        if (small_on and g.is_cpu and g.dtype in SMALL_DTYPES
+                and 0 < g.numel() <= SMALL_VALUES):  # summarize_later, inline (as _record_grad)
+            rec.param_stats[pname] = hold_small(g.detach() if g.requires_grad else g)
+        else:
+            rec.param_stats[pname] = summaries.summarize_later(g)
         if recorder.full:
             rec.param_grads[pname] = recorder.keep(g, copy=False)
     return rec

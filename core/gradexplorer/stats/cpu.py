@@ -49,7 +49,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
@@ -288,11 +288,23 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
         if k is False or not available():
             return None
         k = _state["kernels"]
-    out: list[TensorStats | None] = [None] * len(tensors)
+    count = len(tensors)
+    dtypes = [t.dtype for t in tensors]
+    numels = [t.numel() for t in tensors]
+    dtype = dtypes[0] if count else None
+    if dtype in _MANY_DTYPES and dtypes.count(dtype) == count and 0 not in numels:
+        # One dtype, no empty tensor (a capture's small tensors): one group, no index lists.
+        try:
+            return _many_of_one_dtype(k, dtype, tensors, hist_limit, into, numels)
+        except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
+            log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
+            _state["kernels"] = False
+            return None
+    out: list[TensorStats | None] = [None] * count
     groups: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(tensors):
-        dtype = t.dtype
-        if dtype in _MANY_DTYPES and t.numel():
+        dtype = dtypes[i]
+        if dtype in _MANY_DTYPES and numels[i]:
             idx = groups.get(dtype)
             if idx is None:
                 groups[dtype] = [i]
@@ -305,38 +317,31 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
                 got = into[i]
             out[i] = got
     for dtype, idx in groups.items():
-        whole = len(idx) == len(tensors)
-        group = tensors if whole else [tensors[i] for i in idx]
-        records = None if into is None else (into if whole else [into[i] for i in idx])
+        group = [tensors[i] for i in idx]
+        records = None if into is None else [into[i] for i in idx]
         try:
-            done = _many_of_one_dtype(k, dtype, group, hist_limit, records)
+            done = _many_of_one_dtype(k, dtype, group, hist_limit, records, [numels[i] for i in idx])
         except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
             log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
             _state["kernels"] = False
             return None
-        if whole:
-            return done
         for i, stats in zip(idx, done):
             out[i] = stats
     return out  # type: ignore[return-value]  # every slot filled above
 
 
 def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
-                       hist_limit: int | None, into: list[TensorStats] | None) -> list[TensorStats]:
+                       hist_limit: int | None, into: list[TensorStats] | None,
+                       numels: list[int]) -> list[TensorStats]:
     count = len(tensors)
     # A table of the tensors' addresses: the kernel reads each where it lies (laying them
     # end to end first, even in one torch call for all, cost more than the kernel). A tensor
     # that is not one dense run of memory is made one, and held until the call returns.
-    held = []
-    where = []
-    numels = []
-    for t in tensors:
-        if not t.is_contiguous() or t.is_neg():
-            t = t.detach().resolve_neg().contiguous()
-            held.append(t)
-        where.append(t.data_ptr())
-        numels.append(t.numel())
-    addresses = np.array(where, np.int64)
+    held = [t.detach().resolve_neg().contiguous() for t in tensors if not t.is_contiguous() or t.is_neg()]
+    if held:
+        it = iter(held)
+        tensors = [next(it) if not t.is_contiguous() or t.is_neg() else t for t in tensors]
+    addresses = np.array([t.data_ptr() for t in tensors], np.int64)
     sizes = np.array(numels, np.int64)
     half = dtype in _HALF
     if half:
@@ -363,26 +368,65 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
         compile_seconds[key] = time.perf_counter() - t0
     # One view per tensor of the one histogram table (unbind: one call for all).
     views = torch.from_numpy(hists).unbind(0)
-    wide = dtype == torch.float64
-    out = []
+    records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
     exact = (steps == 1).tolist()
-    records = into if into is not None else [None] * count
-    for i, (row, hist, record) in enumerate(zip(rows.tolist(), views, records)):
-        m, mean, m2 = row[0], row[1], row[2]
-        if m and not wide:
-            # _stats_of's usual case, inline (a capture of small tensors builds hundreds of these)
-            out.append(stats_from_moments(numels[i], row[4], row[5], mean, m2, m2 + m * mean * mean, row[3],
-                                          int(row[6]), int(row[7]), int(row[8]), hist, (row[10], row[11]),
-                                          exact[i], 0, record))
+    if dtype == torch.float64:
+        return [_record_of(row, views[i], numels[i], exact[i], True, records[i], tensors[i], hist_limit)
+                for i, row in enumerate(rows.tolist())]
+    # stats_from_moments's arithmetic for every row at once, in the same float64 operations
+    # in the same order (each rounded once, as Python's floats are): the same numbers, with
+    # a few NumPy calls for the batch instead of a call and its Python per tensor (a
+    # capture's hundreds of small tensors: the records cost more than the kernel).
+    nan_count = rows[:, 7].astype(np.int64)
+    inf_count = rows[:, 8].astype(np.int64)
+    m = sizes - nan_count - inf_count  # the finite values (int, as stats_from_moments)
+    mf = m.astype(np.float64)
+    with np.errstate(all="ignore"):  # (rows without a finite value take the slow path)
+        mean, m2 = rows[:, 1], rows[:, 2]
+        sumsq = m2 + rows[:, 0] * mean * mean  # both terms >= 0: no cancellation
+        l2 = np.sqrt(np.where(sumsq < 0.0, 0.0, sumsq))
+        std = np.sqrt(np.where(m2 < 0.0, 0.0, m2) / np.where(m > 1, mf - 1.0, 1.0))
+        mean_abs = rows[:, 3] / mf
+        zero_fraction = (mf - rows[:, 6]) / sizes.astype(np.float64)
+    # The usual row: some finite value (the kernel's count), no statistic overflowing.
+    usual = ((rows[:, 0] != 0) & (l2 != np.inf) & (std != np.inf)).tolist()
+    out = []
+    for i, (lo, hi, mu, sd, ma, norm, zf, nans, infs, hlo, hhi, whole, record) in enumerate(zip(
+            rows[:, 4].tolist(), rows[:, 5].tolist(), mean.tolist(), std.tolist(), mean_abs.tolist(),
+            l2.tolist(), zero_fraction.tolist(), nan_count.tolist(), inf_count.tolist(), rows[:, 10].tolist(),
+            rows[:, 11].tolist(), exact, records)):
+        if not usual[i]:
+            out.append(_record_of(rows[i].tolist(), views[i], numels[i], whole, False, record, tensors[i],
+                                  hist_limit))
             continue
-        got = _stats_of(row, hist, numels[i], exact[i], wide, record)
-        if got is None:  # float64 values whose squares leave float64: the scaled torch path
-            got = torch_stats(tensors[i], hist_limit)
-            if record is not None:
-                record.update(got)
-                got = record
-        out.append(got)
+        # stats_from_moments's record, inline (written for speed: one per small tensor)
+        record["numel"] = numels[i]
+        record["min"] = lo
+        record["max"] = hi
+        record["mean"] = mu
+        record["std"] = sd
+        record["mean_abs"] = ma
+        record["l2"] = norm
+        record["zero_fraction"] = zf
+        record["nan_count"] = nans
+        record["inf_count"] = infs
+        record["hist"] = views[i]
+        record["hist_range"] = (hlo, hhi)
+        record["hist_exact"] = whole
+        record["overflow"] = ()
+        out.append(record)
     return out
+
+
+def _record_of(row: list, hist: torch.Tensor, n: int, exact: bool, wide: bool, record: TensorStats,
+               t: torch.Tensor, hist_limit: int | None) -> TensorStats:
+    """The record of one kernel result row, written into ``record`` (``_stats_of``, with the
+    torch path where float64 values left float64's range in their squares)."""
+    got = _stats_of(row, hist, n, exact, wide, record)
+    if got is None:  # float64 values whose squares leave float64: the scaled torch path
+        record.update(torch_stats(t, hist_limit))
+        got = record
+    return got
 
 
 def _stats_of(row: list, hist: torch.Tensor, n: int, exact: bool, wide: bool = True,
