@@ -361,8 +361,11 @@ def test_the_loss_given_to_step_is_plotted_over_the_heatmaps_columns(qtbot, view
     bad_x, _ = view.loss_nonfinite.getData()
     assert list(bad_x) == [3.5]
     assert "NaN/Inf at 1 steps from step 3" in view.loss_plot.titleLabel.text
-    # the two plots share their x range and their left edge: a step's loss over its column
-    assert view.loss_plot.vb.viewRange()[0] == pytest.approx(view.heat_plot.vb.viewRange()[0])
+    # the two plots share their x range and their left edge: a step's loss over its column.
+    # pyqtgraph links the ranges through the views' pixels, so they agree once the layout
+    # has placed both plots (the next turns of the event loop after the log opens).
+    qtbot.waitUntil(lambda: view.loss_plot.vb.viewRange()[0] == pytest.approx(view.heat_plot.vb.viewRange()[0]),
+                    timeout=TIMEOUT)
     loss_box, heat_box = view.loss_plot.vb.sceneBoundingRect(), view.heat_plot.vb.sceneBoundingRect()
     assert loss_box.left() == pytest.approx(heat_box.left(), abs=1) and \
         loss_box.right() == pytest.approx(heat_box.right(), abs=1)
