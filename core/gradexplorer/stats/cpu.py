@@ -2,7 +2,7 @@
 
 The torch path of ``gradexplorer.stats.tensor_stats`` reads a tensor five to seven times (aminmax, float64
 conversion, sum, two dot products, abs, sign) and ``isfinite`` costs more than all of them
-(34 ms on one 8×256×56×56 tensor, against about 1 ms for a min, max or norm).
+(docs/benchmarks.md, "The CPU pass's design figures").
 Here the tensor is read from memory once, in blocks of ``cpu_kernels.BLOCK`` elements.
 
 Each block is summed in float64: a first loop sums the deviations from the block's first
@@ -68,17 +68,15 @@ from gradexplorer.stats.record import TensorStats
 log = logging.getLogger(__name__)
 
 #: Tensors up to this many elements run on the calling thread (no parallel region): inside
-#: a capture, a parallel launch for fewer cost more than it saved (resnet50 at batch 8, its
-#: 194 tensors of 64Ki to 1Mi values: 0.80 ns per value in parallel, 0.55 serial).
+#: a capture, a parallel launch for fewer cost more than it saved (measured on resnet50's
+#: tensors of 64Ki to 1Mi values: docs/benchmarks.md, "The CPU pass's design figures").
 _SERIAL_LIMIT = 1 << 20
-#: With fewer numba threads than this, every tensor runs serially. Inside a capture on the
-#: two-core build machine the parallel pass was slower than the serial one even on
-#: resnet50's largest tensors (0.33-0.36 against 0.28-0.30 ns per value), and alone it
-#: gained little: there one core already reads memory about as fast as two. On a two-core
-#: AVX-512 Xeon two threads took 0.34 against 0.51 ns per value alone, but inside a capture
-#: 0.42 against 0.41: torch's OpenMP worker, which spins for a while after each operation,
-#: holds the second core while the hooks run (two Python threads, the helper pinned to the
-#: other core, did no better).
+#: With fewer numba threads than this, every tensor runs serially. Inside a capture on two
+#: cores the parallel pass was no faster than the serial one, even on resnet50's largest
+#: tensors: one core already reads memory about as fast as two, and torch's OpenMP worker,
+#: which spins for a while after each operation, holds the second core while the hooks run
+#: (two Python threads, the helper pinned to the other core, did no better; the figures:
+#: docs/benchmarks.md, "The CPU pass's design figures").
 _PARALLEL_MIN_THREADS = 4
 #: Chunks per thread of a parallel pass: several, so that an unlucky thread does not hold the rest.
 _CHUNKS_PER_THREAD = 4
@@ -143,7 +141,8 @@ def needs_preparing(dtypes: Any) -> bool:
 def prepare(dtypes: Any) -> list[torch.dtype]:
     """Compile the kernels for ``dtypes`` now (or load them from numba's on-disk cache),
     serial and parallel, so that a capture's first hooks do not pay for it in the middle
-    of its forward: about 10 s per dtype the first time on a machine, 0.4 s later.
+    of its forward (seconds per dtype the first time on a machine, much less from numba's
+    cache: docs/benchmarks.md, "Where the time goes").
 
     Returns
     -------

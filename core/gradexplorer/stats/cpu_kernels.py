@@ -15,8 +15,8 @@ from numba.extending import intrinsic, overload
 from gradexplorer.stats.moments import HIST_BINS, chan_merge, histogram_in_float64, histogram_range
 
 #: Elements per block: the extremes' and zeros' loops and the copy re-read a block from the
-#: L1 cache. Reading float32 from memory on one core of the build machine (an AMD EPYC),
-#: blocks of 2048 took 0.29 ns per value, of 4096 0.38 (1024 to 16384 measured: 0.29-0.38).
+#: L1 cache. Of the sizes measured (1024 to 16384), 2048 read fastest from memory on one
+#: core (docs/benchmarks.md, "The CPU pass's design figures").
 BLOCK = 2048
 #: Columns of a chunk's row: finite count, mean, m2, sum of magnitudes, min, max,
 #: non-zero count, NaN count.
@@ -147,8 +147,8 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         # LLVM cannot prove non-negative made it gather element by element (8x slower).
         # The next block is asked for now, so that its read from memory (or from the
         # last-level cache, where a tensor just written lies) overlaps this block's
-        # arithmetic: inside a resnet50 capture on an AVX-512 Xeon the pass took 0.46-0.48
-        # ns per value without it, 0.41-0.43 with it.
+        # arithmetic: inside a resnet50 capture it made the pass about a tenth faster
+        # (docs/benchmarks.md, "The CPU pass's design figures").
         for j in range(e, min(e + BLOCK, stop), _LINE // x.itemsize):
             prefetch(x, j)
         xb = x[b:e]
