@@ -159,6 +159,45 @@ def test_the_weights_box_opens_on_weights_it_can_load_offline(qtbot, window):
     assert "local cache" in panel.hint.text()
 
 
+def test_the_load_button_stays_where_it_is_when_a_hint_appears(qtbot, window):
+    """Selecting a model whose weights are not cached shows a hint under the buttons; the
+    room for it is kept, so the Weights row and Load do not move under the mouse."""
+    from PySide6.QtWidgets import QApplication, QTabWidget
+
+    panel = window.model_panel
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    tabs = panel.parentWidget()
+    while not isinstance(tabs, QTabWidget):
+        tabs = tabs.parentWidget()
+    tabs.setCurrentIndex(next(i for i in range(tabs.count()) if tabs.widget(i).isAncestorOf(panel)))
+    qtbot.waitUntil(panel.isVisible)
+    panel.set_catalog([_info(()), _info_without_weights()])
+    assert panel.select_spec("plain")
+    assert panel.hint.text() == ""
+
+    def settled() -> None:  # the layout's deferred passes done, as the event loop does them
+        for _ in range(3):
+            QApplication.processEvents()
+            panel.layout().activate()
+
+    settled()
+    before = panel.load_button.mapTo(panel, panel.load_button.rect().topLeft()).y()
+    assert before > 0
+    assert panel.select_spec("resnet18")
+    assert "not cached" in panel.hint.text()
+    settled()
+    after = panel.load_button.mapTo(panel, panel.load_button.rect().topLeft()).y()
+    assert after == before
+
+
+def _info_without_weights():
+    from gradexplorer.models.weights import ModelInfo
+
+    return ModelInfo("plain", "classification", (), None, ())
+
+
 def test_weights_offline_offer_random_weights_and_the_box_shows_them(qtbot, window, shown_errors, monkeypatch,
                                                                      tmp_path):
     from gradexplorer.base.errors import WeightsUnavailable

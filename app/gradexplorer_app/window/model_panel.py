@@ -151,10 +151,13 @@ class ModelPanel(QWidget):
         layout.addWidget(self.tokenizer_row)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
+        # The hint comes and goes as models are selected: between the list and the Weights
+        # row, so that the list gives it room and the Weights row and Load stay where they
+        # are, under the mouse.
+        layout.addWidget(self.hint)
         layout.addLayout(weights_row)
         layout.addLayout(buttons)
         layout.addLayout(busy)
-        layout.addWidget(self.hint)
 
         self._fill([])
         listen(session.model_changed, self._on_model_model_changed)
@@ -330,7 +333,7 @@ class ModelPanel(QWidget):
         weights = self.selected_weights()
         if info is not None and weights is None and self.weights_combo.currentData() == NO_WEIGHTS:
             if info.default_weights and info.default_weights not in info.cached:
-                self.hint.setText("Pretrained weights are not cached here: pick them above to download "
+                self.hint.setText("Pretrained weights are not cached here: pick them under Weights to download "
                                   "them, or a local weights file.")
             else:
                 self.hint.setText("")
