@@ -91,8 +91,8 @@ def live_model(module: nn.Module, *, name: str | None = None, categories: Sequen
                  + (f", on {where}" if where is not None else "") + ".")
     task, default_target, padding = ("classification" if categories is not None else "other"), None, "right"
     if type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
-        # Deferred: hf_models brings the weight tables of torchvision's models (about 1 s),
-        # which only a transformers model needs.
+        # Deferred: hf_models brings the weight tables of torchvision's models (torchvision's
+        # import, docs/benchmarks.md "Start-up"), which only a transformers model needs.
         from gradexplorer.models.hf_models import hf_traits
 
         traits = hf_traits(module)

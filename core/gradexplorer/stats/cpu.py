@@ -103,8 +103,9 @@ def _build() -> dict[str, Any]:
 
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         # numba's OpenMP layer and torch's OpenMP threads spin against each other between
-        # parallel regions: inside a capture the kernel ran 4x slower than alone. The
-        # workqueue layer does not spin (and is serialised by _parallel_lock).
+        # parallel regions, which made the kernel several times slower inside a capture
+        # than alone (docs/benchmarks.md). The workqueue layer does not spin (and is
+        # serialised by _parallel_lock).
         numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
     from gradexplorer.stats import cpu_kernels as k  # deferred: numba compiles them on import (seconds)

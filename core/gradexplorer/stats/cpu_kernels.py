@@ -144,7 +144,7 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     for b in range(start, stop, BLOCK):
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
-        # LLVM cannot prove non-negative made it gather element by element (8x slower).
+        # LLVM cannot prove non-negative made it gather element by element.
         # The next block is asked for now, so that its read from memory (or from the
         # last-level cache, where a tensor just written lies) overlaps this block's
         # arithmetic: inside a resnet50 capture it made the pass about a tenth faster
@@ -183,8 +183,8 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
             bc, bmean, bm2, ba, bz, bn, flo, fhi = careful(xb, table)
             nnan += bn
         # The histogram's sample only now, from the L1 cache: read before the block's
-        # loops, each element was a cache miss (75 ns apiece, 20% of a 6.4M-element pass).
-        # A counted loop: a while loop that tested both bounds took 1.1 ns per element.
+        # loops, each element was a cache miss. A counted loop: a while loop that tested
+        # both bounds was slower (figures in docs/benchmarks.md).
         k_end = min(sample.size, max(k, (e - offset + step - 1) // step))
         for j in range(k, k_end):
             sample[j] = native(x, table, offset + j * step)
@@ -207,8 +207,8 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
 
 
 #: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
-#: maxnum become plain vector min and max, and the zero count joins their loop (0.07 ns
-#: per value from the L1 cache, against 0.14 for two loops with NaN semantics).
+#: maxnum become plain vector min and max, and the zero count joins their loop (one loop
+#: instead of two, about half the time per value from the L1 cache).
 _FINITE_FASTMATH = _FASTMATH | {"nnan", "ninf"}
 
 
@@ -298,8 +298,7 @@ def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
     """The bin of each sampled value in ``torch.histc``'s arithmetic, float32 or float64
     as ``lo`` and ``width`` are (the same expression as ``gradexplorer.stats.tensor_stats``'s torch path);
     ``HIST_BINS`` for NaN and Inf. Selects, not branches, and 32-bit integers, so that
-    LLVM can vectorise the loop (64-bit positions of float64 samples took 0.75 ns per
-    value, 32-bit ones of float32 samples 0.41)."""
+    LLVM can vectorise the loop (32-bit positions were the faster, docs/benchmarks.md)."""
     top = np.int32(HIST_BINS - 1)
     nowhere = np.int32(HIST_BINS)
     low = np.int32(0)

@@ -3,8 +3,8 @@
 ``gradexplorer.stats.tensor_stats.tensor_stats`` is built for the CPU. On a CUDA device the same summary costs
 some twenty small kernel launches and three host-device synchronisations per tensor, and a
 capture of resnet50 at batch 8 summarises about 500 tensors: statistics-only capture took
-9x a bare forward + backward on an H200 (``scripts/gpu_check.py``), all of it launch
-overhead and stalls, none of it arithmetic.
+several times a bare forward + backward on an H200 (``scripts/gpu_check.py``; the figures in
+docs/benchmarks.md, "On a GPU"), all of it launch overhead and stalls, none of it arithmetic.
 
 Here two fused Triton kernels compute the whole summary of a tensor (finite min and max,
 the float64 moments of ``gradexplorer.stats.tensor_stats`` (count, mean, sum of squared deviations merged by
@@ -295,7 +295,7 @@ class DeferredStats:
         # Tensors kept for gradexplorer.stats.batched (GRADEXPLORER_BATCHED_STATS=1, not yet the
         # default: to be measured on a GPU by scripts/gpu_check.py), with their bytes. On
         # the CPU the fused numba pass per tensor is several times faster than batching
-        # (resnet18: 1.4x against 9x a bare pass), so CPU tensors are batched only with
+        # (docs/benchmarks.md), so CPU tensors are batched only with
         # GRADEXPLORER_BATCHED_STATS=all (how tests run this path without a GPU).
         batched = os.environ.get("GRADEXPLORER_BATCHED_STATS", "")
         self.batched = batched in ("1", "all")

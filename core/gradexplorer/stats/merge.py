@@ -213,12 +213,12 @@ def log2_histogram(x: torch.Tensor) -> torch.Tensor:
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()  # exact: every half value is a float32 value
     if x.dtype == torch.float32:
-        # numba, when there: 3-6x faster on the CPU
+        # numba, when there: faster on the CPU (docs/benchmarks.md)
         fast = merge_cpu.fold_counts(x, _FOLD, HIST_BINS) if x.device.type == "cpu" else None
         if fast is not None:
             return fast
         # Sign and exponent live in the high 16 bits: shifting an int16 view of them reads
-        # and writes half as much memory as shifting the whole int32 (2x faster on the CPU).
+        # and writes half as much memory as shifting the whole int32.
         hi = x.view(torch.int16)[1::2] if _LITTLE_ENDIAN else x.view(torch.int16)[0::2]
         keys = (hi >> 7) + 256
         raw = torch.bincount(keys, minlength=512).cpu()
