@@ -142,8 +142,8 @@ def primary_tensor(output: Any) -> tuple[str, torch.Tensor | None]:
 
 
 #: Share of the machine's memory one capture may pin (page-lock) for its copies from a GPU.
-#: Pinned copies run without waiting (a twentieth of the time of synchronous copies to
-#: ordinary memory in a full capture on an H200: docs/benchmarks.md), but pinned memory
+#: Pinned copies run without waiting (far faster than synchronous copies to ordinary
+#: memory in a full capture on a GPU: docs/benchmarks.md), but pinned memory
 #: cannot be swapped and PyTorch keeps freed pinned blocks for reuse: past this share,
 #: copies are synchronous ones.
 PINNED_SHARE = 0.25

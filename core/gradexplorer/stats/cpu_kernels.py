@@ -147,8 +147,8 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         # LLVM cannot prove non-negative made it gather element by element.
         # The next block is asked for now, so that its read from memory (or from the
         # last-level cache, where a tensor just written lies) overlaps this block's
-        # arithmetic: inside a resnet50 capture it made the pass about a tenth faster
-        # (docs/benchmarks.md, "The CPU pass's design figures").
+        # arithmetic: inside a capture it made the pass faster (docs/benchmarks.md, "The
+        # CPU pass's design figures").
         for j in range(e, min(e + BLOCK, stop), _LINE // x.itemsize):
             prefetch(x, j)
         xb = x[b:e]
@@ -208,7 +208,7 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
 
 #: For blocks known to hold only finite values: without NaN semantics to keep, minnum and
 #: maxnum become plain vector min and max, and the zero count joins their loop (one loop
-#: instead of two, about half the time per value from the L1 cache).
+#: instead of two: docs/benchmarks.md).
 _FINITE_FASTMATH = _FASTMATH | {"nnan", "ninf"}
 
 
@@ -298,7 +298,7 @@ def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
     """The bin of each sampled value in ``torch.histc``'s arithmetic, float32 or float64
     as ``lo`` and ``width`` are (the same expression as ``gradexplorer.stats.tensor_stats``'s torch path);
     ``HIST_BINS`` for NaN and Inf. Selects, not branches, and 32-bit integers, so that
-    LLVM can vectorise the loop (32-bit positions were the faster, docs/benchmarks.md)."""
+    LLVM can vectorise the loop (32-bit positions are the faster: docs/benchmarks.md)."""
     top = np.int32(HIST_BINS - 1)
     nowhere = np.int32(HIST_BINS)
     low = np.int32(0)
