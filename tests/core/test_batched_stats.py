@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from gradexplorer.stats.batched import BLOCK, batched_stats, device_batched_stats
 from gradexplorer.stats.tensor_stats import tensor_stats
@@ -217,26 +218,34 @@ def test_on_the_cpu_small_tensors_are_summarised_together_and_the_device_batch_w
     gradients, parameters' gradients) are summarised together, in one batch for all of a
     small model, with the statistics of the value each module returned, also when an
     in-place op changes it afterwards (fc's output, by ``relu_``) and in the capture that
-    first sees that change. GRADEXPLORER_BATCHED_STATS=1 adds no device batch there."""
+    first sees that change. Statistics-only capture reads fc's output where it lies as
+    fc returns it, instead of batching a copy (gradexplorer.stats.immediate).
+    GRADEXPLORER_BATCHED_STATS=1 adds no device batch there."""
     import gradexplorer.stats.batched as module
     from gradexplorer.capturing.capture import capture
+    from gradexplorer.stats import immediate
     from tests.core.test_capture import Flip
     from tests.core.test_stats import numpy_reference
 
     torch.manual_seed(0)
     model, x = Flip(), torch.randn(3, 4)
-    device_calls, small = [], []
+    device_calls, small, now = [], [], []
     monkeypatch.setattr(module, "device_batched_stats", lambda ts, limit: device_calls.append(len(ts)))
     real = module.batched_stats
     monkeypatch.setattr(module, "batched_stats",
                         lambda ts, limit, into=None: small.append(len(ts)) or real(ts, limit, into))
+    real_add = immediate.ImmediateStats.add
+    monkeypatch.setattr(immediate.ImmediateStats, "add", lambda self, t: now.append(t.shape) or real_add(self, t))
     monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")
     for inplace in (False, True, True):
         model.inplace_next = inplace
         small.clear()
+        now.clear()
         cap = capture(model, x, mode=mode)
         want = model.fc(x).detach()
-        assert sum(small) == 4 and len(small) <= 2, small  # fc's output, its gradient, weight's and bias's
+        # fc's output, its gradient, weight's and bias's; the output read at once in statistics-only capture
+        assert now == ([want.shape] if mode == "stats" and immediate.available() else []), now
+        assert sum(small) + len(now) == 4 and len(small) <= 2, small
         got = cap["fc"].calls[0].stats["activation"]
         ref = numpy_reference(want)
         assert (got["min"], got["max"], got["numel"]) == (ref["min"], ref["max"], ref["numel"])
@@ -349,3 +358,47 @@ def test_the_statistics_of_a_batch_of_tensors_equal_each_tensors_own(monkeypatch
             assert _same(dev[key], got[key]), (name, key)
         if got["numel"] > got["nan_count"] + got["inf_count"]:
             assert_within_contract_of(dev, got, name)
+
+
+def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
+    """``ImmediateStats`` (a small output read where it lies when its module returns, its
+    record filled at the flush) gives every tensor the very record ``tensor_stats`` gives
+    it alone, number for number, and within the accuracy contract of float64 NumPy: the
+    adversarial set's tensors that it takes (float32, float16, bfloat16 of up to the
+    histogram's exact limit) and 300 seeded ones at the kernel's edges, over more than one
+    chunk of rows. Read at the moment it is added: a later change to a tensor does not
+    reach its record. What it cannot read where it lies is refused (``None``)."""
+    from gradexplorer.stats import immediate
+    from gradexplorer.stats.moments import HIST_EXACT_LIMIT
+    from tests.core.test_stats import _random_case
+
+    if not immediate.available():
+        pytest.skip("numba is not installed")
+    names, tensors = _all()
+    names += [f"seeded {i}" for i in range(300)]
+    tensors += [_random_case(i) for i in range(300)]
+    taken = [(n, t) for n, t in zip(names, tensors)
+             if t.dtype in immediate.DTYPES and 0 < t.numel() <= HIST_EXACT_LIMIT and t.is_contiguous()]
+    assert len(taken) > immediate.CHUNK and {t.dtype for _n, t in taken} == set(immediate.DTYPES)
+    now = immediate.ImmediateStats(HIST_EXACT_LIMIT)
+    changed = torch.randn(64)
+    want = tensor_stats(changed)
+    records = [now.add(t) for _n, t in taken] + [now.add(changed)]
+    changed.mul_(-3.0)  # after it was read: its record is of the value it had then
+    assert all(r is not None for r in records)
+    now.fill()
+    for (name, t), got in zip(taken, records):
+        alone = tensor_stats(t)
+        assert sorted(got) == sorted(alone), name
+        for key in alone:
+            assert _same(got[key], alone[key]), (name, key, got[key], alone[key])
+        if not name.startswith("seeded"):
+            assert_matches_reference(got, t)
+    assert records[-1]["min"] == want["min"] and records[-1]["mean"] == want["mean"]
+    refused = {"float64": torch.randn(8, dtype=torch.float64), "int": torch.arange(8),
+               "transposed": torch.randn(4, 6).t(), "negative view": torch._neg_view(torch.randn(8)),
+               "a subclass": nn.Parameter(torch.randn(8)), "not in memory": torch.empty(8, device="meta"),
+               "over the limit": torch.randn(HIST_EXACT_LIMIT + 1)}
+    for name, t in refused.items():
+        assert now.add(t) is None, name
+    assert len(now) == 0  # nothing pending: the refused ones left no row

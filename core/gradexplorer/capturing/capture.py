@@ -517,6 +517,13 @@ class _Recorder:
         if not self.full:
             # Statistics only: no copy is kept, so no earlier record can be compared with y
             # and serve it, nor can this one serve a later call: no note of it either.
+            now = summaries.now
+            if now is not None and 0 < y.numel() <= summaries.now_values:
+                # Read where it lies, at once (gradexplorer.stats.immediate): the copy the
+                # batch below needs cost more than the rest of a small call's statistics.
+                stats = now(y)
+                if stats is not None:
+                    return stats, None
             if (summaries.small_on and y.is_cpu and y.dtype in SMALL_DTYPES
                     and 0 < y.numel() <= SMALL_VALUES):  # as below
                 return summaries.hold_small(y.detach().clone(memory_format=torch.contiguous_format)), None

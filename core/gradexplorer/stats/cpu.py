@@ -161,7 +161,7 @@ def prepare(dtypes: Any) -> list[torch.dtype]:
     return done
 
 
-def _table(dtype: torch.dtype) -> Any:
+def widening_table(dtype: torch.dtype) -> Any:
     """float32 value of every 16-bit pattern of a half type."""
     tab = _tables.get(dtype)
     if tab is None:
@@ -178,7 +178,7 @@ def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
     if not x.is_cpu or x.is_complex():
         return None
     if x.dtype in _HALF:
-        table = _table(x.dtype)
+        table = widening_table(x.dtype)
         x = x.contiguous().reshape(-1).view(torch.int16)
         return x.numpy().view("uint16"), table
     if x.dtype not in _NUMPY_DTYPES:
@@ -346,7 +346,7 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
     half = dtype in _HALF
     if half:
         like = k["uint16"]
-        table = _table(dtype)
+        table = widening_table(dtype)
     else:
         like = k["float64_empty"] if dtype == torch.float64 else k["float32_empty"]
         table = k["no_table"]
@@ -366,12 +366,25 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
     del held  # (kept alive through the call above)
     if first:
         compile_seconds[key] = time.perf_counter() - t0
+    records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
+    return records_from_rows(rows, hists, sizes, numels, (steps == 1).tolist(), records,
+                             tensors if dtype == torch.float64 else None, hist_limit)
+
+
+def records_from_rows(rows: Any, hists: Any, sizes: Any, numels: list[int], exact: list[bool],
+                      records: list[TensorStats], float64_tensors: list[torch.Tensor] | None,
+                      hist_limit: int | None) -> list[TensorStats]:
+    """The records of the kernels' result rows (``cpu_kernels.RESULT`` columns, one per
+    tensor) and histograms (``hists``, float32, one row per tensor), written into
+    ``records`` (empty ones, as handed out) and returned. ``sizes``: the tensors' value
+    counts as an int64 array, ``numels`` the same as a list; ``exact``: whether each
+    histogram counted every value. ``float64_tensors``: the tensors themselves when they
+    are float64, whose squares may leave float64 (then the scaled torch path summarises
+    them); ``None`` for float32 and half tensors, whose rows are always enough."""
     # One view per tensor of the one histogram table (unbind: one call for all).
     views = torch.from_numpy(hists).unbind(0)
-    records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
-    exact = (steps == 1).tolist()
-    if dtype == torch.float64:
-        return [_record_of(row, views[i], numels[i], exact[i], True, records[i], tensors[i], hist_limit)
+    if float64_tensors is not None:
+        return [_record_of(row, views[i], numels[i], exact[i], True, records[i], float64_tensors[i], hist_limit)
                 for i, row in enumerate(rows.tolist())]
     # stats_from_moments's arithmetic for every row at once, in the same float64 operations
     # in the same order (each rounded once, as Python's floats are): the same numbers, with
@@ -396,8 +409,8 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
             l2.tolist(), zero_fraction.tolist(), nan_count.tolist(), inf_count.tolist(), rows[:, 10].tolist(),
             rows[:, 11].tolist(), exact, records)):
         if not usual[i]:
-            out.append(_record_of(rows[i].tolist(), views[i], numels[i], whole, False, record, tensors[i],
-                                  hist_limit))
+            # (not float64: _stats_of always has the record, no tensor is needed)
+            out.append(_record_of(rows[i].tolist(), views[i], numels[i], whole, False, record, None, hist_limit))
             continue
         # stats_from_moments's record, inline (written for speed: one per small tensor)
         record["numel"] = numels[i]
@@ -419,11 +432,13 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
 
 
 def _record_of(row: list, hist: torch.Tensor, n: int, exact: bool, wide: bool, record: TensorStats,
-               t: torch.Tensor, hist_limit: int | None) -> TensorStats:
+               t: torch.Tensor | None, hist_limit: int | None) -> TensorStats:
     """The record of one kernel result row, written into ``record`` (``_stats_of``, with the
-    torch path where float64 values left float64's range in their squares)."""
+    torch path where float64 values (``wide``, ``t`` given) left float64's range in their
+    squares)."""
     got = _stats_of(row, hist, n, exact, wide, record)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
+        assert t is not None, "only float64 rows need their tensor"
         record.update(torch_stats(t, hist_limit))
         got = record
     return got

@@ -44,11 +44,13 @@ import contextlib
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 
-from gradexplorer.stats import batched, cpu as cpu_stats
+from gradexplorer.stats import batched, cpu as cpu_stats, immediate
+from gradexplorer.stats.immediate import ImmediateStats
 from gradexplorer.stats.moments import (
     HIST_BINS,
     fused_cpu_enabled,
@@ -312,6 +314,17 @@ class DeferredStats:
         self._small: list[TensorStats] = []
         self._small_tensors: list[torch.Tensor] = []
         self._small_bytes = 0
+        # Small CPU outputs summarised as they are handed over, where they lie, instead of
+        # copied for the batch (gradexplorer.stats.immediate): ``now(t)`` gives the record,
+        # filled at the flush, or None for a tensor it cannot read (then hold a copy). Callers
+        # skip the call for tensors over ``now_values`` values. None when that path is unavailable.
+        self.now: Callable[[torch.Tensor], TensorStats | None] | None = None
+        self.now_values = 0
+        self._immediate: ImmediateStats | None = None
+        if self.small_on and immediate.available():
+            limit = SMALL_VALUES if hist_limit is None else max(0, min(SMALL_VALUES, hist_limit))
+            self._immediate = ImmediateStats(limit)
+            self.now, self.now_values = self._immediate.add, limit
 
     def _use_fused(self, t: torch.Tensor) -> bool:
         if self.fused is False or t.dtype not in _DTYPES or t.numel() == 0:
@@ -413,7 +426,9 @@ class DeferredStats:
 
     def flush(self) -> None:
         """Summarise the tensors kept by ``summarize_later`` (and the small CPU tensors) now,
-        together, and let them go."""
+        together, and let them go; fill the records of the ones summarised as handed over."""
+        if self._immediate is not None:
+            self._immediate.fill()
         self._flush_small()
         if self._later:
             try:
@@ -443,4 +458,5 @@ class DeferredStats:
         self._pending.clear()
 
     def __len__(self) -> int:
-        return len(self._pending) + len(self._later) + len(self._small)
+        return (len(self._pending) + len(self._later) + len(self._small)
+                + (len(self._immediate) if self._immediate is not None else 0))
