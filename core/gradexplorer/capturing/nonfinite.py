@@ -309,7 +309,12 @@ class OnsetTracker:
 
         forward: ForwardOnset | None = None
         for name, index, module, inputs, source in self.events:
-            if bad(source) and not any(bad(s) for s in inputs):
+            if type(source) is dict:  # (most outputs: a recorded one's statistics; bad, inline)
+                if not (source and (source["nan_count"] or source["inf_count"])):
+                    continue
+            elif not bad(source):
+                continue
+            if not any(bad(s) for s in inputs):
                 nan, inf = _counts(source)
                 has_children = (self._has_children(name) if self._has_children is not None
                                 else next(module.children(), None) is not None)

@@ -15,6 +15,10 @@ cpu
     The fused numba pass on the CPU.
 cpu_kernels
     Its numba kernels (compiled on first use).
+immediate
+    Small CPU tensors summarised the moment they are handed over, where they lie (no copy).
+immediate_kernels
+    Its compiled C functions, called through ``ctypes``.
 device
     The fused Triton kernels for GPU tensors, read without waiting on the GPU.
 batched
@@ -27,5 +31,5 @@ merge_kernels
     Their numba kernels.
 """
 
-__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "device", "batched", "merge", "merge_cpu",
-           "merge_kernels"]
+__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "immediate", "immediate_kernels", "device",
+           "batched", "merge", "merge_cpu", "merge_kernels"]
