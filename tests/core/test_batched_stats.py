@@ -402,3 +402,33 @@ def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
     for name, t in refused.items():
         assert now.add(t) is None, name
     assert len(now) == 0  # nothing pending: the refused ones left no row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_statistics_only_capture_reads_outputs_where_they_lie_and_agrees_with_full(dtype):
+    """Statistics-only capture reads each small output where it lies as its module returns;
+    full capture summarises the copy it keeps, in the batch. The two give every call's
+    activation the same record, key for key, and both equal float64 NumPy on the kept copy
+    within the accuracy contract."""
+    from gradexplorer.capturing.capture import capture
+    from gradexplorer.stats import immediate
+    from tests.core.test_stats import numpy_reference
+
+    if not immediate.available():
+        pytest.skip("numba is not installed")
+    torch.manual_seed(0)
+    model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(16, 16), nn.GELU())]).to(dtype)
+    x = torch.randn(5, 16, dtype=dtype)
+    stats, full = capture(model, x, mode="stats"), capture(model, x, mode="full")
+    compared = 0
+    for name in full.layers:
+        for a, b in zip(stats[name].calls, full[name].calls):
+            got, want = a.stats["activation"], b.stats["activation"]
+            assert sorted(got) == sorted(want), name
+            for key in want:
+                assert _same(got[key], want[key]), (name, key, got[key], want[key])
+            ref = numpy_reference(b.activation)
+            assert (got["min"], got["max"]) == (ref["min"], ref["max"])
+            assert got["mean"] == pytest.approx(ref["mean"], abs=CONTRACT * ref["mean_abs"])
+            compared += 1
+    assert compared == 12  # the twelve leaves
