@@ -367,20 +367,20 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
     if first:
         compile_seconds[key] = time.perf_counter() - t0
     records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
-    return records_from_rows(rows, hists, sizes, numels, (steps == 1).tolist(), records,
+    return records_from_rows(rows, hists, numels, (steps == 1).tolist(), records,
                              tensors if dtype == torch.float64 else None, hist_limit)
 
 
-def records_from_rows(rows: Any, hists: Any, sizes: Any, numels: list[int], exact: list[bool],
+def records_from_rows(rows: Any, hists: Any, numels: list[int], exact: list[bool],
                       records: list[TensorStats], float64_tensors: list[torch.Tensor] | None,
                       hist_limit: int | None) -> list[TensorStats]:
     """The records of the kernels' result rows (``cpu_kernels.RESULT`` columns, one per
     tensor) and histograms (``hists``, float32, one row per tensor), written into
-    ``records`` (empty ones, as handed out) and returned. ``sizes``: the tensors' value
-    counts as an int64 array, ``numels`` the same as a list; ``exact``: whether each
-    histogram counted every value. ``float64_tensors``: the tensors themselves when they
-    are float64, whose squares may leave float64 (then the scaled torch path summarises
-    them); ``None`` for float32 and half tensors, whose rows are always enough."""
+    ``records`` (empty ones, as handed out) and returned. ``numels``: the tensors' value
+    counts; ``exact``: whether each histogram counted every value. ``float64_tensors``:
+    the tensors themselves when they are float64, whose squares may leave float64 (then the
+    scaled torch path summarises them); ``None`` for float32 and half tensors, whose rows
+    are always enough."""
     # One view per tensor of the one histogram table (unbind: one call for all).
     views = torch.from_numpy(hists).unbind(0)
     if float64_tensors is not None:
@@ -390,6 +390,7 @@ def records_from_rows(rows: Any, hists: Any, sizes: Any, numels: list[int], exac
     # in the same order (each rounded once, as Python's floats are): the same numbers, with
     # a few NumPy calls for the batch instead of a call and its Python per tensor (a
     # capture's hundreds of small tensors: the records cost more than the kernel).
+    sizes = np.array(numels, np.int64)
     nan_count = rows[:, 7].astype(np.int64)
     inf_count = rows[:, 8].astype(np.int64)
     m = sizes - nan_count - inf_count  # the finite values (int, as stats_from_moments)

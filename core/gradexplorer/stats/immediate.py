@@ -114,7 +114,6 @@ class ImmediateStats:
         }
         for slot, array in self._held.items():
             self._context[slot] = array.ctypes.data
-        self._tables: dict[torch.dtype, Any] = {}
         self._rows_slot, self._hists_slot, self._table_slot = k.ROWS, k.HISTS, k.TABLE
         self._columns = k.RESULT
         self._records: list[TensorStats] = []
@@ -136,10 +135,7 @@ class ImmediateStats:
             function = self._float32
         elif dtype is torch.float16 or dtype is torch.bfloat16:
             function = self._half
-            table = self._tables.get(dtype)
-            if table is None:
-                table = self._tables[dtype] = cpu_stats.widening_table(dtype)
-            self._context[self._table_slot] = table.ctypes.data
+            self._context[self._table_slot] = cpu_stats.widening_table(dtype).ctypes.data
         else:
             return None
         # Host memory of the plain type only: a subclass may hold no memory of its own.
@@ -172,8 +168,7 @@ class ImmediateStats:
         self._records, self._numels = [], []
         rows, hists = self._rows[:count], self._hists[:count]
         self._new_chunk()
-        cpu_stats.records_from_rows(rows, hists, np.array(numels, np.int64), numels, [True] * count, records,
-                                    None, None)
+        cpu_stats.records_from_rows(rows, hists, numels, [True] * count, records, None, None)
 
     def __len__(self) -> int:
         return len(self._records)
