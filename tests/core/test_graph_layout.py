@@ -132,6 +132,33 @@ def test_svg_colour_bar_spans_the_coloured_nodes_with_power_of_ten_ticks():
 
 
 @pytest.mark.slow
+def test_the_igraph_engine_survives_graphs_of_every_shape():
+    """The installed igraph lays out 5,000 random directed acyclic graphs (the shape of a
+    model's graph): separate components, isolated nodes, repeated edges, edges that span
+    several layers. igraph 1.0's Sugiyama layout reads past the end of its layout matrix on
+    such graphs (a component with a dummy vertex followed by other components) and crashed
+    the window's process at random; this run crashes it every time, in a process of its own."""
+    import subprocess
+    import sys
+
+    if "igraph" not in available_engines():
+        pytest.skip("igraph is not installed here")
+    code = (
+        "import random, igraph\n"
+        "random.seed(0)\n"
+        "for _ in range(5000):\n"
+        "    n = random.choice([3, 5, 10, 30, 100])\n"
+        "    edges = [tuple(sorted(random.sample(range(n), 2)))\n"
+        "             for _ in range(random.choice([1, n // 2, n, 2 * n]))]\n"
+        "    layout = igraph.Graph(n=n, edges=edges, directed=True).layout_sugiyama(maxiter=50)\n"
+        "    assert len(layout.coords) >= n\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])
+
+
+@pytest.mark.slow
 def test_a_dot_layout_does_not_import_igraph_and_preload_does():
     """igraph's import (0.3-1.2 s, holding the GIL) is kept out of the first paint: choosing
     an engine only looks igraph up; preload_engines imports it in a worker beforehand."""
