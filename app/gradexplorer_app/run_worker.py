@@ -12,6 +12,7 @@ may be called from the worker thread (it is delivered to the GUI thread), and
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,12 @@ Progress = Callable[[str, int, int], None]
 Task = Callable[[Progress, threading.Event], Any]
 
 _pool: QThreadPool | None = None
+#: Every task started and not yet returned, whichever runner started it: (cancel, ended).
+_running: dict[int, tuple[threading.Event, threading.Event]] = {}
+_running_lock = threading.Lock()
+#: How long the interpreter's exit waits for tasks still running (a layout or a load that
+#: cannot stop mid-call); past it, exit goes on as before.
+EXIT_WAIT_S = 30.0
 
 
 def thread_pool() -> QThreadPool:
@@ -35,7 +42,29 @@ def thread_pool() -> QThreadPool:
     if _pool is None:
         _pool = QThreadPool()
         _pool.setMaxThreadCount(4)
+        # A task still running while the interpreter tears itself down runs Python (or a
+        # library's C code that calls back into it) over freed modules and crashes the
+        # process: the window closed during a graph layout, a notebook kernel shut down
+        # during a capture. Cancel and wait while the interpreter is whole.
+        atexit.register(shutdown_all, EXIT_WAIT_S)
     return _pool
+
+
+def shutdown_all(timeout_s: float = 10.0) -> bool:
+    """Cancel every task of every runner and wait until each has returned (at exit, and
+    after each GUI test). True when none is left running."""
+    with _running_lock:
+        running = list(_running.values())
+    for cancel, _ in running:
+        cancel.set()
+    end = time.monotonic() + timeout_s
+    return all(ended.wait(max(0.0, end - time.monotonic())) for _, ended in running)
+
+
+def running_tasks() -> int:
+    """How many tasks have started (or are queued) and not yet returned, in all runners."""
+    with _running_lock:
+        return len(_running)
 
 
 class _JobSignals(QObject):
@@ -72,6 +101,8 @@ class _Job(QRunnable):
         else:
             _emit(signals.done, gen, result, time.perf_counter() - start)
         finally:
+            with _running_lock:
+                _running.pop(id(self.ended), None)
             self.ended.set()
 
 
@@ -145,6 +176,8 @@ class TaskRunner(QObject):
         ended = self._ended[gen] = threading.Event()
         self._set_busy(True)
         self.started.emit(gen)
+        with _running_lock:
+            _running[id(ended)] = (cancel, ended)
         thread_pool().start(_Job(gen, fn, cancel, signals, ended))
         return gen
 

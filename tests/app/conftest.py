@@ -33,6 +33,17 @@ def demo(qtbot, window):
 
 
 @pytest.fixture(autouse=True)
+def _no_task_outlives_its_test():
+    """Whatever a test started in a worker thread is cancelled and waited for when it ends:
+    a layout or load left running into the next test, or into the process's exit, runs
+    Python over a torn-down interpreter (a crash at exit, not a failure anyone can read)."""
+    yield
+    from gradexplorer_app import run_worker
+
+    assert run_worker.shutdown_all(60.0), "a task of this test was still running 60 s after it was cancelled"
+
+
+@pytest.fixture(autouse=True)
 def _throwaway_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADEXPLORER_SETTINGS", str(tmp_path / "settings.ini"))
     yield

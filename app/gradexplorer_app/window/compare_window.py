@@ -232,9 +232,14 @@ class CompareWindow(QMainWindow):
             error_dialog.show_error(self, "Cannot export", exc)
             return None
 
-    def closeEvent(self, event: QCloseEvent) -> None:
+    def shutdown(self) -> None:
+        """Cancel this window's comparison and graph work and wait for it (on close, and
+        when the main window shuts down)."""
         self.runner.shutdown()
         self.graph_panel.shutdown()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.shutdown()
         super().closeEvent(event)
 
 

@@ -123,6 +123,7 @@ class MainWindow(QMainWindow):
         self.devices = devices
         self.view_state = ViewState()
         self.timeline_windows: list[TimelineWindow] = []
+        self.compare_windows: list[CompareWindow] = []
         #: The width each closed side panel reopens at, by its index in the splitter.
         self._panel_widths: dict[int, int] = {}
         #: Failures of listeners already shown in a dialog (``_on_listener_failed``).
@@ -647,6 +648,8 @@ class MainWindow(QMainWindow):
         from gradexplorer_app.window.compare_window import compare_with
 
         self.compare_window = compare_with(self, self.session, [d.name for d in self.devices])
+        if self.compare_window is not None:
+            self.compare_windows.append(self.compare_window)
         return self.compare_window
 
     # -- exports of what the views show -------------------------------------------------------------
@@ -745,6 +748,8 @@ class MainWindow(QMainWindow):
         self.graph_panel.shutdown()
         for window in self.timeline_windows:
             window.view.shutdown()
+        for compare in self.compare_windows:
+            compare.shutdown()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         running = ("A run" if self.controller.is_running()
