@@ -33,8 +33,11 @@ lint: $(STAMP)
 
 # pytest-xdist: the tests of one file run in one process (their module fixtures are built
 # once), files are dealt out to PYTEST_WORKERS processes; PYTEST_WORKERS=0 runs in this one.
+# A worker that crashes ends the run at once, naming the test it ran: under --dist loadfile
+# a replaced worker can wait for work that never comes, and the run hangs until killed.
 PYTEST_WORKERS ?= 2
-PYTEST := QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20
+PYTEST := QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	--max-worker-restart=0 --durations=20
 
 test: lint
 	$(PYTEST) $(PYTEST_ARGS)

@@ -151,6 +151,9 @@ class ImmediateStats:
         if not 0 < n <= self.limit:  # (the scratch space holds ``limit`` values: never past it)
             return None
         row = len(self._records)
+        if row >= CHUNK:  # (never, in one thread: the last row fills the chunk; but the
+            self.fill()   # kernel writes where ``row`` says, so never past the table)
+            row = 0
         function(address, n, row, self._context_address)
         record = cast(TensorStats, {})
         self._records.append(record)
