@@ -29,7 +29,7 @@ Task = Callable[[Progress, threading.Event], Any]
 
 _pool: QThreadPool | None = None
 #: Every task started and not yet returned, whichever runner started it: (cancel, ended).
-_running: dict[int, tuple[threading.Event, threading.Event]] = {}
+_running: set[tuple[threading.Event, threading.Event]] = set()
 _running_lock = threading.Lock()
 #: How long the interpreter's exit waits for tasks still running (a layout or a load that
 #: cannot stop mid-call); past it, exit goes on as before.
@@ -42,10 +42,10 @@ def thread_pool() -> QThreadPool:
     if _pool is None:
         _pool = QThreadPool()
         _pool.setMaxThreadCount(4)
-        # A task still running while the interpreter tears itself down runs Python (or a
-        # library's C code that calls back into it) over freed modules and crashes the
-        # process: the window closed during a graph layout, a notebook kernel shut down
-        # during a capture. Cancel and wait while the interpreter is whole.
+        # At exit Qt's pool waits for the tasks still running (the window closed during a
+        # graph layout, a kernel shut down during a capture): one that stops only when
+        # cancelled held the exit for ever. Cancel them, and wait while the interpreter is
+        # still whole rather than during its teardown.
         atexit.register(shutdown_all, EXIT_WAIT_S)
     return _pool
 
@@ -54,7 +54,7 @@ def shutdown_all(timeout_s: float = 10.0) -> bool:
     """Cancel every task of every runner and wait until each has returned (at exit, and
     after each GUI test). True when none is left running."""
     with _running_lock:
-        running = list(_running.values())
+        running = list(_running)
     for cancel, _ in running:
         cancel.set()
     end = time.monotonic() + timeout_s
@@ -102,7 +102,7 @@ class _Job(QRunnable):
             _emit(signals.done, gen, result, time.perf_counter() - start)
         finally:
             with _running_lock:
-                _running.pop(id(self.ended), None)
+                _running.discard((self.cancel, self.ended))
             self.ended.set()
 
 
@@ -177,7 +177,7 @@ class TaskRunner(QObject):
         self._set_busy(True)
         self.started.emit(gen)
         with _running_lock:
-            _running[id(ended)] = (cancel, ended)
+            _running.add((cancel, ended))
         thread_pool().start(_Job(gen, fn, cancel, signals, ended))
         return gen
 

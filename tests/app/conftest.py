@@ -35,8 +35,7 @@ def demo(qtbot, window):
 @pytest.fixture(autouse=True)
 def _no_task_outlives_its_test():
     """Whatever a test started in a worker thread is cancelled and waited for when it ends:
-    a layout or load left running into the next test, or into the process's exit, runs
-    Python over a torn-down interpreter (a crash at exit, not a failure anyone can read)."""
+    a layout or load left running crosses into the next test, or holds up the process's exit."""
     yield
     from gradexplorer_app import run_worker
 

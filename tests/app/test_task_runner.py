@@ -75,7 +75,7 @@ def test_a_task_running_when_the_interpreter_exits_is_cancelled_and_waited_for(t
     """A script that ends while a task runs (a window closed during a graph layout, a kernel
     shut down during a capture): the task is cancelled and returns while the interpreter is
     whole, and the process exits cleanly. Nothing else would ever cancel this task: without
-    the wait at exit the process hangs, or runs it over a torn-down interpreter."""
+    the cancel and wait at exit the process hangs."""
     marker = tmp_path / "returned"
     script = tmp_path / "script.py"
     script.write_text(
