@@ -381,6 +381,78 @@ def test_the_fused_histogram_is_torch_histc_of_the_same_sample():
         assert torch.allclose(fused["hist"], plain["hist"], rtol=1e-6)
 
 
+def _tiny_ranges() -> dict[str, torch.Tensor]:
+    """float32 (and bfloat16) tensors whose whole range lies within 2^-64, where the
+    histogram's float32 differences can be subnormal: the kernel bins them from values
+    scaled by 2^64 (cpu_kernels._positions_tiny)."""
+    g = torch.Generator().manual_seed(21)
+    steps = torch.randint(-2**23, 2**23, (5000,), generator=g, dtype=torch.int64)
+    grid = torch.randint(0, 129, (3000,), generator=g, dtype=torch.int64)
+    mixed = 1e-39 * torch.randn(4000, generator=g)
+    mixed[::5] = 1e-25 * torch.randn(800, generator=g)
+    edges = grid.double() * 2.0 ** -149  # values on the bin edges of [0, 128 * 2^-149]
+    edges[:2] = torch.tensor([0.0, 128 * 2.0 ** -149], dtype=torch.float64)
+    return {
+        "every_subnormal_step": (steps.double() * 2.0 ** -149).float(),
+        "on_bin_edges": edges.float(),
+        "subnormal_and_1e-25": mixed,
+        "vanishing_gradient_1e-42": 1e-42 * torch.randn(4096, generator=g),
+        "with_nan_inf": torch.cat([1e-40 * torch.randn(700, generator=g), torch.tensor([float("nan"), float("inf")])]),
+        "bf16_subnormal": (1e-39 * torch.randn(3000, generator=g)).bfloat16(),
+    }
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+@pytest.mark.parametrize("case", sorted(_tiny_ranges()))
+def test_histograms_of_subnormal_ranges_are_torch_histc_of_the_same_values(case):
+    # The per-tensor pass, the batch of tensors read where they lie, and the immediate
+    # path of a capture's small outputs all bin through finish_into: each gives torch.histc's
+    # float32 bins, count for count.
+    from gradexplorer.stats import immediate
+
+    t = _tiny_ranges()[case]
+    fin = t[torch.isfinite(t)].double()
+    assert 0 < float(fin.abs().max()) < 2.0 ** -64 and float(fin.max()) > float(fin.min())
+    plain = torch_stats(t)
+    many = cpu_stats.summarize_many([_randn(300), t, _randn(64)], 1 << 20)
+    got = [tensor_stats(t), many[1]]
+    if immediate.available():
+        now = immediate.ImmediateStats(1 << 20)
+        record = now.add(t)
+        now.fill()
+        got.append(record)
+    for stats in got:
+        assert stats["hist_range"] == plain["hist_range"] and stats["hist_exact"]
+        assert torch.equal(stats["hist"], plain["hist"]), (stats["hist"], plain["hist"])
+        assert_matches_reference(stats, t)
+
+
+@pytest.mark.skipif(numba_missing, reason="numba is not installed")
+def test_scaled_positions_equal_the_float32_formula_bit_for_bit():
+    # The bins of the scaled loop against the unscaled float32 formula (each difference
+    # rounded once, times HIST_BINS, over the width), on random tiny ranges of every kind.
+    from gradexplorer.stats import cpu_kernels as k
+
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        n = int(rng.integers(2, 700))
+        kind = trial % 3
+        if kind == 0:
+            x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-45, -20)).astype(np.float32)
+        elif kind == 1:
+            x = (rng.integers(-2**23, 2**23, n).astype(np.float64) * 2.0 ** -149).astype(np.float32)
+        else:
+            x = (rng.integers(0, 200, n) * 2.0 ** -149).astype(np.float32)
+        lo, hi = float(x.min()), float(x.max())
+        if not hi > lo:
+            continue
+        lo32 = np.float32(lo)
+        plain, scaled = np.empty(n, np.int32), np.empty(n, np.int32)
+        k._positions(x, lo32, np.float32(np.float32(hi) - lo32), plain)
+        k._positions_tiny(x, float(lo32), np.float32((hi - float(lo32)) * 2.0 ** 64), scaled)
+        np.testing.assert_array_equal(scaled, plain)
+
+
 def test_a_numba_failure_falls_back_to_torch_operations_for_good(monkeypatch, caplog):
     if numba_missing:
         pytest.skip("numba is not installed")

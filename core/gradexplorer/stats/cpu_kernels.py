@@ -311,6 +311,39 @@ def _positions(sample: Any, lo: Any, width: Any, pos: Any) -> None:
         pos[k] = p if ok else nowhere
 
 
+#: Below this magnitude a float32 range is binned from values scaled by ``_TINY_SCALE``.
+_TINY = 2.0 ** -64
+_TINY_SCALE = 2.0 ** 64
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _positions_tiny(sample: Any, lo: float, width: Any, pos: Any) -> None:
+    """``_positions`` in float32 for a range within (-2^-64, 2^-64), where float32 values
+    ``v - lo`` can be subnormal: each value's distance from ``lo`` (a float32 value, as
+    float64) is taken in float64 and scaled by 2^64 before its rounding to float32;
+    ``width`` is the float32 width scaled the same.
+
+    The same bins as ``_positions(sample, float32(lo), width / 2^64, pos)``, bit for bit:
+    rounding the float64 difference to float32 rounds the exact difference once (float64
+    has more than twice float32's precision plus two bits), scaling by a power of two
+    commutes with rounding while nothing over- or underflows (the scaled values lie within
+    [2^-85, 2]; an unscaled difference below 2^-126 is a multiple of 2^-149, hence exact),
+    and the quotient is the same number. Only the speed differs: on CPUs that handle
+    subnormal results with microcode assists (Intel's), a tensor of subnormal values (a
+    vanishing gradient) took 8.5 ns per value here instead of 0.25."""
+    top = np.int32(HIST_BINS - 1)
+    nowhere = np.int32(HIST_BINS)
+    low = np.int32(0)
+    bins = np.float32(HIST_BINS)
+    for k in range(sample.size):
+        v = np.float64(sample[k])
+        ok = abs(v) < _INF
+        d = np.float32((v - lo) * _TINY_SCALE) if ok else np.float32(0.0)
+        p = np.int32(d * bins / width)
+        p = min(max(p, low), top)
+        pos[k] = p if ok else nowhere
+
+
 @njit(cache=True, nogil=True)
 def _tally(pos: Any, loc: Any) -> None:
     """Counts of the positions 0..HIST_BINS into ``loc[0]`` (``loc``: (4, HIST_BINS + 1)
@@ -370,6 +403,9 @@ def finish_into(res: Any, n: int, sample: Any, wide: bool, out: Any, counts: Any
     where = pos[:sample.size]
     if wide:
         _positions(sample, hlo, width, where)
+    elif max(abs(hlo), abs(hhi)) < _TINY:
+        # Float32 differences that may be subnormal: the same bins, from scaled values.
+        _positions_tiny(sample, np.float64(lo32), np.float32((hhi - np.float64(lo32)) * _TINY_SCALE), where)
     else:
         _positions(sample, lo32, width32, where)
     _tally(where, loc)
