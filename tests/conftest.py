@@ -51,3 +51,22 @@ def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
         if g is not None:
             assert torch.equal(g, h), f".grad of {n} changed"
     assert_no_hooks(model)
+
+
+def pytest_configure(config):
+    """Compile the numba kernels once, in one process, before any test runs.
+
+    Under xdist each worker would otherwise compile the kernels it meets first and load the
+    others from the cache another worker wrote; the two kinds can order a block's float64
+    sums differently (``gradexplorer.stats.cpu.prepare``), and the tests that demand the
+    batched statistics equal each tensor's own to the last bit would then depend on which
+    worker compiled what. A separate process, so that this one (or a worker) starts as a
+    user's would, with the kernels in numba's on-disk cache.
+    """
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller has done it
+        return
+    import subprocess
+
+    code = ("import torch\nfrom gradexplorer.stats import cpu\n"
+            "cpu.prepare([torch.float32, torch.float64, torch.float16, torch.bfloat16])\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, timeout=900)

@@ -141,9 +141,16 @@ def needs_preparing(dtypes: Any) -> bool:
 
 def prepare(dtypes: Any) -> list[torch.dtype]:
     """Compile the kernels for ``dtypes`` now (or load them from numba's on-disk cache),
-    serial and parallel, so that a capture's first hooks do not pay for it in the middle
-    of its forward (seconds per dtype the first time on a machine, much less from numba's
-    cache: docs/benchmarks.md, "Where the time goes").
+    serial, parallel and batched (``summarize_many``'s), so that a capture's first hooks
+    and first flush do not pay for it in the middle of its forward (seconds per dtype the
+    first time on a machine, much less from numba's cache: docs/benchmarks.md, "Where the
+    time goes").
+
+    Kernels compiled in one process agree with each other to the last bit, and so do
+    kernels loaded from one process's cache; a kernel compiled here beside one loaded from
+    a cache that another process wrote may order a block's float64 sums differently (other
+    vector code for the same ``fastmath`` loop): about 1e-14 relative, far inside the
+    accuracy contract, but no longer the same number on both paths.
 
     Returns
     -------
@@ -156,6 +163,8 @@ def prepare(dtypes: Any) -> list[torch.dtype]:
             continue
         for n in (8, _SERIAL_LIMIT + 1):  # the serial kernel, and the parallel one where used
             summarize(torch.zeros(n, dtype=d), None)
+        if d in _MANY_DTYPES:
+            summarize_many([torch.zeros(8, dtype=d)], None)
         _prepared.add(d)
         done.append(d)
     return done
