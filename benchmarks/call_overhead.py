@@ -229,14 +229,18 @@ def measure(spec: str, repeats: int, kinds: tuple[str, ...], clock: str = "cpu")
         finally:
             watched.close()
     out: dict = {"model": spec, "calls": calls}
+
+    def base(k: str) -> str:
+        return "bare_train" if k == "watch" else "bare"
+
     # Paired: each repeat's pass of a kind less the bare pass of the same repeat (timed next
     # to it, under the same load), then the median over repeats. On a shared machine whose
     # speed drifts, the difference of two separate medians moved twice as much.
     out["per_call_us"] = {
-        k: statistics.median(t - b for t, b in zip(v, times["bare_train" if k == "watch" else "bare"]))
+        k: statistics.median(t - b for t, b in zip(v, times[base(k)]))
         / calls * 1e6 for k, v in times.items() if not k.startswith("bare")}
     best = {k: min(v) for k, v in times.items()}
-    out["per_call_us_min"] = {k: (best[k] - best["bare_train" if k == "watch" else "bare"]) / calls * 1e6
+    out["per_call_us_min"] = {k: (best[k] - best[base(k)]) / calls * 1e6
                               for k in times if not k.startswith("bare")}
     out["bare_s"] = statistics.median(times["bare"])
     return out

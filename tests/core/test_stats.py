@@ -429,8 +429,9 @@ def test_histograms_of_subnormal_ranges_are_torch_histc_of_the_same_values(case)
 
 @pytest.mark.skipif(numba_missing, reason="numba is not installed")
 def test_scaled_positions_equal_the_float32_formula_bit_for_bit():
-    # The bins of the scaled loop against the unscaled float32 formula (each difference
-    # rounded once, times HIST_BINS, over the width), on random tiny ranges of every kind.
+    # The bins of the scaled loop against torch.histc's float32 formula evaluated by NumPy's
+    # IEEE float32 arithmetic (each difference rounded once, times HIST_BINS, over the
+    # width), on random tiny ranges of every kind.
     from gradexplorer.stats import cpu_kernels as k
 
     rng = np.random.default_rng(5)
@@ -447,8 +448,9 @@ def test_scaled_positions_equal_the_float32_formula_bit_for_bit():
         if not hi > lo:
             continue
         lo32 = np.float32(lo)
-        plain, scaled = np.empty(n, np.int32), np.empty(n, np.int32)
-        k._positions(x, lo32, np.float32(np.float32(hi) - lo32), plain)
+        width32 = np.float32(np.float32(hi) - lo32)
+        plain = np.clip(((x - lo32) * np.float32(HIST_BINS) / width32).astype(np.int32), 0, HIST_BINS - 1)
+        scaled = np.empty(n, np.int32)
         k._positions_tiny(x, float(lo32), np.float32((hi - float(lo32)) * 2.0 ** 64), scaled)
         np.testing.assert_array_equal(scaled, plain)
 
