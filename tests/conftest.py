@@ -54,8 +54,7 @@ def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
 
 
 def pytest_configure(config):
-    """Compile the numba kernels (and the C functions built from them) once, in one
-    process, before any test runs.
+    """Compile the numba kernels once, in one process, before any test runs.
 
     Under xdist each worker would otherwise compile the kernels it meets first and load the
     others from the cache another worker wrote; the two kinds can order a block's float64
@@ -68,7 +67,6 @@ def pytest_configure(config):
         return
     import subprocess
 
-    code = ("import torch\nfrom gradexplorer.stats import cpu, immediate\n"
-            "cpu.prepare([torch.float32, torch.float64, torch.float16, torch.bfloat16])\n"
-            "immediate.available()\n")  # the compiled C functions of small outputs, on import
+    code = ("import torch\nfrom gradexplorer.stats import cpu\n"
+            "cpu.prepare([torch.float32, torch.float64, torch.float16, torch.bfloat16])\n")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, timeout=900)

@@ -361,13 +361,14 @@ def test_the_statistics_of_a_batch_of_tensors_equal_each_tensors_own(monkeypatch
 
 
 def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
-    """``ImmediateStats`` (a small output read where it lies when its module returns, its
-    record filled at the flush) gives every tensor the very record ``tensor_stats`` gives
-    it alone, number for number, and within the accuracy contract of float64 NumPy: the
-    adversarial set's tensors that it takes (float32, float16, bfloat16 of up to the
-    histogram's exact limit) and 300 seeded ones at the kernel's edges, over more than one
-    chunk of rows. Read at the moment it is added: a later change to a tensor does not
-    reach its record. What it cannot read where it lies is refused (``None``)."""
+    """``ImmediateStats`` (a small output copied when its module returns, summarised with
+    the others when its buffer is full or at the flush) gives every tensor the very record
+    ``tensor_stats`` gives it alone, number for number, and within the accuracy contract of
+    float64 NumPy: the adversarial set's tensors that it takes (float32, float16, bfloat16
+    of up to the histogram's exact limit, the three dtypes mixed in one buffer) and 300
+    seeded ones at the kernel's edges, over several fillings of a small buffer. Taken at
+    the moment it is added: a later change to a tensor does not reach its record. What it
+    cannot read where it lies is refused (``None``)."""
     from gradexplorer.stats import immediate
     from gradexplorer.stats.moments import HIST_EXACT_LIMIT
     from tests.core.test_stats import _random_case
@@ -379,14 +380,18 @@ def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
     tensors += [_random_case(i) for i in range(300)]
     taken = [(n, t) for n, t in zip(names, tensors)
              if t.dtype in immediate.DTYPES and 0 < t.numel() <= HIST_EXACT_LIMIT and t.is_contiguous()]
-    assert len(taken) > immediate.CHUNK and {t.dtype for _n, t in taken} == set(immediate.DTYPES)
-    now = immediate.ImmediateStats(HIST_EXACT_LIMIT)
+    assert {t.dtype for _n, t in taken} == set(immediate.DTYPES)
+    arena = 4 * HIST_EXACT_LIMIT + 4096
+    assert sum(t.numel() * t.element_size() for _n, t in taken) > 3 * arena  # the buffer fills, and is reused
+    now = immediate.ImmediateStats(HIST_EXACT_LIMIT, arena_bytes=arena)
     changed = torch.randn(64)
     want = tensor_stats(changed)
-    records = [now.add(t) for _n, t in taken] + [now.add(changed)]
-    changed.mul_(-3.0)  # after it was read: its record is of the value it had then
+    records = [now.add(t) for _n, t in taken[:-3]] + [now.add(changed)] + [now.add(t) for _n, t in taken[-3:]]
+    changed.mul_(-3.0)  # after it was taken: its record is of the value it had then
     assert all(r is not None for r in records)
+    assert any(records) and not all(records)  # some filled when the buffer was full, the rest below
     now.fill()
+    changed_record = records.pop(len(taken) - 3)
     for (name, t), got in zip(taken, records):
         alone = tensor_stats(t)
         assert sorted(got) == sorted(alone), name
@@ -394,7 +399,7 @@ def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
             assert _same(got[key], alone[key]), (name, key, got[key], alone[key])
         if not name.startswith("seeded"):
             assert_matches_reference(got, t)
-    assert records[-1]["min"] == want["min"] and records[-1]["mean"] == want["mean"]
+    assert changed_record["min"] == want["min"] and changed_record["mean"] == want["mean"]
     refused = {"float64": torch.randn(8, dtype=torch.float64), "int": torch.arange(8),
                "transposed": torch.randn(4, 6).t(), "negative view": torch._neg_view(torch.randn(8)),
                "a subclass": nn.Parameter(torch.randn(8)), "not in memory": torch.empty(8, device="meta"),
@@ -402,6 +407,34 @@ def test_small_tensors_read_as_handed_over_get_each_tensors_own_statistics():
     for name, t in refused.items():
         assert now.add(t) is None, name
     assert len(now) == 0  # nothing pending: the refused ones left no row
+
+
+def test_small_tensors_taken_as_handed_over_fall_back_to_torch_operations(monkeypatch):
+    """When the compiled call fails, the copies taken are summarised by torch operations:
+    every record is ``tensor_stats``'s of the value the tensor had when it was added."""
+    from gradexplorer.stats import cpu as cpu_stats, immediate
+    from gradexplorer.stats.moments import torch_stats
+
+    if not immediate.available():
+        pytest.skip("numba is not installed")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(cpu_stats, "summarize_at", broken)
+    tensors = [_randn(300), _randn(64).to(torch.bfloat16), ADVERSARIAL["large_mean_tiny_std_small"](),
+               _randn(5).to(torch.float16)]
+    want = [torch_stats(t, None) for t in tensors]
+    now = immediate.ImmediateStats(1 << 13)
+    records = [now.add(t) for t in tensors]
+    assert all(r is not None for r in records)
+    for t in tensors:
+        t.mul_(2.0)  # after they were taken
+    now.fill()
+    for got, expected in zip(records, want):
+        assert sorted(got) == sorted(expected)
+        for key in expected:
+            assert _same(got[key], expected[key]), (key, got[key], expected[key])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -60,7 +60,7 @@ from gradexplorer.model_graph.graph import ModelGraph, extract_graph, graph_for_
 from gradexplorer.models.loaded_model import LoadedModel
 from gradexplorer.pipeline.options import BatchSpec, CaptureOptions
 from gradexplorer.pipeline.provenance import build_meta
-from gradexplorer.stats import cpu as cpu_stats, immediate as immediate_stats
+from gradexplorer.stats import cpu as cpu_stats
 
 if TYPE_CHECKING:
     from gradexplorer.capturing.memory_estimate import MemoryEstimate, Shortfall
@@ -812,11 +812,10 @@ class CaptureJob:
         dtypes |= {torch.float32}  # statistics of float32 gradients under autocast, and a float32 fallback
         if self.options.autocast:
             dtypes.add(torch.bfloat16 if self.options.autocast == "bf16" else torch.float16)
-        if cpu_stats.needs_preparing(dtypes) or immediate_stats.needs_preparing():
+        if cpu_stats.needs_preparing(dtypes):
             self._report(STAGE_KERNELS)
             start = time.perf_counter()
             cpu_stats.prepare(sorted(dtypes, key=str))
-            immediate_stats.available()  # compiles them, or loads them from numba's cache
             self._timed("kernels", start)
 
     def _graph_for(self, cap: Capture, model: Any, inputs: torch.Tensor | ModelInputs) -> dict | None:

@@ -16,9 +16,7 @@ cpu
 cpu_kernels
     Its numba kernels (compiled on first use).
 immediate
-    Small CPU tensors summarised the moment they are handed over, where they lie (no copy).
-immediate_kernels
-    Its compiled C functions, called through ``ctypes``.
+    Small CPU tensors taken the moment they are handed over, summarised together.
 device
     The fused Triton kernels for GPU tensors, read without waiting on the GPU.
 batched
@@ -31,5 +29,5 @@ merge_kernels
     Their numba kernels.
 """
 
-__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "immediate", "immediate_kernels", "device",
+__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "immediate", "device",
            "batched", "merge", "merge_cpu", "merge_kernels"]

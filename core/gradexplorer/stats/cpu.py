@@ -342,7 +342,6 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
 def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
                        hist_limit: int | None, into: list[TensorStats] | None,
                        numels: list[int]) -> list[TensorStats]:
-    count = len(tensors)
     # A table of the tensors' addresses: the kernel reads each where it lies (laying them
     # end to end first, even in one torch call for all, cost more than the kernel). A tensor
     # that is not one dense run of memory is made one, and held until the call returns.
@@ -351,6 +350,30 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
         it = iter(held)
         tensors = [next(it) if not t.is_contiguous() or t.is_neg() else t for t in tensors]
     addresses = np.array([t.data_ptr() for t in tensors], np.int64)
+    got = _many_at(k, dtype, addresses, numels, hist_limit, into, tensors if dtype == torch.float64 else None)
+    del held  # (kept alive through the call above)
+    return got
+
+
+def summarize_at(addresses: Any, numels: list[int], dtype: torch.dtype,
+                 into: list[TensorStats]) -> list[TensorStats]:
+    """``summarize`` of dense runs of float32, float16 or bfloat16 values in host memory:
+    run ``i`` is ``numels[i]`` values (at least one) at address ``addresses[i]`` (an int64
+    array), every value binned in its histogram. Its record is written into ``into[i]`` (empty
+    records, as handed out), and the records are returned. One compiled call for all, the
+    kernel of ``summarize_many``: each run gets the numbers ``summarize`` gives a tensor of the
+    same values. The caller keeps the memory alive through the call and checks
+    :func:`available` first."""
+    if dtype not in _MANY_DTYPES or dtype == torch.float64:
+        raise ValueError(f"summarize_at reads float32, float16 or bfloat16 values, not {dtype}")
+    return _many_at(_state["kernels"], dtype, addresses, numels, None, into, None)
+
+
+def _many_at(k: dict, dtype: torch.dtype, addresses: Any, numels: list[int], hist_limit: int | None,
+             into: list[TensorStats] | None, float64_tensors: list[torch.Tensor] | None) -> list[TensorStats]:
+    """The compiled call of ``summarize_many`` over dense runs of ``dtype`` values at
+    ``addresses``, and their records (``float64_tensors``: the tensors, for float64 data)."""
+    count = len(numels)
     sizes = np.array(numels, np.int64)
     half = dtype in _HALF
     if half:
@@ -372,12 +395,10 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
     first = key not in compile_seconds
     t0 = time.perf_counter() if first else 0.0
     k["many"](addresses, sizes, like, table, offsets, steps, counts, dtype == torch.float64, rows, hists)
-    del held  # (kept alive through the call above)
     if first:
         compile_seconds[key] = time.perf_counter() - t0
     records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
-    return records_from_rows(rows, hists, numels, (steps == 1).tolist(), records,
-                             tensors if dtype == torch.float64 else None, hist_limit)
+    return records_from_rows(rows, hists, numels, (steps == 1).tolist(), records, float64_tensors, hist_limit)
 
 
 def records_from_rows(rows: Any, hists: Any, numels: list[int], exact: list[bool],
