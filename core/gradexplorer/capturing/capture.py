@@ -519,8 +519,8 @@ class _Recorder:
             # and serve it, nor can this one serve a later call: no note of it either.
             now = summaries.now
             if now is not None and 0 < y.numel() <= summaries.now_values:
-                # Read where it lies, at once (gradexplorer.stats.immediate): the copy the
-                # batch below needs cost more than the rest of a small call's statistics.
+                # Its bytes copied at once into the capture's buffer (gradexplorer.stats.immediate):
+                # the clone the batch below needs cost more than the rest of a small call's statistics.
                 stats = now(y)
                 if stats is not None:
                     return stats, None

@@ -314,10 +314,11 @@ class DeferredStats:
         self._small: list[TensorStats] = []
         self._small_tensors: list[torch.Tensor] = []
         self._small_bytes = 0
-        # Small CPU outputs summarised as they are handed over, where they lie, instead of
-        # copied for the batch (gradexplorer.stats.immediate): ``now(t)`` gives the record,
-        # filled at the flush, or None for a tensor it cannot read (then hold a copy). Callers
-        # skip the call for tensors over ``now_values`` values. None when that path is unavailable.
+        # Small CPU outputs taken as they are handed over, their bytes copied into one buffer,
+        # instead of cloned for the batch (gradexplorer.stats.immediate): ``now(t)`` gives the
+        # record, filled at the flush, or None for a tensor it cannot take (then hold a clone).
+        # Callers skip the call for tensors over ``now_values`` values. None when that path is
+        # unavailable.
         self.now: Callable[[torch.Tensor], TensorStats | None] | None = None
         self.now_values = 0
         self._immediate: ImmediateStats | None = None
