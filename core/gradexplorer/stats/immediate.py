@@ -47,9 +47,11 @@ ARENA_BYTES = 1 << 20
 #: Each copy starts at a multiple of this (a cache line): the kernel's vector loads stay aligned.
 _ALIGN = 64
 
-#: The dtypes taken here: float32 read directly, half types through their widening table.
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Bytes per value of the dtypes taken here: float32 read directly, half types through
+#: their widening table.
 _SIZES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+#: The dtypes taken here.
+DTYPES = tuple(_SIZES)
 
 _memmove = ctypes.memmove
 
@@ -124,19 +126,16 @@ class ImmediateStats:
     def fill(self) -> None:
         """Summarise the tensors taken since the last call and fill their records (then the
         buffer is free again)."""
-        count = len(self._records)
-        if not count:
+        if not self._records:
             return
         records, numels, offsets, dtypes = self._records, self._numels, self._offsets, self._dtypes
         self._records, self._numels, self._offsets, self._dtypes = [], [], [], []
         self._offset = self._start
-        first = dtypes[0]
-        groups = ({first: list(range(count))} if dtypes.count(first) == count  # (the usual: one dtype)
-                  else {d: [i for i in range(count) if dtypes[i] is d] for d in dict.fromkeys(dtypes)})
-        for dtype, idx in groups.items():
-            group = records if len(idx) == count else [records[i] for i in idx]
-            sizes = numels if len(idx) == count else [numels[i] for i in idx]
-            where = np.array(offsets if len(idx) == count else [offsets[i] for i in idx], np.int64)
+        for dtype in dict.fromkeys(dtypes):  # one compiled call per dtype (usually one)
+            idx = [i for i, d in enumerate(dtypes) if d is dtype]
+            group = [records[i] for i in idx]
+            sizes = [numels[i] for i in idx]
+            where = np.array([offsets[i] for i in idx], np.int64)
             try:
                 cpu_stats.summarize_at(where + self._base, sizes, dtype, group)
             except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: torch operations
