@@ -224,3 +224,51 @@ def test_the_finiteness_check_reads_a_sum_and_confirms_an_overflowed_one():
                         (torch.tensor([1.0, -float("inf")], dtype=torch.float64), False),
                         (torch.tensor([float("nan")]).half(), False)):
         assert all_finite(t) is expected, t
+
+
+class DivideInPlace(nn.Module):
+    """Breaks its input in place: on entry it held the finite output of the Linear before."""
+
+    def forward(self, x):
+        return x.div_(x - x)
+
+
+def first_bad_call_by_entry_values(model, x):
+    """Independent: the first module call (completion order) whose inputs were finite when
+    it started and whose output is not, by plain pre-hooks and forward hooks."""
+    entry, found = {}, []
+
+    def pre(name):
+        def fn(module, args):
+            entry[name] = all(bool(torch.isfinite(a).all()) for a in args if isinstance(a, torch.Tensor))
+        return fn
+
+    def post(name):
+        def fn(module, args, output):
+            if entry[name] and not torch.isfinite(output).all() and not found:
+                found.append(name)
+        return fn
+
+    handles = [h for n, m in model.named_modules()
+               for h in (m.register_forward_pre_hook(pre(n)), m.register_forward_hook(post(n)))]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("mode", ["stats", "full"])
+def test_an_input_changed_in_place_is_judged_by_its_value_on_entry(mode):
+    """The module that broke its input in place is the onset: the input's value when the
+    call started was the earlier Linear's finite output (the version it had then names it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), DivideInPlace(), nn.Linear(4, 2)).eval()
+    x = torch.rand(3, 4) + 0.5
+    assert first_bad_call_by_entry_values(model, x) == "1"
+    cap = capture(model, x, mode=mode, target="sum")
+    assert_no_hooks(model)
+    f = cap.nonfinite_onset["forward"]
+    assert (f["layer"], f["call"], f["own_code"]) == ("1", 0, False)
