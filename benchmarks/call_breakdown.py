@@ -1,0 +1,249 @@
+"""Where a statistics-only capture's per-call cost goes, on the 200-leaf MLP of
+``benchmarks/call_overhead.py``.
+
+    python -m benchmarks.call_breakdown [--repeats 40] [--passes 200] [--batch 4]
+
+Two tables, one thread, figures only (nothing here asserts a time):
+
+1. **What-if rows.** The capture with one part of its work replaced by a no-op, timed
+   interleaved with the unchanged capture, the bare pass and the bare hook pair (CPU time,
+   each repeat's pass less the bare pass of the same repeat, median over repeats), in µs per
+   leaf call and × the hook pair. What a part costs is the unchanged capture's figure less
+   its row. The parts:
+
+   - ``records unfilled``: the batch kernel still runs, but the statistics records of its
+     tensors are left with their NaN/Inf counts only (``gradexplorer.stats.cpu.records_from_rows``:
+     the 14 keys, the histogram's view of the shared table, their floats, and their freeing
+     later);
+   - ``no onset notes``: the NaN/Inf onset tracker takes no note of any call and reads
+     nothing at the end (``gradexplorer.capturing.nonfinite.OnsetTracker``);
+   - ``no parameter statistics``: the layers' parameters' gradients are neither summarised
+     nor recorded (what the bare hook pair and the naive hook never do; the
+     ``param_stats`` kind of ``benchmarks.call_overhead`` times their statistics alone);
+   - combinations of the above.
+
+   A what-if capture is not a correct capture: it measures, nothing else. Each patch is
+   undone when its pass ends.
+
+2. **Phases.** Timers around the parts of ``--passes`` statistics-only captures (wall clock):
+   forward with its hooks, backward, the flush after forward, the batch after backward, the
+   layers' records, the edges' gradients recorded, the onset's reading, the metadata, and the
+   rest (the capture's frame: hooks on and off, the model's state saved and put back, the
+   module tree's check, the scalar), beside the bare forward and backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+import gradexplorer.capturing.capture as capture_module
+from benchmarks.call_overhead import _pair_hook, _with_leaf_hooks, bare, leaf_calls, mlp
+from gradexplorer.capturing import nonfinite
+from gradexplorer.capturing.capture import capture
+from gradexplorer.stats import cpu as cpu_stats, device
+
+_NOTE = ("", 0, [], False)
+
+
+@contextlib.contextmanager
+def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
+    old = vars(owner)[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def _counts_only(rows: np.ndarray, hists: np.ndarray, numels: list[int], exact: list[bool], records: list,
+                 float64_tensors: list | None, hist_limit: int | None) -> list:
+    # The onset's reading needs the counts; nothing else in a capture reads a record.
+    for record, nans, infs in zip(records, rows[:, 7].tolist(), rows[:, 8].tolist()):
+        record["nan_count"] = int(nans)
+        record["inf_count"] = int(infs)
+    return records
+
+
+def records_unfilled() -> contextlib.AbstractContextManager:
+    return _replaced(cpu_stats, "records_from_rows", _counts_only)
+
+
+def no_onset_notes() -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    tracker = nonfinite.OnsetTracker
+    stack.enter_context(_replaced(tracker, "enter", lambda self, name, args, kwargs: _NOTE))
+    stack.enter_context(_replaced(tracker, "leave", lambda self, *args, **kwargs: None))
+    stack.enter_context(_replaced(tracker, "grad", lambda self, *args, **kwargs: None))
+    stack.enter_context(_replaced(tracker, "result", lambda self, *args, **kwargs: None))
+    return stack
+
+
+def no_parameter_statistics() -> contextlib.AbstractContextManager:
+    real = capture_module._layer_record
+
+    def without(name, structure, recorder, grad_of):  # type: ignore[no-untyped-def]
+        return real(name, structure, recorder, {})  # every parameter's gradient: not reached
+
+    return _replaced(capture_module, "_layer_record", without)
+
+
+def _together(*parts: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], contextlib.ExitStack]:
+    def enter() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for part in parts:
+            stack.enter_context(part())
+        return stack
+
+    return enter
+
+
+#: What-if rows: a label and what replaces the part.
+WHAT_IF: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "records unfilled": records_unfilled,
+    "no onset notes": no_onset_notes,
+    "no parameter statistics": no_parameter_statistics,
+    "records unfilled, no onset notes": _together(records_unfilled, no_onset_notes),
+    "all three": _together(records_unfilled, no_onset_notes, no_parameter_statistics),
+}
+
+
+def _stats(model: nn.Module, x: torch.Tensor) -> None:
+    capture(model, x, mode="stats")
+
+
+def _what_if(part: Callable[[], contextlib.AbstractContextManager]) -> Callable[[nn.Module, torch.Tensor], None]:
+    def run(model: nn.Module, x: torch.Tensor) -> None:
+        with part():
+            capture(model, x, mode="stats")
+
+    return run
+
+
+def what_if_rows(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median µs per leaf call above the bare pass of each row, interleaved, CPU time."""
+    kinds: dict[str, Callable[[nn.Module, torch.Tensor], None]] = {
+        "bare": bare, "hook pair": _with_leaf_hooks(_pair_hook), "statistics only": _stats,
+        **{label: _what_if(part) for label, part in WHAT_IF.items()}}
+    for fn in kinds.values():  # warm-up: the kernels compile or load once
+        fn(model, x)
+        fn(model, x)
+    timer = time.process_time
+    t0 = timer()
+    bare(model, x)
+    inner = max(1, int(0.05 / max(timer() - t0, 1e-4)))
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(repeats):
+        for k, fn in kinds.items():
+            t0 = timer()
+            for _ in range(inner):
+                fn(model, x)
+            times[k].append((timer() - t0) / inner)
+    calls = leaf_calls(model, x)
+    return {k: statistics.median(t - b for t, b in zip(v, times["bare"])) / calls * 1e6
+            for k, v in times.items() if k != "bare"}
+
+
+def _timed(owner: object, name: str, label: str, acc: Counter) -> contextlib.AbstractContextManager:
+    real = getattr(owner, name)
+
+    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            acc[label] += time.perf_counter() - t0
+
+    return _replaced(owner, name, timed)
+
+
+#: Phases timed: (owner, attribute, label).
+PHASES = (
+    (capture_module, "_forward", "forward with the hooks"),
+    (capture_module, "_backward", "backward"),
+    (device.DeferredStats, "flush", "the flush after forward"),
+    (device.DeferredStats, "resolve", "the batch after backward"),
+    (capture_module, "_layer_record", "the layers' records"),
+    (capture_module._Recorder, "_take_edge_grads", "the edges' gradients recorded"),
+    (nonfinite.OnsetTracker, "result", "the onset's reading"),
+    (capture_module, "_capture_meta", "the metadata"),
+)
+
+
+_FLUSHES, _BATCH = PHASES[2][2], PHASES[3][2]
+
+
+def phases(model: nn.Module, x: torch.Tensor, passes: int) -> tuple[dict[str, float], float, float, float]:
+    """Milliseconds per capture of each phase, the whole capture's, and the bare forward's
+    and backward's (wall clock, ``passes`` of each)."""
+    for _ in range(3):
+        _stats(model, x)
+    acc: Counter = Counter()
+    with contextlib.ExitStack() as stack:
+        for owner, name, label in PHASES:
+            stack.enter_context(_timed(owner, name, label, acc))
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            _stats(model, x)
+        whole = time.perf_counter() - t0
+    fwd = bwd = 0.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        out = model(x)
+        t1 = time.perf_counter()
+        torch.autograd.grad(out.max(dim=1).values.sum(), params)
+        t2 = time.perf_counter()
+        fwd += t1 - t0
+        bwd += t2 - t1
+        del out
+    scale = 1e3 / passes
+    return {k: v * scale for k, v in acc.items()}, whole * scale, fwd * scale, bwd * scale
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=40, help="interleaved repeats of the what-if rows")
+    ap.add_argument("--passes", type=int, default=200, help="captures timed for the phases")
+    ap.add_argument("--batch", type=int, default=4)
+    args = ap.parse_args(argv)
+    os.environ["NUMBA_NUM_THREADS"] = "1"  # read when numba starts its threads
+    torch.set_num_threads(1)
+    model, x = mlp(), torch.randn(args.batch, 64)
+    calls = leaf_calls(model, x)
+    print(f"torch {torch.__version__}, 1 thread, CPU; the 200-leaf MLP at batch {args.batch}, {calls} leaf calls",
+          flush=True)
+    rows = what_if_rows(model, x, args.repeats)
+    floor, whole = rows["hook pair"], rows["statistics only"]
+    print(f"\nWhat if a part cost nothing (CPU time, median of {args.repeats}, interleaved, paired with the bare pass)")
+    print(f"  {'':<36} {'us/call':>8} {'x hook pair':>12} {'part costs':>11}")
+    for label, us in rows.items():
+        ratio = f"{us / floor:.2f}x" if floor > 0 else "-"
+        part = f"{whole - us:+.1f}" if label not in ("hook pair", "statistics only") else ""
+        print(f"  {label:<36} {us:>8.1f} {ratio:>12} {part:>11}", flush=True)
+    done, total, fwd, bwd = phases(model, x, args.passes)
+    print(f"\nPhases of a statistics-only capture (wall clock, {args.passes} captures): {total:.2f} ms "
+          f"against a bare pass of {fwd + bwd:.2f} (forward {fwd:.2f}, backward {bwd:.2f})")
+    shown = dict(done)
+    # DeferredStats.resolve flushes again: the flush after forward is the flushes' time less it.
+    shown[_FLUSHES] = max(shown.get(_FLUSHES, 0.0) - shown.get(_BATCH, 0.0), 0.0)
+    shown["the rest: the capture's frame"] = total - sum(shown.values())
+    bare_of = {PHASES[0][2]: fwd, PHASES[1][2]: bwd}
+    print(f"  {'':<40} {'ms':>7}  {'above bare':>10}  {'us/call':>7}")
+    for label, ms in shown.items():
+        above = ms - bare_of.get(label, 0.0)
+        print(f"  {label:<40} {ms:7.3f}  {above:10.3f}  {above / calls * 1e3:7.2f}", flush=True)
+    return {"rows": rows, "phases": shown, "total_ms": total, "bare_forward_ms": fwd, "bare_backward_ms": bwd}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""``benchmarks/call_breakdown.py``: each what-if patch removes the part it names while it
+is on, and leaves the capture as it was once it is off (a patch left behind would corrupt
+every later capture in the process)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from benchmarks import call_breakdown as cb
+from gradexplorer.capturing.capture import capture
+from gradexplorer.capturing.nonfinite import OnsetTracker
+from gradexplorer.stats import cpu as cpu_stats
+
+
+class Divide(nn.Module):
+    def forward(self, x):
+        return x / (x - x)
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), Divide(), nn.Linear(4, 2)).eval()
+
+
+def _full_record(stats):
+    return {"mean", "std", "hist", "hist_range", "nan_count", "inf_count"} <= set(stats)
+
+
+def test_each_patch_removes_its_part_and_is_undone():
+    model, x = _model(), torch.rand(3, 4) + 0.5
+    before = capture(model, x, mode="stats", target="sum")
+    assert before.nonfinite_onset["forward"]["layer"] == "1"
+    assert _full_record(before["0"].calls[0].stats["activation"])
+    assert before["0"].param_stats["weight"] is not None
+    originals = (cpu_stats.records_from_rows, OnsetTracker.enter, OnsetTracker.result)
+
+    with cb.records_unfilled():
+        cap = capture(model, x, mode="stats", target="sum")
+    act = cap["0"].calls[0].stats["activation"]
+    assert set(act) == {"nan_count", "inf_count"}  # the counts only: the onset still reads them
+    assert cap.nonfinite_onset["forward"]["layer"] == "1"
+
+    with cb.no_onset_notes():
+        cap = capture(model, x, mode="stats", target="sum")
+    assert cap.nonfinite_onset is None  # the NaN is there; nothing took note of it
+    assert _full_record(cap["0"].calls[0].stats["activation"])
+
+    with cb.no_parameter_statistics():
+        cap = capture(model, x, mode="stats", target="sum")
+    assert cap["0"].param_stats["weight"] is None and cap["0"].param_absent["weight"]
+    assert _full_record(cap["0"].calls[0].stats["activation"])
+
+    with cb.WHAT_IF["all three"]():
+        cap = capture(model, x, mode="stats", target="sum")
+    assert cap.nonfinite_onset is None and cap["0"].param_stats["weight"] is None
+
+    assert (cpu_stats.records_from_rows, OnsetTracker.enter, OnsetTracker.result) == originals
+    after = capture(model, x, mode="stats", target="sum")
+    assert after.nonfinite_onset == before.nonfinite_onset
+    for name in ("0", "2"):
+        for kind in ("activation", "grad_output"):
+            a, b = after[name].calls[0].stats[kind], before[name].calls[0].stats[kind]
+            assert _full_record(a)
+            assert torch.equal(a["hist"], b["hist"])
+            assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k]))
+                       for k in ("mean", "std", "min", "max", "nan_count", "inf_count"))
+        a, b = after[name].param_stats["weight"], before[name].param_stats["weight"]
+        assert _full_record(a) and (a["numel"], a["nan_count"], a["inf_count"]) == (
+            b["numel"], b["nan_count"], b["inf_count"])
+
+
+def test_the_phases_add_up_to_the_capture():
+    model, x = _model(), torch.rand(3, 4) + 0.5
+    done, total, fwd, bwd = cb.phases(model, x, passes=3)
+    labels = [label for _owner, _name, label in cb.PHASES]
+    assert set(done) <= set(labels) and labels[0] in done and labels[1] in done
+    assert all(v >= 0 for v in done.values()) and fwd > 0 and bwd > 0
+    # Disjoint phases, except the batch after backward's own flush: their sum fits the whole.
+    assert sum(v for k, v in done.items() if k != cb._FLUSHES) <= total
