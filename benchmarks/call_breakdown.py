@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 import gradexplorer.capturing.capture as capture_module
-from benchmarks.call_overhead import _pair_hook, _with_leaf_hooks, bare, leaf_calls, mlp
+from benchmarks.call_overhead import _pair_hook, _timed, _with_leaf_hooks, bare, leaf_calls, mlp
 from gradexplorer.capturing import nonfinite
 from gradexplorer.capturing.capture import capture
 from gradexplorer.stats import cpu as cpu_stats, device
@@ -134,26 +134,13 @@ def what_if_rows(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, f
     kinds: dict[str, Callable[[nn.Module, torch.Tensor], None]] = {
         "bare": bare, "hook pair": _with_leaf_hooks(_pair_hook), "statistics only": _stats,
         **{label: _what_if(part) for label, part in WHAT_IF.items()}}
-    for fn in kinds.values():  # warm-up: the kernels compile or load once
-        fn(model, x)
-        fn(model, x)
-    timer = time.process_time
-    t0 = timer()
-    bare(model, x)
-    inner = max(1, int(0.05 / max(timer() - t0, 1e-4)))
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(repeats):
-        for k, fn in kinds.items():
-            t0 = timer()
-            for _ in range(inner):
-                fn(model, x)
-            times[k].append((timer() - t0) / inner)
+    times = _timed(kinds, model, x, repeats, time.process_time)  # interleaved, after a warm-up
     calls = leaf_calls(model, x)
     return {k: statistics.median(t - b for t, b in zip(v, times["bare"])) / calls * 1e6
             for k, v in times.items() if k != "bare"}
 
 
-def _timed(owner: object, name: str, label: str, acc: Counter) -> contextlib.AbstractContextManager:
+def _clocked(owner: object, name: str, label: str, acc: Counter) -> contextlib.AbstractContextManager:
     real = getattr(owner, name)
 
     def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -190,7 +177,7 @@ def phases(model: nn.Module, x: torch.Tensor, passes: int) -> tuple[dict[str, fl
     acc: Counter = Counter()
     with contextlib.ExitStack() as stack:
         for owner, name, label in PHASES:
-            stack.enter_context(_timed(owner, name, label, acc))
+            stack.enter_context(_clocked(owner, name, label, acc))
         t0 = time.perf_counter()
         for _ in range(passes):
             _stats(model, x)

@@ -70,14 +70,19 @@ def first_bad_forward_call(model, x):
                 found.append(name)
         return fn
 
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
+    _run_hooked(model, x, lambda n, m: [m.register_forward_hook(hook(n))])
+    return found[0] if found else None
+
+
+def _run_hooked(model, x, register):
+    """One forward of ``model`` with the hooks ``register(name, module)`` puts on each module."""
+    handles = [h for n, m in model.named_modules() for h in register(n, m)]
     try:
         with torch.no_grad():
             model(x)
     finally:
         for h in handles:
             h.remove()
-    return found[0] if found else None
 
 
 @pytest.mark.parametrize("mode", ["stats", "full"])
@@ -249,14 +254,7 @@ def first_bad_call_by_entry_values(model, x):
                 found.append(name)
         return fn
 
-    handles = [h for n, m in model.named_modules()
-               for h in (m.register_forward_pre_hook(pre(n)), m.register_forward_hook(post(n)))]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
+    _run_hooked(model, x, lambda n, m: [m.register_forward_pre_hook(pre(n)), m.register_forward_hook(post(n))])
     return found[0] if found else None
 
 
