@@ -81,8 +81,10 @@ def records_unfilled() -> contextlib.AbstractContextManager:
 def no_onset_notes() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     tracker = nonfinite.OnsetTracker
-    stack.enter_context(_replaced(tracker, "enter", lambda self, name, args, kwargs: _NOTE))
+    stack.enter_context(_replaced(tracker, "enter", lambda self, *args, **kwargs: _NOTE))
     stack.enter_context(_replaced(tracker, "leave", lambda self, *args, **kwargs: None))
+    stack.enter_context(_replaced(tracker, "linked", lambda self, *args, **kwargs: None))
+    stack.enter_context(_replaced(tracker, "known_stats", lambda self, *args, **kwargs: None))
     stack.enter_context(_replaced(tracker, "grad", lambda self, *args, **kwargs: None))
     stack.enter_context(_replaced(tracker, "result", lambda self, *args, **kwargs: None))
     return stack

@@ -212,6 +212,12 @@ def test_a_finite_capture_checks_no_large_input_that_no_module_produced(monkeypa
     cap = capture(Scaled(2.0, nn.Tanh()).eval(), torch.rand(rows, 4) + 0.5, mode="stats", target="sum")
     assert cap.nonfinite_onset is None
     assert calls == [(rows, 4)]  # the batch only (the root's input), not fc(x) * 2 entering the child
+    # The root returns the output of a call whose input was a recorded output (Tanh after
+    # Linear): that output's record is its source, found without a check of its own.
+    calls.clear()
+    cap = capture(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), torch.rand(rows, 4), mode="stats", target="sum")
+    assert cap.nonfinite_onset is None
+    assert calls == [(rows, 4)]
 
 
 def test_the_finiteness_check_reads_a_sum_and_confirms_an_overflowed_one():

@@ -258,7 +258,9 @@ class _Recorder:
         self.summaries = DeferredStats(hist_limit)
         # Where NaN/Inf began (core/gradexplorer/capturing/nonfinite.py); which modules have children
         # is known from the module tree kept for this model.
-        self.onset = OnsetTracker(structure.children_of if structure is not None else None)
+        # (grad_sinks, below: the onset reads recorded outputs' sources from it)
+        self.grad_sinks: dict[tuple[int, int], tuple[weakref.ref, list[tuple[CallRecord, str]]]] = {}
+        self.onset = OnsetTracker(structure.children_of if structure is not None else None, self.grad_sinks)
         self.pinned_left: int | None = None  # bytes, measured at the first GPU copy
         # Bytes of device memory kept tensors may still take (keep_on_device); None: none.
         self.device_left: int | None = None
@@ -279,7 +281,7 @@ class _Recorder:
         # (id, version) of a hooked tensor -> (weak reference to it, [(record, attr)]): one
         # hook per value. Weak, as in ``activations``: a capture that held every output
         # until the end made backward 6% slower (the memory autograd frees and reuses).
-        self.grad_sinks: dict[tuple[int, int], tuple[weakref.ref, list[tuple[CallRecord, str]]]] = {}
+        # (self.grad_sinks, made above)
         # id of a gradient handed to a hook -> (weak reference to it, its version, its stats,
         # what was kept of it). Autograd hands one gradient object to several hooks (both
         # sides of ``out += identity``; a module's output and the next one's input when they
@@ -367,7 +369,6 @@ class _Recorder:
         running = self.running
         if running:
             running[-1][1] = True  # the module running now ran another one
-        note = self.onset.enter(name, args, kwargs)
         if name in self.selected:
             rec = self.records.get(name)
             if rec is None:
@@ -377,27 +378,38 @@ class _Recorder:
             call.__dict__ = {"activation": None, "grad_output": None, "grad_input": None,
                              "stats": {"activation": None, "grad_output": None, "grad_input": None},
                              "output_key": "", "shape": (), "dtype": "", "absent": {}}
-            rec.calls.append(call)
+            calls = rec.calls
+            calls.append(call)
             inputs = [(a, a._version) for a in args if isinstance(a, torch.Tensor)]
-            running.append([name, False, note, call, inputs])
             # first_tensor_input: the first positional tensor, found above (most calls)
-            self._watch_input(inputs[0][0] if inputs else first_tensor_input(args, kwargs), call)
+            joined = self._watch_input(inputs[0][0] if inputs else first_tensor_input(args, kwargs), call)
+            # The onset's note: when the one input is the output a recorded call returned (the
+            # gradient sinks just joined: the same value), that call's record, read at the end
+            # (OnsetTracker.linked); else the inputs' sources, taken now.
+            note = (joined[0][0] if joined is not None and joined[0][1] == "grad_output" and len(args) == 1
+                    and len(inputs) == 1 and not kwargs and name != ""
+                    else self.onset.enter(name, args, kwargs, len(calls) - 1))
+            running.append([name, False, note, call, inputs])
         elif name in self.computing:
+            note = self.onset.enter(name, args, kwargs)
             x = first_tensor_input(args, kwargs)
             running.append([name, False, note, None,
                             (self.call_count, [(a, a._version) for a in args if isinstance(a, torch.Tensor)],
                              x if x is None else (x, x._version))])
         else:
-            running.append([name, False, note, None, None])
+            running.append([name, False, self.onset.enter(name, args, kwargs), None, None])
         return None
 
-    def _watch_input(self, x: torch.Tensor | None, call: CallRecord) -> None:
+    def _watch_input(self, x: torch.Tensor | None, call: CallRecord) -> list[tuple[CallRecord, str]] | None:
+        """Watch the gradient at ``x``, the call's input; the sinks of an earlier watch of the
+        same value that it joined (``_watch_grad``), or None."""
         if x is None:
             call.absent["grad_input"] = NO_TENSOR_INPUT
         elif not x.requires_grad:
             call.absent["grad_input"] = NO_GRAD_REQUIRED
         else:
-            self._watch_grad(x, call, "grad_input")
+            return self._watch_grad(x, call, "grad_input")
+        return None
 
     def _leave(self, name: str) -> list | None:
         """Take the call of ``name`` off the running calls: its entry (``running``), or
@@ -460,7 +472,7 @@ class _Recorder:
         return call
 
     def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord,
-                       inputs: list, note: Note) -> torch.Tensor | None:
+                       inputs: list, note: Note | CallRecord) -> torch.Tensor | None:
         y: torch.Tensor | None
         if isinstance(output, torch.Tensor):  # (most outputs: primary_tensor without the call)
             key, y = "", output
@@ -469,7 +481,8 @@ class _Recorder:
         call.output_key = key
         if y is None:
             call.absent.update(activation=NO_TENSOR_OUTPUT, grad_output=NO_TENSOR_OUTPUT)
-            self.onset.leave(note, module, None)
+            if not isinstance(note, CallRecord):  # (a call without an output is no onset)
+                self.onset.leave(note, module, None)
             return None
         replaced = None
         seen_as = y
@@ -493,7 +506,12 @@ class _Recorder:
         known = ((id(y), y._version), weakref.ref(y))
         stats, call.activation = self._activation(y, seen_as, known)
         call.stats["activation"] = stats
-        self.onset.leave(note, module, y, stats, known)
+        if not isinstance(note, CallRecord):
+            self.onset.leave(note, module, y, stats, known)
+        else:  # its input was the output the call ``note`` returned (pre_hook)
+            if not y.requires_grad:  # (then not among grad_sinks, where the onset finds the others)
+                self.onset.known_stats(y, stats)
+            self.onset.linked(call, note, module)
         if y.requires_grad:
             self._watch_grad(y, call, "grad_output", known)
         else:
@@ -573,12 +591,15 @@ class _Recorder:
             raise CaptureCancelled()
 
     def _watch_grad(self, t: torch.Tensor, call: CallRecord, attr: str,
-                    known: tuple[tuple[int, int], weakref.ref] | None = None) -> None:
+                    known: tuple[tuple[int, int], weakref.ref] | None = None) -> list[tuple[CallRecord, str]] | None:
+        """Record the gradient at ``t`` (as it is now) into ``call``'s ``attr``. Returns the
+        sinks of an earlier watch of the same value that this one joined (the first of them
+        the call that returned it, when a recorded call did), or None for a new watch."""
         key = (id(t), t._version) if known is None else known[0]
         entry = self.grad_sinks.get(key)
         if entry is not None and entry[0]() is t:
             entry[1].append((call, attr))
-            return
+            return entry[1]
         sinks: list[tuple[CallRecord, str]] = [(call, attr)]
         self.grad_sinks[key] = (weakref.ref(t) if known is None else known[1], sinks)
         self.grads_expected += 1
@@ -602,10 +623,11 @@ class _Recorder:
                 self.edge_sinks.append(sinks)
                 if self.ticking and len(self.edges) % _TICK_EVERY == 0:
                     self.hooks.tensor(t, functools.partial(self._tick_in_backward, _TICK_EVERY))
-                return
+                return None
         # Also when an in-place op on a view rebases its history (Hooks.gradient); only in
         # the capture's own backward, not in one the model's forward runs itself.
         self.hooks.gradient(t, functools.partial(self._on_grad, sinks), when=self.backward_running)
+        return None
 
     def _on_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None) -> None:
         """A gradient handed to a hook during the capture's own backward."""
@@ -615,7 +637,7 @@ class _Recorder:
         node = _current_node()
         self._record_grad(sinks, grad, node._sequence_nr() if node is not None else -1)
 
-    def _record_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None, order: int) -> None:
+    def _record_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None, order: int | None) -> None:
         if grad is None:
             for rec, name in sinks:
                 rec.absent[name] = UNUSED_OUTPUT
@@ -635,7 +657,8 @@ class _Recorder:
             # it, so on the CPU it is kept as it is (the tests compare after backward).
             kept = self.keep(grad, copy=False) if self.full else None
             self.grad_values[id(grad)] = (weakref.ref(grad), grad._version, stats, kept)
-        self.onset.grad(stats, sinks, order)
+        if order is not None:  # (None: an edge's, read by the onset from the records at the end)
+            self.onset.grad(stats, sinks, order)
         for rec, name in sinks:
             rec.stats[name] = stats
             if kept is not None:
@@ -644,9 +667,10 @@ class _Recorder:
     def _take_edge_grads(self, grads: Sequence[torch.Tensor | None]) -> None:
         """The gradients ``torch.autograd.grad`` returned for ``edges``, recorded as hooks
         would have recorded them (a ``None``: the backward never reached the tensor)."""
-        for edge, sinks, grad in zip(self.edges, self.edge_sinks, grads):
+        for sinks, grad in zip(self.edge_sinks, grads):
             if grad is not None:
-                self._record_grad(sinks, grad, edge.node._sequence_nr())
+                # (no order: the onset reads these from the records, OnsetTracker.result's edges)
+                self._record_grad(sinks, grad, None)
         self.grads_seen += len(self.edges) - self.edge_ticked
 
     def _tick_in_backward(self, done: int, grad: torch.Tensor | None) -> None:
@@ -926,7 +950,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             output=y.detach().to("cpu", copy=True),
             input_grad=kept_x_grad,
             layers=layers_out,
-            nonfinite_onset=recorder.onset.result(layers_out, order),
+            nonfinite_onset=recorder.onset.result(layers_out, order, zip(recorder.edges, recorder.edge_sinks)),
         )
 
 

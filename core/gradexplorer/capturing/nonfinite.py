@@ -15,6 +15,13 @@ and read once at the end). Module calls complete innermost first, so the first c
 inputs are finite and whose output is not is the innermost module where the value broke;
 when that module has children, it broke in its own forward code between them.
 
+Most calls of a network take one input, the output a recorded call returned (a chain of
+layers): the capture finds that output anyway, to route its gradient (the recorder's
+gradient sinks, keyed by the value), and hands the tracker the two calls' records
+(``OnsetTracker.linked``). Such a call takes no note of its own; its input's source is the
+other call's activation record, its output's its own, both read at the end; and the
+gradients asked of the backward as edges are read from their records there too.
+
 The inputs of a call matter only when its output is not finite, so on the CPU an input
 not seen before (in a ResNet, the sum ``out += identity`` that its ReLU receives) is
 checked at the end of the call, and only when the output holds NaN/Inf: none of the
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias, TypedDict
 
 import torch
@@ -176,23 +183,44 @@ class OnsetTracker:
     the onset is read from them at the end (``result``).
     """
 
-    def __init__(self, has_children: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, has_children: Callable[[str], bool] | None = None,
+                 outputs: dict[tuple[int, int], tuple[weakref.ref, list]] | None = None) -> None:
         self._has_children = has_children
         self._device_flags = False  # whether a source is a flag left on a device (result)
         self._known: dict[tuple[int, int], tuple[Any, Any]] = {}
+        # The capture's recorded outputs that need a gradient, by (id, version): (weak
+        # reference, [(CallRecord, attr)], the first of them (record, "grad_output") for the
+        # call that returned it): their sources, without a note of their own (``linked``).
+        self._outputs = outputs if outputs is not None else {}
         self._calls: dict[str, int] = {}
         # Completed calls, innermost first: (name, call index, module, inputs, output).
-        self.events: list[tuple[str, int, torch.nn.Module, list, Any]] = []
+        # Or, for a call whose input was a recorded output (``linked``): (CallRecord, the
+        # CallRecord that returned the input, module).
+        self.events: list[tuple[str, int, torch.nn.Module, list, Any] | tuple[Any, Any, torch.nn.Module]] = []
         # Gradients with the place backward produced them at (the sequence number of the
         # autograd node they are an input of: backward runs the highest first):
         # (order, stats, [(CallRecord, attr)]).
         self.grads: list[tuple[int, TensorStats, list]] = []
+
+    def _recorded(self, key: tuple[int, int], t: torch.Tensor) -> TensorStats | None:
+        """The activation record of ``t``, a recorded output that needs a gradient (key: its
+        (id, version)), or None."""
+        entry = self._outputs.get(key)
+        if entry is not None and entry[0]() is t:
+            call, attr = entry[1][0]
+            if attr == "grad_output":
+                return call.stats["activation"]
+        return None
 
     def _source(self, t: torch.Tensor, stats: TensorStats | None = None, later: bool = False) -> Any:
         key = (id(t), t._version)
         seen = self._known.get(key)
         if seen is not None and seen[0]() is t:
             return seen[1]
+        if stats is None and t.requires_grad:
+            recorded = self._recorded(key, t)
+            if recorded is not None:
+                return recorded
         if later and stats is None and t.device.type == "cpu" and (t.is_floating_point() or t.is_complex()):
             return _Later(t)
         if stats is not None:
@@ -214,12 +242,15 @@ class OnsetTracker:
         self._known[key] = (weakref.ref(t), source)
         return source
 
-    def enter(self, name: str, args: tuple, kwargs: dict) -> Note:
+    def enter(self, name: str, args: tuple, kwargs: dict, index: int | None = None) -> Note:
         """A module call starts: note the finiteness of its tensor inputs. Returns the note
         that :meth:`leave` takes when the call ends (the caller keeps it with the call, as
-        it keeps the call's other state: no lookup of the open calls per call)."""
-        index = self._calls.get(name, 0)
-        self._calls[name] = index + 1
+        it keeps the call's other state: no lookup of the open calls per call). ``index``:
+        the call's index among its module's calls, when the caller counts them (a recorded
+        module's; else counted here)."""
+        if index is None:
+            index = self._calls.get(name, 0)
+            self._calls[name] = index + 1
         inputs = []
         undecided = False  # an input checked only if the output breaks (_Later)
         later = name != ""  # the root's inputs (the batch) at once: "the input batch holds NaN/Inf"
@@ -228,9 +259,14 @@ class OnsetTracker:
             for value in values:
                 if isinstance(value, torch.Tensor):
                     # An earlier output, as it was (most inputs): its source, without a call.
-                    seen = known.get((id(value), value._version))
+                    key = (id(value), value._version)
+                    seen = known.get(key)
                     if seen is not None and seen[0]() is value:
                         inputs.append(seen[1])
+                        continue
+                    recorded = self._recorded(key, value) if value.requires_grad else None
+                    if recorded is not None:
+                        inputs.append(recorded)
                         continue
                     source = self._source(value, later=later)
                     undecided = undecided or type(source) is _Later
@@ -273,6 +309,14 @@ class OnsetTracker:
         # turns out to be the onset (result).
         self.events.append((name, index, module, inputs, source))
 
+    def linked(self, call: Any, producer: Any, module: torch.nn.Module) -> None:
+        """A recorded call ends whose one input was, on entry, the output that the recorded
+        call ``producer`` returned (``CallRecord``s): its input's source is the producer's
+        activation record and its output's is its own, read at the end (``result``), and
+        its output, which needs a gradient, is found among the capture's ``outputs``: no
+        note of its own (most calls of a chain of layers)."""
+        self.events.append((call, producer, module))
+
     def known_stats(self, t: torch.Tensor, stats: TensorStats) -> None:
         """``stats`` summarise ``t`` as it is now (an output the capture recorded)."""
         self._known[(id(t), t._version)] = (weakref.ref(t), stats)
@@ -285,7 +329,8 @@ class OnsetTracker:
         take their places in one order."""
         self.grads.append((order, stats, sinks))
 
-    def result(self, layers: dict, param_order: list[str]) -> NonfiniteOnset | None:
+    def result(self, layers: dict, param_order: list[str],
+               edges: Iterable[tuple[Any, list]] = ()) -> NonfiniteOnset | None:
         """The onset entry of the capture (``None`` when every value was finite).
 
         Parameters
@@ -295,8 +340,12 @@ class OnsetTracker:
         param_order : list of str
             Layer names in forward order: a non-finite parameter gradient is reported,
             when no recorded activation gradient is, from the layer nearest the output.
+        edges : iterable of (GradientEdge, [(CallRecord, attr)])
+            Gradients asked of the backward as edges of its graph, after the ones handed to
+            :meth:`grad`: each recorded in its first sink's record (none where the backward
+            did not reach it), its node asked for its place only if it holds NaN/Inf.
         """
-        flags = ([s for e in self.events for s in [*e[3], e[4]] if isinstance(s, torch.Tensor)]
+        flags = ([s for e in self.events if len(e) == 5 for s in [*e[3], e[4]] if isinstance(s, torch.Tensor)]
                  if self._device_flags else [])
         if flags:  # GPU flags: one transfer for all
             values = torch.stack(flags).cpu().tolist()
@@ -308,7 +357,19 @@ class OnsetTracker:
             return bool(resolved[id(s)]) if isinstance(s, torch.Tensor) else _bad(s)
 
         forward: ForwardOnset | None = None
-        for name, index, module, inputs, source in self.events:
+        where: dict[int, tuple[str, int]] = {}
+        for event in self.events:
+            if len(event) == 3:  # (linked)
+                call, producer, module = event
+                out, into = call.stats["activation"], producer.stats["activation"]
+                if not (out and (out["nan_count"] or out["inf_count"])) or (
+                        into and (into["nan_count"] or into["inf_count"])):
+                    continue  # (_bad, inline)
+                where = where or {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
+                name, index = where[id(call)]
+                inputs, source = [into], out
+            else:
+                name, index, module, inputs, source = event
             if type(source) is dict:  # (most outputs: a recorded one's statistics; bad, inline)
                 if not (source and (source["nan_count"] or source["inf_count"])):
                     continue
@@ -322,14 +383,19 @@ class OnsetTracker:
                            "nan_count": nan, "inf_count": inf}
                 break
         if forward is None:
-            root = next((e for e in self.events if e[0] == ""), None)
+            root = next((e for e in self.events if len(e) == 5 and e[0] == ""), None)
             if root is not None and any(bad(s) for s in root[3]):
                 forward = {"layer": None, "call": None, "type": "input batch", "own_code": False,
                            "nan_count": None, "inf_count": None}
         backward: BackwardOnset | None = None
         bad_grads = [g for g in self.grads if has_nonfinite(g[1])]
-        where = ({id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
-                 if bad_grads else {})
+        for edge, sinks in edges:
+            call, attr = sinks[0]
+            stats = call.stats[attr]
+            if stats and (stats["nan_count"] or stats["inf_count"]):  # (has_nonfinite, inline)
+                bad_grads.append((edge.node._sequence_nr(), stats, sinks))
+        if bad_grads and not where:
+            where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
         for _order, stats, sinks in sorted(bad_grads, key=lambda g: -g[0]):  # stable: hooks' order kept
             # The module whose backward produced it: the one it is the input gradient of.
             call, attr = next(((c, a) for c, a in sinks if a == "grad_input"), sinks[0])
