@@ -259,16 +259,11 @@ class OnsetTracker:
             for value in values:
                 if isinstance(value, torch.Tensor):
                     # An earlier output, as it was (most inputs): its source, without a call.
-                    key = (id(value), value._version)
-                    seen = known.get(key)
+                    seen = known.get((id(value), value._version))
                     if seen is not None and seen[0]() is value:
                         inputs.append(seen[1])
                         continue
-                    recorded = self._recorded(key, value) if value.requires_grad else None
-                    if recorded is not None:
-                        inputs.append(recorded)
-                        continue
-                    source = self._source(value, later=later)
+                    source = self._source(value, later=later)  # (also a recorded output's record)
                     undecided = undecided or type(source) is _Later
                     inputs.append(source)
                 elif isinstance(value, (tuple, list)):
@@ -365,7 +360,7 @@ class OnsetTracker:
                 if not (out and (out["nan_count"] or out["inf_count"])) or (
                         into and (into["nan_count"] or into["inf_count"])):
                     continue  # (_bad, inline)
-                where = where or {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
+                where = where or _places(layers)
                 name, index = where[id(call)]
                 inputs, source = [into], out
             else:
@@ -395,7 +390,7 @@ class OnsetTracker:
             if stats and (stats["nan_count"] or stats["inf_count"]):  # (has_nonfinite, inline)
                 bad_grads.append((edge.node._sequence_nr(), stats, sinks))
         if bad_grads and not where:
-            where = {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
+            where = _places(layers)
         for _order, stats, sinks in sorted(bad_grads, key=lambda g: -g[0]):  # stable: hooks' order kept
             # The module whose backward produced it: the one it is the input gradient of.
             call, attr = next(((c, a) for c, a in sinks if a == "grad_input"), sinks[0])
@@ -418,6 +413,11 @@ class OnsetTracker:
         if forward is None and backward is None:
             return None
         return {"forward": forward, "backward": backward}
+
+
+def _places(layers: dict) -> dict[int, tuple[str, int]]:
+    """id of each ``CallRecord`` of ``layers`` -> (layer name, call index)."""
+    return {id(c): (n, i) for n, rec in layers.items() for i, c in enumerate(rec.calls)}
 
 
 def onset_location(onset: NonfiniteOnset | None, kind: str = "forward") -> tuple[str, int | None, str] | None:
