@@ -11,16 +11,18 @@ Two tables, one thread, figures only (nothing here asserts a time):
    leaf call and × the hook pair. What a part costs is the unchanged capture's figure less
    its row. The parts:
 
-   - ``records unfilled``: the batch kernel still runs, but the statistics records of its
-     tensors are left with their NaN/Inf counts only (``gradexplorer.stats.cpu.records_from_rows``:
-     the 14 keys, the histogram's view of the shared table, their floats, and their freeing
-     later);
    - ``no onset notes``: the NaN/Inf onset tracker takes no note of any call and reads
      nothing at the end (``gradexplorer.capturing.nonfinite.OnsetTracker``);
    - ``no parameter statistics``: the layers' parameters' gradients are neither summarised
      nor recorded (what the bare hook pair and the naive hook never do; the
      ``param_stats`` kind of ``benchmarks.call_overhead`` times their statistics alone);
-   - combinations of the above.
+   - both.
+
+   One more row adds work instead: ``every record read``, the capture followed by the first
+   read of its records, which writes the statistics computed during the capture into them
+   (``gradexplorer.stats.pending``: the 14 keys, their floats, the histogram's view of the
+   shared table, and their freeing later). Its extra cost is what a reader of every record
+   (the window, a file, a watch's log) pays once per capture.
 
    A what-if capture is not a correct capture: it measures, nothing else. Each patch is
    undone when its pass ends.
@@ -29,7 +31,8 @@ Two tables, one thread, figures only (nothing here asserts a time):
    forward with its hooks, backward, the flush after forward, the batch after backward, the
    layers' records, the edges' gradients recorded, the onset's reading, the metadata, and the
    rest (the capture's frame: hooks on and off, the model's state saved and put back, the
-   module tree's check, the scalar), beside the bare forward and backward.
+   module tree's check, the scalar), beside the bare forward and backward; and, after each
+   capture and outside its time, the first read of its records.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -50,7 +52,8 @@ import gradexplorer.capturing.capture as capture_module
 from benchmarks.call_overhead import _pair_hook, _timed, _with_leaf_hooks, bare, leaf_calls, mlp
 from gradexplorer.capturing import nonfinite
 from gradexplorer.capturing.capture import capture
-from gradexplorer.stats import cpu as cpu_stats, device
+from gradexplorer.capturing.data import Capture
+from gradexplorer.stats import device
 
 _NOTE = ("", 0, [], False)
 
@@ -63,19 +66,6 @@ def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, old)
-
-
-def _counts_only(rows: np.ndarray, hists: np.ndarray, numels: list[int], exact: list[bool], records: list,
-                 float64_tensors: list | None, hist_limit: int | None) -> list:
-    # The onset's reading needs the counts; nothing else in a capture reads a record.
-    for record, nans, infs in zip(records, rows[:, 7].tolist(), rows[:, 8].tolist()):
-        record["nan_count"] = int(nans)
-        record["inf_count"] = int(infs)
-    return records
-
-
-def records_unfilled() -> contextlib.AbstractContextManager:
-    return _replaced(cpu_stats, "records_from_rows", _counts_only)
 
 
 def no_onset_notes() -> contextlib.ExitStack:
@@ -111,16 +101,21 @@ def _together(*parts: Callable[[], contextlib.AbstractContextManager]) -> Callab
 
 #: What-if rows: a label and what replaces the part.
 WHAT_IF: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "records unfilled": records_unfilled,
     "no onset notes": no_onset_notes,
     "no parameter statistics": no_parameter_statistics,
-    "records unfilled, no onset notes": _together(records_unfilled, no_onset_notes),
-    "all three": _together(records_unfilled, no_onset_notes, no_parameter_statistics),
+    "both": _together(no_onset_notes, no_parameter_statistics),
 }
 
+#: The row that reads every record after the capture (the records written: stats.pending).
+READ = "every record read"
 
-def _stats(model: nn.Module, x: torch.Tensor) -> None:
-    capture(model, x, mode="stats")
+
+def _stats(model: nn.Module, x: torch.Tensor) -> Capture:
+    return capture(model, x, mode="stats")
+
+
+def _stats_read(model: nn.Module, x: torch.Tensor) -> None:
+    capture(model, x, mode="stats").layers  # noqa: B018 - (the first read writes the records)
 
 
 def _what_if(part: Callable[[], contextlib.AbstractContextManager]) -> Callable[[nn.Module, torch.Tensor], None]:
@@ -135,7 +130,7 @@ def what_if_rows(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, f
     """Median µs per leaf call above the bare pass of each row, interleaved, CPU time."""
     kinds: dict[str, Callable[[nn.Module, torch.Tensor], None]] = {
         "bare": bare, "hook pair": _with_leaf_hooks(_pair_hook), "statistics only": _stats,
-        **{label: _what_if(part) for label, part in WHAT_IF.items()}}
+        READ: _stats_read, **{label: _what_if(part) for label, part in WHAT_IF.items()}}
     times = _timed(kinds, model, x, repeats, time.process_time)  # interleaved, after a warm-up
     calls = leaf_calls(model, x)
     return {k: statistics.median(t - b for t, b in zip(v, times["bare"])) / calls * 1e6
@@ -171,19 +166,26 @@ PHASES = (
 _FLUSHES, _BATCH = PHASES[2][2], PHASES[3][2]
 
 
-def phases(model: nn.Module, x: torch.Tensor, passes: int) -> tuple[dict[str, float], float, float, float]:
-    """Milliseconds per capture of each phase, the whole capture's, and the bare forward's
-    and backward's (wall clock, ``passes`` of each)."""
+def phases(model: nn.Module, x: torch.Tensor,
+           passes: int) -> tuple[dict[str, float], float, float, float, float]:
+    """Milliseconds per capture of each phase, the whole capture's, the bare forward's and
+    backward's, and the first read of the capture's records after it (wall clock,
+    ``passes`` of each)."""
     for _ in range(3):
         _stats(model, x)
     acc: Counter = Counter()
+    whole = read = 0.0
     with contextlib.ExitStack() as stack:
         for owner, name, label in PHASES:
             stack.enter_context(_clocked(owner, name, label, acc))
-        t0 = time.perf_counter()
         for _ in range(passes):
-            _stats(model, x)
-        whole = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            cap = _stats(model, x)
+            t1 = time.perf_counter()
+            cap.layers  # noqa: B018 - (writes the records)
+            read += time.perf_counter() - t1
+            whole += t1 - t0
+            del cap
     fwd = bwd = 0.0
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(passes):
@@ -196,7 +198,7 @@ def phases(model: nn.Module, x: torch.Tensor, passes: int) -> tuple[dict[str, fl
         bwd += t2 - t1
         del out
     scale = 1e3 / passes
-    return {k: v * scale for k, v in acc.items()}, whole * scale, fwd * scale, bwd * scale
+    return {k: v * scale for k, v in acc.items()}, whole * scale, fwd * scale, bwd * scale, read * scale
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -217,9 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  {'':<36} {'us/call':>8} {'x hook pair':>12} {'part costs':>11}")
     for label, us in rows.items():
         ratio = f"{us / floor:.2f}x" if floor > 0 else "-"
-        part = f"{whole - us:+.1f}" if label not in ("hook pair", "statistics only") else ""
+        part = ("" if label in ("hook pair", "statistics only")
+                else f"{us - whole:+.1f}" if label == READ else f"{whole - us:+.1f}")
         print(f"  {label:<36} {us:>8.1f} {ratio:>12} {part:>11}", flush=True)
-    done, total, fwd, bwd = phases(model, x, args.passes)
+    done, total, fwd, bwd, read = phases(model, x, args.passes)
     print(f"\nPhases of a statistics-only capture (wall clock, {args.passes} captures): {total:.2f} ms "
           f"against a bare pass of {fwd + bwd:.2f} (forward {fwd:.2f}, backward {bwd:.2f})")
     shown = dict(done)
@@ -231,7 +234,9 @@ def main(argv: list[str] | None = None) -> dict:
     for label, ms in shown.items():
         above = ms - bare_of.get(label, 0.0)
         print(f"  {label:<40} {ms:7.3f}  {above:10.3f}  {above / calls * 1e3:7.2f}", flush=True)
-    return {"rows": rows, "phases": shown, "total_ms": total, "bare_forward_ms": fwd, "bare_backward_ms": bwd}
+    print(f"  {'after it: the records written on first read':<40} {read:7.3f}  {'':10}  {read / calls * 1e3:7.2f}")
+    return {"rows": rows, "phases": shown, "total_ms": total, "bare_forward_ms": fwd, "bare_backward_ms": bwd,
+            "read_ms": read}
 
 
 if __name__ == "__main__":

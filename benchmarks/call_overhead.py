@@ -17,7 +17,12 @@ bare hook pair's:
   output (the floor of any tool built on hooks);
 - ``naive``: a forward hook on every leaf that takes ``torch.var_mean`` and
   ``torch.aminmax`` of the output, and the same of its gradient through a tensor hook;
-- ``stats``, ``full``: gradexplorer's statistics-only and full capture of every leaf;
+- ``stats``, ``full``: gradexplorer's statistics-only and full capture of every leaf. The
+  statistics are computed during the capture and left, as the naive hook leaves its
+  tensors, in the tables the kernel wrote; they are written into the capture's records
+  when the records are first read (``gradexplorer.stats.pending``);
+- ``stats_read``: statistics-only capture, then its records read (written): what a reader
+  of every record (the window, a capture file, a table) pays once per capture;
 - ``param_stats``: the bare pass, then the statistics of every trainable parameter's
   gradient, batched as a capture batches them. A capture summarises those too and the
   baselines above do not: the MLP's 200 parameter gradients hold 416 K values, against
@@ -50,7 +55,7 @@ from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.selection import leaf_names
 from gradexplorer.stats.batched import batched_stats
 
-KINDS = ("hook_pair", "naive", "stats", "full", "param_stats", "watch")
+KINDS = ("hook_pair", "naive", "stats", "stats_read", "full", "param_stats", "watch")
 #: Each kind's per-call cost at most this many times the bare hook pair's.
 TARGETS = {"stats": 3.0, "full": 4.0}
 
@@ -187,6 +192,7 @@ def kinds_of(asked: tuple[str, ...], watched: _Watched) -> dict[str, Callable[[n
         "hook_pair": _with_leaf_hooks(_pair_hook),
         "naive": _with_leaf_hooks(_naive_hook),
         "stats": lambda m, x: capture(m, x, mode="stats"),
+        "stats_read": lambda m, x: capture(m, x, mode="stats").layers,
         "full": lambda m, x: capture(m, x, mode="full"),
         "param_stats": param_stats,
         "watch": watched,

@@ -233,7 +233,7 @@ def test_on_the_cpu_small_tensors_are_summarised_together_and_the_device_batch_w
     monkeypatch.setattr(module, "device_batched_stats", lambda ts, limit: device_calls.append(len(ts)))
     real = module.batched_stats
     monkeypatch.setattr(module, "batched_stats",
-                        lambda ts, limit, into=None: small.append(len(ts)) or real(ts, limit, into))
+                        lambda ts, limit, into=None, later=None: small.append(len(ts)) or real(ts, limit, into, later))
     real_add = immediate.ImmediateStats.add
     monkeypatch.setattr(immediate.ImmediateStats, "add", lambda self, t: now.append(t.shape) or real_add(self, t))
     monkeypatch.setenv("GRADEXPLORER_BATCHED_STATS", "1")

@@ -28,8 +28,11 @@ relies on"):
 * Each call of a module gets its own record: the call index is bound into the closures.
 * The hooks only take note (records, references, versions, call order) and hand the tensors
   to the statistics (``gradexplorer.stats.device.DeferredStats``), which summarise the
-  small ones together at the end of forward and of backward (``gradexplorer.stats.batched``);
-  where NaN/Inf began is read from those statistics at the end (``nonfinite``); the module
+  small ones together at the end of forward and of backward (``gradexplorer.stats.batched``),
+  and write them into their records when the capture's records are first read (writing a
+  record cost more than computing it: ``gradexplorer.stats.pending``); where NaN/Inf began
+  is read from those statistics at the end (``nonfinite``; the records are written first
+  only when some tensor held NaN or Inf, an unwritten one being finite); the module
   tree is the one kept for this model (``structure``), and no garbage collection runs while
   the capture does. On a 200-layer MLP of 256-value tensors (``benchmarks/call_overhead.py``)
   each of these took microseconds of every call.
@@ -88,6 +91,7 @@ from gradexplorer.capturing.data import (
     CallRecord,
     Capture,
     LayerRecord,
+    records_pending,
 )
 from gradexplorer.capturing.inputs import ModelInputs, first_tensor_input
 from gradexplorer.capturing.nonfinite import Note, OnsetTracker
@@ -106,6 +110,7 @@ from gradexplorer.capturing.targets import Target, parse_target, select_output, 
 from gradexplorer.hooks.installed import Hooks, hooks_installed, model_device
 from gradexplorer.stats.device import SMALL_DTYPES, SMALL_VALUES, DeferredStats
 from gradexplorer.stats.moments import HIST_EXACT_LIMIT
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 
 MODES = ("full", "stats")
@@ -255,7 +260,10 @@ class _Recorder:
         # Whether the hooks check the cancel flag and report progress at all (_tick).
         self.ticking = progress is not None or cancel is not None
         self.hist_limit = hist_limit
-        self.summaries = DeferredStats(hist_limit)
+        # The small tensors' statistics are written into their records when the capture's
+        # records are first read (gradexplorer.stats.pending: Capture.layers).
+        self.pending = PendingRecords()
+        self.summaries = DeferredStats(hist_limit, later=self.pending)
         # Where NaN/Inf began (core/gradexplorer/capturing/nonfinite.py); which modules have children
         # is known from the module tree kept for this model.
         # (grad_sinks, below: the onset reads recorded outputs' sources from it)
@@ -943,7 +951,10 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         recorder.summaries.resolve()
         info = _capture_meta(model, settings, target, dev, x, recorder, order, not_called, t0, emb_name)
         model_inputs, primary = _host_inputs(batch, several)
-        return Capture(
+        if recorder.pending.nonfinite:
+            # The onset reads the NaN/Inf counts of the records (an empty one reads as finite).
+            recorder.pending.fill()
+        return records_pending(Capture(
             meta=info,
             model_inputs=model_inputs,
             input=primary,
@@ -951,7 +962,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
             input_grad=kept_x_grad,
             layers=layers_out,
             nonfinite_onset=recorder.onset.result(layers_out, order, zip(recorder.edges, recorder.edge_sinks)),
-        )
+        ), recorder.pending)
 
 
 def _checked_batch(inputs: torch.Tensor | ModelInputs, mode: str) -> tuple[torch.Tensor, ModelInputs | None]:

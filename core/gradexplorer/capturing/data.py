@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, overload
 
 import torch
 
 from gradexplorer.capturing.nonfinite import NonfiniteOnset
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 
 #: A call's statistics per tensor kind: ``activation``, ``grad_output``, ``grad_input``
@@ -139,6 +140,44 @@ def param_name(layer: str, pname: str) -> str:
     return f"{layer}.{pname}" if layer else pname
 
 
+class _LayersFilledOnRead:
+    """``Capture.layers``: the layers' records, their statistics written on first read.
+
+    A capture leaves the statistics of its small tensors computed but not yet written into
+    their records (``gradexplorer.stats.pending``: writing them cost more than computing
+    them); the first read of ``layers`` (and so of any record: every reader comes through
+    it) writes them all. Assigning ``layers`` sets the records as they are.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = "_" + name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _LayersFilledOnRead: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> dict[str, LayerRecord]: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            # (read on the class: no default value, so a Capture is always given its layers)
+            raise AttributeError(self._slot)
+        state = obj.__dict__
+        pending = state.get("_pending")
+        if pending is not None:
+            pending.fill()  # (every caller returns after the records are written: fill's lock)
+            state.pop("_pending", None)
+        return state[self._slot]
+
+    def __set__(self, obj: object, value: dict[str, LayerRecord]) -> None:
+        obj.__dict__[self._slot] = value
+
+
+def records_pending(capture: Capture, pending: PendingRecords) -> Capture:
+    """``capture``, whose records ``pending`` writes when ``capture.layers`` is first read."""
+    if len(pending):
+        capture.__dict__["_pending"] = pending
+    return capture
+
+
 @dataclass
 class Capture:
     """The result of one capture: a dict-like view ``capture[name] -> LayerRecord``.
@@ -170,13 +209,18 @@ class Capture:
     input: torch.Tensor | None
     output: torch.Tensor | None
     input_grad: torch.Tensor | None
-    layers: dict[str, LayerRecord]
+    layers: _LayersFilledOnRead = _LayersFilledOnRead()
     graph: dict | None = None
     nonfinite_onset: NonfiniteOnset | None = None
     model_inputs: dict | None = None
 
     def __getitem__(self, name: str) -> LayerRecord:
         return self.layers[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling and ``copy`` take: every record written first."""
+        self.layers  # noqa: B018 - (the read writes any record still waiting)
+        return {k: v for k, v in self.__dict__.items() if k != "_pending"}
 
     def __contains__(self, name: object) -> bool:
         return name in self.layers

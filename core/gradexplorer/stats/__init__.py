@@ -17,6 +17,8 @@ cpu_kernels
     Its numba kernels (compiled on first use).
 immediate
     Small CPU tensors taken the moment they are handed over, summarised together.
+pending
+    Statistics computed together, written into a capture's records when they are first read.
 device
     The fused Triton kernels for GPU tensors, read without waiting on the GPU.
 batched
@@ -29,5 +31,5 @@ merge_kernels
     Their numba kernels.
 """
 
-__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "immediate", "device",
+__all__ = ["record", "tensor_stats", "moments", "cpu", "cpu_kernels", "immediate", "pending", "device",
            "batched", "merge", "merge_cpu", "merge_kernels"]

@@ -49,6 +49,7 @@ from gradexplorer.stats.moments import (
     no_finite_stats,
     stats_from_moments,
 )
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.tensor_stats import tensor_stats
 
@@ -61,7 +62,7 @@ _BATCHED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @torch.no_grad()
 def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXACT_LIMIT,
-                  into: list[TensorStats] | None = None) -> list[TensorStats]:
+                  into: list[TensorStats] | None = None, later: PendingRecords | None = None) -> list[TensorStats]:
     """``gradexplorer.stats.tensor_stats.tensor_stats`` of every tensor, computed together.
 
     Parameters
@@ -72,6 +73,9 @@ def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXA
         As ``tensor_stats``'s ``hist_exact_limit``.
     into : list of TensorStats, optional
         One empty record per tensor, to fill (and return) instead of new ones.
+    later : PendingRecords, optional
+        With ``into``: the records the compiled CPU pass summarises are written when
+        ``later`` fills them (``gradexplorer.stats.pending``); the others now.
 
     Returns
     -------
@@ -80,7 +84,7 @@ def batched_stats(tensors: list[torch.Tensor], hist_limit: int | None = HIST_EXA
     """
     if tensors and fused_cpu_enabled() and all(t.is_cpu for t in tensors):
         # Every tensor on the CPU (a capture's small ones): one compiled call per dtype.
-        got = cpu_stats.summarize_many(tensors, hist_limit, into)
+        got = cpu_stats.summarize_many(tensors, hist_limit, into, later)
         if got is not None:
             return got
     if into is not None:

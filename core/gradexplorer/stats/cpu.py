@@ -44,6 +44,7 @@ loading from the cache).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -63,6 +64,7 @@ from gradexplorer.stats.moments import (
     stats_from_moments,
     torch_stats,
 )
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 
 log = logging.getLogger(__name__)
@@ -280,7 +282,8 @@ _MANY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
-                   into: list[TensorStats] | None = None) -> list[TensorStats] | None:
+                   into: list[TensorStats] | None = None,
+                   later: PendingRecords | None = None) -> list[TensorStats] | None:
     """``summarize`` of every tensor of ``tensors`` (CPU tensors), or ``None``
     when numba is unavailable (then summarise them one by one).
 
@@ -290,7 +293,9 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
     statistics are those ``summarize`` gives it alone: the same kernel over the same values.
     Made for many small tensors, whose cost alone is the call, not the values (a capture of
     a 200-layer MLP at batch 4: 256 values per tensor). ``into``: one empty record per tensor
-    to fill (and return) instead of new ones.
+    to fill (and return) instead of new ones. ``later``: with ``into``, the records of the
+    tensors the compiled call summarises are written when ``later`` fills them (a capture's:
+    ``gradexplorer.stats.pending``), not now.
     """
     k = _state["kernels"]
     if not k:
@@ -304,7 +309,7 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
     if dtype in _MANY_DTYPES and dtypes.count(dtype) == count and 0 not in numels:
         # One dtype, no empty tensor (a capture's small tensors): one group, no index lists.
         try:
-            return _many_of_one_dtype(k, dtype, tensors, hist_limit, into, numels)
+            return _many_of_one_dtype(k, dtype, tensors, hist_limit, into, numels, later)
         except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
             log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
             _state["kernels"] = False
@@ -329,7 +334,7 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
         group = [tensors[i] for i in idx]
         records = None if into is None else [into[i] for i in idx]
         try:
-            done = _many_of_one_dtype(k, dtype, group, hist_limit, records, [numels[i] for i in idx])
+            done = _many_of_one_dtype(k, dtype, group, hist_limit, records, [numels[i] for i in idx], later)
         except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
             log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
             _state["kernels"] = False
@@ -341,7 +346,7 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
 
 def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
                        hist_limit: int | None, into: list[TensorStats] | None,
-                       numels: list[int]) -> list[TensorStats]:
+                       numels: list[int], later: PendingRecords | None = None) -> list[TensorStats]:
     # A table of the tensors' addresses: the kernel reads each where it lies (laying them
     # end to end first, even in one torch call for all, cost more than the kernel). A tensor
     # that is not one dense run of memory is made one, and held until the call returns.
@@ -350,29 +355,33 @@ def _many_of_one_dtype(k: dict, dtype: torch.dtype, tensors: list[torch.Tensor],
         it = iter(held)
         tensors = [next(it) if not t.is_contiguous() or t.is_neg() else t for t in tensors]
     addresses = np.array([t.data_ptr() for t in tensors], np.int64)
-    got = _many_at(k, dtype, addresses, numels, hist_limit, into, tensors if dtype == torch.float64 else None)
+    got = _many_at(k, dtype, addresses, numels, hist_limit, into, tensors if dtype == torch.float64 else None,
+                   later)
     del held  # (kept alive through the call above)
     return got
 
 
 def summarize_at(addresses: Any, numels: list[int], dtype: torch.dtype,
-                 into: list[TensorStats]) -> list[TensorStats]:
+                 into: list[TensorStats], later: PendingRecords | None = None) -> list[TensorStats]:
     """``summarize`` of dense runs of float32, float16 or bfloat16 values in host memory:
     run ``i`` is ``numels[i]`` values (at least one) at address ``addresses[i]`` (an int64
     array), every value binned in its histogram. Its record is written into ``into[i]`` (empty
     records, as handed out), and the records are returned. One compiled call for all, the
     kernel of ``summarize_many``: each run gets the numbers ``summarize`` gives a tensor of the
     same values. The caller keeps the memory alive through the call and checks
-    :func:`available` first."""
+    :func:`available` first. ``later``: the records are written when it fills them, as
+    ``summarize_many``'s."""
     if dtype not in _MANY_DTYPES or dtype == torch.float64:
         raise ValueError(f"summarize_at reads float32, float16 or bfloat16 values, not {dtype}")
-    return _many_at(_state["kernels"], dtype, addresses, numels, None, into, None)
+    return _many_at(_state["kernels"], dtype, addresses, numels, None, into, None, later)
 
 
 def _many_at(k: dict, dtype: torch.dtype, addresses: Any, numels: list[int], hist_limit: int | None,
-             into: list[TensorStats] | None, float64_tensors: list[torch.Tensor] | None) -> list[TensorStats]:
+             into: list[TensorStats] | None, float64_tensors: list[torch.Tensor] | None,
+             later: PendingRecords | None = None) -> list[TensorStats]:
     """The compiled call of ``summarize_many`` over dense runs of ``dtype`` values at
-    ``addresses``, and their records (``float64_tensors``: the tensors, for float64 data)."""
+    ``addresses``, and their records (``float64_tensors``: the tensors, for float64 data),
+    written now or, with ``later`` and records handed in (``into``), when it fills them."""
     count = len(numels)
     sizes = np.array(numels, np.int64)
     half = dtype in _HALF
@@ -397,8 +406,15 @@ def _many_at(k: dict, dtype: torch.dtype, addresses: Any, numels: list[int], his
     k["many"](addresses, sizes, like, table, offsets, steps, counts, dtype == torch.float64, rows, hists)
     if first:
         compile_seconds[key] = time.perf_counter() - t0
+    exact = (steps == 1).tolist()
+    if later is not None and into is not None and float64_tensors is None:
+        # The rows and histograms wait with the empty records: no tensor is held (float64
+        # rows may need theirs: written now).
+        later.add(functools.partial(records_from_rows, rows, hists, numels, exact, into, None, hist_limit),
+                  bool(rows[:, 7:9].any()))  # (the NaN and Inf counts: records_from_rows's columns)
+        return into
     records = into if into is not None else [cast(TensorStats, {}) for _ in range(count)]
-    return records_from_rows(rows, hists, numels, (steps == 1).tolist(), records, float64_tensors, hist_limit)
+    return records_from_rows(rows, hists, numels, exact, records, float64_tensors, hist_limit)
 
 
 def records_from_rows(rows: Any, hists: Any, numels: list[int], exact: list[bool],

@@ -59,6 +59,7 @@ from gradexplorer.stats.moments import (
     no_finite_stats,
     stats_from_moments,
 )
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 from gradexplorer.stats.tensor_stats import tensor_stats
 
@@ -284,10 +285,15 @@ class DeferredStats:
     fused : bool or None
         ``None``: the kernels for CUDA tensors when available; ``True`` also for CPU
         tensors (Triton's interpreter, for tests); ``False``: never.
+    later : PendingRecords, optional
+        Where the statistics of small CPU tensors, computed together, wait to be written into
+        their records until one is read (``gradexplorer.stats.pending``: a capture's
+        records); ``None``: written when computed.
     """
 
-    def __init__(self, hist_limit: int | None, fused: bool | None = None):
+    def __init__(self, hist_limit: int | None, fused: bool | None = None, later: PendingRecords | None = None):
         self.hist_limit = hist_limit
+        self.later = later
         if fused is None:
             # "all": CPU tensors too, through TRITON_INTERPRET=1 (how tests run the kernels
             # on a machine without a GPU).
@@ -324,7 +330,7 @@ class DeferredStats:
         self._immediate: ImmediateStats | None = None
         if self.small_on and immediate.available():
             limit = SMALL_VALUES if hist_limit is None else max(0, min(SMALL_VALUES, hist_limit))
-            self._immediate = ImmediateStats(limit)
+            self._immediate = ImmediateStats(limit, later=later)
             self.now, self.now_values = self._immediate.add, limit
 
     def _use_fused(self, t: torch.Tensor) -> bool:
@@ -423,7 +429,7 @@ class DeferredStats:
             records, tensors = self._small, self._small_tensors
             self._small, self._small_tensors, self._small_bytes = [], [], 0
             # Filled in place: the records handed out. (Looked up when called: tests wrap it.)
-            batched.batched_stats(tensors, self.hist_limit, records)
+            batched.batched_stats(tensors, self.hist_limit, records, self.later)
 
     def flush(self) -> None:
         """Summarise the tensors kept by ``summarize_later`` (and the small CPU tensors) now,

@@ -36,6 +36,7 @@ import torch
 
 from gradexplorer.stats import cpu as cpu_stats
 from gradexplorer.stats.moments import fused_cpu_enabled, torch_stats
+from gradexplorer.stats.pending import PendingRecords
 from gradexplorer.stats.record import TensorStats
 
 log = logging.getLogger(__name__)
@@ -74,12 +75,16 @@ class ImmediateStats:
         The most values a tensor taken here may have (the histogram counts every one).
     arena_bytes : int
         The size of the buffer the copies go to (at least one tensor of ``limit`` values).
+    later : PendingRecords, optional
+        Where the computed statistics wait to be written into their records
+        (``gradexplorer.stats.pending``); ``None``: written by ``fill``.
     """
 
-    def __init__(self, limit: int, arena_bytes: int = ARENA_BYTES) -> None:
+    def __init__(self, limit: int, arena_bytes: int = ARENA_BYTES, later: PendingRecords | None = None) -> None:
         if not available():
             raise RuntimeError("ImmediateStats needs immediate.available()")
         self.limit = limit
+        self.later = later
         size = max(arena_bytes, limit * 4 + _ALIGN)
         self._arena = np.empty(size, np.uint8)
         self._base = int(self._arena.ctypes.data)
@@ -124,8 +129,8 @@ class ImmediateStats:
         return record
 
     def fill(self) -> None:
-        """Summarise the tensors taken since the last call and fill their records (then the
-        buffer is free again)."""
+        """Summarise the tensors taken since the last call and fill their records, or leave
+        them to ``later`` (then the buffer is free again)."""
         if not self._records:
             return
         records, numels, offsets, dtypes = self._records, self._numels, self._offsets, self._dtypes
@@ -137,7 +142,7 @@ class ImmediateStats:
             sizes = [numels[i] for i in idx]
             where = np.array([offsets[i] for i in idx], np.int64)
             try:
-                cpu_stats.summarize_at(where + self._base, sizes, dtype, group)
+                cpu_stats.summarize_at(where + self._base, sizes, dtype, group, self.later)
             except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: torch operations
                 log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
                 for record, offset, n in zip(group, where.tolist(), sizes):

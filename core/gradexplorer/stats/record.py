@@ -85,7 +85,9 @@ class TensorStats(_StatsInEveryFile, total=False):
     they existed, and ``overflow`` from a dataset capture's
     (``gradexplorer.stats.merge.DatasetTensorStats``).
     A record handed out during a capture whose tensor is still being summarised on a GPU
-    is empty until the capture resolves it (``gradexplorer.stats.device.DeferredStats``).
+    is empty until the capture resolves it (``gradexplorer.stats.device.DeferredStats``),
+    and one of a small CPU tensor until the capture's records are first read
+    (``gradexplorer.stats.pending``, through ``Capture.layers``).
     """
 
     hist_exact: bool
