@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -101,7 +101,9 @@ class ModelStructure:
     @property
     def modules(self) -> list[nn.Module]:
         """The modules of ``names``, in order (the model itself first)."""
-        return [_alive(r) for r in self._refs]
+        got = [r() for r in self._refs]  # (no call of _alive per module: a capture asks several times)
+        assert None not in got, "a structure whose modules no longer exist"
+        return cast(list[nn.Module], got)
 
     def named_modules(self) -> list[tuple[str, nn.Module]]:
         """``model.named_modules()``, as a list."""
