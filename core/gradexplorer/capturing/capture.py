@@ -388,9 +388,17 @@ class _Recorder:
                              "output_key": "", "shape": (), "dtype": "", "absent": {}}
             calls = rec.calls
             calls.append(call)
-            inputs = [(a, a._version) for a in args if isinstance(a, torch.Tensor)]
+            if len(args) == 1:  # (most calls: no comprehension's frame for one argument)
+                x = args[0]
+                inputs = [(x, x._version)] if isinstance(x, torch.Tensor) else []
+            else:
+                inputs = [(a, a._version) for a in args if isinstance(a, torch.Tensor)]
             # first_tensor_input: the first positional tensor, found above (most calls)
-            joined = self._watch_input(inputs[0][0] if inputs else first_tensor_input(args, kwargs), call)
+            x = inputs[0][0] if inputs else first_tensor_input(args, kwargs)
+            if x is not None and x.requires_grad:  # (_watch_input, inline)
+                joined = self._watch_grad(x, call, "grad_input")
+            else:
+                joined = self._watch_input(x, call)
             # The onset's note: when the one input is the output a recorded call returned (the
             # gradient sinks just joined: the same value), that call's record, read at the end
             # (OnsetTracker.linked); else the inputs' sources, taken now.
@@ -438,9 +446,14 @@ class _Recorder:
         if _graph_task_id() != -1:  # recomputation.recomputing()
             return None
         name = self.names[id(module)]
-        entry = self._leave(name)
-        if entry is None:
-            return None
+        running = self.running
+        entry: list | None
+        if running and running[-1][0] == name:  # (_leave's usual case, inline: the innermost call returns)
+            entry = running.pop()
+        else:
+            entry = self._leave(name)
+            if entry is None:
+                return None
         call = entry[3]
         if call is not None:  # a selected module's call
             return self._record_output(name, module, output, call, entry[4], entry[2])
@@ -512,7 +525,12 @@ class _Recorder:
         self.call_order.append([name, index])
         # One key and one weak reference for y, shared by the maps below.
         known = ((id(y), y._version), weakref.ref(y))
-        stats, call.activation = self._activation(y, seen_as, known)
+        summaries = self.summaries
+        now = summaries.now
+        stats = (now(y) if now is not None and not self.full and 0 < y.numel() <= summaries.now_values
+                 else None)  # (_activation's first case, inline: most outputs of statistics-only capture)
+        if stats is None:
+            stats, call.activation = self._activation(y, seen_as, known)
         call.stats["activation"] = stats
         if not isinstance(note, CallRecord):
             self.onset.leave(note, module, y, stats, known)
@@ -675,8 +693,21 @@ class _Recorder:
     def _take_edge_grads(self, grads: Sequence[torch.Tensor | None]) -> None:
         """The gradients ``torch.autograd.grad`` returned for ``edges``, recorded as hooks
         would have recorded them (a ``None``: the backward never reached the tensor)."""
+        summaries, grad_values = self.summaries, self.grad_values
+        small = summaries.small_on and not self.full
+        hold_small = summaries.hold_small
         for sinks, grad in zip(self.edge_sinks, grads):
-            if grad is not None:
+            if grad is None:
+                continue
+            if (small and id(grad) not in grad_values and grad.is_cpu and grad.dtype in SMALL_DTYPES
+                    and 0 < grad.numel() <= SMALL_VALUES):
+                # _record_grad's usual case, inline (one per edge): a gradient no hook was
+                # handed, held for the small batch, nothing kept.
+                stats = hold_small(grad.detach() if grad.requires_grad else grad)
+                grad_values[id(grad)] = (weakref.ref(grad), grad._version, stats, None)
+                for rec, name in sinks:
+                    rec.stats[name] = stats
+            else:
                 # (no order: the onset reads these from the records, OnsetTracker.result's edges)
                 self._record_grad(sinks, grad, None)
         self.grads_seen += len(self.edges) - self.edge_ticked

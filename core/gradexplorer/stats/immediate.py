@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import cast
 
 import numpy as np
 import torch
@@ -121,7 +120,7 @@ class ImmediateStats:
             offset = self._offset
         _memmove(self._base + offset, address, nbytes)
         self._offset = offset + nbytes + (-nbytes % _ALIGN)
-        record = cast(TensorStats, {})
+        record: TensorStats = {}  # type: ignore[typeddict-item]  # (filled by fill: no cast() call per tensor)
         self._records.append(record)
         self._numels.append(n)
         self._offsets.append(offset)
