@@ -367,8 +367,10 @@ def target_scalar(
             f"{tuple(y.shape)} (dims 1..{y.dim() - 1} besides the batch).",
             "Pick the dim that holds the classes, e.g. dim=-1 for (B, length, vocab).",
         )
-    # The class axis second, as cross_entropy and the messages below expect.
-    y = y.movedim(dim, 1)
+    # The class axis second, as cross_entropy and the messages below expect (where it is
+    # already: no view, whose node backward would run too).
+    if dim % y.dim() != 1:
+        y = y.movedim(dim, 1)
     if target.position is not None:
         if y.dim() != 3 or not -y.shape[2] <= target.position < y.shape[2]:
             raise GradExplorerError(

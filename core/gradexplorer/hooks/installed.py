@@ -177,13 +177,11 @@ class Hooks:
         handles, self._handles = self._handles, []
         shared, self._shared = self._shared, []
         for modules, pre_id, post_id in shared:
-            for m in modules:  # what RemovableHandle.remove does for each
+            for m in modules:  # what RemovableHandle.remove does for each, in the dictionaries call_hooks wrote
                 if pre_id is not None:
                     m._forward_pre_hooks.pop(pre_id, None)
                     m._forward_pre_hooks_with_kwargs.pop(pre_id, None)
                 m._forward_hooks.pop(post_id, None)
-                m._forward_hooks_with_kwargs.pop(post_id, None)
-                m._forward_hooks_always_called.pop(post_id, None)
         for handle in handles:
             handle.remove()
 
