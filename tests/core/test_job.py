@@ -56,6 +56,15 @@ def test_run_matches_autograd_and_reports_each_stage(monkeypatch):
     assert no_hooks_left(job.loaded.module)
 
 
+def test_a_job_writes_its_capture_records_on_its_own_thread(monkeypatch):
+    # (a model without a graph: nothing else in the job reads the records)
+    monkeypatch.setattr(CaptureJob, "_graph_for", lambda self, cap, model, inputs: None)
+    cap = CaptureJob(MLP).run()
+    # Written by the job (on the worker that runs it), not left to the window's first read.
+    assert "_pending" not in cap.__dict__
+    assert cap.__dict__["_layers"]["fc1"].calls[0].stats["activation"]["numel"] > 0
+
+
 def test_each_step_runs_once():
     job = CaptureJob(MLP)
     loaded, batch = job.load_model(), job.load_batch()
