@@ -527,9 +527,12 @@ class _Recorder:
         known = ((id(y), y._version), weakref.ref(y))
         summaries = self.summaries
         now = summaries.now
+        # Statistics only, a small output: its bytes copied at once into the capture's buffer
+        # (gradexplorer.stats.immediate; the clone that _activation's batch needs cost more
+        # than the rest of a small call's statistics). Most outputs of statistics-only capture.
         stats = (now(y) if now is not None and not self.full and 0 < y.numel() <= summaries.now_values
-                 else None)  # (_activation's first case, inline: most outputs of statistics-only capture)
-        if stats is None:
+                 else None)
+        if stats is None:  # (one the buffer cannot take, or full capture)
             stats, call.activation = self._activation(y, seen_as, known)
         call.stats["activation"] = stats
         if not isinstance(note, CallRecord):
@@ -559,15 +562,9 @@ class _Recorder:
         """
         summaries = self.summaries
         if not self.full:
-            # Statistics only: no copy is kept, so no earlier record can be compared with y
+            # Statistics only (an output the capture's buffer did not take: _record_output
+            # offers it first): no copy is kept, so no earlier record can be compared with y
             # and serve it, nor can this one serve a later call: no note of it either.
-            now = summaries.now
-            if now is not None and 0 < y.numel() <= summaries.now_values:
-                # Its bytes copied at once into the capture's buffer (gradexplorer.stats.immediate):
-                # the clone the batch below needs cost more than the rest of a small call's statistics.
-                stats = now(y)
-                if stats is not None:
-                    return stats, None
             if (summaries.small_on and y.is_cpu and y.dtype in SMALL_DTYPES
                     and 0 < y.numel() <= SMALL_VALUES):  # as below
                 return summaries.hold_small(y.detach().clone(memory_format=torch.contiguous_format)), None
