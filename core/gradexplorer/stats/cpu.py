@@ -12,7 +12,8 @@ sums are finite, so is every value of the block, and a second loop over it, stil
 L1 cache, takes the minimum and maximum and counts the zeros in the data's own float type
 (float32 lanes for float32 and half data), compiled without NaN semantics. A block holding
 NaN or Inf is summed again by a careful loop over its finite values (rare). Meanwhile the
-next block is prefetched, so that its read overlaps this block's arithmetic. The
+next block is prefetched a few cache lines at a time, so that its read overlaps this
+block's arithmetic. The
 statistics are then within float64's roundings of float64 NumPy (about 1e-12 relative),
 far inside the accuracy contract's 1e-6 (``docs/benchmarks.md``). Sums in float32 lanes,
 over runs of 128 values added in float64, were measured against this inside captures of

@@ -18,6 +18,9 @@ from gradexplorer.stats.moments import HIST_BINS, chan_merge, histogram_in_float
 #: L1 cache. Of the sizes measured (1024 to 16384), 2048 read fastest from memory on one
 #: core (docs/benchmarks.md, "The CPU pass's design figures").
 BLOCK = 2048
+#: Elements per run of a block's sums loop: before each run the same number of elements a
+#: block ahead are prefetched (docs/benchmarks.md, "The CPU pass's design figures").
+RUN = 256
 #: Columns of a chunk's row: finite count, mean, m2, sum of magnitudes, min, max,
 #: non-zero count, NaN count.
 COLS = 8
@@ -141,20 +144,13 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
     zeros = 0
     nnan = 0
     k = max(0, (start - offset + step - 1) // step)  # the first sample index at or after start
+    line = _LINE // x.itemsize
     for b in range(start, stop, BLOCK):
         e = min(b + BLOCK, stop)
         # Indices from 0 within a slice: numba wraps negative indices, and an index that
         # LLVM cannot prove non-negative made it gather element by element.
-        # The next block is asked for now, so that its read from memory (or from the
-        # last-level cache, where a tensor just written lies) overlaps this block's
-        # arithmetic: inside a capture it made the pass faster (docs/benchmarks.md, "The
-        # CPU pass's design figures").
-        for j in range(e, min(e + BLOCK, stop), _LINE // x.itemsize):
-            prefetch(x, j)
         xb = x[b:e]
         size = e - b
-        if copy:
-            out[b:e] = xb  # from the L1 cache: the copy costs no second read
         # float64 sums of the deviations from the block's first value p (a value inside the
         # block keeps sum((v - p)^2) within BLOCK times the block's m2, so
         # m2 = sum((v - p)^2) - sum(v - p)^2 / count loses only float64 roundings) and of
@@ -164,12 +160,24 @@ def chunk(x: Any, table: Any, start: int, stop: int, copy: bool, out: Any, res: 
         bs = 0.0
         bq = 0.0
         ba = 0.0
-        for i in range(size):
-            v = load(xb, table, i)
-            d = v - p
-            bs += d
-            bq += d * d
-            ba += abs(v)
+        for s in range(0, size, RUN):
+            # The run a block ahead is asked for now, a few lines at a time, so that its
+            # read from memory (or from the last-level cache, where a tensor just written
+            # lies) overlaps this run's arithmetic. Asked for all at once at the block's
+            # start, the requests filled the core's miss buffers and the loop waited on
+            # them (docs/benchmarks.md, "The CPU pass's design figures").
+            a = min(b + s + BLOCK, stop)
+            for j in range(a, min(a + RUN, stop), line):
+                prefetch(x, j)
+            xs = xb[s:min(s + RUN, size)]
+            if copy:
+                out[b + s:b + s + xs.size] = xs  # from the L1 cache: the copy costs no second read
+            for i in range(xs.size):
+                v = load(xs, table, i)
+                d = v - p
+                bs += d
+                bq += d * d
+                ba += abs(v)
         if bq < _INF:
             bc = float(size)
             # Extremes and zeros in a loop of their own (with the float64 sums in it, LLVM
