@@ -99,6 +99,23 @@ def test_large_cpu_tensors_are_summarised_at_once_and_small_ones_together_at_res
     assert_stats_close(stats, tensor_stats(big), big.numel())
 
 
+def test_histograms_of_tensors_summarised_one_by_one_stay_their_own():
+    """The histograms of the large CPU tensors of a capture are rows of tables its records
+    share (one allocation per ``HIST_TABLE_ROWS`` records, not one per record): each record
+    still holds its own tensor's histogram, ``torch.histc`` of all its values, after
+    hundreds more were written, across two tables, with and without the pass's copy."""
+    summaries = DeferredStats(None)  # every value counted: torch.histc is the truth
+    g = torch.Generator().manual_seed(5)
+    n = device_stats.SMALL_VALUES + 1  # above the small batch: summarised at once
+    tensors = [torch.randn(n, generator=g) * (i + 1) + i for i in range(device_stats.HIST_TABLE_ROWS + 20)]
+    got = [summaries.summarize_copy(t)[0] if i % 2 else summaries.summarize(t) for i, t in enumerate(tensors)]
+    for t, stats in zip(tensors, got):
+        expected = torch.histc(t, HIST_BINS, t.min().item(), t.max().item())
+        assert torch.allclose(stats["hist"], expected, rtol=1e-6), (stats["hist"], expected)
+        assert stats["hist"].sum().item() == n
+    assert len({stats["hist"].untyped_storage().data_ptr() for stats in got}) == 2
+
+
 def test_a_kernel_failure_falls_back_to_torch_operations_for_good(monkeypatch, caplog):
     calls = []
 

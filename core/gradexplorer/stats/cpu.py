@@ -201,17 +201,19 @@ def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
 
 
 @overload
-def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[False] = False) -> TensorStats | None:
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[False] = False,
+              hist_into: torch.Tensor | None = None) -> TensorStats | None:
     ...
 
 
 @overload
-def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[True]) -> tuple[TensorStats, torch.Tensor] | None:
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: Literal[True],
+              hist_into: torch.Tensor | None = None) -> tuple[TensorStats, torch.Tensor] | None:
     ...
 
 
-def summarize(t: torch.Tensor, hist_limit: int | None,
-              copy: bool = False) -> TensorStats | tuple[TensorStats, torch.Tensor] | None:
+def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
+              hist_into: torch.Tensor | None = None) -> TensorStats | tuple[TensorStats, torch.Tensor] | None:
     """``gradexplorer.stats.tensor_stats.tensor_stats`` of a CPU tensor in one fused pass, or ``None`` when this
     path cannot take it (then use ``gradexplorer.stats.moments.torch_stats``).
 
@@ -224,6 +226,13 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
     copy : bool
         Also return a contiguous copy of ``t`` (same dtype and shape), written by the same
         pass: then the result is ``(stats, copy)``.
+    hist_into : torch.Tensor, optional
+        A float32 CPU tensor of ``HIST_BINS`` values to hold the histogram (the record's
+        ``hist``), instead of a tensor of its own: a row of a table that a capture's records
+        share (``gradexplorer.stats.device.DeferredStats``). Hundreds of small allocations
+        that live as long as the records, between the large tensors of a pass, left the
+        heap of the C allocator in pieces: the next large tensors took fresh pages
+        (docs/benchmarks.md, "Histograms in one table per capture").
     """
     k = _state["kernels"]
     if not k:
@@ -272,7 +281,8 @@ def summarize(t: torch.Tensor, hist_limit: int | None,
         return None
     if first:
         compile_seconds[key] = time.perf_counter() - t0
-    got = _stats_of(row.tolist(), torch.from_numpy(counts), n, step == 1, wide)
+    hist = torch.from_numpy(counts) if hist_into is None else hist_into.copy_(torch.from_numpy(counts))
+    got = _stats_of(row.tolist(), hist, n, step == 1, wide)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
         got = torch_stats(t, hist_limit)
     return (got, dst) if copy else got

@@ -90,6 +90,8 @@ SMALL_VALUES = 1 << 15
 SMALL_BATCH_BYTES = 16 << 20
 #: dtypes of the small batch (``gradexplorer.stats.cpu.summarize_many``).
 SMALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: Rows of each histogram table of ``DeferredStats`` (64 KiB of float32 histograms).
+HIST_TABLE_ROWS = 256
 
 
 def _build_kernels() -> tuple[Any, Any]:
@@ -317,6 +319,10 @@ class DeferredStats:
         # Public: a capture's hooks test it and call hold_small themselves.
         self.small_on = (batched not in ("0", "all") and self.fused is not True and fused_cpu_enabled()
                           and cpu_stats.available())
+        # The histograms of the tensors summarised one by one on the CPU, rows of a table
+        # (_hist_row).
+        self._hist_table = torch.empty((0, HIST_BINS), dtype=torch.float32)
+        self._hist_free = 0
         self._small: list[TensorStats] = []
         self._small_tensors: list[torch.Tensor] = []
         self._small_bytes = 0
@@ -360,6 +366,16 @@ class DeferredStats:
             self._flush_small()
         return stats
 
+    def _hist_row(self) -> torch.Tensor:
+        """A free row of this capture's histogram table, for one record's ``hist``: one
+        allocation per ``HIST_TABLE_ROWS`` records rather than one per record
+        (``gradexplorer.stats.cpu.summarize``'s ``hist_into``)."""
+        if self._hist_free == 0:
+            self._hist_table = torch.empty((HIST_TABLE_ROWS, HIST_BINS), dtype=torch.float32)
+            self._hist_free = HIST_TABLE_ROWS
+        self._hist_free -= 1
+        return self._hist_table[HIST_TABLE_ROWS - 1 - self._hist_free]
+
     def summarize(self, t: torch.Tensor, into: TensorStats | None = None) -> TensorStats:
         """The statistics record of ``t``: filled now, or by ``flush`` or ``resolve`` for a
         small CPU tensor (a copy of it, so that later changes to ``t`` do not matter) and a
@@ -379,7 +395,11 @@ class DeferredStats:
             else:
                 self._pending.append((stats, row, n, exact))
                 return stats
-        got = tensor_stats(t, self.hist_limit)
+        got = None
+        if t.is_cpu and fused_cpu_enabled():  # (tensor_stats's CPU path, its histogram in the table)
+            got = cpu_stats.summarize(t, self.hist_limit, hist_into=self._hist_row())
+        if got is None:
+            got = tensor_stats(t, self.hist_limit)
         if into is None:
             return got
         into.update(got)
@@ -395,7 +415,7 @@ class DeferredStats:
                 kept = t.detach().clone(memory_format=torch.contiguous_format)
                 return self.hold_small(kept), kept
             if fused_cpu_enabled():
-                got = cpu_stats.summarize(t, self.hist_limit, copy=True)
+                got = cpu_stats.summarize(t, self.hist_limit, copy=True, hist_into=self._hist_row())
                 if got is not None:
                     return got
         return self.summarize(t), None
