@@ -395,11 +395,7 @@ class DeferredStats:
             else:
                 self._pending.append((stats, row, n, exact))
                 return stats
-        got = None
-        if t.is_cpu and fused_cpu_enabled():  # (tensor_stats's CPU path, its histogram in the table)
-            got = cpu_stats.summarize(t, self.hist_limit, hist_into=self._hist_row())
-        if got is None:
-            got = tensor_stats(t, self.hist_limit)
+        got = tensor_stats(t, self.hist_limit, hist_into=self._hist_row() if t.is_cpu else None)
         if into is None:
             return got
         into.update(got)

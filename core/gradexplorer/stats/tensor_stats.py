@@ -34,7 +34,8 @@ from gradexplorer.stats.moments import HIST_EXACT_LIMIT, fused_cpu_enabled, torc
 from gradexplorer.stats.record import TensorStats
 
 
-def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT) -> TensorStats:
+def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMIT,
+                 hist_into: torch.Tensor | None = None) -> TensorStats:
     """Summary statistics of a tensor.
 
     Parameters
@@ -45,6 +46,9 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
     hist_exact_limit : int or None
         Above this many elements the histogram is computed on an evenly strided
         subsample and scaled; ``None`` always counts every element.
+    hist_into : torch.Tensor, optional
+        Where the fused CPU pass writes the histogram (``gradexplorer.stats.cpu.summarize``'s
+        ``hist_into``: a row of a capture's table); the other paths make their own.
 
     Returns
     -------
@@ -61,7 +65,7 @@ def tensor_stats(t: torch.Tensor, hist_exact_limit: int | None = HIST_EXACT_LIMI
     # No torch.no_grad() here: the fused pass reads a detached view, and torch_stats
     # sets it itself (entering and leaving it cost a third of a small tensor's summary).
     if t.is_cpu and fused_cpu_enabled():
-        stats = cpu_stats.summarize(t, hist_exact_limit)
+        stats = cpu_stats.summarize(t, hist_exact_limit, hist_into=hist_into)
         if stats is not None:
             return stats
     return torch_stats(t, hist_exact_limit)
