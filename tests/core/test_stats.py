@@ -355,16 +355,28 @@ def test_chan_merge_is_exact_for_equal_means_and_the_one_merge_of_moments():
 
 
 @pytest.mark.skipif(numba_missing, reason="numba is not installed")
-@pytest.mark.parametrize("case", ["randn", "half", "bf16", "transposed", "int", "empty"])
+@pytest.mark.parametrize("case", ["randn", "half", "bf16", "transposed", "int", "empty", "float64",
+                                  "strided", "transposed_half", "negated_view"])
 def test_the_fused_copy_is_the_tensor_and_its_statistics_are_tensor_stats(case):
+    """The copy holds the tensor's values in memory of its own, contiguous: written by the
+    pass, or (a view that is read through a contiguous copy: strided, transposed, negated)
+    that copy itself."""
     t = {"randn": lambda: _randn(200_000).reshape(400, 500), "half": lambda: _randn(3000).half(),
          "bf16": lambda: _randn(3000).bfloat16(), "transposed": lambda: _randn(6000).reshape(60, 100).t(),
-         "int": lambda: torch.arange(-50, 50), "empty": lambda: torch.empty(3, 0)}[case]()
+         "int": lambda: torch.arange(-50, 50), "empty": lambda: torch.empty(3, 0),
+         "float64": lambda: _randn(5000).double().reshape(50, 100),
+         "strided": lambda: _randn(40_000).reshape(200, 200)[::2, 1::3],
+         "transposed_half": lambda: _randn(6000).half().reshape(60, 100).t(),
+         "negated_view": lambda: torch._neg_view(_randn(3000).reshape(30, 100))}[case]()
     stats, kept = cpu_stats.summarize(t, 1 << 14, copy=True)
     assert kept.dtype == t.dtype and kept.shape == t.shape and torch.equal(kept, t)
-    assert kept.is_contiguous() and (kept.data_ptr() != t.data_ptr() or t.numel() == 0)
+    assert kept.is_contiguous() and not kept.is_neg() and not kept.requires_grad
     if t.numel():
-        assert_matches_reference(stats, t)
+        assert kept.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+        before = kept.clone()
+        t.mul_(-2) if not t.is_neg() else t.zero_()  # (a negated view can be written too)
+        assert torch.equal(kept, before)  # nothing of t's memory is shared
+        assert_matches_reference(stats, before)
     else:
         assert stats["numel"] == 0 and stats["hist"].sum() == 0
 

@@ -182,22 +182,29 @@ def widening_table(dtype: torch.dtype) -> Any:
     return tab
 
 
-def _readable(t: torch.Tensor) -> tuple[Any, Any] | None:
-    """(numpy view of ``t``'s elements in memory order, widening table or None), or None."""
+def _readable(t: torch.Tensor) -> tuple[Any, Any, torch.Tensor | None] | None:
+    """(numpy view of ``t``'s elements in memory order, widening table or None, the tensor
+    that view reads when it is a contiguous copy made here, else None), or None."""
     x = t.detach()
     if x.dtype is torch.float32 and x.is_cpu and x.is_contiguous() and not x.is_neg():
-        return x.numpy().reshape(-1), None  # most of a capture's tensors: the fewest calls
+        return x.numpy().reshape(-1), None, None  # most of a capture's tensors: the fewest calls
     if not x.is_cpu or x.is_complex():
         return None
     if x.dtype in _HALF:
-        table = widening_table(x.dtype)
-        x = x.contiguous().reshape(-1).view(torch.int16)
-        return x.numpy().view("uint16"), table
+        dense = x.contiguous()
+        return (dense.reshape(-1).view(torch.int16).numpy().view("uint16"), widening_table(x.dtype),
+                _fresh(dense, x))
     if x.dtype not in _NUMPY_DTYPES:
         return None
     if x.is_conj() or x.is_neg():
         x = x.resolve_conj().resolve_neg()
-    return x.contiguous().reshape(-1).numpy(), None
+    dense = x.contiguous()
+    return dense.reshape(-1).numpy(), None, _fresh(dense, t)
+
+
+def _fresh(dense: torch.Tensor, t: torch.Tensor) -> torch.Tensor | None:
+    """``dense`` when it is a copy of ``t``'s values in memory of its own, else None."""
+    return dense if dense.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() else None
 
 
 @overload
@@ -242,7 +249,7 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
     readable = _readable(t)
     if readable is None:
         return None
-    x, table = readable
+    x, table, dense = readable
     n = x.size
     if n == 0:
         stats = empty_stats()
@@ -250,7 +257,13 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
     use_table = table is not None
     if table is None:
         table = k["no_table"]  # its dtype (not float32) tells the kernels to read x directly
-    if copy:
+    # A tensor read through a contiguous copy made above (a transposed or strided view, a
+    # negated view): that copy is the one kept, the pass writes none (one copy, not two).
+    kept = dense if copy else None
+    if kept is not None:
+        copy = False
+        out = x[:0]
+    elif copy:
         dst = torch.empty(t.shape, dtype=t.dtype)
         out = dst.reshape(-1).view(torch.int16).numpy().view("uint16") if use_table else dst.reshape(-1).numpy()
     else:
@@ -285,6 +298,8 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
     got = _stats_of(row.tolist(), hist, n, step == 1, wide)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
         got = torch_stats(t, hist_limit)
+    if kept is not None:
+        return got, kept
     return (got, dst) if copy else got
 
 
