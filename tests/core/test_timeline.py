@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sqlite3
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from gradexplorer.recording.timeline import (
     read_timeline,
     timeline_from_capture,
 )
-from gradexplorer.recording.watch_log import WatchLogWriter, stats_row
+from gradexplorer.recording.watch_log import STEP_BLOCK, WatchLogWriter, decode_hist, stats_row
 from gradexplorer.stats.merge import HIST_BINS, MergeStats
 
 LAYERS = ["a", "b", "c", "d"]
@@ -100,6 +101,73 @@ def test_histograms_over_steps(tmp_path):
     assert list(steps) == list(range(10)) and counts.shape == (10, HIST_BINS)
     for s in range(10):
         np.testing.assert_array_equal(counts[s], MergeStats.of_tensor(grad_of("a", s)).hist)
+
+
+def _plain_rows(path, layer, call, kind, rank):
+    """A layer's rows by a plain scan that ignores every index: the reader's truth."""
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT step, hist_lo, hist FROM stats NOT INDEXED WHERE layer = ? AND call = ? "
+                           "AND kind = ? AND rank = ? ORDER BY step", (layer, call, kind, rank)).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_layers_histograms_are_found_block_by_block_through_the_index(tmp_path):
+    """Steps spread over many blocks of the per-layer index (every third step, from 5; a
+    block with one step, blocks with none): the rows read are those a scan finds, in step
+    order, and the reader looks them up in the index rather than scanning the log."""
+    path = tmp_path / "t.gxw"
+    steps = list(range(5, 200, 3)) + [STEP_BLOCK * 40]
+    write_log(path, steps)
+    for layer, call in (("a", 0), ("c", 1), ("d", 0)):
+        got_steps, counts = layer_histograms(path, layer, call)
+        truth = _plain_rows(path, layer, call, "grad_output", 0)
+        assert list(got_steps) == [r[0] for r in truth] == steps
+        np.testing.assert_array_equal(counts, [decode_hist(r[1], r[2]) for r in truth])
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'stats_by_layer'"
+                           ).fetchone() is None
+        (sql,) = con.execute("SELECT sql FROM sqlite_master WHERE name = 'stats_by_block'").fetchone()
+        assert f"step / {STEP_BLOCK}, layer, kind, step" in sql
+        # The reader's own query, as it ran (parameters filled in), looked up in the index.
+        ran: list[str] = []
+        con.set_trace_callback(ran.append)
+        layer_histograms(con, "a")
+        con.set_trace_callback(None)
+        (query,) = [q for q in ran if "hist_lo, hist FROM stats" in q]
+        plan = " ".join(str(r[-1]) for r in con.execute("EXPLAIN QUERY PLAN " + query))
+    finally:
+        con.close()
+    assert "USING INDEX stats_by_block" in plan and "layer=?" in plan and "kind=?" in plan, plan
+
+
+def _old_version_log(path, steps):
+    """A log as an earlier version wrote it: indexed by (layer, kind, step), no block index."""
+    write_log(path, steps)
+    con = sqlite3.connect(path)
+    con.execute("DROP INDEX stats_by_block")
+    con.execute("CREATE INDEX stats_by_layer ON stats(layer, kind, step)")
+    con.commit()
+    con.close()
+
+
+def test_a_log_of_an_earlier_version_is_read_and_appended_to_with_the_block_index(tmp_path):
+    path = tmp_path / "t.gxw"
+    _old_version_log(path, range(6))
+    steps, counts = layer_histograms(path, "b")  # (its index by layer: the plain query)
+    assert list(steps) == list(range(6))
+    np.testing.assert_array_equal(counts[5], MergeStats.of_tensor(grad_of("b", 5)).hist)
+    write_log(path, range(6, 20))  # appended by this version
+    con = sqlite3.connect(path)
+    indexes = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    con.close()
+    assert "stats_by_block" in indexes and "stats_by_layer" not in indexes
+    steps, counts = layer_histograms(path, "b")
+    assert list(steps) == list(range(20))
+    for s in (0, 5, 6, 19):
+        np.testing.assert_array_equal(counts[s], MergeStats.of_tensor(grad_of("b", s)).hist)
 
 
 def test_csv_export(tmp_path):

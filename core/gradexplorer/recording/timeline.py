@@ -24,7 +24,14 @@ import numpy as np
 
 from gradexplorer.files.capture_file import atomic_save
 from gradexplorer.recording.timeline_table import timeline_frame, timeline_html
-from gradexplorer.recording.watch_log import MODULE_KINDS, STAT_COLUMNS, decode_hist, open_log, read_meta
+from gradexplorer.recording.watch_log import (
+    MODULE_KINDS,
+    STAT_COLUMNS,
+    STEP_BLOCK,
+    decode_hist,
+    open_log,
+    read_meta,
+)
 
 #: Statistics a timeline can show (``stats`` table columns), and ``max_abs``.
 TIMELINE_STATS = ("l2", "mean", "std", "mean_abs", "max_abs", "min", "max", "nonfinite", "zero_fraction",
@@ -218,8 +225,18 @@ def layer_histograms(source: str | os.PathLike | sqlite3.Connection, layer: str,
     con = open_log(source) if not isinstance(source, sqlite3.Connection) else source
     try:
         where, r = _rank_clause(con, rank, kind)
-        data = con.execute(f"SELECT step, hist_lo, hist FROM stats WHERE layer = ? AND call = ? AND kind = ? "
-                           f"AND {where} ORDER BY step", (layer, call, kind, r)).fetchall()
+        wanted = f"layer = ? AND call = ? AND kind = ? AND {where}"
+        if con.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'stats_by_block'").fetchone():
+            # The index by block of steps (watch_log.STEP_BLOCK): the layer's rows of each
+            # block that holds a step, found by a lookup each rather than a scan of the log.
+            # (Every step written has its row in ``steps``, as the timeline reads them.)
+            data = con.execute(
+                f"SELECT step, hist_lo, hist FROM stats WHERE step / {STEP_BLOCK} IN "
+                f"(SELECT DISTINCT step / {STEP_BLOCK} FROM steps) AND {wanted} ORDER BY step",
+                (layer, call, kind, r)).fetchall()
+        else:  # a log of an earlier version (its index by layer), or one without an index
+            data = con.execute(f"SELECT step, hist_lo, hist FROM stats WHERE {wanted} ORDER BY step",
+                               (layer, call, kind, r)).fetchall()
     finally:
         if not isinstance(source, sqlite3.Connection):
             con.close()

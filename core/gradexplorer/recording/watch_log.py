@@ -55,7 +55,16 @@ from gradexplorer.stats.merge import HIST_BINS, MergeStats
 FORMAT = "gradexplorer-watch"
 VERSION = 1
 
-SCHEMA = """
+#: Steps per block of the per-layer index: its keys start with ``step / STEP_BLOCK``, so that a
+#: step's rows go into the index next to those of the few steps before it, one place per
+#: layer near the index's end. An index on ``(layer, kind, step)`` put each of a step's rows at
+#: the end of that layer's run over the whole log: once the log was a few hundred steps long,
+#: a step of 1,000 rows wrote about 1,000 index pages, and writing it took 33 ms instead of 5
+#: (docs/benchmarks.md, "The watch log's per-layer index"). A layer's rows are read back one
+#: block at a time (``gradexplorer.recording.timeline.layer_histograms``).
+STEP_BLOCK = 8
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS steps(step INTEGER NOT NULL, rank INTEGER NOT NULL, loss REAL,
     wall_time REAL, seconds REAL, PRIMARY KEY (step, rank));
@@ -63,7 +72,7 @@ CREATE TABLE IF NOT EXISTS stats(step INTEGER NOT NULL, layer TEXT NOT NULL, cal
     kind TEXT NOT NULL, rank INTEGER NOT NULL, numel INTEGER, count INTEGER, nan_count INTEGER,
     inf_count INTEGER, zero_count INTEGER, min REAL, max REAL, mean REAL, std REAL, sum REAL,
     sum_abs REAL, m2 REAL, l2 REAL, mean_abs REAL, update_ratio REAL, hist_lo INTEGER, hist BLOB);
-CREATE INDEX IF NOT EXISTS stats_by_layer ON stats(layer, kind, step);
+CREATE INDEX IF NOT EXISTS stats_by_block ON stats(step / {STEP_BLOCK}, layer, kind, step);
 CREATE INDEX IF NOT EXISTS stats_by_step ON stats(step);
 CREATE TABLE IF NOT EXISTS reports(step INTEGER, layer TEXT, message TEXT);
 """
@@ -177,6 +186,9 @@ class WatchLogWriter:
             # before the next checkpoint), at no fsync per step.
             self.con.execute("PRAGMA synchronous=NORMAL")
             self.con.executescript(SCHEMA)
+            # A log written by an earlier version, appended to: its rows are indexed by block
+            # now (above); its index by layer would cost every new step as much as before.
+            self.con.execute("DROP INDEX IF EXISTS stats_by_layer")
             existing = dict(self.con.execute("SELECT key, value FROM meta").fetchall())
             if existing and existing.get("format") != FORMAT:
                 raise GradExplorerError(f"{self.path} is an SQLite file but not a gradexplorer watch log.",
