@@ -6,9 +6,10 @@ Writes ``--steps`` watched steps of ``--rows`` rows each (a 7B decoder's merged 
 default, see docs/scale.md) into a fresh watch log (SQLite WAL, ``synchronous=NORMAL``), as
 the watch writes them: one transaction per step, realistic gradient statistics with a full
 histogram. Prints, as the median of ``--repeats`` runs (the machine is shared), rows per
-second, seconds per step and the log's bytes per row; then the bytes one tensor's
-statistics take on the wire (the pickled record that ``gather_object`` sends). Figures
-only: nothing here asserts a time.
+second, seconds per step (overall, and the median step of the first and of the last tenth of
+the steps: whether a step costs more as the log grows) and the log's bytes per row; then the
+bytes one tensor's statistics take on the wire (the pickled record that ``gather_object``
+sends). Figures only: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -31,19 +32,23 @@ def records(rows: int) -> list[MergeStats]:
     return [MergeStats.of_tensor(torch.randn(4096, generator=g) * 10.0 ** (i % 7 - 4)) for i in range(rows)]
 
 
-def write_once(stats: list[MergeStats], steps: int) -> tuple[float, float]:
-    """(seconds of writing, bytes of the log per row) for ``steps`` steps of ``stats``."""
+def write_once(stats: list[MergeStats], steps: int) -> tuple[float, float, list[float]]:
+    """(seconds of writing, bytes of the log per row, seconds of each step's write) for
+    ``steps`` steps of ``stats``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.gxw")
         writer = WatchLogWriter(path, meta={"every": 1})
+        each = []
         t0 = time.perf_counter()
         for step in range(steps):
             table = [stats_row(step, f"layers.{i // 10}.m{i % 10}", 0, "grad", -1, s) for i, s in enumerate(stats)]
+            t = time.perf_counter()
             writer.write_step(step, -1, 1.0, time.time(), 0.0, table)
+            each.append(time.perf_counter() - t)
         seconds = time.perf_counter() - t0
         writer.close()
         size = os.path.getsize(path)
-    return seconds, size / (steps * len(stats))
+    return seconds, size / (steps * len(stats)), each
 
 
 def main() -> None:
@@ -60,6 +65,10 @@ def main() -> None:
     print(f"watch log (SQLite WAL): {args.steps} steps of {args.rows} rows, median of {args.repeats} runs")
     print(f"  rows per second       {total / secs:,.0f}")
     print(f"  seconds per step      {secs / args.steps:.4f}")
+    tenth = max(1, args.steps // 10)
+    first = statistics.median(statistics.median(r[2][:tenth]) for r in runs)
+    last = statistics.median(statistics.median(r[2][-tenth:]) for r in runs)
+    print(f"  seconds per step's write, first and last tenth of the steps (median step) {first:.4f} {last:.4f}")
     print(f"  bytes per row on disk {per_row:,.0f}")
     wire = statistics.median(len(pickle.dumps(s.to_dict())) for s in stats[:100])
     print(f"  bytes per tensor record gathered (pickled MergeStats.to_dict, median) {wire:,.0f}")
