@@ -279,6 +279,11 @@ def test_statistics_of_many_tensors_together_equal_each_tensors_own(monkeypatch)
     monkeypatch.setattr(merge_cpu, "moments_and_counts_many", counted)
     cases = dict(adversarial(1))
     cases["strided"] = torch.randn(64, 30)[:, ::3]
+    # A few thousand values with every kind of bin (the kernel counts these one by one).
+    small = torch.randn(3000) * 10.0 ** torch.randint(-40, 38, (3000,)).float()
+    small[::7], small[1::11], small[2::13], small[3::17] = float("nan"), float("inf"), -float("inf"), 0.0
+    small[4::19] = 1e-42  # subnormal
+    cases["nan_inf_small"] = small
     cases["negated_view"] = torch.randn(500).neg()._neg_view()
     cases["float64"] = torch.randn(300, dtype=torch.float64) * 1e200
     cases["half"] = torch.randn(300).half()

@@ -28,6 +28,9 @@ import numpy as np
 import torch
 
 _state: dict = {"kernels": None}  # None: not built yet; False: unavailable
+#: Empty arrays whose dtypes tell ``moments_and_counts_at`` how to read the memory it is given.
+_FLOAT32 = np.empty(0, np.float32)
+_INT32 = np.empty(0, np.int32)
 _lock = threading.Lock()
 
 
@@ -122,7 +125,7 @@ def moments_and_counts(x: torch.Tensor, fold: torch.Tensor, bins: int) -> tuple[
 def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
                             bins: int) -> tuple[list[list[float]], np.ndarray] | None:
     """``moments_and_counts`` of each of ``tensors`` (float32 CPU tensors, none empty), in
-    one compiled call over the tensors laid end to end, or ``None`` when this path cannot
+    one compiled call over a table of their addresses, or ``None`` when this path cannot
     take them.
 
     Returns
@@ -134,20 +137,23 @@ def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
         return None
     from gradexplorer.stats.cpu_kernels import COLS  # deferred: imports numba (the kernels are built by now)
 
+    # The kernel reads each tensor where it lies, from a table of addresses (laying them end
+    # to end first copied every one). A tensor that is not one dense run of memory (a strided
+    # or a negated view) is made one, and held until the call returns.
     with torch.no_grad():
-        # One call lays them end to end (a resolved negation view is a copy: made first).
-        flat = torch._utils._flatten_dense_tensors([t.resolve_neg() for t in tensors])
-    values = flat.numpy()
-    sizes = [t.numel() for t in tensors]
-    starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
+        held = [t if t.is_contiguous() and not t.is_neg() else t.detach().resolve_neg().contiguous()
+                for t in tensors]
+    sizes = [t.numel() for t in held]
+    addresses = np.array([t.data_ptr() for t in held], np.int64)
     res = np.empty((len(sizes), COLS), np.float64)
     out = np.zeros((len(sizes), bins), np.int64)
     try:
-        _state["kernels"].moments_and_counts_many(values, values.view(np.int32), starts, fold.numpy(), res, out)
+        _state["kernels"].moments_and_counts_at(addresses, np.array(sizes, np.int64), _FLOAT32, _INT32,
+                                                fold.numpy(), res, out)
     except Exception:  # noqa: BLE001
         _fail()
         return None
+    del held  # (kept alive through the call above)
     rows = res.tolist()
     for n, row in zip(sizes, rows):
         row.append(n - row[0] - row[7])  # the Inf count: neither finite nor NaN

@@ -9,23 +9,41 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
-from gradexplorer.stats.cpu_kernels import chunk
+from gradexplorer.stats.cpu_kernels import chunk, pointer
 
 _NO_TABLE = np.zeros(1, np.int8)  # its dtype (not float32) tells chunk() to read x directly
+#: Up to this many values, ``fold_counts_into`` counts each value's bin directly
+#: (docs/benchmarks.md, "Watching a training run").
+_DIRECT = 4096
 
 
 @njit(cache=True, nogil=True)
 def fold_counts(bits: Any, fold: Any, out: Any) -> None:
     """Add to ``out`` the counts of ``bits`` (float32 values viewed as int32) in the bins
-    ``fold`` maps each ``(bits >> 23) + 256`` key to (-1: not counted).
+    ``fold`` maps each ``(bits >> 23) + 256`` key to (-1: not counted)."""
+    fold_counts_into(bits, fold, out, np.empty((4, 512), np.int64))
+
+
+@njit(cache=True, nogil=True)
+def fold_counts_into(bits: Any, fold: Any, out: Any, loc: Any) -> None:
+    """``fold_counts`` with ``loc`` ((4, 512) int64, overwritten) as its scratch space: a
+    batch of small tensors reuses one rather than allocating its own for each.
 
     Four interleaved tables: consecutive values mostly share a key, and one table would
-    make every increment wait for the previous one.
+    make every increment wait for the previous one. Up to ``_DIRECT`` values each value's
+    bin is counted directly instead: clearing the tables and folding their 512 keys cost
+    more than counting the values one by one, up to a few thousand values.
     """
-    loc = np.zeros((4, 512), np.int64)
     n = bits.size
+    if n <= _DIRECT:
+        for i in range(n):
+            b = fold[(bits[i] >> 23) + 256]
+            if b >= 0:
+                out[b] += 1
+        return
+    loc[:] = 0
     m = n - n % 4
     for i in range(0, m, 4):
         loc[0, (bits[i] >> 23) + 256] += 1
@@ -75,11 +93,18 @@ def row_squares(x: Any, out: Any) -> None:
 
 
 @njit(cache=True, nogil=True)
-def moments_and_counts_many(x: Any, bits: Any, starts: Any, fold: Any, rows: Any, hists: Any) -> None:
-    """``moments_and_counts`` of each tensor laid end to end in ``x`` (tensor ``i`` is
-    ``x[starts[i]:starts[i + 1]]``, never empty) into ``rows[i]`` and ``hists[i]``: one
-    call for a batch of tensors."""
-    for i in range(starts.size - 1):
-        a = starts[i]
-        b = starts[i + 1]
-        moments_and_counts(x[a:b], bits[a:b], fold, rows[i:i + 1], hists[i])
+def moments_and_counts_at(addresses: Any, sizes: Any, like: Any, bits_like: Any, fold: Any, rows: Any,
+                          hists: Any) -> None:
+    """``moments_and_counts`` of each tensor of a table of pointers into ``rows[i]`` and
+    ``hists[i]``: tensor ``i`` is ``sizes[i]`` float32 values (never none) at memory address
+    ``addresses[i]``, read there as ``like``'s dtype and, for its bits, as ``bits_like``'s
+    (int32). One call for a batch of tensors, read where they lie, as ``cpu_kernels.many``
+    reads a capture's: laying them end to end first was a copy of each. The caller keeps
+    the tensors alive during the call."""
+    loc = np.empty((4, 512), np.int64)  # scratch space for all: no allocation per tensor
+    no_sample = np.empty(0, np.float64)
+    for i in range(addresses.size):
+        x = carray(pointer(addresses[i], like), (sizes[i],))
+        bits = carray(pointer(addresses[i], bits_like), (sizes[i],))
+        chunk(x, _NO_TABLE, 0, x.size, False, x[:0], rows, i, 0, 1, no_sample)
+        fold_counts_into(bits, fold, hists[i], loc)
