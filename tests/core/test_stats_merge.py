@@ -305,7 +305,7 @@ def test_statistics_of_many_tensors_together_equal_each_tensors_own(monkeypatch)
     if merge_cpu._kernels():
         # every non-empty float32 tensor in one call (all of them small here)
         assert batches == [(sum(t.dtype == torch.float32 and t.numel() > 0 for t in tensors), True)]
-    # At most TOGETHER_BYTES laid end to end at a time: the same numbers, in more calls.
+    # At most TOGETHER_BYTES in one call: the same numbers, in more calls.
     monkeypatch.setattr(merge, "TOGETHER_BYTES", 20_000 * 4)
     batches.clear()
     for got, few in zip(together, MergeStats.of_tensors(tensors)):

@@ -61,7 +61,8 @@ VERSION = 1
 #: the end of that layer's run over the whole log: once the log was a few hundred steps long,
 #: a step of 1,000 rows wrote about 1,000 index pages, and writing it took 33 ms instead of 5
 #: (docs/benchmarks.md, "The watch log's per-layer index"). A layer's rows are read back one
-#: block at a time (``gradexplorer.recording.timeline.layer_histograms``).
+#: block at a time (``gradexplorer.recording.timeline.layer_histograms``). Part of the log's
+#: format: a log keeps the index it was written with, so another value needs another index name.
 STEP_BLOCK = 8
 
 SCHEMA = f"""

@@ -313,9 +313,9 @@ def summarize_many(tensors: list[torch.Tensor], hist_limit: int | None,
     """``summarize`` of every tensor of ``tensors`` (CPU tensors), or ``None``
     when numba is unavailable (then summarise them one by one).
 
-    The tensors of each floating dtype are laid end to end in one buffer (one copy, by one
-    ``torch.cat``) and summarised by one compiled call (``cpu_kernels.many``: the per-tensor
-    pass, ``serial``, over each); others take ``summarize`` one by one. Each tensor's
+    The tensors of each floating dtype are summarised by one compiled call over a table of
+    their addresses, read where they lie (``cpu_kernels.many``: the per-tensor pass,
+    ``serial``, over each); others take ``summarize`` one by one. Each tensor's
     statistics are those ``summarize`` gives it alone: the same kernel over the same values.
     Made for many small tensors, whose cost alone is the call, not the values (a capture of
     a 200-layer MLP at batch 4: 256 values per tensor). ``into``: one empty record per tensor

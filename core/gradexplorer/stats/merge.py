@@ -69,7 +69,8 @@ ZERO_LIMIT = 2.0 ** -126
 
 #: ``MergeStats.of_tensors`` summarises tensors of at most this many values together.
 TOGETHER_VALUES = 1 << 15
-#: ... and lays at most this many bytes of them end to end at a time.
+#: ... and at most this many bytes of them in one compiled call (its result tables, and the
+#: dense copies of strided views among them, stay bounded).
 TOGETHER_BYTES = 16 << 20
 
 #: Summary keys, as in ``gradexplorer.stats.tensor_stats.tensor_stats`` where they share a name.
@@ -347,8 +348,8 @@ class MergeStats:
         cost alone is the call, not the values.
         """
         out: list[MergeStats | None] = [None] * len(tensors)
-        # The small ones: laid end to end for the call (a copy), which a large tensor's pass
-        # alone does not need; TOGETHER_BYTES at most per call, which bounds that copy.
+        # The small ones: read where they lie by one compiled call for TOGETHER_BYTES of them at
+        # most (merge_cpu.moments_and_counts_many); a large tensor takes its own pass.
         together = [i for i, t in enumerate(tensors)
                     if t.dtype == torch.float32 and t.is_cpu and 0 < t.numel() <= TOGETHER_VALUES]
         limit = TOGETHER_BYTES // 4
