@@ -193,7 +193,7 @@ def _readable(t: torch.Tensor) -> tuple[Any, Any, torch.Tensor | None] | None:
     if x.dtype in _HALF:
         dense = x.contiguous()
         return (dense.reshape(-1).view(torch.int16).numpy().view("uint16"), widening_table(x.dtype),
-                _fresh(dense, x))
+                _fresh(dense, t))
     if x.dtype not in _NUMPY_DTYPES:
         return None
     if x.is_conj() or x.is_neg():
@@ -259,15 +259,12 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
         table = k["no_table"]  # its dtype (not float32) tells the kernels to read x directly
     # A tensor read through a contiguous copy made above (a transposed or strided view, a
     # negated view): that copy is the one kept, the pass writes none (one copy, not two).
-    kept = dense if copy else None
-    if kept is not None:
-        copy = False
-        out = x[:0]
-    elif copy:
-        dst = torch.empty(t.shape, dtype=t.dtype)
+    write = copy and dense is None
+    out = x[:0]
+    if copy:
+        dst = dense if dense is not None else torch.empty(t.shape, dtype=t.dtype)
+    if write:
         out = dst.reshape(-1).view(torch.int16).numpy().view("uint16") if use_table else dst.reshape(-1).numpy()
-    else:
-        out = x[:0]
     dtype = x.dtype
     key = _keys.get((dtype, use_table))
     if key is None:
@@ -283,11 +280,11 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
                 and _parallel_lock.acquire(blocking=False)):
             try:
                 nchunks = max(1, min(k["threads"] * _CHUNKS_PER_THREAD, n // 2048))
-                row, counts = k["parallel"](x, table, copy, out, nchunks, offset, step, count, wide)
+                row, counts = k["parallel"](x, table, write, out, nchunks, offset, step, count, wide)
             finally:
                 _parallel_lock.release()
         else:
-            row, counts = k["serial"](x, table, copy, out, offset, step, count, wide)
+            row, counts = k["serial"](x, table, write, out, offset, step, count, wide)
     except Exception as exc:  # noqa: BLE001 - a compile or runtime failure: fall back for good
         log.warning("fused CPU statistics failed (%s: %s): using torch operations", type(exc).__name__, exc)
         _state["kernels"] = False
@@ -298,8 +295,6 @@ def summarize(t: torch.Tensor, hist_limit: int | None, copy: bool = False,
     got = _stats_of(row.tolist(), hist, n, step == 1, wide)
     if got is None:  # float64 values whose squares leave float64: the scaled torch path
         got = torch_stats(t, hist_limit)
-    if kept is not None:
-        return got, kept
     return (got, dst) if copy else got
 
 
