@@ -101,3 +101,35 @@ def test_distance_and_row_norms_equal_float64():
 
     torch.testing.assert_close(per_sample_norms(x.permute(0, 2, 1)), want, rtol=0, atol=0)  # not contiguous
     assert fast.row_norms(torch.randn(3).double()) is None
+
+
+def test_distances_of_many_pairs_equal_float64_numpy():
+    """The update norms of a watched step in one call: each pair's ||a - b|| against float64
+    NumPy, whatever the layout of either tensor; pairs the compiled path cannot take
+    (another dtype, another shape) are left to the caller as None."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 64, generator=g)
+    pairs = [
+        (w, w + 1e-7 * torch.randn(64, 64, generator=g)),  # a tiny update of a large weight
+        (torch.randn(33, 7, generator=g).t(), torch.randn(7, 33, generator=g)),  # transposed
+        (torch.randn(41, generator=g)[::3], torch.randn(14, generator=g).neg()),  # strided, lazily negated
+        (torch.full((1000,), 3e38), torch.full((1000,), -3e38)),  # squares beyond float32
+        (torch.zeros(0), torch.zeros(0)),
+        (torch.randn(5, dtype=torch.float64, generator=g), torch.randn(5, dtype=torch.float64, generator=g)),
+        (torch.randn(4, generator=g), torch.randn(2, 2, generator=g)),
+        (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])),
+    ]
+    got = fast.distances(pairs)
+    assert got is not None and len(got) == len(pairs)
+    for i, ((a, b), d) in enumerate(zip(pairs, got)):
+        if a.dtype != torch.float32 or a.shape != b.shape:
+            assert d is None, i
+            continue
+        ref = float(np.sqrt(((a.double().numpy() - b.double().numpy()) ** 2).sum()))
+        if math.isnan(ref):
+            assert math.isnan(d), i
+        else:
+            assert d == pytest.approx(ref, rel=1e-13, abs=0.0), i
+        assert fast.distance(a, b) == d or (math.isnan(d) and math.isnan(fast.distance(a, b))), i
+    assert got[0] > 0.0  # not rounded away
+    assert fast.distances([]) is None

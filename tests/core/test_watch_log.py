@@ -13,8 +13,17 @@ import numpy as np
 import pytest
 
 from gradexplorer.base.errors import GradExplorerError
-from gradexplorer.recording.watch_log import WatchLogWriter, decode_hist, encode_hist, open_log
-from gradexplorer.stats.merge import HIST_BINS
+from gradexplorer.recording.watch_log import (
+    STAT_COLUMNS,
+    WatchLogWriter,
+    decode_hist,
+    encode_hist,
+    encode_hists,
+    open_log,
+    stats_row,
+    stats_rows,
+)
+from gradexplorer.stats.merge import HIST_BINS, MergeStats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,6 +113,8 @@ def test_hist_encoding_round_trip():
     # Counts whose low or high bytes are zero (256, 2**40, 2**63 - 1) in the first and the
     # last non-zero bins: the blob runs from the first to the last non-zero bin, whole bins.
     rng = np.random.default_rng(0)
+    hists: list[np.ndarray] = []
+    expected: list[tuple[int, bytes]] = []
     for _ in range(2000):
         h = np.zeros(HIST_BINS, dtype=np.int64)
         at = rng.integers(0, HIST_BINS, rng.integers(1, 5))
@@ -111,6 +122,70 @@ def test_hist_encoding_round_trip():
         nz = np.flatnonzero(h)
         lo, blob = encode_hist(h)
         assert lo == nz[0] and blob == h[nz[0]:nz[-1] + 1].astype("<i8").tobytes()
+        hists.append(h)
+        expected.append((lo, blob))
+    # All at once (a watched step's rows), empty histograms among them.
+    hists[5] = hists[700] = np.zeros(HIST_BINS, dtype=np.int64)
+    expected[5] = expected[700] = (0, b"")
+    assert encode_hists(hists) == expected
+
+
+def test_rows_of_many_statistics_are_float64_numpy_row_by_row():
+    """``stats_rows`` (every row of a step at once) against float64 NumPy of each tensor:
+    NaN and Inf left out of the moments and counted, a tensor without a finite value (or
+    without values) written with NULLs where a statistic has no value, the histogram's
+    blob decoding to the tensor's log2 bins."""
+    import math
+
+    import torch
+
+    from tests.core.test_stats_merge import reference
+
+    g = torch.Generator().manual_seed(3)
+    tensors = [
+        torch.randn(256, generator=g),
+        torch.full((5,), float("nan")),
+        torch.zeros(0),
+        torch.tensor([1.5]),
+        torch.tensor([float("inf"), 2.0, -0.0, float("nan"), -3.0]),
+        torch.zeros(7),
+        torch.tensor([-float("inf"), float("inf")]),
+        torch.full((1001,), 1e4) + torch.randn(1001, generator=g) * 1e-3,
+        torch.tensor([3e38, 3e38, -1e-45, 1e-40]),
+        torch.randn(64, 64, generator=g).t(),
+    ]
+    stats = MergeStats.of_tensors(tensors)
+    ratios = [None, float("nan"), 0.25, math.inf, None, 0.0, None, 1e-9, None, 2.0]
+    entries = [(f"m{i}", i % 3, "weight", s, r) for i, (s, r) in enumerate(zip(stats, ratios))]
+    rows = stats_rows(7, -1, entries)
+    assert len(rows) == len(tensors)
+    for i, (t, row) in enumerate(zip(tensors, rows)):
+        assert row[:5] == (7, f"m{i}", i % 3, "weight", -1)
+        got = dict(zip(STAT_COLUMNS, row[5:19]))
+        ref = reference(t.double().numpy().reshape(-1))
+        for key in ("numel", "count", "nan_count", "inf_count"):
+            assert got[key] == ref[key], (i, key)
+        fin = t.double().numpy().reshape(-1)
+        fin = fin[np.isfinite(fin)]
+        assert got["zero_count"] == int((np.abs(fin) < 2.0 ** -126).sum()), i
+        if not fin.size:
+            assert [got[k] for k in ("min", "max", "mean", "std", "mean_abs")] == [None] * 5, i
+            assert got["l2"] == (None if t.numel() else 0.0), i
+            assert got["sum"] == 0.0 and got["sum_abs"] == 0.0, i
+        else:
+            assert got["min"] == ref["min"] and got["max"] == ref["max"], i
+            spread = ref["std"] if fin.size > 1 else 0.0
+            assert got["mean"] == pytest.approx(ref["mean"], rel=1e-12, abs=1e-12 * spread), i
+            assert got["std"] == pytest.approx(ref["std"], rel=1e-9, abs=1e-300), i
+            assert got["sum"] == pytest.approx(ref["sum"], rel=1e-12, abs=1e-12 * spread * fin.size), i
+            assert got["sum_abs"] == pytest.approx(np.abs(fin).sum(), rel=1e-12), i
+            assert got["mean_abs"] == pytest.approx(ref["mean_abs"], rel=1e-12), i
+            assert got["m2"] == pytest.approx(((fin - fin.mean()) ** 2).sum(), rel=1e-9, abs=1e-300), i
+            assert got["l2"] == pytest.approx(math.sqrt((fin * fin).sum()), rel=1e-12), i
+        ratio = ratios[i]
+        assert row[19] == (None if ratio is None or math.isnan(ratio) else ratio), i
+        np.testing.assert_array_equal(decode_hist(row[20], row[21]), ref["hist"])
+        assert row == stats_row(7, f"m{i}", i % 3, "weight", -1, stats[i], ratio)  # one row alone: the same
 
 
 def test_writer_refuses_other_files(tmp_path):

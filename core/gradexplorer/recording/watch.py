@@ -74,9 +74,9 @@ from gradexplorer.recording.collective_failure import collective_failed, group_t
 from gradexplorer.recording.layer_recorder import LayerRecorder, RowKey
 from gradexplorer.recording.sharded import local_part, refuse_flat_sharding, tensor_parallelism
 from gradexplorer.recording.tensorboard import TensorBoardStream
-from gradexplorer.recording.watch_log import MODULE_KINDS, WatchLogWriter, stats_row
+from gradexplorer.recording.watch_log import MODULE_KINDS, WatchLogWriter, stats_rows
 from gradexplorer.stats.merge import MergeStats
-from gradexplorer.stats.merge_cpu import distance
+from gradexplorer.stats.merge_cpu import distances
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +439,9 @@ class Watch:
                 tensors.append(before_part.tensor)
                 updates.append((pname, before_part.tensor, now_part.tensor))
             rows.update(zip(keys, MergeStats.of_tensors(tensors)))
-            for pname, before_local, now_local in updates:
+            # The updates' norms: on the CPU one compiled call for all, no temporary.
+            moved = distances([(now_local, before_local) for _n, before_local, now_local in updates])
+            for (pname, before_local, now_local), d_norm in zip(updates, moved or [None] * len(updates)):
                 weight = rows[(pname, 0, "weight")]
                 # Norms accumulated in float64. The difference of two nearby float32 weights
                 # is exact (Sterbenz), so a tiny update of large weights does not round to 0.
@@ -447,7 +449,6 @@ class Watch:
                     w_norm = weight.summary()["l2"]
                 else:
                     w_norm = float(torch.linalg.vector_norm(before_local, dtype=torch.float64))
-                d_norm = distance(now_local, before_local)  # one compiled pass on the CPU, no temporary
                 if d_norm is None:
                     d_norm = float(torch.linalg.vector_norm(now_local - before_local, dtype=torch.float64))
                 norms[pname] = (d_norm * d_norm, w_norm * w_norm)
@@ -515,11 +516,10 @@ class Watch:
     @staticmethod
     def _table(step: int, rank: int, rows: Any, ratios: dict[str, float]) -> list[tuple]:
         """``stats`` rows of one rank (or -1) from ``(key, MergeStats or its dict)`` pairs."""
-        out = []
-        for (layer, call, kind), s in rows:
-            stats = s if isinstance(s, MergeStats) else MergeStats.from_dict(s)
-            out.append(stats_row(step, layer, call, kind, rank, stats, ratios.get(layer) if kind == "weight" else None))
-        return out
+        return stats_rows(step, rank, [
+            (layer, call, kind, s if isinstance(s, MergeStats) else MergeStats.from_dict(s),
+             ratios.get(layer) if kind == "weight" else None)
+            for (layer, call, kind), s in rows])
 
     def _write_rows(self, step: int, entries: list[tuple[int, float | None, float]], table: list[tuple],
                     reports: list[tuple[str, str]]) -> None:

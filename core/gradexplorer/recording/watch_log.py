@@ -109,14 +109,17 @@ def is_watch_log(path: str | os.PathLike) -> bool:
 
 def encode_hist(hist: np.ndarray) -> tuple[int, bytes]:
     """(first bin, little-endian int64 counts up to the last non-zero bin)."""
-    # ndarray.nonzero itself: np.flatnonzero's own calls around it doubled the cost of a
-    # row, and a watched step encodes a histogram per row.
-    h = np.asarray(hist, dtype="<i8")
-    nz = h.nonzero()[0]
-    if not len(nz):
-        return 0, b""
-    lo = int(nz[0])
-    return lo, h[lo:int(nz[-1]) + 1].tobytes()
+    return encode_hists([hist])[0]
+
+
+def encode_hists(hists: list[np.ndarray]) -> list[tuple[int, bytes]]:
+    """``encode_hist`` of each of ``hists`` (histograms of one length), their non-zero
+    stretches found for all at once: a watched step encodes a histogram per row."""
+    h = np.asarray(np.stack(hists), dtype="<i8")
+    nonzero = h != 0
+    first = nonzero.argmax(axis=1).tolist()
+    end = (h.shape[1] - nonzero[:, ::-1].argmax(axis=1)).tolist()
+    return [(lo, h[i, lo:hi].tobytes()) if nonzero[i, lo] else (0, b"") for i, (lo, hi) in enumerate(zip(first, end))]
 
 
 def decode_hist(hist_lo: int | None, blob: bytes | None) -> np.ndarray:
@@ -138,14 +141,38 @@ def _finite_or_none(v: float) -> float | None:
 def stats_row(step: int, layer: str, call: int, kind: str, rank: int, s: MergeStats,
               update_ratio: float | None = None) -> tuple:
     """One ``stats`` table row."""
-    summ = s.summary()
-    lo, blob = encode_hist(s.hist)
-    values = [summ["numel"], summ["count"], summ["nan_count"], summ["inf_count"], s.zero_count,
-              summ["min"], summ["max"], summ["mean"], summ["std"], summ["sum"], s.sum_abs, s.m2,
-              summ["l2"], summ["mean_abs"]]
-    # NaN as None, as _finite_or_none does, inline (fourteen calls a row): only NaN differs from itself.
-    return (step, layer, call, kind, rank, *[None if v != v else v for v in values],
-            None if update_ratio is None else _finite_or_none(update_ratio), lo, blob)
+    return stats_rows(step, rank, [(layer, call, kind, s, update_ratio)])[0]
+
+
+def stats_rows(step: int, rank: int, entries: list[tuple[str, int, str, MergeStats, float | None]]) -> list[tuple]:
+    """The ``stats`` table rows of ``(layer, call, kind, statistics, update ratio)``
+    entries of one step and rank.
+
+    The numbers of ``MergeStats.summary``, computed for all the rows at once in the same
+    float64 operations in the same order (each rounded once, as Python's floats are), and
+    each histogram's non-zero stretch (``encode_hist``) found for all at once: a watched step
+    writes a row per tensor, and a row's Python cost more than its SQLite insert.
+    """
+    if not entries:
+        return []
+    stats = [e[3] for e in entries]
+    f = np.array([(s.count, s.numel, s.min, s.max, s.mean, s.m2, s.sum, s.sum_abs) for s in stats], np.float64)
+    m, numel, lo_v, hi_v, mean, m2, total, sum_abs = f.T
+    some = m > 0
+    with np.errstate(all="ignore"):  # (rows without a finite value: NaN, chosen below)
+        var = np.where(m > 1, m2 / (m - 1.0), 0.0)
+        l2 = np.sqrt(np.maximum(m2 + m * mean * mean, 0.0))
+        cols = np.stack([np.where(some, lo_v, np.nan), np.where(some, hi_v, np.nan), np.where(some, mean, np.nan),
+                         np.where(some, np.sqrt(var), np.nan), total, sum_abs, m2,
+                         np.where(some, l2, np.where(numel > 0, np.nan, 0.0)),
+                         np.where(some, sum_abs / m, np.nan)], axis=1)
+    # NaN as None (SQLite would store it as NULL anyway; TensorBoard's export reads None).
+    floats = cols.astype(object)
+    floats[np.isnan(cols)] = None
+    return [(step, layer, call, kind, rank, s.numel, s.count, s.nan_count, s.inf_count, s.zero_count, *values,
+             None if ratio is None else _finite_or_none(ratio), *hist)
+            for (layer, call, kind, s, ratio), values, hist
+            in zip(entries, floats.tolist(), encode_hists([s.hist for s in stats]))]
 
 
 def row_stats(row: dict) -> MergeStats:

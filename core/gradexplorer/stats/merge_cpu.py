@@ -62,6 +62,12 @@ def _bits(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
     return values, values.view(np.int32)
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` when its values are one dense run of memory as they read, else a dense copy
+    (a strided or a transposed view, a lazy negation). Call under ``torch.no_grad()``."""
+    return t if t.is_contiguous() and not t.is_neg() else t.detach().resolve_neg().contiguous()
+
+
 def _fail() -> None:
     # A compile or runtime failure: the torch path for good.
     _state["kernels"] = False
@@ -141,8 +147,7 @@ def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
     # to end first copied every one). A tensor that is not one dense run of memory (a strided
     # or a negated view) is made one, and held until the call returns.
     with torch.no_grad():
-        held = [t if t.is_contiguous() and not t.is_neg() else t.detach().resolve_neg().contiguous()
-                for t in tensors]
+        held = [_dense(t) for t in tensors]
     sizes = [t.numel() for t in held]
     addresses = np.array([t.data_ptr() for t in held], np.int64)
     res = np.empty((len(sizes), COLS), np.float64)
@@ -169,14 +174,36 @@ def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:
 def distance(a: torch.Tensor, b: torch.Tensor) -> float | None:
     """||a - b|| of two float32 CPU tensors of one shape, accumulated in float64 (one pass,
     no temporary), or ``None`` when this path cannot take them."""
-    arrays = _float32_arrays(a, b)
-    if arrays is None or a.shape != b.shape:
+    got = distances([(a, b)])
+    return None if got is None else got[0]
+
+
+def distances(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float | None] | None:
+    """``distance`` of each pair: those of two float32 CPU tensors of one shape in one
+    compiled call over a table of their addresses (a watched step's update ratios: one call
+    per parameter was most of their cost on a model of small layers), ``None`` for the
+    others; ``None`` for all when the kernels are unavailable."""
+    if not pairs or not _kernels():
         return None
+    out: list[float | None] = [None] * len(pairs)
+    take = [i for i, (a, b) in enumerate(pairs)
+            if a.dtype == b.dtype == torch.float32 and a.device.type == b.device.type == "cpu" and a.shape == b.shape]
+    if not take:
+        return out
+    with torch.no_grad():  # dense runs of memory, held until the call returns
+        held = [(_dense(pairs[i][0]), _dense(pairs[i][1])) for i in take]
+    squares = np.empty(len(take), np.float64)
     try:
-        return float(np.sqrt(_state["kernels"].squared_distance(arrays[0].reshape(-1), arrays[1].reshape(-1))))
+        _state["kernels"].squared_distances_at(np.array([a.data_ptr() for a, _b in held], np.int64),
+                                               np.array([b.data_ptr() for _a, b in held], np.int64),
+                                               np.array([a.numel() for a, _b in held], np.int64), _FLOAT32, squares)
     except Exception:  # noqa: BLE001
         _fail()
         return None
+    del held  # (kept alive through the call above)
+    for i, norm in zip(take, np.sqrt(squares).tolist()):
+        out[i] = norm
+    return out
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor | None:

@@ -80,6 +80,19 @@ def squared_distance(a: Any, b: Any) -> float:
     return s
 
 
+@njit(cache=True, nogil=True)
+def squared_distances_at(a_addresses: Any, b_addresses: Any, sizes: Any, like: Any, out: Any) -> None:
+    """``squared_distance`` of each pair of a table of pointers into ``out[i]``: pair ``i``
+    is ``sizes[i]`` float32 values at ``a_addresses[i]`` and as many at ``b_addresses[i]``,
+    read there as ``like``'s dtype. One call for all the parameters of a watched step (a
+    call per parameter cost more than its arithmetic on a model of small layers); the caller
+    keeps the memory alive during the call."""
+    for i in range(sizes.size):
+        a = carray(pointer(a_addresses[i], like), (sizes[i],))
+        b = carray(pointer(b_addresses[i], like), (sizes[i],))
+        out[i] = squared_distance(a, b)
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def row_squares(x: Any, out: Any) -> None:
     """``out[r]`` = sum of squares of row ``r`` of the float32 matrix ``x``, in float64."""
