@@ -151,7 +151,9 @@ def stats_rows(step: int, rank: int, entries: list[tuple[str, int, str, MergeSta
     The numbers of ``MergeStats.summary``, computed for all the rows at once in the same
     float64 operations in the same order (each rounded once, as Python's floats are), and
     each histogram's non-zero stretch (``encode_hist``) found for all at once: a watched step
-    writes a row per tensor, and a row's Python cost more than its SQLite insert.
+    writes a row per tensor, a thousand on a model of small layers, and row by row their
+    Python cost nearly as much as their SQLite inserts (docs/benchmarks.md, "Watching a
+    training run").
     """
     if not entries:
         return []
