@@ -308,7 +308,9 @@ def test_a_text_file_as_a_checkpoint_says_what_it_is(qtbot, window, shown_errors
         window.load_model(str(path))
     problem = shown_errors[-1][1].problem
     assert "is a text file that begins 'hello world', not a PyTorch checkpoint" in problem
-    assert "101" not in problem and "torch.save" in shown_errors[-1][1].fix
+    # Not the unpickler's own words (KeyError(101) for this text); the file's path, which
+    # holds pytest's numbered folders, left out of the check.
+    assert "101" not in problem.replace(str(path), "") and "torch.save" in shown_errors[-1][1].fix
 
 
 def test_a_checkpoint_cut_short_is_called_damaged_not_something_else(tmp_path):
