@@ -56,15 +56,13 @@ def _bits(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
     """(float32 values, the same memory as int32) of a float32 CPU tensor, or None."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or not _kernels():
         return None
-    if x.is_neg():
-        x = x.resolve_neg()
-    values = x.detach().contiguous().reshape(-1).numpy()
+    values = _dense(x.detach()).reshape(-1).numpy()
     return values, values.view(np.int32)
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """``t`` when its values are one dense run of memory as they read, else a dense copy
-    (a strided or a transposed view, a lazy negation). Call under ``torch.no_grad()``."""
+    (a strided or a transposed view, a lazy negation), made from ``t`` detached."""
     return t if t.is_contiguous() and not t.is_neg() else t.detach().resolve_neg().contiguous()
 
 
@@ -168,7 +166,7 @@ def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
 def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:
     if not _kernels() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None
-    return [t.detach().resolve_neg().contiguous().numpy() for t in tensors]
+    return [_dense(t.detach()).numpy() for t in tensors]
 
 
 def distance(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -190,8 +188,7 @@ def distances(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float | No
             if a.dtype == b.dtype == torch.float32 and a.device.type == b.device.type == "cpu" and a.shape == b.shape]
     if not take:
         return out
-    with torch.no_grad():  # dense runs of memory, held until the call returns
-        held = [(_dense(pairs[i][0]), _dense(pairs[i][1])) for i in take]
+    held = [(_dense(pairs[i][0]), _dense(pairs[i][1])) for i in take]  # held until the call returns
     squares = np.empty(len(take), np.float64)
     try:
         _state["kernels"].squared_distances_at(np.array([a.data_ptr() for a, _b in held], np.int64),
