@@ -390,8 +390,13 @@ def test_ctrl_c_inside_torch_save_is_an_interrupted_save(tmp_path):
     _keeps_the_old_file(tmp_path, path)
 
 
-# A capture whose save is slowed down (each write of the file sleeps), so that a signal
-# can be sent while it is being written.
+# A capture whose save holds at its third write of the file, for up to a minute, and says so
+# on stdout: the test sends its signal then, while the file is being written. The save must
+# not end by itself: one that had ended before the test sent its signal (once, on a loaded
+# machine, after a pause of over a second in the test's process) left a process that had
+# exited 0, and Popen.send_signal skips a process that has exited. Waiting for the temporary
+# file instead would let the signal land before the hold, and the cleanup's own writes then
+# reach the hold with no signal to end it.
 SLOW_CAPTURE = textwrap.dedent(
     """
     import sys, time, torch
@@ -400,8 +405,16 @@ SLOW_CAPTURE = textwrap.dedent(
     class Slow:
         def __init__(self, fh):
             self.fh = fh
+            self.writes = 0
         def write(self, data):
-            time.sleep(0.02)
+            self.writes += 1
+            if self.writes == 3:
+                print("holding", flush=True)
+                # Short sleeps: a signal delivered to another thread does not cut a sleep
+                # short, and the main thread runs its handler only between them.
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
             return self.fh.write(data)
         def flush(self):
             self.fh.flush()
@@ -421,10 +434,10 @@ def _start_slow_capture(out: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_temp(proc: subprocess.Popen, folder: Path) -> list[str]:
-    while not _temps(folder):  # the process ends (or pytest-timeout does) if the save never starts
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.005)
+def _wait_for_hold(proc: subprocess.Popen, folder: Path) -> list[str]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "" when the process ended (pytest-timeout ends a hang)
+    assert line == "holding\n", (line, proc.communicate())
     return _temps(folder)
 
 
@@ -434,7 +447,7 @@ def _wait_for_temp(proc: subprocess.Popen, folder: Path) -> list[str]:
 def test_a_signal_during_the_save_leaves_nothing_and_exits_130(tmp_path, signum):
     out = tmp_path / "cap.pt"
     proc = _start_slow_capture(out)
-    _wait_for_temp(proc, tmp_path)
+    _wait_for_hold(proc, tmp_path)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -447,7 +460,7 @@ def test_a_signal_during_the_save_leaves_nothing_and_exits_130(tmp_path, signum)
 def test_a_killed_save_leaves_a_recognisable_temporary_file_that_the_next_save_removes(tmp_path):
     out = tmp_path / "cap.pt"
     proc = _start_slow_capture(out)
-    (left,) = _wait_for_temp(proc, tmp_path)
+    (left,) = _wait_for_hold(proc, tmp_path)
     proc.kill()
     proc.communicate(timeout=60)
     assert fw._TEMP_RE.match(left) and left.startswith(".cap.pt.gradexplorer-")
