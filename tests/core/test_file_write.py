@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -387,6 +388,30 @@ def test_ctrl_c_inside_torch_save_is_an_interrupted_save(tmp_path):
 
     with pytest.raises(SaveInterrupted, match="nothing was saved"):
         atomic_write(path, lambda fh: torch.save({"x": torch.zeros(1000)}, Interrupted(fh)))
+    _keeps_the_old_file(tmp_path, path)
+
+
+@posix_only
+@pytest.mark.parametrize("signum", [pytest.param(2, id="SIGINT"), pytest.param(15, id="SIGTERM")])
+def test_a_signal_whose_exception_the_writer_swallowed_still_saves_nothing(tmp_path, signum):
+    """The handler's exception can be lost on its way out (an ``except BaseException`` in the
+    writer, a finalizer running when the signal came): the write then ends normally, and
+    must still not become a save."""
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"previous export")
+
+    def write(fh):
+        fh.write(b"first half, ")
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler runs here (or in the line above) and raises
+        except KeyboardInterrupt:
+            pass
+        fh.write(b"second half")
+
+    with pytest.raises(SaveInterrupted, match="nothing was saved") as info:
+        atomic_write(path, write)
+    assert info.value.signal_name == signal.Signals(signum).name
     _keeps_the_old_file(tmp_path, path)
 
 

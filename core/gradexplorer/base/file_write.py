@@ -363,6 +363,13 @@ class _SignalGuard:
         self.received = name
         raise SaveInterrupted(name)
 
+    def check(self) -> None:
+        """Raise :class:`SaveInterrupted` if a signal came during the write, even when the
+        exception its handler raised was swallowed on the way (by an ``except BaseException``
+        in the writer, or a finalizer that ran when it came): it is never followed by a save."""
+        if self.received is not None:
+            raise SaveInterrupted(self.received)
+
     def __enter__(self) -> _SignalGuard:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
@@ -532,6 +539,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryWriter], o
                         os.fchmod(fh.fileno(), plan.mode)
                     sink = _Sink(fh)
                     write(sink)
+                    guard.check()
                     fh.flush()
                     os.fsync(fh.fileno())
                 guard.committing = True
@@ -556,6 +564,7 @@ def _write_through(plan: _Plan, write: Callable[[BinaryWriter], object], error: 
         with guard, os.fdopen(fd, "wb") as fh:
             sink = _Sink(fh)
             write(sink)
+            guard.check()
             fh.flush()
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl+C too, becomes one message
         raise _failure(exc, sink, guard, plan, error, None, None) from None
