@@ -167,7 +167,10 @@ def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     # 0.1 s a step: 6 s of writing that the view (polling every 0.1 s here) must follow as it
     # grows; unpaced, the compiled watch wrote all 60 steps before the view's second poll.
-    proc = subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), "60", "0.1"], cwd=ROOT,
+    # After steps 19 and 39 the writer waits until the view shows them: three sizes are seen
+    # however long this process is paused between two looks.
+    proc = subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), "60", "0.1", "19", "39"],
+                            cwd=ROOT,
                             env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -178,6 +181,9 @@ def test_window_reads_while_a_writer_process_writes(qtbot, view, tmp_path):
         while view.timeline.steps.size < 60 and time.monotonic() < deadline:
             qtbot.wait(50)
             sizes.add(view.timeline.steps.size)
+            for hold in tmp_path.glob("live.gxw.hold-*"):
+                if view.timeline.steps.size == int(hold.name.rpartition("-")[2]) + 1:
+                    hold.unlink()
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:

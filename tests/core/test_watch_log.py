@@ -28,9 +28,10 @@ from gradexplorer.stats.merge import HIST_BINS, MergeStats
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_writer(path: Path, steps: int, pause_s: float = 0.0) -> subprocess.Popen:
+def start_writer(path: Path, steps: int, pause_s: float = 0.0, holds: tuple[int, ...] = ()) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), str(steps), str(pause_s)],
+    return subprocess.Popen([sys.executable, "-m", "tests.core.watch_writer", str(path), str(steps), str(pause_s),
+                             *map(str, holds)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -71,11 +72,14 @@ def test_reader_sees_steps_while_the_writer_writes(tmp_path):
     path = tmp_path / "live.gxw"
     # A pause after each step: a writer that made all 40 between two polls (once the
     # reader's process was slower to start than the writer's) left one count seen mid-way.
-    proc = start_writer(path, 40, pause_s=0.05)
+    # The writer also waits after steps 9 and 24 until the reader has read: two counts
+    # mid-way are seen however long the reader's process is paused between polls.
+    proc = start_writer(path, 40, pause_s=0.05, holds=(9, 24))
     seen: list[int] = []
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
+            held = list(tmp_path.glob("live.gxw.hold-*"))  # listed before the read: seen in it
             if path.exists():
                 try:
                     con = open_log(path)
@@ -88,6 +92,8 @@ def test_reader_sees_steps_while_the_writer_writes(tmp_path):
                 assert rows >= n  # a step is visible only with its rows
                 if not seen or n != seen[-1]:
                     seen.append(n)
+                for hold in held:
+                    hold.unlink()
             if proc.poll() is not None:
                 break
             time.sleep(0.02)
@@ -97,7 +103,7 @@ def test_reader_sees_steps_while_the_writer_writes(tmp_path):
             proc.kill()
             proc.wait()
     assert seen == sorted(seen)
-    assert len([n for n in seen if 0 < n < 40]) >= 2  # read mid-way, more than once
+    assert {10, 25} <= set(seen)  # read mid-way, at least at the writer's two holds
     con = open_log(path)
     assert con.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 40
     con.close()
