@@ -417,11 +417,11 @@ def test_a_signal_whose_exception_the_writer_swallowed_still_saves_nothing(tmp_p
 
 # A capture whose save holds at its third write of the file, for up to a minute, and says so
 # on stdout: the test sends its signal then, while the file is being written. The save must
-# not end by itself: one that had ended before the test sent its signal (once, on a loaded
-# machine, after a pause of over a second in the test's process) left a process that had
-# exited 0, and Popen.send_signal skips a process that has exited. Waiting for the temporary
-# file instead would let the signal land before the hold, and the cleanup's own writes then
-# reach the hold with no signal to end it.
+# not end by itself: on a loaded machine the test's process can pause for over a second
+# between seeing the save start and sending the signal, a save that ended meanwhile exits 0,
+# and Popen.send_signal skips a process that has exited. Waiting for the temporary file
+# instead would let the signal land before the hold, and the cleanup's own writes then reach
+# the hold with no signal to end it.
 SLOW_CAPTURE = textwrap.dedent(
     """
     import sys, time, torch
