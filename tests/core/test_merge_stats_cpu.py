@@ -88,9 +88,9 @@ def test_distance_and_row_norms_equal_float64():
     a = torch.randn(64, 3, 5, 5, generator=g) * 100
     b = a + torch.randn(a.shape, generator=g) * 1e-5  # a tiny update of large weights
     ref = float((b.double() - a.double()).norm())
-    assert fast.distance(a, b) == pytest.approx(ref, rel=1e-12)
-    assert fast.distance(a, a) == 0.0
-    assert fast.distance(a.double(), b.double()) is None
+    assert fast.distances([(a, b)]) == [pytest.approx(ref, rel=1e-12)]
+    assert fast.distances([(a, a)]) == [0.0]
+    assert fast.distances([(a.double(), b.double())]) == [None]
     x = torch.randn(6, 4, 7, generator=g)
     x[2] = 0.0
     want = x.double().reshape(6, -1).norm(dim=1).float()
@@ -130,6 +130,7 @@ def test_distances_of_many_pairs_equal_float64_numpy():
             assert math.isnan(d), i
         else:
             assert d == pytest.approx(ref, rel=1e-13, abs=0.0), i
-        assert fast.distance(a, b) == d or (math.isnan(d) and math.isnan(fast.distance(a, b))), i
+        (alone,) = fast.distances([(a, b)])  # the same as in the batch
+        assert alone == d or (math.isnan(d) and math.isnan(alone)), i
     assert got[0] > 0.0  # not rounded away
     assert fast.distances([]) is None

@@ -163,24 +163,12 @@ def moments_and_counts_many(tensors: list[torch.Tensor], fold: torch.Tensor,
     return rows, out
 
 
-def _float32_arrays(*tensors: torch.Tensor) -> list[np.ndarray] | None:
-    if not _kernels() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return None
-    return [_dense(t.detach()).numpy() for t in tensors]
-
-
-def distance(a: torch.Tensor, b: torch.Tensor) -> float | None:
-    """||a - b|| of two float32 CPU tensors of one shape, accumulated in float64 (one pass,
-    no temporary), or ``None`` when this path cannot take them."""
-    got = distances([(a, b)])
-    return None if got is None else got[0]
-
-
 def distances(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float | None] | None:
-    """``distance`` of each pair: those of two float32 CPU tensors of one shape in one
-    compiled call over a table of their addresses (a watched step's update ratios: one call
-    per parameter was most of their cost on a model of small layers), ``None`` for the
-    others; ``None`` for all when the kernels are unavailable."""
+    """||a - b|| of each pair ``(a, b)``, accumulated in float64 (one pass, no temporary):
+    those of two float32 CPU tensors of one shape in one compiled call over a table of their
+    addresses (a watched step's update ratios: one call per parameter was most of their cost
+    on a model of small layers), ``None`` for the others; ``None`` for all when the kernels
+    are unavailable."""
     if not pairs or not _kernels():
         return None
     out: list[float | None] = [None] * len(pairs)
@@ -207,14 +195,11 @@ def row_norms(x: torch.Tensor) -> torch.Tensor | None:
     """The L2 norm of each sample of a batch-first float32 CPU tensor (float64
     accumulation, returned as float32 like ``gradexplorer.stats.merge.per_sample_norms``), or
     ``None`` when this path cannot take it."""
-    if x.dim() < 1:
-        return None
-    arrays = _float32_arrays(x)
-    if arrays is None:
+    if x.dim() < 1 or x.dtype != torch.float32 or x.device.type != "cpu" or not _kernels():
         return None
     out = np.empty(x.shape[0], np.float64)
     try:
-        _state["kernels"].row_squares(arrays[0].reshape(x.shape[0], -1), out)
+        _state["kernels"].row_squares(_dense(x.detach()).numpy().reshape(x.shape[0], -1), out)
     except Exception:  # noqa: BLE001
         _fail()
         return None
