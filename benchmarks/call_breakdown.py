@@ -27,6 +27,18 @@ Two tables, one thread, figures only (nothing here asserts a time):
    A what-if capture is not a correct capture: it measures, nothing else. Each patch is
    undone when its pass ends.
 
+   One more row is not the capture at all: ``notes and batched statistics only``, the floor
+   of the capture's design on this model. A forward pre-hook and forward hook on every leaf
+   (installed as the capture installs them, ``Hooks.call_hooks``) note the call's input and
+   version, copy the output's bytes into the capture's buffer (``ImmediateStats``) and take
+   its gradient edge; backward is ``torch.autograd.grad`` over the parameters and the edges;
+   the outputs' and all the gradients' statistics are computed by the same batch kernel and
+   left pending, as a capture leaves them. What it leaves out: the records and their
+   assembly, the routing of a gradient to every call that saw the value, the checks a model
+   of another kind needs (pass-through outputs, views, in-place changes, leaves, several
+   outputs), the NaN/Inf onset, the model's state saved and put back, progress and cancel.
+   The unchanged capture's figure less this row is what those cost.
+
 2. **Phases.** Timers around the parts of ``--passes`` statistics-only captures (wall clock):
    forward with its hooks, backward, the flush after forward, the batch after backward, the
    layers' records, the edges' gradients recorded, the onset's reading, the metadata, and the
@@ -44,16 +56,24 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge
 
 import gradexplorer.capturing.capture as capture_module
 from benchmarks.call_overhead import _pair_hook, _timed, _with_leaf_hooks, bare, leaf_calls, mlp
 from gradexplorer.capturing import nonfinite
 from gradexplorer.capturing.capture import capture
 from gradexplorer.capturing.data import Capture
-from gradexplorer.stats import device
+from gradexplorer.capturing.selection import leaf_names
+from gradexplorer.hooks import Hooks
+from gradexplorer.stats import cpu as cpu_stats, device
+from gradexplorer.stats.immediate import ImmediateStats
+from gradexplorer.stats.moments import HIST_EXACT_LIMIT
+from gradexplorer.stats.pending import PendingRecords
+from gradexplorer.stats.record import TensorStats
 
 _NOTE = ("", 0, [], False)
 
@@ -108,6 +128,45 @@ WHAT_IF: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 
 #: The row that reads every record after the capture (the records written: stats.pending).
 READ = "every record read"
+#: The row of the design's floor (``notes_only``).
+FLOOR = "notes and batched statistics only"
+
+
+def notes_only(model: nn.Module, x: torch.Tensor) -> tuple[list[TensorStats], list[TensorStats], PendingRecords]:
+    """The floor of the capture's design (the module's docstring): the statistics of every
+    leaf's output (in call order) and of the gradients of the parameters and outputs (in
+    that order), as records that ``PendingRecords.fill`` writes; and the pending records."""
+    later = PendingRecords()
+    now = ImmediateStats(min(device.SMALL_VALUES, HIST_EXACT_LIMIT), later=later)  # (the capture's)
+    names = set(leaf_names(model))
+    leaves = [m for n, m in model.named_modules() if n in names]
+    inputs: list[tuple[torch.Tensor, int]] = []
+    outputs: list[TensorStats] = []
+    edges: list[GradientEdge] = []
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        a = args[0]
+        inputs.append((a, a._version))
+
+    def post(module: nn.Module, args: tuple, y: torch.Tensor) -> None:
+        record = now.add(y)
+        if record is None:
+            raise TypeError(f"notes_only takes small float CPU outputs, not {tuple(y.shape)} {y.dtype}")
+        outputs.append(record)
+        edges.append(GradientEdge(y.grad_fn, y.output_nr))
+
+    hooks = Hooks()
+    hooks.call_hooks(leaves, post, pre)
+    try:
+        out = model(x)
+        now.fill()
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(out.max(dim=1).values.sum(), params + edges)
+    finally:
+        hooks.remove()
+    records: list[TensorStats] = [cast(TensorStats, {}) for _ in grads]
+    cpu_stats.summarize_many(list(grads), HIST_EXACT_LIMIT, records, later)
+    return outputs, records, later
 
 
 def _stats(model: nn.Module, x: torch.Tensor) -> Capture:
@@ -130,7 +189,7 @@ def what_if_rows(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, f
     """Median µs per leaf call above the bare pass of each row, interleaved, CPU time."""
     kinds: dict[str, Callable[[nn.Module, torch.Tensor], None]] = {
         "bare": bare, "hook pair": _with_leaf_hooks(_pair_hook), "statistics only": _stats,
-        READ: _stats_read, **{label: _what_if(part) for label, part in WHAT_IF.items()}}
+        READ: _stats_read, **{label: _what_if(part) for label, part in WHAT_IF.items()}, FLOOR: notes_only}
     times = _timed(kinds, model, x, repeats, time.process_time)  # interleaved, after a warm-up
     calls = leaf_calls(model, x)
     return {k: statistics.median(t - b for t, b in zip(v, times["bare"])) / calls * 1e6

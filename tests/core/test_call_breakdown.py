@@ -74,3 +74,34 @@ def test_the_phases_add_up_to_the_capture():
     assert all(v >= 0 for v in done.values()) and fwd > 0 and bwd > 0 and read >= 0
     # Disjoint phases, except the batch after backward's own flush: their sum fits the whole.
     assert sum(v for k, v in done.items() if k != cb._FLUSHES) <= total
+
+
+def test_the_floor_row_computes_every_statistic_the_capture_does():
+    """``notes_only`` (the design's floor) does the statistics' work, not less: each output's,
+    parameter gradient's and output gradient's record, once filled, holds the float64 NumPy
+    moments of the tensor, which a plain forward and ``torch.autograd.grad`` give; and its
+    hooks are gone afterwards."""
+    from benchmarks.call_overhead import mlp
+
+    model, x = mlp(depth=3, width=8), torch.randn(4, 8)
+    outs, grads, later = cb.notes_only(model, x)
+    assert len(later) > 0 and not outs[0]  # computed, not yet written
+    later.fill()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+    seen: list[torch.Tensor] = []
+    handles = [m.register_forward_hook(lambda m, a, y: seen.append(y)) for m in model]
+    try:
+        out = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    params = list(model.parameters())
+    truth = torch.autograd.grad(out.max(dim=1).values.sum(), params + seen)
+    assert len(outs) == len(seen) == 6 and len(grads) == len(truth) == 12
+    for record, t in zip(outs + grads, seen + list(truth)):
+        v = t.detach().double().numpy().ravel()
+        assert record["numel"] == v.size
+        assert math.isclose(record["mean"], v.mean(), rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(record["std"], v.std(ddof=1), rel_tol=1e-9, abs_tol=1e-12)
+        assert (record["min"], record["max"]) == (v.min(), v.max())
