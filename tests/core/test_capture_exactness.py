@@ -358,6 +358,107 @@ def test_an_lstm_classifier_on_its_last_state(batch_first, mode):
     assert "no gradient" in layer_flags(cap)["rnn"]  # it ran: its output has none, truly
 
 
+class TwoOut(torch.autograd.Function):
+    """A node of the model's own with two outputs (x * 2, x * 3)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g2, g3):
+        return (0 if g2 is None else g2 * 2) + (0 if g3 is None else g3 * 3)
+
+
+class Split(nn.Module):
+    """Returns both outputs of one node: torch's own (``var_mean``) or the model's (``TwoOut``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        return torch.var_mean(x, dim=1, keepdim=True) if self.kind == "var_mean" else TwoOut.apply(x)
+
+
+class Reads(nn.Module):
+    """``lin``, then ``split``; the target reads the split's output ``use`` (0, 1), or
+    neither (``None``: the split runs on a branch the target never reaches)."""
+
+    def __init__(self, kind: str, use: int | None) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.split = Split(kind)
+        self.head = nn.Linear(4 if kind == "two_out" or use is None else 1, 2)
+        self.use = use
+
+    def forward(self, x):
+        h = self.lin(x)
+        parts = self.split(h)
+        return self.head(h if self.use is None else parts[self.use])
+
+
+@pytest.mark.parametrize("kind", ["var_mean", "two_out"])
+@pytest.mark.parametrize("use", [0, 1, None])
+@pytest.mark.parametrize("mode", ["full", "stats"])
+def test_one_output_of_a_node_with_several(kind, use, mode):
+    """The split's recorded output is the node's first. Read by the target: its gradient is
+    ``torch.autograd.grad``'s. The target reads the other: autograd computed the node and gave
+    the first none (``UNUSED_OUTPUT``). Neither: the backward never reached the node
+    (``NOT_REACHED``)."""
+    torch.manual_seed(0)
+    model, x = Reads(kind, use).eval(), torch.randn(3, 4)
+    cap = capture(model, x, mode=mode, target="sum")
+    call = cap["split"].calls[0]
+    assert call.output_key == "0"
+    h = model.lin(x)
+    parts = model.split(h)
+    out = model.head(h if use is None else parts[use]).sum()  # the model's forward, by hand
+    if use == 0:
+        want = torch.autograd.grad(out, parts[0], retain_graph=True)[0].double()
+        got = call.stats["grad_output"]
+        assert got["mean"] == pytest.approx(float(want.mean()), rel=1e-6, abs=1e-9)
+        assert got["l2"] == pytest.approx(float(want.norm()), rel=1e-6)
+        if mode == "full":
+            torch.testing.assert_close(call.grad_output.double(), want, rtol=1e-6, atol=1e-9)
+        assert not call.absent
+    else:
+        assert call.stats["grad_output"] is None and call.grad_output is None
+        assert call.absent["grad_output"] == (UNUSED_OUTPUT if use == 1 else NOT_REACHED)
+    # The gradient at the split's input is the one at lin's output (one value, one record).
+    want_h = torch.autograd.grad(out, h)[0].double()
+    assert cap["lin"].calls[0].stats["grad_output"]["l2"] == pytest.approx(float(want_h.norm()), rel=1e-6)
+    assert call.stats["grad_input"] is cap["lin"].calls[0].stats["grad_output"]
+
+
+class Second(nn.Module):
+    """The second output of a two-output node, alone (its place among the node's outputs: 1)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.split = Split(kind)
+
+    def forward(self, x):
+        return self.split.forward(x)[1]
+
+
+@pytest.mark.parametrize("kind", ["var_mean", "two_out"])
+@pytest.mark.parametrize("mode", ["full", "stats"])
+def test_the_second_output_of_a_node_gets_its_own_gradient(kind, mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Second(kind), nn.Linear(4 if kind == "two_out" else 1, 2)).eval()
+    x = torch.randn(3, 4)
+    cap = capture(model, x, mode=mode, target="sum")
+    y = model[1](model[0](x))
+    assert y.grad_fn is not None and y.output_nr == 1
+    want = torch.autograd.grad(model[2](y).sum(), y)[0].double()
+    got = cap["1"].calls[0].stats["grad_output"]
+    assert got["l2"] == pytest.approx(float(want.norm()), rel=1e-6)
+    assert got["mean"] == pytest.approx(float(want.mean()), rel=1e-6, abs=1e-9)
+    if mode == "full":
+        torch.testing.assert_close(cap["1"].calls[0].grad_output.double(), want, rtol=1e-6, atol=1e-9)
+
+
 def test_a_frozen_parameter_is_absent_with_its_reason():
     model = Tempered()
     model.temperature.requires_grad_(False)

@@ -296,6 +296,27 @@ def test_hooks_without_a_model_manage_hooks_only():
         pass
 
 
+def test_a_node_prehook_sees_each_output_gradient_and_comes_off_with_its_block():
+    """``Hooks.node_prehook``: the hook receives the gradients at the node's outputs (``None``
+    for the one the loss does not use) as ``torch.autograd.grad`` computes them, and a
+    backward after the block calls it no more."""
+    x = torch.randn(5, 3, requires_grad=True)
+    var, mean = torch.var_mean(x * 2.0, dim=1)
+    node = var.grad_fn
+    seen: list[tuple] = []
+    with hooks_installed() as hooks:
+        hooks.node_prehook(node, lambda grads: seen.append(grads))
+        assert len(hooks) == 1
+        loss = (mean * torch.arange(5.0)).sum()
+        (g_mean,) = torch.autograd.grad(loss, mean, retain_graph=True)
+        assert seen == []  # asked for the gradient at mean: the node itself never ran
+        torch.autograd.grad(loss, x, retain_graph=True)
+    assert len(seen) == 1 and seen[0][0] is None
+    torch.testing.assert_close(seen[0][1], g_mean)
+    torch.autograd.grad(loss, x)
+    assert len(seen) == 1 and len(hooks) == 0
+
+
 def test_gradient_of_a_view_rebased_by_an_in_place_op_comes_from_its_base():
     """A Linear on a (B, H, W, C) input gives a view; ReLU(inplace) on it rebases the view's
     history, so its own hook never fires: the base's gradient, cut to the view, is handed

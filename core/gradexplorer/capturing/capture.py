@@ -13,11 +13,13 @@ relies on"):
   a tensor hook registered) before an in-place change yields the gradient with respect to the
   value before the change, which is what the user means by "the gradient at this layer's
   output". Only small outputs' gradients are asked of the backward that way (up to
-  ``EDGE_BYTES``, which it holds until it returns): larger ones, views (an in-place op on a
-  view can reroute its gradient past its node) and one of a node's several outputs (autograd
-  hands a hook ``None`` for an output the target does not use) go to *tensor* hooks, summarised
-  as backward produces them. A tensor hook costs as much again as the rest of a small module's
-  call: registering it, the engine calling back into Python, taking it off.
+  ``EDGE_BYTES``, which it holds until it returns): larger ones and views (an in-place op on a
+  view can reroute its gradient past its node) go to *tensor* hooks, summarised as backward
+  produces them, and one of a node's several outputs to a pre-hook on the node, set after
+  forward (autograd hands it ``None`` for an output the target does not use, where the
+  backward's own answer is ``None`` also for a node it never reached). A tensor hook costs
+  as much again as the rest of a small module's call: registering it, the engine calling
+  back into Python, taking it off.
 * The activation is summarised, and in full mode copied, inside the forward hook, in every
   capture: a later in-place op can overwrite it, and one through ``.data`` (or a kernel of
   the model's own) does so without moving its version counter, so neither the counter nor
@@ -636,11 +638,10 @@ class _Recorder:
             size = t.numel() * t.element_size()
             # Asked of the backward itself (see _take_edge_grads) rather than handed to a
             # hook: a small tensor, not a view (an in-place op on a view can reroute its
-            # gradient past its node: Hooks.gradient's case), whose node has no other
-            # output (there, a hook tells an output the target does not use from one the
-            # backward never reached).
-            if (node is not None and size <= _EDGE_MAX_BYTES and not t._is_view()
-                    and len(node._input_metadata) == 1):
+            # gradient past its node: Hooks.gradient's case). Whether its node has other
+            # outputs is asked after forward (settle_edges): inside a forward hook the
+            # question took microseconds of every call.
+            if node is not None and size <= _EDGE_MAX_BYTES and not t._is_view():
                 self.edge_bytes_left -= size
                 self.edges.append(_tuple_new(GradientEdge, (node, t.output_nr)))
                 self.edge_sinks.append(sinks)
@@ -651,6 +652,34 @@ class _Recorder:
         # the capture's own backward, not in one the model's forward runs itself.
         self.hooks.gradient(t, functools.partial(self._on_grad, sinks), when=self.backward_running)
         return None
+
+    def settle_edges(self) -> None:
+        """After forward, before backward: each edge whose node has other outputs becomes a
+        pre-hook on that node, recorded as a tensor hook's gradient would be. There,
+        ``torch.autograd.grad`` returns ``None`` both for an output the target does not use
+        and for a node the backward never reached; the pre-hook runs only in the first case,
+        and hands it ``None`` (``UNUSED_OUTPUT``: ``nn.LSTM``'s sequence output when only
+        ``h_n`` is read). A node that takes no pre-hook keeps its edge."""
+        edges, sinks = self.edges, self.edge_sinks
+        moved: set[int] = set()
+        for i, edge in enumerate(edges):
+            if len(edge.node._input_metadata) == 1:  # (the usual case: one output)
+                continue
+            try:
+                self.hooks.node_prehook(edge.node, functools.partial(self._on_node_grads, edge.output_nr, sinks[i]))
+            except (RuntimeError, AttributeError, TypeError):  # a node without pre-hooks: keep the edge
+                continue
+            moved.add(i)
+        if moved:
+            self.edges = [e for i, e in enumerate(edges) if i not in moved]
+            self.edge_sinks = [s for i, s in enumerate(sinks) if i not in moved]
+
+    def _on_node_grads(self, nr: int, sinks: list[tuple[CallRecord, str]],
+                       grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        """A node pre-hook of ``settle_edges``: the gradient at the node's output ``nr``,
+        in the capture's own backward only."""
+        if self.backward_running():
+            self._on_grad(sinks, grad_outputs[nr])
 
     def _on_grad(self, sinks: list[tuple[CallRecord, str]], grad: torch.Tensor | None) -> None:
         """A gradient handed to a hook during the capture's own backward."""
@@ -956,6 +985,7 @@ def _capture_once(model: nn.Module, inputs: torch.Tensor | ModelInputs, settings
         # The outputs' copies left for batched statistics are summarised now, before
         # backward needs the memory.
         recorder.summaries.flush()
+        recorder.settle_edges()
         recorder._tick("forward", recorder.expected_calls, recorder.expected_calls, force=True)
         y = select_output(output, target.output_key)
         scalar = _checked_scalar(output, target, record.labels, x, embedded)

@@ -105,6 +105,15 @@ class Hooks:
         self._handles.append(handle)
         return handle
 
+    def node_prehook(self, node: torch.autograd.graph.Node,
+                     fn: Callable[[tuple[torch.Tensor | None, ...]], Any]) -> RemovableHandle:
+        """``node.register_prehook(fn)``: ``fn(grad_outputs)`` just before the autograd node
+        runs, with the gradients with respect to each of its outputs (``None`` for one the
+        backward gave none); kept for removal."""
+        handle = node.register_prehook(fn)
+        self._handles.append(handle)
+        return handle
+
     def post_accumulate(self, param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> RemovableHandle:
         """``param.register_post_accumulate_grad_hook(fn)``: ``fn(param)`` after
         ``param.grad`` is written (leaf tensors only; frozen parameters never fire)."""
