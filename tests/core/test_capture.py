@@ -652,3 +652,26 @@ def test_records_made_by_the_hooks_are_default_ones():
         for key, value in vars(made).items():
             if isinstance(value, (dict, list)):
                 assert getattr(other, key) is not value
+
+
+class CallsItself(nn.Module):
+    """A leaf whose call runs a second call of itself inside it: 2x, doubled again by the
+    inner call (4x), plus 1 outside."""
+
+    def forward(self, x, again=True):
+        y = x * 2
+        return self(y, again=False) + 1 if again else y
+
+
+def test_a_module_calling_itself_gets_each_call_in_the_order_they_returned():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), CallsItself())
+    x = torch.randn(2, 3)
+    cap = capture(model, x, layers=["0", "1"], mode="full", target="sum")
+    # The inner call (the second to start) returns first.
+    assert [tuple(c) for c in cap.meta["call_order"]] == [("0", 0), ("1", 1), ("1", 0)]
+    h = model[0](x)
+    outer, inner = cap["1"].calls
+    torch.testing.assert_close(inner.activation, h * 4)
+    torch.testing.assert_close(outer.activation, h * 4 + 1)
+    torch.testing.assert_close(outer.grad_output, torch.ones(2, 3))

@@ -407,7 +407,8 @@ class _Recorder:
             note = (joined[0][0] if joined is not None and joined[0][1] == "grad_output" and len(args) == 1
                     and len(inputs) == 1 and not kwargs and name != ""
                     else self.onset.enter(name, args, kwargs, len(calls) - 1))
-            running.append([name, False, note, call, inputs])
+            # (the call's index, taken now: a module may call itself before this call returns)
+            running.append([name, False, note, call, inputs, len(calls) - 1])
         elif name in self.computing:
             note = self.onset.enter(name, args, kwargs)
             x = first_tensor_input(args, kwargs)
@@ -458,13 +459,14 @@ class _Recorder:
                 return None
         call = entry[3]
         if call is not None:  # a selected module's call
-            return self._record_output(name, module, output, call, entry[4], entry[2])
+            return self._record_output(name, module, output, call, entry[5], entry[4], entry[2])
         if entry[4] is not None and not entry[1]:
             # A ``computing`` module's call that ran no other module (when it did, its
             # children computed: they are recorded, not it).
             start, inputs, first = entry[4]
             call = self._computing_call(name, module, start, first)
-            return self._record_output(name, module, output, call, inputs, entry[2])
+            return self._record_output(name, module, output, call, len(self.records[name].calls) - 1, inputs,
+                                       entry[2])
         self._not_recorded(module, output, entry[2])
         return None
 
@@ -494,7 +496,7 @@ class _Recorder:
             self._watch_input(None if first is None else first[0], call)
         return call
 
-    def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord,
+    def _record_output(self, name: str, module: nn.Module, output: Any, call: CallRecord, index: int,
                        inputs: list, note: Note | CallRecord) -> torch.Tensor | None:
         y: torch.Tensor | None
         if isinstance(output, torch.Tensor):  # (most outputs: primary_tensor without the call)
@@ -523,7 +525,6 @@ class _Recorder:
             y = replaced
         call.shape = tuple(y.shape)
         call.dtype = _DTYPE_NAMES.get(y.dtype) or _dtype_name(y.dtype)
-        index = len(self.records[name].calls) - 1
         self.call_order.append([name, index])
         # One key and one weak reference for y, shared by the maps below.
         known = ((id(y), y._version), weakref.ref(y))
