@@ -404,11 +404,11 @@ class _Recorder:
             # The onset's note: when the one input is the output a recorded call returned (the
             # gradient sinks just joined: the same value), that call's record, read at the end
             # (OnsetTracker.linked); else the inputs' sources, taken now.
+            index = len(calls) - 1  # (taken now: a module may call itself before this call returns)
             note = (joined[0][0] if joined is not None and joined[0][1] == "grad_output" and len(args) == 1
                     and len(inputs) == 1 and not kwargs and name != ""
-                    else self.onset.enter(name, args, kwargs, len(calls) - 1))
-            # (the call's index, taken now: a module may call itself before this call returns)
-            running.append([name, False, note, call, inputs, len(calls) - 1])
+                    else self.onset.enter(name, args, kwargs, index))
+            running.append([name, False, note, call, inputs, index])
         elif name in self.computing:
             note = self.onset.enter(name, args, kwargs)
             x = first_tensor_input(args, kwargs)
