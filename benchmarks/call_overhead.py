@@ -313,25 +313,22 @@ def over_runs(runs: list[list[dict]]) -> list[dict]:
 LESS_PARAMS = "stats less param_stats"
 
 
-def _print_run(r: dict, kinds: tuple[str, ...]) -> None:
+def _print_run(r: dict) -> None:
+    """One run's table: each kind timed, then statistics-only less the parameters' statistics."""
     print(f"\n{r['model']}: {r['calls']} leaf calls, bare forward+backward {r['bare_s'] * 1e3:.2f} ms (median)")
     print(f"  {'kind':<10} {'us/call':>8} {'x hook pair':>12}   {'min us/call':>11} {'x hook pair':>12}")
-    floors = [r[label].get("hook_pair") for label in ("per_call_us", "per_call_us_min")]
-    for k in kinds:
+    labels = ("per_call_us", "per_call_us_min")
+    ratios = [ratio_to_pair(r, label) for label in labels]
+    for k in _kinds_of_run(r):
         cells = []
-        for label, floor in zip(("per_call_us", "per_call_us_min"), floors):
-            us = r[label][k]
-            ratio = f"{us / floor:.1f}x" if floor and floor > 0 else "-"
-            cells.append(f"{us:>8.1f} {ratio:>12}")
-        target = f"  (target <= {TARGETS[k]:.0f}x)" if k in TARGETS else ""
-        print(f"  {k:<10} {cells[0]}   {cells[1]:>24}{target}", flush=True)
-    if "stats" in kinds and "param_stats" in kinds:
-        cells = []
-        for label, floor in zip(("per_call_us", "per_call_us_min"), floors):
-            us = r[label]["stats"] - r[label]["param_stats"]
-            ratio = f"{us / floor:.1f}x" if floor and floor > 0 else "-"
-            cells.append(f"{us:>8.1f} {ratio:>12}")
-        print(f"  {LESS_PARAMS} (the baselines' work only): {cells[0]}   {cells[1]}", flush=True)
+        for label, ratio in zip(labels, ratios):
+            shown = f"{ratio[k]:.1f}x" if k in ratio else "-"
+            cells.append(f"{_us(r[label], k):>8.1f} {shown:>12}")
+        if k == LESS_PARAMS:
+            print(f"  {LESS_PARAMS} (the baselines' work only): {cells[0]}   {cells[1]}", flush=True)
+        else:
+            target = f"  (target <= {TARGETS[k]:.0f}x)" if k in TARGETS else ""
+            print(f"  {k:<10} {cells[0]}   {cells[1]:>24}{target}", flush=True)
 
 
 def _print_over_runs(summary: list[dict]) -> None:
@@ -401,7 +398,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for spec in args.models.split(","):
         r = measure(spec.strip(), args.repeats, kinds, args.clock)
         rows.append(r)
-        _print_run(r, kinds)
+        _print_run(r)
     if args.json:
         print(json.dumps(rows))
     return rows
