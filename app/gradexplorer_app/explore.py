@@ -50,6 +50,65 @@ def _ipython_shell() -> Any:
     return get() if callable(get) else None
 
 
+#: How often, in a Jupyter kernel, the Qt loop looks whether the kernel's own loop has work
+#: waiting (milliseconds): the longest a notebook cell can wait behind Qt ("_hand_back").
+KERNEL_HAND_BACK_MS = 100
+
+# The timer that hands the Qt loop back to the kernel: one per process, made by the first
+# ``explore`` in a Jupyter kernel. It ticks only while Qt's loop runs there.
+_hand_back_timer: Any = None
+
+
+def _asyncio_has_work(loop: Any) -> bool:
+    """True when the asyncio ``loop`` has callbacks ready or a timer due, and when its queues
+    cannot be read (a loop other than CPython's own, which keeps them in ``_ready`` and
+    ``_scheduled``): then the Qt loop hands back at every tick."""
+    ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
+    if ready is None or scheduled is None or not hasattr(loop, "time"):
+        return True
+    return bool(ready) or (bool(scheduled) and scheduled[0].when() <= loop.time())
+
+
+def _hand_back_to_kernel(shell: Any) -> None:
+    """In a Jupyter kernel (ipykernel) whose Qt loop integration is on, have the Qt loop
+    hand control back to the kernel's asyncio loop whenever that has work waiting, looked
+    at every :data:`KERNEL_HAND_BACK_MS`.
+
+    Why: ipykernel runs Qt's event loop from inside one of its asyncio tasks and leaves it
+    only when a new message reaches the shell socket. A request that the kernel's asyncio
+    side took off the socket just before the Qt loop was entered waits in asyncio's queue
+    until then, and so does an asyncio task of the notebook's: the cell stays queued,
+    neither busy nor answered, until another message comes (ipykernel 7.4 with pyzmq 27;
+    reported upstream for asyncio tasks under ``%gui qt``). Measured with cells sent back
+    to back and nothing else: without this, a cell stalled in six kernels of eight (at the
+    2nd to the 604th cell, with a window open and after it was closed); with it, none in
+    1,500 cells. The exit is ipykernel's own (``_schedule_exit``, which the kernel uses
+    when asyncio has a timer due); the kernel enters the Qt loop again 1 ms later.
+
+    ``explore`` turns the integration on and leaves it on, so this stays for the kernel's
+    life; it ticks only while Qt's loop runs. Elsewhere (a terminal IPython, a script,
+    another kernel or integration) nothing is installed.
+    """
+    global _hand_back_timer
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or _hand_back_timer is not None:
+        return
+    from PySide6.QtCore import QCoreApplication, QTimer
+
+    def hand_back() -> None:
+        schedule_exit = getattr(getattr(kernel, "eventloop", None), "_schedule_exit", None)
+        if not callable(schedule_exit) or not getattr(getattr(kernel, "app", None), "_in_event_loop", False):
+            return  # not in ipykernel's Qt loop now (a cell is running, or Qt is not the integration)
+        if _asyncio_has_work(getattr(getattr(kernel, "io_loop", None), "asyncio_loop", None)):
+            schedule_exit(0)
+
+    timer = QTimer(QCoreApplication.instance())
+    timer.setObjectName("gradexplorer-kernel-hand-back")
+    timer.timeout.connect(hand_back)
+    timer.start(KERNEL_HAND_BACK_MS)
+    _hand_back_timer = timer
+
+
 def _event_loop_running() -> bool:
     """True when the caller's process already runs Qt's event loop, or will between
     cells: IPython's ``%gui qt`` (turned on here when it is off, as napari does), or a
@@ -191,6 +250,9 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
     _show(window, shown, run)
     if nonblocking:
         _keep_until_closed(window)
+        shell = _ipython_shell()
+        if shell is not None and str(getattr(shell, "active_eventloop", None) or "").startswith("qt"):
+            _hand_back_to_kernel(shell)
         return window
     app.exec()
     window.shutdown()
