@@ -10,10 +10,11 @@ Nothing is done here to wake the kernel. ipykernel runs Qt's event loop (``%gui 
 inside one of its asyncio tasks and leaves it only when a new message reaches the shell
 socket, so a request taken off the socket just before the Qt loop was entered can wait
 behind it until the next message (ipykernel 7.4 with pyzmq 27: with a window open and no
-other traffic, a cell stalled within the first 2 to 98 back-to-back cells). A notebook user
+other traffic, a cell stalled at the 2nd to the 267th of back-to-back cells). A notebook user
 sees that as a cell that never starts; ``gradexplorer.explore`` has the Qt loop hand back to
-the kernel every 0.1 s (``gradexplorer_app.explore._hand_back_to_kernel``), and these tests
-show it by sending nothing but the cells. A cell that does not return (a window that
+the kernel when that has work waiting, looked at every 0.1 s
+(``gradexplorer_app.explore._hand_back_to_kernel``), and these tests show it by sending
+nothing but the cells. A cell that does not return (a window that
 blocked the kernel) never replies, and the wait ends at its limit with what the kernel said.
 """
 

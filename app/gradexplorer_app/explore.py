@@ -80,10 +80,11 @@ def _hand_back_to_kernel(shell: Any) -> None:
     until then, and so does an asyncio task of the notebook's: the cell stays queued,
     neither busy nor answered, until another message comes (ipykernel 7.4 with pyzmq 27;
     reported upstream for asyncio tasks under ``%gui qt``). Measured with cells sent back
-    to back and nothing else: without this, a cell stalled in six kernels of eight (at the
-    2nd to the 604th cell, with a window open and after it was closed); with it, none in
-    1,500 cells. The exit is ipykernel's own (``_schedule_exit``, which the kernel uses
-    when asyncio has a timer due); the kernel enters the Qt loop again 1 ms later.
+    to back and nothing else: without this, a cell stalled in eight kernels of ten (at the
+    2nd to the 604th cell; six with a window open, two after it was closed); with it, none
+    in four kernels of 1,500 cells each. The exit is ipykernel's own (``_schedule_exit``,
+    which the kernel uses when asyncio has a timer due); the kernel enters the Qt loop
+    again 1 ms later.
 
     ``explore`` turns the integration on and leaves it on, so this stays for the kernel's
     life; it ticks only while Qt's loop runs. Elsewhere (a terminal IPython, a script,
