@@ -50,6 +50,11 @@ def _ipython_shell() -> Any:
     return get() if callable(get) else None
 
 
+def _qt_integration_on(shell: Any) -> bool:
+    """Whether IPython ``shell`` runs Qt's event loop between cells (``%gui qt``)."""
+    return str(getattr(shell, "active_eventloop", None) or "").startswith("qt")
+
+
 #: How often, in a Jupyter kernel, the Qt loop looks whether the kernel's own loop has work
 #: waiting (milliseconds): the longest a notebook cell can wait behind Qt ("_hand_back").
 KERNEL_HAND_BACK_MS = 100
@@ -118,13 +123,13 @@ def _event_loop_running() -> bool:
 
     shell = _ipython_shell()
     if shell is not None and hasattr(shell, "enable_gui"):
-        if str(getattr(shell, "active_eventloop", None) or "").startswith("qt"):
+        if _qt_integration_on(shell):
             return True
         try:
             shell.enable_gui("qt")
         except Exception:  # noqa: BLE001 - no integration (a plain Python shell, no display): block instead
             return False
-        return str(getattr(shell, "active_eventloop", None) or "").startswith("qt")
+        return _qt_integration_on(shell)
     thread = QThread.currentThread()
     return thread is not None and thread.loopLevel() > 0
 
@@ -252,7 +257,7 @@ def explore(model: Any = None, inputs: Any = None, *, layers: str | Sequence[str
     if nonblocking:
         _keep_until_closed(window)
         shell = _ipython_shell()
-        if shell is not None and str(getattr(shell, "active_eventloop", None) or "").startswith("qt"):
+        if shell is not None and _qt_integration_on(shell):
             _hand_back_to_kernel(shell)
         return window
     app.exec()
